@@ -1,0 +1,691 @@
+//! Index -> catalog: checks every entry against the file and the others and
+//! describes what each tensor exposes ("parts": one for a dense tensor, two or
+//! three for a sparse one). Refuses the whole file on a structural error;
+//! marks a single tensor unsupported when only it cannot be served.
+
+use std::collections::HashMap;
+
+use ciborium::value::Value;
+
+use super::checksum::Checksum;
+use super::dtype::{DType, Endian};
+use super::error::{Error, ErrorKind, Result};
+use super::index::{self, ALIGNMENT, RawEntry, as_u64};
+use super::zstd_blob;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    Raw,
+    Zstd,
+}
+
+impl Encoding {
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::Raw => "raw",
+            Encoding::Zstd => "zstd",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SparseFormat {
+    Csr,
+    Coo,
+}
+
+/// Which convention describes a sparse blob (see README, "Sparse tensors").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SparseForm {
+    /// `layout: "sparse"` with `sparse_format`, `nnz`, `index_dtype`,
+    /// `sparse_offsets`: what this project writes.
+    Spec,
+    /// `layout: "sparsecsr"` / `"sparsecoo"`: the reference crate's form.
+    Reference,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sparse {
+    pub format: SparseFormat,
+    pub form: SparseForm,
+    pub nnz: u64,
+}
+
+/// Where the bytes of one exposed element come from in the decoded blob.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PartMap {
+    /// Elements stored one after the other from `start`.
+    Contiguous { start: u64 },
+    /// Reference COO: records of `ndim` u64 indices then one value. Exposed
+    /// as an `[ndim, nnz]` index array, element (d, k) at `k*record + 8*d`.
+    CooRecordIndices { nnz: u64, record: u64 },
+    /// Reference COO values: element k at `k*record + value_at`.
+    CooRecordValues { record: u64, value_at: u64 },
+}
+
+/// One file's worth of a tensor: a dense tensor has one part (named ""),
+/// a sparse one has `indptr`/`indices`/`values`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    pub name: &'static str,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    /// Exposed size in bytes.
+    pub nbytes: u64,
+    pub map: PartMap,
+}
+
+impl Part {
+    /// Offset in the decoded blob of exposed element `e`.
+    pub fn source_of(&self, e: u64) -> u64 {
+        match self.map {
+            PartMap::Contiguous { start } => start + e * self.dtype.size(),
+            PartMap::CooRecordIndices { nnz, record } => (e % nnz) * record + 8 * (e / nnz),
+            PartMap::CooRecordValues { record, value_at } => e * record + value_at,
+        }
+    }
+}
+
+/// What the reader can serve of a supported tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    pub encoding: Encoding,
+    /// Size of the blob once decoded (equals `size` for raw).
+    pub decoded_size: u64,
+    pub sparse: Option<Sparse>,
+    pub parts: Vec<Part>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Tensor {
+    /// Position in the index.
+    pub index: usize,
+    pub name: String,
+    pub dtype_name: String,
+    pub dtype: Option<DType>,
+    pub shape: Vec<u64>,
+    pub encoding_name: String,
+    pub layout_name: String,
+    pub offset: u64,
+    pub size: u64,
+    pub endian: Endian,
+    /// True when `data_endianness` was written (false means the default).
+    pub endian_explicit: bool,
+    pub checksum: Option<Checksum>,
+    pub custom: Vec<(Value, Value)>,
+    /// `Err(reason)` when this reader cannot serve the tensor's bytes.
+    pub layout: std::result::Result<Layout, String>,
+}
+
+impl Tensor {
+    pub fn is_supported(&self) -> bool {
+        self.layout.is_ok()
+    }
+    pub fn custom(&self, key: &str) -> Option<&Value> {
+        self.custom
+            .iter()
+            .find(|(k, _)| k.as_text() == Some(key))
+            .map(|(_, v)| v)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    pub tensors: Vec<Tensor>,
+    pub data_end: u64,
+    by_name: HashMap<String, usize>,
+}
+
+/// Largest sparse header or blob we decode at open time to learn a
+/// reference-form sparse tensor's structure.
+const SPARSE_PROBE_CAP: u64 = 1 << 30;
+
+impl Catalog {
+    /// Builds the catalog of the zTensor file whose whole contents are `bytes`.
+    /// `file` names the file in error messages.
+    pub fn parse(bytes: &[u8], file: &str) -> Result<Catalog> {
+        let idx = index::parse(bytes, file)?;
+        let file_len = bytes.len() as u64;
+        let mut tensors = Vec::with_capacity(idx.entries.len());
+        let mut by_name: HashMap<String, usize> = HashMap::with_capacity(idx.entries.len());
+        for (i, raw) in idx.entries.into_iter().enumerate() {
+            if let Some(&first) = by_name.get(&raw.name) {
+                return Err(Error::new(
+                    ErrorKind::Duplicate,
+                    file,
+                    Some(&raw.name),
+                    format!("name is used by index entries {first} and {i}; names must be unique"),
+                ));
+            }
+            let t = check_entry(raw, i, bytes, file_len, idx.data_end, file)?;
+            by_name.insert(t.name.clone(), i);
+            tensors.push(t);
+        }
+        check_overlaps(&tensors, file)?;
+        Ok(Catalog {
+            tensors,
+            data_end: idx.data_end,
+            by_name,
+        })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.by_name.get(name).map(|&i| &self.tensors[i])
+    }
+
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+}
+
+fn check_entry(
+    raw: RawEntry,
+    i: usize,
+    bytes: &[u8],
+    file_len: u64,
+    data_end: u64,
+    file: &str,
+) -> Result<Tensor> {
+    let name = raw.name.clone();
+    let e = |kind, msg: String| Error::new(kind, file, Some(&name), msg);
+
+    let (endian, endian_explicit) = match raw.data_endianness.as_deref() {
+        None => (Endian::Little, false),
+        Some("little") => (Endian::Little, true),
+        Some("big") => (Endian::Big, true),
+        Some(other) => {
+            return Err(e(
+                ErrorKind::Field,
+                format!("field \"data_endianness\" is {other:?}, expected \"little\" or \"big\""),
+            ));
+        }
+    };
+    let checksum = match &raw.checksum {
+        None => None,
+        Some(text) => Some(
+            Checksum::parse(text)
+                .map_err(|why| e(ErrorKind::Field, format!("field \"checksum\": {why}")))?,
+        ),
+    };
+
+    // Placement: every blob, served or not, must sit in the data region.
+    if raw.offset < index::MAGIC.len() as u64 {
+        return Err(e(
+            ErrorKind::Placement,
+            format!("offset {} lies inside the 8-byte magic", raw.offset),
+        ));
+    }
+    if raw.offset % ALIGNMENT != 0 {
+        return Err(e(
+            ErrorKind::Placement,
+            format!("offset {} is not a multiple of {ALIGNMENT}", raw.offset),
+        ));
+    }
+    let Some(end) = raw.offset.checked_add(raw.size) else {
+        return Err(e(
+            ErrorKind::Placement,
+            format!(
+                "offset {} + size {} overflows 64 bits",
+                raw.offset, raw.size
+            ),
+        ));
+    };
+    if end > file_len {
+        return Err(e(
+            ErrorKind::Placement,
+            format!(
+                "blob [{}, {end}) runs past the end of the file ({file_len} bytes)",
+                raw.offset
+            ),
+        ));
+    }
+    if end > data_end {
+        return Err(e(
+            ErrorKind::Placement,
+            format!(
+                "blob [{}, {end}) runs into the index, which starts at {data_end}",
+                raw.offset
+            ),
+        ));
+    }
+    let numel = raw
+        .shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| {
+            e(
+                ErrorKind::Size,
+                format!("shape {:?} has more than 2^64 elements", raw.shape),
+            )
+        })?;
+
+    let dtype = DType::from_name(&raw.dtype);
+    let layout = match describe(&raw, dtype, numel, endian, bytes) {
+        Ok(layout) => Ok(layout),
+        Err(Problem::File(kind, msg)) => return Err(e(kind, msg)),
+        Err(Problem::Tensor(why)) => Err(why),
+    };
+    Ok(Tensor {
+        index: i,
+        name: raw.name,
+        dtype_name: raw.dtype,
+        dtype,
+        shape: raw.shape,
+        encoding_name: raw.encoding,
+        layout_name: raw.layout,
+        offset: raw.offset,
+        size: raw.size,
+        endian,
+        endian_explicit,
+        checksum,
+        custom: raw.custom,
+        layout,
+    })
+}
+
+/// Why a tensor cannot be described: the whole file is refused, or only
+/// this tensor is left unserved.
+enum Problem {
+    File(ErrorKind, String),
+    Tensor(String),
+}
+
+fn size_err(msg: String) -> Problem {
+    Problem::File(ErrorKind::Size, msg)
+}
+
+fn field_err(msg: String) -> Problem {
+    Problem::File(ErrorKind::Field, msg)
+}
+
+fn describe(
+    raw: &RawEntry,
+    dtype: Option<DType>,
+    numel: u64,
+    endian: Endian,
+    bytes: &[u8],
+) -> std::result::Result<Layout, Problem> {
+    let encoding = match raw.encoding.as_str() {
+        "raw" => Encoding::Raw,
+        "zstd" => Encoding::Zstd,
+        other => return Err(Problem::Tensor(format!("unsupported encoding {other:?}"))),
+    };
+    let Some(dtype) = dtype else {
+        return Err(Problem::Tensor(format!(
+            "unsupported dtype {:?}",
+            raw.dtype
+        )));
+    };
+    match raw.layout.as_str() {
+        "dense" => {
+            let nbytes = numel.checked_mul(dtype.size()).ok_or_else(|| {
+                size_err(format!(
+                    "shape {:?} of {dtype} is more than 2^64 bytes",
+                    raw.shape
+                ))
+            })?;
+            if encoding == Encoding::Raw && raw.size != nbytes {
+                return Err(size_err(format!(
+                    "raw blob is {} bytes but shape {:?} of {dtype} needs {nbytes}",
+                    raw.size, raw.shape
+                )));
+            }
+            Ok(Layout {
+                encoding,
+                decoded_size: nbytes,
+                sparse: None,
+                parts: vec![Part {
+                    name: "",
+                    dtype,
+                    shape: raw.shape.clone(),
+                    nbytes,
+                    map: PartMap::Contiguous { start: 0 },
+                }],
+            })
+        }
+        "sparse" => spec_sparse(raw, dtype, encoding),
+        "sparsecsr" | "sparsecoo" => {
+            let blob = &bytes[raw.offset as usize..(raw.offset + raw.size) as usize];
+            reference_sparse(raw, dtype, encoding, endian, blob).map_err(Problem::Tensor)
+        }
+        other => Err(Problem::Tensor(format!("unsupported layout {other:?}"))),
+    }
+}
+
+fn mul(a: u64, b: u64, what: &str) -> std::result::Result<u64, Problem> {
+    a.checked_mul(b)
+        .ok_or_else(|| size_err(format!("{what} overflows 64 bits")))
+}
+
+/// Our sparse convention: everything needed is in the metadata.
+fn spec_sparse(
+    raw: &RawEntry,
+    dtype: DType,
+    encoding: Encoding,
+) -> std::result::Result<Layout, Problem> {
+    let format = match raw.custom("sparse_format") {
+        Some(Value::Text(t)) if t == "csr" => SparseFormat::Csr,
+        Some(Value::Text(t)) if t == "coo" => SparseFormat::Coo,
+        Some(Value::Text(t)) => {
+            return Err(Problem::Tensor(format!("unsupported sparse_format {t:?}")));
+        }
+        Some(v) => {
+            return Err(field_err(format!(
+                "field \"sparse_format\" is a CBOR {}, expected text",
+                index::kind_name(v)
+            )));
+        }
+        None => {
+            return Err(field_err(
+                "layout \"sparse\" needs the field \"sparse_format\"".into(),
+            ));
+        }
+    };
+    let nnz = match raw.custom("nnz") {
+        Some(v) => as_u64(v).map_err(|why| field_err(format!("field \"nnz\" {why}")))?,
+        None => {
+            return Err(field_err(
+                "layout \"sparse\" needs the field \"nnz\"".into(),
+            ));
+        }
+    };
+    let index_dtype = match raw.custom("index_dtype") {
+        None => DType::Uint64,
+        Some(Value::Text(t)) => match DType::from_name(t) {
+            Some(d) if d.is_integer() => d,
+            _ => return Err(Problem::Tensor(format!("unsupported index_dtype {t:?}"))),
+        },
+        Some(v) => {
+            return Err(field_err(format!(
+                "field \"index_dtype\" is a CBOR {}, expected text",
+                index::kind_name(v)
+            )));
+        }
+    };
+    let offsets: Vec<(String, u64)> = match raw.custom("sparse_offsets") {
+        Some(Value::Map(pairs)) => {
+            let mut out = Vec::with_capacity(pairs.len());
+            for (k, v) in pairs {
+                let Some(k) = k.as_text() else {
+                    return Err(field_err(
+                        "field \"sparse_offsets\" has a non-text key".into(),
+                    ));
+                };
+                let off =
+                    as_u64(v).map_err(|why| field_err(format!("sparse_offsets.{k} {why}")))?;
+                out.push((k.to_string(), off));
+            }
+            out
+        }
+        Some(v) => {
+            return Err(field_err(format!(
+                "field \"sparse_offsets\" is a CBOR {}, expected a map",
+                index::kind_name(v)
+            )));
+        }
+        None => {
+            return Err(field_err(
+                "layout \"sparse\" needs the field \"sparse_offsets\"".into(),
+            ));
+        }
+    };
+    let mut wanted: Vec<(&'static str, DType, Vec<u64>)> = Vec::new();
+    match format {
+        SparseFormat::Csr => {
+            if raw.shape.len() != 2 {
+                return Err(field_err(format!(
+                    "a CSR tensor needs a 2-d shape, got {:?}",
+                    raw.shape
+                )));
+            }
+            let rows = raw.shape[0]
+                .checked_add(1)
+                .ok_or_else(|| size_err("indptr length overflows".into()))?;
+            wanted.push(("indptr", index_dtype, vec![rows]));
+            wanted.push(("indices", index_dtype, vec![nnz]));
+        }
+        SparseFormat::Coo => {
+            if raw.shape.is_empty() {
+                return Err(field_err(
+                    "a COO tensor needs at least one dimension".into(),
+                ));
+            }
+            wanted.push(("indices", index_dtype, vec![raw.shape.len() as u64, nnz]));
+        }
+    }
+    wanted.push(("values", dtype, vec![nnz]));
+    if offsets.len() != wanted.len() {
+        let names: Vec<&str> = wanted.iter().map(|w| w.0).collect();
+        return Err(field_err(format!(
+            "field \"sparse_offsets\" must name exactly the parts {names:?}"
+        )));
+    }
+    let mut parts = Vec::new();
+    for (pname, pdtype, shape) in wanted {
+        let Some(&(_, start)) = offsets.iter().find(|(k, _)| k == pname) else {
+            return Err(field_err(format!(
+                "field \"sparse_offsets\" lacks the part \"{pname}\""
+            )));
+        };
+        let count = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+        let nbytes = match count {
+            Some(c) => mul(c, pdtype.size(), pname)?,
+            None => return Err(size_err(format!("part {pname} overflows 64 bits"))),
+        };
+        parts.push(Part {
+            name: pname,
+            dtype: pdtype,
+            shape,
+            nbytes,
+            map: PartMap::Contiguous { start },
+        });
+    }
+    // Parts must not overlap; the decoded blob ends where the last part ends.
+    let mut spans: Vec<(u64, u64, &str)> = Vec::new();
+    for p in &parts {
+        let PartMap::Contiguous { start } = p.map else {
+            continue;
+        };
+        let end = start
+            .checked_add(p.nbytes)
+            .ok_or_else(|| size_err(format!("part {} ends past 2^64", p.name)))?;
+        spans.push((start, end, p.name));
+    }
+    spans.sort();
+    for w in spans.windows(2) {
+        if w[0].1 > w[1].0 {
+            return Err(size_err(format!(
+                "sparse parts {} and {} overlap",
+                w[0].2, w[1].2
+            )));
+        }
+    }
+    let decoded_size = spans.iter().map(|s| s.1).max().unwrap_or(0);
+    if encoding == Encoding::Raw && raw.size != decoded_size {
+        return Err(size_err(format!(
+            "raw sparse blob is {} bytes but its parts end at {decoded_size}",
+            raw.size
+        )));
+    }
+    Ok(Layout {
+        encoding,
+        decoded_size,
+        sparse: Some(Sparse {
+            format,
+            form: SparseForm::Spec,
+            nnz,
+        }),
+        parts,
+    })
+}
+
+/// The reference crate's sparse form, whose nnz lives in the data.
+fn reference_sparse(
+    raw: &RawEntry,
+    dtype: DType,
+    encoding: Encoding,
+    endian: Endian,
+    blob: &[u8],
+) -> std::result::Result<Layout, String> {
+    let vsz = dtype.size();
+    let ovf = || "sparse sizes overflow 64 bits".to_string();
+    if raw.layout == "sparsecsr" {
+        let Some(&nrows) = raw.shape.first() else {
+            return Err("a CSR tensor needs at least one dimension".into());
+        };
+        let indptr_len = nrows.checked_add(1).ok_or_else(ovf)?;
+        let header = indptr_len.checked_mul(8).ok_or_else(ovf)?;
+        let last = match encoding {
+            Encoding::Raw => {
+                if header > blob.len() as u64 {
+                    return Err(format!(
+                        "blob of {} bytes is too small for indptr[{indptr_len}]",
+                        blob.len()
+                    ));
+                }
+                blob[(header - 8) as usize..header as usize].to_vec()
+            }
+            Encoding::Zstd => {
+                if header > SPARSE_PROBE_CAP {
+                    return Err(format!("indptr of {header} bytes is too large to probe"));
+                }
+                let mut head = zstd_blob::decode_prefix(blob, header as usize)?;
+                head.drain(..(header - 8) as usize);
+                head
+            }
+        };
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&last);
+        let nnz = match endian {
+            Endian::Little => u64::from_le_bytes(b),
+            Endian::Big => u64::from_be_bytes(b),
+        };
+        let indices = nnz.checked_mul(8).ok_or_else(ovf)?;
+        let values = nnz.checked_mul(vsz).ok_or_else(ovf)?;
+        let total = header
+            .checked_add(indices)
+            .and_then(|x| x.checked_add(values))
+            .ok_or_else(ovf)?;
+        if encoding == Encoding::Raw && total != blob.len() as u64 {
+            return Err(format!(
+                "indptr says nnz={nnz}, which needs {total} bytes, but the blob is {}",
+                blob.len()
+            ));
+        }
+        let parts = vec![
+            Part {
+                name: "indptr",
+                dtype: DType::Uint64,
+                shape: vec![indptr_len],
+                nbytes: header,
+                map: PartMap::Contiguous { start: 0 },
+            },
+            Part {
+                name: "indices",
+                dtype: DType::Uint64,
+                shape: vec![nnz],
+                nbytes: indices,
+                map: PartMap::Contiguous { start: header },
+            },
+            Part {
+                name: "values",
+                dtype,
+                shape: vec![nnz],
+                nbytes: values,
+                map: PartMap::Contiguous {
+                    start: header + indices,
+                },
+            },
+        ];
+        return Ok(Layout {
+            encoding,
+            decoded_size: total,
+            sparse: Some(Sparse {
+                format: SparseFormat::Csr,
+                form: SparseForm::Reference,
+                nnz,
+            }),
+            parts,
+        });
+    }
+    let ndim = raw.shape.len() as u64;
+    if ndim == 0 {
+        return Err("a COO tensor needs at least one dimension".into());
+    }
+    let record = ndim
+        .checked_mul(8)
+        .and_then(|x| x.checked_add(vsz))
+        .ok_or_else(ovf)?;
+    let total = match encoding {
+        Encoding::Raw => blob.len() as u64,
+        Encoding::Zstd => zstd_blob::decoded_len(blob, SPARSE_PROBE_CAP)?,
+    };
+    if total % record != 0 {
+        return Err(format!(
+            "blob of {total} bytes is not a whole number of {record}-byte COO records"
+        ));
+    }
+    let nnz = total / record;
+    let parts = vec![
+        Part {
+            name: "indices",
+            dtype: DType::Uint64,
+            shape: vec![ndim, nnz],
+            nbytes: ndim * nnz * 8,
+            map: if nnz == 0 {
+                PartMap::Contiguous { start: 0 }
+            } else {
+                PartMap::CooRecordIndices { nnz, record }
+            },
+        },
+        Part {
+            name: "values",
+            dtype,
+            shape: vec![nnz],
+            nbytes: nnz * vsz,
+            map: PartMap::CooRecordValues {
+                record,
+                value_at: ndim * 8,
+            },
+        },
+    ];
+    Ok(Layout {
+        encoding,
+        decoded_size: total,
+        sparse: Some(Sparse {
+            format: SparseFormat::Coo,
+            form: SparseForm::Reference,
+            nnz,
+        }),
+        parts,
+    })
+}
+
+fn check_overlaps(tensors: &[Tensor], file: &str) -> Result<()> {
+    let mut spans: Vec<(u64, u64, usize)> = tensors
+        .iter()
+        .filter(|t| t.size > 0)
+        .map(|t| (t.offset, t.offset + t.size, t.index))
+        .collect();
+    spans.sort_unstable();
+    for w in spans.windows(2) {
+        let (a, b) = (&w[0], &w[1]);
+        if a.1 > b.0 {
+            let (ta, tb) = (&tensors[a.2], &tensors[b.2]);
+            return Err(Error::new(
+                ErrorKind::Placement,
+                file,
+                Some(&tb.name),
+                format!(
+                    "blob [{}, {}) overlaps tensor {:?} at [{}, {})",
+                    b.0, b.1, ta.name, a.0, a.1
+                ),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,179 @@
+//! Blob checksums: `crc32c:0x1234ABCD` and `sha256:<64 hex digits>`, always
+//! over the on-disk (possibly compressed) bytes.
+
+use sha2::{Digest, Sha256};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checksum {
+    Crc32c(u32),
+    Sha256([u8; 32]),
+    /// An algorithm this reader does not know: reported as unverifiable.
+    Unknown(String),
+}
+
+/// What a verification found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// No checksum in the metadata.
+    Absent,
+    Verified,
+    /// The algorithm is unknown; nothing was checked.
+    Unverifiable(String),
+    Mismatch {
+        expected: String,
+        actual: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    Crc32c,
+    Sha256,
+}
+
+impl Checksum {
+    /// Parses the metadata string. A known algorithm with a malformed value
+    /// is an error; an unknown algorithm is not.
+    pub fn parse(text: &str) -> Result<Checksum, String> {
+        let Some((algo, value)) = text.split_once(':') else {
+            return Ok(Checksum::Unknown(text.to_string()));
+        };
+        match algo.to_ascii_lowercase().as_str() {
+            "crc32c" => {
+                let hex = value
+                    .strip_prefix("0x")
+                    .or_else(|| value.strip_prefix("0X"))
+                    .unwrap_or(value);
+                if hex.is_empty() || hex.len() > 8 {
+                    return Err(format!("malformed crc32c checksum {text:?}"));
+                }
+                u32::from_str_radix(hex, 16)
+                    .map(Checksum::Crc32c)
+                    .map_err(|_| format!("malformed crc32c checksum {text:?}"))
+            }
+            "sha256" => {
+                let mut out = [0u8; 32];
+                if value.len() != 64 || !value.is_ascii() {
+                    return Err(format!(
+                        "malformed sha256 checksum {text:?} (want 64 hex digits)"
+                    ));
+                }
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = u8::from_str_radix(&value[2 * i..2 * i + 2], 16)
+                        .map_err(|_| format!("malformed sha256 checksum {text:?}"))?;
+                }
+                Ok(Checksum::Sha256(out))
+            }
+            _ => Ok(Checksum::Unknown(text.to_string())),
+        }
+    }
+
+    /// Checks `bytes` against this checksum.
+    pub fn verify(&self, bytes: &[u8]) -> Verdict {
+        match self {
+            Checksum::Unknown(t) => Verdict::Unverifiable(t.clone()),
+            known => {
+                let actual = compute(known.algorithm_or_crc(), bytes);
+                if &actual == known {
+                    Verdict::Verified
+                } else {
+                    Verdict::Mismatch {
+                        expected: known.to_string(),
+                        actual: actual.to_string(),
+                    }
+                }
+            }
+        }
+    }
+
+    fn algorithm_or_crc(&self) -> Algorithm {
+        match self {
+            Checksum::Sha256(_) => Algorithm::Sha256,
+            _ => Algorithm::Crc32c,
+        }
+    }
+}
+
+/// Computes a checksum of `bytes`.
+pub fn compute(algo: Algorithm, bytes: &[u8]) -> Checksum {
+    match algo {
+        Algorithm::Crc32c => Checksum::Crc32c(crc32c::crc32c(bytes)),
+        Algorithm::Sha256 => Checksum::Sha256(Sha256::digest(bytes).into()),
+    }
+}
+
+/// Incremental form, for writers that stream.
+pub enum Hasher {
+    Crc32c(u32),
+    Sha256(Box<Sha256>),
+}
+
+impl Hasher {
+    pub fn new(algo: Algorithm) -> Hasher {
+        match algo {
+            Algorithm::Crc32c => Hasher::Crc32c(0),
+            Algorithm::Sha256 => Hasher::Sha256(Box::default()),
+        }
+    }
+    pub fn update(&mut self, bytes: &[u8]) {
+        match self {
+            Hasher::Crc32c(c) => *c = crc32c::crc32c_append(*c, bytes),
+            Hasher::Sha256(h) => h.update(bytes),
+        }
+    }
+    pub fn finish(self) -> Checksum {
+        match self {
+            Hasher::Crc32c(c) => Checksum::Crc32c(c),
+            Hasher::Sha256(h) => Checksum::Sha256(h.finalize().into()),
+        }
+    }
+}
+
+impl std::fmt::Display for Checksum {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Checksum::Crc32c(v) => write!(f, "crc32c:0x{v:08X}"),
+            Checksum::Sha256(d) => {
+                f.write_str("sha256:")?;
+                for b in d {
+                    write!(f, "{b:02x}")?;
+                }
+                Ok(())
+            }
+            Checksum::Unknown(t) => f.write_str(t),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_print_round_trip() {
+        let c = compute(Algorithm::Sha256, b"abc");
+        assert_eq!(Checksum::parse(&c.to_string()), Ok(c.clone()));
+        assert_eq!(c.verify(b"abc"), Verdict::Verified);
+        assert!(matches!(c.verify(b"abd"), Verdict::Mismatch { .. }));
+        let k = compute(Algorithm::Crc32c, b"abc");
+        assert_eq!(Checksum::parse(&k.to_string()), Ok(k.clone()));
+        assert_eq!(
+            Checksum::parse("crc32c:0xzz"),
+            Err("malformed crc32c checksum \"crc32c:0xzz\"".into())
+        );
+        assert_eq!(
+            Checksum::parse("md5:00").map(|c| c.verify(b"")),
+            Ok(Verdict::Unverifiable("md5:00".into()))
+        );
+    }
+
+    #[test]
+    fn streaming_matches_one_shot() {
+        for algo in [Algorithm::Crc32c, Algorithm::Sha256] {
+            let mut h = Hasher::new(algo);
+            h.update(b"hello ");
+            h.update(b"world");
+            assert_eq!(h.finish(), compute(algo, b"hello world"));
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! An opened zTensor file: the mmap, its catalog, and whole-tensor access for
+//! the commands and tests. The mount builds its cache on the same pieces.
+
+use std::borrow::Cow;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+
+use super::catalog::{Catalog, Encoding, Layout, Part, Tensor};
+use super::checksum::Verdict;
+use super::error::{Error, ErrorKind, Result};
+use super::{expose, zstd_blob};
+
+pub struct ZtFile {
+    path: PathBuf,
+    label: String,
+    file: File,
+    map: Mmap,
+    catalog: Catalog,
+}
+
+impl ZtFile {
+    /// Opens, maps and checks `path`.
+    pub fn open(path: &Path) -> Result<ZtFile> {
+        let label = path.display().to_string();
+        let io = |what: &str, e: std::io::Error| {
+            Error::new(ErrorKind::Io, &label, None, format!("{what}: {e}"))
+        };
+        let file = File::open(path).map_err(|e| io("cannot open", e))?;
+        let meta = file.metadata().map_err(|e| io("cannot stat", e))?;
+        if !meta.is_file() {
+            return Err(Error::new(
+                ErrorKind::Io,
+                &label,
+                None,
+                "not a regular file",
+            ));
+        }
+        // SAFETY: the map is read-only. A writer truncating the file under us
+        // is handled by the mount (it checks the file before touching pages).
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| io("cannot mmap", e))?;
+        let catalog = Catalog::parse(&map, &label)?;
+        Ok(ZtFile {
+            path: path.to_path_buf(),
+            label,
+            file,
+            map,
+            catalog,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The name used in messages.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    /// The on-disk bytes of a tensor (bounds were checked by the catalog).
+    pub fn blob(&self, t: &Tensor) -> &[u8] {
+        &self.map[t.offset as usize..(t.offset + t.size) as usize]
+    }
+
+    /// Checks the tensor's checksum over its on-disk bytes.
+    pub fn verify(&self, t: &Tensor) -> Verdict {
+        match &t.checksum {
+            None => Verdict::Absent,
+            Some(c) => c.verify(self.blob(t)),
+        }
+    }
+
+    fn err(&self, t: &Tensor, kind: ErrorKind, msg: impl Into<String>) -> Error {
+        Error::new(kind, &self.label, Some(&t.name), msg)
+    }
+
+    fn layout<'t>(&self, t: &'t Tensor) -> Result<&'t Layout> {
+        t.layout
+            .as_ref()
+            .map_err(|why| self.err(t, ErrorKind::Unsupported, why.clone()))
+    }
+
+    /// Fails unless the checksum matches (or there is none / it is unknown).
+    pub fn check(&self, t: &Tensor) -> Result<()> {
+        match self.verify(t) {
+            Verdict::Mismatch { expected, actual } => Err(self.err(
+                t,
+                ErrorKind::Data,
+                format!("checksum mismatch: index says {expected}, blob has {actual}"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The whole decoded blob: borrowed for raw, decoded for zstd (after
+    /// checking the checksum, which covers the compressed bytes).
+    pub fn decoded(&self, t: &Tensor) -> Result<Cow<'_, [u8]>> {
+        let layout = self.layout(t)?;
+        match layout.encoding {
+            Encoding::Raw => Ok(Cow::Borrowed(self.blob(t))),
+            Encoding::Zstd => {
+                self.check(t)?;
+                let mut out = Vec::new();
+                zstd_blob::decode_stream(self.blob(t), layout.decoded_size, |chunk| {
+                    out.extend_from_slice(chunk);
+                    Ok(())
+                })
+                .map_err(|why| self.err(t, ErrorKind::Data, why))?;
+                Ok(Cow::Owned(out))
+            }
+        }
+    }
+
+    /// Exposed little-endian bytes `[off, off+len)` of one part. Raw data is
+    /// verified only when `verify_raw` is set; zstd always.
+    pub fn read_part(
+        &self,
+        t: &Tensor,
+        part: &Part,
+        off: u64,
+        len: u64,
+        verify_raw: bool,
+    ) -> Result<Vec<u8>> {
+        if verify_raw {
+            self.check(t)?;
+        }
+        let blob = self.decoded(t)?;
+        Ok(expose::from_blob(&blob, part, t.endian, off, len).into_owned())
+    }
+
+    /// All exposed bytes of every part of `t`, in part order.
+    pub fn read_all(&self, t: &Tensor) -> Result<Vec<Vec<u8>>> {
+        self.check(t)?;
+        let layout = self.layout(t)?;
+        let blob = self.decoded(t)?;
+        Ok(layout
+            .parts
+            .iter()
+            .map(|p| expose::from_blob(&blob, p, t.endian, 0, p.nbytes).into_owned())
+            .collect())
+    }
+}

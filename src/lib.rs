@@ -1,0 +1,6 @@
+//! ztensor-mount: serve a zTensor file as a read-only directory.
+//!
+//! Data flows one way: file bytes -> index -> tensor catalog (`format`) ->
+//! filesystem tree -> kernel (`mount`).
+
+pub mod format;
