@@ -452,7 +452,9 @@ impl BlobSink {
     }
 
     fn finish(mut self, out: &mut dyn Write) -> io::Result<(u64, u64, Option<String>)> {
-        if !self.pending.is_empty() {
+        // An empty tensor still gets one (empty) frame: a zero-byte blob is
+        // not a zstd stream and decoders refuse it.
+        if !self.pending.is_empty() || (matches!(self.codec, Codec::Frames(_)) && self.size == 0) {
             self.flush_frame(out)?;
         }
         if let Codec::Stream(enc) = &mut self.codec {
