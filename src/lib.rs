@@ -3,4 +3,6 @@
 //! Data flows one way: file bytes -> index -> tensor catalog (`format`) ->
 //! filesystem tree -> kernel (`mount`).
 
+pub mod cli;
 pub mod format;
+pub mod mount;

@@ -1,0 +1,81 @@
+//! Where log lines go: stderr in the foreground; in the background a
+//! `--log-file`, or syslog (facility daemon) when none is given.
+
+use std::ffi::CString;
+use std::io::Write;
+use std::path::Path;
+
+use log::{LevelFilter, Log, Metadata, Record};
+
+fn level(debug: bool) -> LevelFilter {
+    if debug {
+        LevelFilter::Debug
+    } else {
+        LevelFilter::Info
+    }
+}
+
+fn builder(debug: bool) -> env_logger::Builder {
+    let mut b = env_logger::Builder::new();
+    b.filter_level(level(debug));
+    // RUST_LOG refines the default (e.g. RUST_LOG=fuser=debug).
+    if let Ok(spec) = std::env::var("RUST_LOG") {
+        b.parse_filters(&spec);
+    }
+    b
+}
+
+pub fn to_stderr(debug: bool) {
+    let _ = builder(debug).try_init();
+}
+
+pub fn to_file(path: &Path, debug: bool) -> std::io::Result<()> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    let mut b = builder(debug);
+    b.target(env_logger::Target::Pipe(Box::new(f)));
+    b.format(|buf, r| {
+        writeln!(
+            buf,
+            "{} [{}] {}: {}",
+            buf.timestamp_millis(),
+            std::process::id(),
+            r.level(),
+            r.args()
+        )
+    });
+    let _ = b.try_init();
+    Ok(())
+}
+
+struct Syslog;
+
+impl Log for Syslog {
+    fn enabled(&self, m: &Metadata) -> bool {
+        m.level() <= log::max_level()
+    }
+    fn log(&self, r: &Record) {
+        if !self.enabled(r.metadata()) {
+            return;
+        }
+        let prio = match r.level() {
+            log::Level::Error => libc::LOG_ERR,
+            log::Level::Warn => libc::LOG_WARNING,
+            log::Level::Info => libc::LOG_INFO,
+            _ => libc::LOG_DEBUG,
+        };
+        if let Ok(msg) = CString::new(format!("{}", r.args()).replace('\0', " ")) {
+            unsafe { libc::syslog(prio, c"%s".as_ptr(), msg.as_ptr()) };
+        }
+    }
+    fn flush(&self) {}
+}
+
+pub fn to_syslog(debug: bool) {
+    unsafe { libc::openlog(c"ztensor-mount".as_ptr(), libc::LOG_PID, libc::LOG_DAEMON) };
+    if log::set_boxed_logger(Box::new(Syslog)).is_ok() {
+        log::set_max_level(level(debug));
+    }
+}

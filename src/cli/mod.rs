@@ -1,0 +1,219 @@
+//! The command line: `ztensor-mount FILE MOUNTPOINT` mounts; `pack`, `info`
+//! and `cat` make and inspect files; `-u MOUNTPOINT` unmounts.
+
+mod cat;
+mod info;
+mod logging;
+mod mount;
+mod npy;
+pub mod options;
+mod pack;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::format::Algorithm;
+
+/// Mount a zTensor file as a read-only directory of tensors.
+#[derive(Parser, Debug)]
+#[command(
+    name = "ztensor-mount",
+    version,
+    after_help = "Other commands: ztensor-mount pack|info|cat --help"
+)]
+struct MountCli {
+    /// The .zt file to serve.
+    #[arg(required_unless_present = "unmount")]
+    file: Option<PathBuf>,
+    /// An existing directory to mount on.
+    #[arg(required_unless_present = "unmount")]
+    mountpoint: Option<PathBuf>,
+    /// Unmount MOUNTPOINT (also a mount whose daemon died) and exit.
+    #[arg(short = 'u', long = "unmount", value_name = "MOUNTPOINT", conflicts_with_all = ["file"])]
+    unmount: Option<PathBuf>,
+    /// Stay attached and log to stderr.
+    #[arg(short, long)]
+    foreground: bool,
+    /// Mount options, comma separated, as mount(8) passes them (repeatable).
+    #[arg(short = 'o', value_name = "OPT[,OPT...]")]
+    options: Vec<String>,
+    /// Let other users read the mount (needs user_allow_other in /etc/fuse.conf for non-root).
+    #[arg(long)]
+    allow_other: bool,
+    /// Let root read the mount too.
+    #[arg(long)]
+    allow_root: bool,
+    /// Unmount automatically when the daemon dies.
+    #[arg(long)]
+    auto_unmount: bool,
+    /// Bytes of decoded zstd data kept in memory (e.g. 512M, 2G). Default: 1/8 of RAM, 256M..4G.
+    #[arg(long, value_name = "SIZE")]
+    cache_size: Option<String>,
+    /// Where tensors too large for the cache are decoded to. Default: /var/tmp.
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// FUSE worker threads. Default: 2 per core, 2..16.
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// Serve tensor data with direct I/O instead of the kernel page cache.
+    #[arg(long)]
+    direct_io: bool,
+    /// Do not verify raw tensors' checksums before serving them.
+    #[arg(long)]
+    no_verify_raw: bool,
+    /// Owner reported for every file (default: the mounting user).
+    #[arg(long)]
+    uid: Option<u32>,
+    /// Group reported for every file.
+    #[arg(long)]
+    gid: Option<u32>,
+    /// Log debug messages.
+    #[arg(long)]
+    debug: bool,
+    /// In the background, log here instead of syslog.
+    #[arg(long, value_name = "PATH")]
+    log_file: Option<PathBuf>,
+}
+
+#[derive(Parser, Debug)]
+#[command(name = "ztensor-mount")]
+struct ToolCli {
+    #[command(subcommand)]
+    cmd: Tool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Tool {
+    /// Write a .zt file from .npy arrays.
+    Pack {
+        /// Output file (written to OUT.partial, then renamed).
+        out: PathBuf,
+        /// NAME=PATH.npy, optionally NAME=PATH.npy:DTYPE to relabel the elements (e.g. :bfloat16 for uint16 data).
+        #[arg(required = true)]
+        inputs: Vec<String>,
+        /// Compress with zstd (default level 3).
+        #[arg(long, value_name = "LEVEL", num_args = 0..=1, default_missing_value = "3")]
+        zstd: Option<i32>,
+        /// Decoded bytes per zstd frame (0: one frame per tensor). Default 1M.
+        #[arg(long, value_name = "SIZE")]
+        frame_size: Option<String>,
+        /// Add a checksum to every tensor.
+        #[arg(long, value_name = "ALGO", value_parser = ["crc32c", "sha256"])]
+        checksum: Option<String>,
+        /// Store multi-byte elements big-endian.
+        #[arg(long)]
+        big_endian: bool,
+    },
+    /// List the tensors of a .zt file.
+    Info {
+        file: PathBuf,
+        /// The catalog as JSON (same fields as the sidecars).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write one tensor's little-endian bytes to stdout.
+    Cat {
+        file: PathBuf,
+        tensor: String,
+        /// For a sparse tensor: indptr, indices or values.
+        #[arg(long)]
+        part: Option<String>,
+    },
+}
+
+pub fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if matches!(
+        args.get(1).map(String::as_str),
+        Some("pack" | "info" | "cat")
+    ) {
+        return tool(ToolCli::parse());
+    }
+    let cli = MountCli::parse();
+    if let Some(mp) = &cli.unmount {
+        return mount::unmount(mp);
+    }
+    let mut s = options::Settings::default();
+    let applied = (|| -> Result<(), String> {
+        for o in &cli.options {
+            options::apply_o(&mut s, o)?;
+        }
+        s.foreground |= cli.foreground;
+        s.allow_other |= cli.allow_other;
+        s.allow_root |= cli.allow_root;
+        s.auto_unmount |= cli.auto_unmount;
+        s.direct_io |= cli.direct_io;
+        s.verify_raw &= !cli.no_verify_raw;
+        s.debug |= cli.debug;
+        if let Some(v) = &cli.cache_size {
+            s.cache_size = options::parse_size(v)?;
+        }
+        if let Some(v) = &cli.cache_dir {
+            s.cache_dir = v.clone();
+        }
+        if let Some(v) = cli.threads {
+            s.threads = v;
+        }
+        if cli.uid.is_some() {
+            s.uid = cli.uid;
+        }
+        if cli.gid.is_some() {
+            s.gid = cli.gid;
+        }
+        if cli.log_file.is_some() {
+            s.log_file = cli.log_file.clone();
+        }
+        if s.cache_size < 1 << 20 {
+            return Err("cache size must be at least 1M".into());
+        }
+        Ok(())
+    })();
+    if let Err(e) = applied {
+        eprintln!("ztensor-mount: {e}");
+        return ExitCode::from(2);
+    }
+    match (&cli.file, &cli.mountpoint) {
+        (Some(f), Some(m)) => mount::run(f, m, s),
+        _ => ExitCode::from(2),
+    }
+}
+
+fn tool(cli: ToolCli) -> ExitCode {
+    match cli.cmd {
+        Tool::Pack {
+            out,
+            inputs,
+            zstd,
+            frame_size,
+            checksum,
+            big_endian,
+        } => {
+            let frame_size = match frame_size.as_deref().map(options::parse_size).transpose() {
+                Ok(f) => f,
+                Err(e) => {
+                    eprintln!("ztensor-mount pack: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let checksum = checksum.map(|c| {
+                if c == "sha256" {
+                    Algorithm::Sha256
+                } else {
+                    Algorithm::Crc32c
+                }
+            });
+            pack::run(pack::PackArgs {
+                out,
+                inputs,
+                zstd,
+                frame_size,
+                checksum,
+                big_endian,
+            })
+        }
+        Tool::Info { file, json } => info::run(&file, json),
+        Tool::Cat { file, tensor, part } => cat::run(&file, &tensor, part.as_deref()),
+    }
+}

@@ -1,0 +1,298 @@
+//! `ztensor-mount FILE MOUNTPOINT`: checks everything it can up front, forks,
+//! and returns only when the child has mounted (or says why it could not).
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Mutex;
+
+use fuser::{Config, MountOption, SessionACL};
+
+use super::logging;
+use super::options::Settings;
+use crate::format::ZtFile;
+use crate::mount::data::DataOptions;
+use crate::mount::fs::{FsOptions, ZtFs};
+use crate::mount::fuse::Adapter;
+
+fn fail(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("ztensor-mount: {msg}");
+    ExitCode::from(1)
+}
+
+pub fn run(file: &Path, mountpoint: &Path, s: Settings) -> ExitCode {
+    if s.foreground {
+        logging::to_stderr(s.debug);
+    }
+    let file = match std::fs::canonicalize(file) {
+        Ok(p) => p,
+        Err(e) => return fail(format!("{}: {e}", file.display())),
+    };
+    let mountpoint = match check_mountpoint(mountpoint) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    if let Err(e) = tempfile::tempfile_in(&s.cache_dir) {
+        return fail(format!(
+            "cache directory {} is not writable: {e}",
+            s.cache_dir.display()
+        ));
+    }
+    let zt = match ZtFile::open(&file) {
+        Ok(zt) => zt,
+        Err(e) => return fail(e),
+    };
+    if s.foreground {
+        return serve(zt, &mountpoint, &s, None);
+    }
+    daemonize(zt, &mountpoint, &s)
+}
+
+fn check_mountpoint(p: &Path) -> Result<PathBuf, String> {
+    let abs = std::fs::canonicalize(p).map_err(|e| format!("mountpoint {}: {e}", p.display()))?;
+    let meta = std::fs::metadata(&abs).map_err(|e| format!("mountpoint {}: {e}", abs.display()))?;
+    if !meta.is_dir() {
+        return Err(format!("mountpoint {}: not a directory", abs.display()));
+    }
+    if let Some(parent) = abs.parent()
+        && let Ok(pm) = std::fs::metadata(parent)
+        && (pm.dev() != meta.dev() || pm.ino() == meta.ino())
+        && abs != Path::new("/")
+    {
+        return Err(format!(
+            "mountpoint {}: already a mount point (unmount it first: ztensor-mount -u {})",
+            abs.display(),
+            abs.display()
+        ));
+    }
+    Ok(abs)
+}
+
+fn daemonize(zt: ZtFile, mountpoint: &Path, s: &Settings) -> ExitCode {
+    let mut fds = [0; 2];
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return fail(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    match unsafe { libc::fork() } {
+        -1 => fail(format!("fork: {}", std::io::Error::last_os_error())),
+        0 => {
+            drop(rd);
+            unsafe { libc::setsid() };
+            match &s.log_file {
+                Some(p) => {
+                    if let Err(e) = logging::to_file(p, s.debug) {
+                        let _ = File::from(wr).write_all(
+                            format!("cannot open log file {}: {e}\n", p.display()).as_bytes(),
+                        );
+                        std::process::exit(1);
+                    }
+                }
+                None => logging::to_syslog(s.debug),
+            }
+            detach_stdio();
+            let code = serve(zt, mountpoint, s, Some(File::from(wr)));
+            std::process::exit(if code == ExitCode::SUCCESS { 0 } else { 1 });
+        }
+        _child => {
+            drop(wr);
+            let mut msg = String::new();
+            let _ = File::from(rd).read_to_string(&mut msg);
+            match msg.trim() {
+                "ready" => ExitCode::SUCCESS,
+                "" => fail(
+                    "the mount daemon exited before the mount was ready (see syslog or --log-file)",
+                ),
+                why => fail(why),
+            }
+        }
+    }
+}
+
+fn detach_stdio() {
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        use std::os::fd::AsRawFd;
+        for fd in 0..3 {
+            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+        }
+    }
+}
+
+/// Blocks SIGINT/SIGTERM/SIGHUP in this thread and all threads it starts,
+/// so that only the waiter below receives them.
+fn block_exit_signals() -> libc::sigset_t {
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// Mounts and serves until unmounted or signalled. `ready` gets "ready" once
+/// the kernel has initialised the mount, or the reason it failed.
+fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> ExitCode {
+    let ready = Mutex::new(ready);
+    let report = |msg: &str| {
+        if let Some(mut f) = ready.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = f.write_all(msg.as_bytes());
+        }
+    };
+    let sigset = block_exit_signals();
+    let label = zt.label().to_string();
+    let time = std::fs::metadata(zt.path())
+        .and_then(|m| m.modified())
+        .unwrap_or(std::time::UNIX_EPOCH);
+    let count = zt.catalog().len();
+    let opts = FsOptions {
+        data: DataOptions {
+            cache_size: s.cache_size,
+            cache_dir: s.cache_dir.clone(),
+            verify_raw: s.verify_raw,
+        },
+        direct_io: s.direct_io,
+    };
+    let fs = match ZtFs::new(zt, opts) {
+        Ok(fs) => fs,
+        Err(e) => {
+            let msg = format!("{label}: {e}");
+            report(&msg);
+            return fail(msg);
+        }
+    };
+    let uid = s.uid.unwrap_or_else(|| unsafe { libc::getuid() });
+    let gid = s.gid.unwrap_or_else(|| unsafe { libc::getgid() });
+    let adapter = Adapter::new(fs, uid, gid, time, s.max_read);
+
+    let mut mount_options = vec![
+        MountOption::FSName(label.clone()),
+        MountOption::Subtype("ztensor-mount".into()),
+        MountOption::RO,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::NoExec,
+        MountOption::DefaultPermissions,
+    ];
+    if s.auto_unmount {
+        mount_options.push(MountOption::AutoUnmount);
+    }
+    let mut config = Config::default();
+    config.mount_options = mount_options;
+    config.acl = if s.allow_other {
+        SessionACL::All
+    } else if s.allow_root || s.auto_unmount {
+        SessionACL::RootAndOwner
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(s.threads.max(1));
+    config.clone_fd = s.threads > 1;
+
+    let mut session = match fuser::Session::new(adapter, mountpoint, &config) {
+        Ok(sess) => sess,
+        Err(e) => {
+            let msg = format!("cannot mount {label} on {}: {e}", mountpoint.display());
+            report(&msg);
+            return fail(msg);
+        }
+    };
+    tune_bdi(mountpoint, s.read_ahead_kb);
+    log::info!(
+        "mounted {label} ({count} tensors) on {}",
+        mountpoint.display()
+    );
+
+    let mut unmounter = session.unmount_callable();
+    let mp = mountpoint.to_path_buf();
+    std::thread::spawn(move || {
+        let mut sig: libc::c_int = 0;
+        if unsafe { libc::sigwait(&sigset, &mut sig) } == 0 {
+            log::info!("signal {sig}: unmounting {}", mp.display());
+            if let Err(e) = unmounter.unmount() {
+                log::error!("unmount of {} failed: {e}", mp.display());
+            }
+        }
+    });
+    // The mount exists; the kernel's first request waits for run() below.
+    report("ready\n");
+    match session.run() {
+        Ok(()) => {
+            log::info!("unmounted {}", mountpoint.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            log::error!("session ended: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Raises the mount's own readahead (the kernel's default is 128 KiB). Finds
+/// the mount's device in /proc/self/mountinfo: a stat of the mountpoint would
+/// wait for the very daemon that is not serving yet.
+fn tune_bdi(mountpoint: &Path, kb: u32) {
+    if kb == 0 {
+        return;
+    }
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let want = mountpoint.to_string_lossy();
+    let dev = info.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.len() > 4 && f[4] == want).then(|| f[2].to_string())
+    });
+    if let Some(dev) = dev {
+        let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
+        match std::fs::write(&path, kb.to_string()) {
+            Ok(()) => log::debug!("{path} = {kb}"),
+            Err(e) => log::debug!("cannot set {path}: {e}"),
+        }
+    }
+}
+
+/// `ztensor-mount -u MOUNTPOINT`: unmounts, also a mount whose daemon died.
+pub fn unmount(mountpoint: &Path) -> ExitCode {
+    let c = match std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes()) {
+        Ok(c) => c,
+        Err(_) => return fail(format!("{}: invalid path", mountpoint.display())),
+    };
+    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+        return ExitCode::SUCCESS;
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EPERM) {
+        // Not root: the setuid helper may unmount our own mounts.
+        return match std::process::Command::new("fusermount3")
+            .arg("-u")
+            .arg(mountpoint)
+            .status()
+        {
+            Ok(st) if st.success() => ExitCode::SUCCESS,
+            Ok(_) => ExitCode::from(1),
+            Err(e2) => fail(format!(
+                "cannot unmount {}: {e}; fusermount3: {e2}",
+                mountpoint.display()
+            )),
+        };
+    }
+    let hint = match e.raw_os_error() {
+        Some(libc::EINVAL) => " (not a mount point)",
+        Some(libc::EBUSY) => " (busy: close the files open there first)",
+        _ => "",
+    };
+    fail(format!(
+        "cannot unmount {}: {e}{hint}",
+        mountpoint.display()
+    ))
+}

@@ -1,0 +1,158 @@
+//! Mount settings from the command line and fstab-style `-o` lists.
+
+use std::path::PathBuf;
+
+/// Everything the mount needs to know, after flags and `-o` are merged.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub foreground: bool,
+    pub allow_other: bool,
+    pub allow_root: bool,
+    pub auto_unmount: bool,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub cache_size: u64,
+    pub cache_dir: PathBuf,
+    pub threads: usize,
+    pub direct_io: bool,
+    pub verify_raw: bool,
+    pub debug: bool,
+    pub log_file: Option<PathBuf>,
+    /// Kernel readahead for the mount, in KiB (0 leaves the kernel default).
+    pub read_ahead_kb: u32,
+    /// Largest read request, in bytes.
+    pub max_read: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            foreground: false,
+            allow_other: false,
+            allow_root: false,
+            auto_unmount: false,
+            uid: None,
+            gid: None,
+            cache_size: default_cache_size(),
+            cache_dir: PathBuf::from("/var/tmp"),
+            threads: default_threads(),
+            direct_io: false,
+            verify_raw: true,
+            debug: false,
+            log_file: None,
+            read_ahead_kb: 4096,
+            max_read: 1 << 20,
+        }
+    }
+}
+
+/// An eighth of physical memory, between 256 MiB and 4 GiB.
+pub fn default_cache_size() -> u64 {
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    let ram = if pages > 0 && page > 0 {
+        pages as u64 * page as u64
+    } else {
+        2 << 30
+    };
+    (ram / 8).clamp(256 << 20, 4 << 30)
+}
+
+/// Two workers per core, at least 2 and at most 16.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, |n| n.get() * 2)
+        .clamp(2, 16)
+}
+
+/// Parses `512K`, `256M`, `1G`, `2GiB`, `1048576`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid size {s:?} (use e.g. 512M or 2G)"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(format!("invalid size {s:?} (use e.g. 512M or 2G)")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+fn parse_num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, String> {
+    v.parse().map_err(|_| format!("-o {key}={v}: not a number"))
+}
+
+/// Applies one `-o` list (`a,b=c,...`) as `mount -t fuse.ztensor-mount`
+/// passes it. Generic mount flags are accepted and ignored.
+pub fn apply_o(s: &mut Settings, list: &str) -> Result<(), String> {
+    for opt in list.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+        let (key, val) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        let need = || val.ok_or_else(|| format!("-o {key} needs a value ({key}=...)"));
+        match key.replace('-', "_").as_str() {
+            "ro" | "rw" | "dev" | "nodev" | "suid" | "nosuid" | "exec" | "noexec" | "auto"
+            | "noauto" | "user" | "nouser" | "users" | "defaults" | "_netdev" | "nofail"
+            | "atime" | "noatime" | "relatime" => {}
+            k if k.starts_with("x_") || key.starts_with("x-") || k.starts_with("comment") => {}
+            "allow_other" => s.allow_other = true,
+            "allow_root" => s.allow_root = true,
+            "auto_unmount" => s.auto_unmount = true,
+            "uid" => s.uid = Some(parse_num(key, need()?)?),
+            "gid" => s.gid = Some(parse_num(key, need()?)?),
+            "cache_size" => s.cache_size = parse_size(need()?)?,
+            "cache_dir" => s.cache_dir = PathBuf::from(need()?),
+            "threads" => s.threads = parse_num(key, need()?)?,
+            "direct_io" => s.direct_io = true,
+            "no_verify_raw" => s.verify_raw = false,
+            "debug" => s.debug = true,
+            "foreground" => s.foreground = true,
+            "log_file" => s.log_file = Some(PathBuf::from(need()?)),
+            "read_ahead_kb" => s.read_ahead_kb = parse_num(key, need()?)?,
+            "max_read" => s.max_read = parse_size(need()?)? as u32,
+            _ => return Err(format!("unknown mount option {opt:?}")),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("256M"), Ok(256 << 20));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn o_lists_like_mount_passes_them() {
+        let mut s = Settings::default();
+        apply_o(
+            &mut s,
+            "ro,nosuid,nodev,x-systemd.automount,allow_other,uid=1000,gid=100,cache_size=64M",
+        )
+        .unwrap();
+        assert!(s.allow_other);
+        assert_eq!(
+            (s.uid, s.gid, s.cache_size),
+            (Some(1000), Some(100), 64 << 20)
+        );
+        apply_o(&mut s, "cache-dir=/tmp,threads=3,direct_io").unwrap();
+        assert_eq!((s.threads, s.direct_io), (3, true));
+        assert!(apply_o(&mut s, "bogus").unwrap_err().contains("bogus"));
+        assert!(apply_o(&mut s, "uid=x").is_err());
+    }
+}

@@ -1,0 +1,121 @@
+//! `ztensor-mount pack OUT.zt NAME=PATH.npy[:DTYPE] ...`
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use super::npy;
+use crate::format::dtype::swap_elements;
+use crate::format::writer::{Compression, DEFAULT_FRAME_SIZE, Options, Writer};
+use crate::format::{Algorithm, DType, Endian};
+
+pub struct PackArgs {
+    pub out: PathBuf,
+    pub inputs: Vec<String>,
+    pub zstd: Option<i32>,
+    pub frame_size: Option<u64>,
+    pub checksum: Option<Algorithm>,
+    pub big_endian: bool,
+}
+
+pub fn run(a: PackArgs) -> ExitCode {
+    match pack(&a) {
+        Ok(n) => {
+            eprintln!("wrote {} ({n} tensors)", a.out.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ztensor-mount pack: {e}");
+            // Leave no half-written file behind.
+            let _ = std::fs::remove_file(tmp_path(&a.out));
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn tmp_path(out: &Path) -> PathBuf {
+    let mut s = out.as_os_str().to_owned();
+    s.push(".partial");
+    PathBuf::from(s)
+}
+
+fn pack(a: &PackArgs) -> Result<usize, String> {
+    let tmp = tmp_path(&a.out);
+    let mut w = Writer::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    let opts = Options {
+        compression: match a.zstd {
+            None => Compression::Raw,
+            Some(level) => Compression::Zstd {
+                level,
+                frame_size: a.frame_size.map_or(DEFAULT_FRAME_SIZE, |f| f as usize),
+            },
+        },
+        endian: if a.big_endian {
+            Endian::Big
+        } else {
+            Endian::Little
+        },
+        checksum: a.checksum,
+        custom: Vec::new(),
+    };
+    for spec in &a.inputs {
+        let (name, rest) = spec
+            .split_once('=')
+            .ok_or_else(|| format!("{spec:?}: expected NAME=PATH.npy"))?;
+        let (path, dtype_override) = match rest.rsplit_once(':') {
+            Some((p, d)) if DType::from_name(d).is_some() => (p, DType::from_name(d)),
+            _ => (rest, None),
+        };
+        let arr = npy::open(Path::new(path))?;
+        let dtype = match dtype_override {
+            Some(d) if d.size() != arr.dtype.size() => {
+                return Err(format!("{path}: cannot read {} elements as {d}", arr.dtype));
+            }
+            Some(d) => d,
+            None => arr.dtype,
+        };
+        let mut input: Box<dyn Read> = match arr.endian {
+            Endian::Little => Box::new(arr.reader),
+            Endian::Big => Box::new(SwapReader {
+                inner: arr.reader,
+                elem: dtype.size() as usize,
+                pending: Vec::new(),
+            }),
+        };
+        w.add_from(name, dtype, &arr.shape, &mut input, &opts)
+            .map_err(|e| format!("{name}: {e}"))?;
+    }
+    w.finish().map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
+    Ok(a.inputs.len())
+}
+
+/// Turns big-endian elements into little-endian ones while reading.
+struct SwapReader<R> {
+    inner: R,
+    elem: usize,
+    pending: Vec<u8>,
+}
+
+impl<R: Read> Read for SwapReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.pending.is_empty() {
+            let mut chunk = vec![0u8; (buf.len().max(self.elem) / self.elem) * self.elem];
+            let mut filled = 0;
+            while filled < chunk.len() {
+                let n = self.inner.read(&mut chunk[filled..])?;
+                if n == 0 {
+                    break;
+                }
+                filled += n;
+            }
+            chunk.truncate(filled - filled % self.elem);
+            swap_elements(&mut chunk, self.elem);
+            self.pending = chunk;
+        }
+        let n = buf.len().min(self.pending.len());
+        buf[..n].copy_from_slice(&self.pending[..n]);
+        self.pending.drain(..n);
+        Ok(n)
+    }
+}

@@ -1,0 +1,286 @@
+//! A cache of decoded bytes bounded in bytes, shared by all readers.
+//!
+//! The bound covers every decoded buffer alive: cached, being decoded, or
+//! evicted but still being copied into a reply. A decode first reserves its
+//! size, evicting least recently used entries; when what is left is pinned
+//! by readers it waits for them. Two readers of the same cold unit cause one
+//! decode: the second waits for the first.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use lru::LruCache;
+
+use super::stats::{Gauges, Stats};
+
+/// (tensor index, unit index within the tensor)
+pub type Key = (u32, u32);
+
+/// Tracks the bytes of all live buffers.
+struct Meter {
+    used: AtomicU64,
+    peak: AtomicU64,
+    lock: Mutex<()>,
+    freed: Condvar,
+}
+
+impl Meter {
+    fn release(&self, n: u64) {
+        self.used.fetch_sub(n, Relaxed);
+        let _g = lock(&self.lock);
+        self.freed.notify_all();
+    }
+}
+
+/// Decoded bytes, counted by the meter until dropped.
+pub struct Buf {
+    data: Vec<u8>,
+    meter: Arc<Meter>,
+}
+
+impl std::ops::Deref for Buf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        self.meter.release(self.data.len() as u64);
+    }
+}
+
+type Outcome = Result<Arc<Buf>, String>;
+
+#[derive(Default)]
+struct Flight {
+    done: Mutex<Option<Outcome>>,
+    cond: Condvar,
+}
+
+impl Flight {
+    fn wait(&self) -> Outcome {
+        let mut g = lock(&self.done);
+        loop {
+            if let Some(r) = g.as_ref() {
+                return r.clone();
+            }
+            g = self.cond.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+    fn finish(&self, r: Outcome) {
+        *lock(&self.done) = Some(r);
+        self.cond.notify_all();
+    }
+}
+
+struct Inner {
+    lru: LruCache<Key, Arc<Buf>>,
+    inflight: HashMap<Key, Arc<Flight>>,
+}
+
+pub struct Cache {
+    limit: u64,
+    meter: Arc<Meter>,
+    inner: Mutex<Inner>,
+    stats: Arc<Stats>,
+}
+
+/// Poisoning only means another reader panicked mid-update of plain data;
+/// the structures stay usable, so keep serving.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Cache {
+    pub fn new(limit: u64, stats: Arc<Stats>) -> Cache {
+        Cache {
+            limit,
+            meter: Arc::new(Meter {
+                used: AtomicU64::new(0),
+                peak: AtomicU64::new(0),
+                lock: Mutex::new(()),
+                freed: Condvar::new(),
+            }),
+            inner: Mutex::new(Inner {
+                lru: LruCache::unbounded(),
+                inflight: HashMap::new(),
+            }),
+            stats,
+        }
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The cached unit `key`, decoding it with `decode` (which must fill
+    /// exactly `len` bytes) if needed. `len` must not exceed the limit.
+    pub fn get(
+        &self,
+        key: Key,
+        len: u64,
+        decode: impl FnOnce(&mut [u8]) -> Result<(), String>,
+    ) -> Outcome {
+        if len > self.limit {
+            return Err(format!(
+                "unit of {len} bytes exceeds the cache limit of {} bytes",
+                self.limit
+            ));
+        }
+        let flight = loop {
+            let mut inner = lock(&self.inner);
+            if let Some(b) = inner.lru.get(&key) {
+                Stats::add(&self.stats.cache_hits, 1);
+                return Ok(b.clone());
+            }
+            if let Some(f) = inner.inflight.get(&key).cloned() {
+                drop(inner);
+                Stats::add(&self.stats.cache_hits, 1);
+                return f.wait();
+            }
+            if self.reserve(&mut inner, len) {
+                let f = Arc::new(Flight::default());
+                inner.inflight.insert(key, f.clone());
+                break f;
+            }
+            // Everything left is pinned by readers or decodes: wait for one.
+            drop(inner);
+            let g = lock(&self.meter.lock);
+            let _ = self.meter.freed.wait_timeout(g, Duration::from_millis(20));
+        };
+        Stats::add(&self.stats.cache_misses, 1);
+        let mut data = Vec::new();
+        let outcome = match data.try_reserve_exact(len as usize) {
+            Err(e) => Err(format!("cannot allocate {len} bytes: {e}")),
+            Ok(()) => {
+                data.resize(len as usize, 0);
+                Stats::add(&self.stats.decompressions, 1);
+                match decode(&mut data) {
+                    Ok(()) => {
+                        Stats::add(&self.stats.decompressed_bytes, len);
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        let outcome = match outcome {
+            // The reservation now belongs to the buffer.
+            Ok(()) => Ok(Arc::new(Buf {
+                data,
+                meter: self.meter.clone(),
+            })),
+            Err(e) => {
+                drop(data);
+                self.meter.release(len);
+                Err(e)
+            }
+        };
+        let mut inner = lock(&self.inner);
+        inner.inflight.remove(&key);
+        if let Ok(b) = &outcome {
+            inner.lru.put(key, b.clone());
+        }
+        drop(inner);
+        flight.finish(outcome.clone());
+        outcome
+    }
+
+    /// Reserves `len` bytes, evicting as needed. False if not possible now.
+    fn reserve(&self, inner: &mut Inner, len: u64) -> bool {
+        loop {
+            let used = self.meter.used.load(Relaxed);
+            if used + len <= self.limit {
+                // Only reservations add to `used`, and they hold `inner`.
+                let now = self.meter.used.fetch_add(len, Relaxed) + len;
+                self.meter.peak.fetch_max(now, Relaxed);
+                return true;
+            }
+            match inner.lru.pop_lru() {
+                // Dropping frees it now unless a reader still copies from it.
+                Some((_, victim)) => {
+                    Stats::add(&self.stats.evictions, 1);
+                    drop(victim);
+                }
+                None => return false,
+            }
+        }
+    }
+
+    pub fn gauges(&self) -> Gauges {
+        let inner = lock(&self.inner);
+        Gauges {
+            cache_bytes: self.meter.used.load(Relaxed),
+            cache_peak_bytes: self.meter.peak.load(Relaxed),
+            cache_limit: self.limit,
+            cache_entries: inner.lru.len() as u64,
+            inflight_decodes: inner.inflight.len() as u64,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn stays_within_limit_and_evicts_lru() {
+        let c = Cache::new(100, Arc::default());
+        for k in 0..10u32 {
+            let b = c.get((0, k), 40, |d| {
+                d.fill(k as u8);
+                Ok(())
+            });
+            assert_eq!(b.unwrap()[0], k as u8);
+            assert!(c.gauges().cache_bytes <= 100);
+        }
+        assert_eq!(c.gauges().cache_entries, 2);
+        assert!(c.gauges().cache_peak_bytes <= 100);
+        assert!(c.get((0, 0), 101, |_| Ok(())).is_err());
+    }
+
+    #[test]
+    fn concurrent_readers_decode_once() {
+        let c = Arc::new(Cache::new(1 << 20, Arc::default()));
+        let decodes = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (c, decodes) = (c.clone(), decodes.clone());
+                std::thread::spawn(move || {
+                    let b = c
+                        .get((1, 1), 1000, |d| {
+                            decodes.fetch_add(1, Relaxed);
+                            std::thread::sleep(Duration::from_millis(50));
+                            d.fill(9);
+                            Ok(())
+                        })
+                        .unwrap();
+                    assert!(b.iter().all(|&x| x == 9));
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(decodes.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn pinned_buffers_count_and_failed_decodes_release() {
+        let c = Cache::new(100, Arc::default());
+        let held = c.get((0, 0), 60, |_| Ok(())).unwrap();
+        // Evicting the held entry does not free it: the next unit must wait,
+        // so try one that fits beside it.
+        let b = c.get((0, 1), 40, |_| Ok(())).unwrap();
+        assert_eq!(c.gauges().cache_bytes, 100);
+        drop(b);
+        assert!(c.get((0, 2), 30, |_| Err("bad".into())).is_err());
+        assert!(c.gauges().cache_bytes <= 100);
+        drop(held);
+    }
+}

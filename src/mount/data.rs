@@ -1,0 +1,427 @@
+//! Tensor catalog -> bytes of an exposed file, for any range: raw tensors
+//! straight from the mmap, zstd tensors through the cache (frame by frame
+//! when the blob has frames), tensors too big for the cache through a spill
+//! file. Every failed check becomes an error string the caller logs and
+//! turns into EIO.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+
+use super::cache::{Buf, Cache};
+use super::guard::Guard;
+use super::stats::Stats;
+use crate::format::zstd_blob::{self, Frame};
+use crate::format::{Encoding, Tensor, Verdict, ZtFile, expose};
+
+/// Bytes for one read reply.
+pub enum Bytes<'a> {
+    /// Straight from the mmap.
+    Mapped(&'a [u8]),
+    /// A slice of a cached unit.
+    Shared(Arc<Buf>, usize, usize),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(s) => s,
+            Bytes::Shared(b, at, n) => &b[*at..*at + *n],
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct DataOptions {
+    pub cache_size: u64,
+    pub cache_dir: PathBuf,
+    /// Verify raw blobs' checksums before serving their first byte.
+    pub verify_raw: bool,
+}
+
+/// How a zstd tensor is decoded.
+enum Plan {
+    /// Independent frames, each a cache unit.
+    Frames(Vec<Frame>),
+    /// The whole blob is one cache unit.
+    Whole,
+    /// Too big for the cache: decoded once into a temporary file.
+    Spill,
+}
+
+#[derive(Default)]
+struct TensorState {
+    checked: OnceLock<Result<(), String>>,
+    plan: OnceLock<Result<Plan, String>>,
+    spill: OnceLock<Result<Arc<Spill>, String>>,
+    logged: AtomicBool,
+}
+
+pub struct Data {
+    zt: Arc<ZtFile>,
+    cache: Cache,
+    stats: Arc<Stats>,
+    states: Vec<TensorState>,
+    guard: Guard,
+    opts: DataOptions,
+}
+
+impl Data {
+    pub fn new(zt: ZtFile, opts: DataOptions, stats: Arc<Stats>) -> std::io::Result<Data> {
+        let bytes = zt.bytes();
+        let guard = Guard::new(
+            zt.label(),
+            File::open(zt.path())?,
+            bytes.as_ptr(),
+            bytes.len(),
+        )?;
+        let states = (0..zt.catalog().len())
+            .map(|_| TensorState::default())
+            .collect();
+        Ok(Data {
+            cache: Cache::new(opts.cache_size, stats.clone()),
+            zt: Arc::new(zt),
+            stats,
+            states,
+            guard,
+            opts,
+        })
+    }
+
+    pub fn file(&self) -> &ZtFile {
+        &self.zt
+    }
+
+    pub fn cache(&self) -> &Cache {
+        &self.cache
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Exposed bytes `[off, off+len)` of part `pi` of tensor `ti`.
+    pub fn read(&self, ti: usize, pi: usize, off: u64, len: u64) -> Result<Bytes<'_>, String> {
+        let t = &self.zt.catalog().tensors[ti];
+        let out = self.read_inner(t, ti, pi, off, len);
+        match &out {
+            Ok(b) => Stats::add(&self.stats.bytes_served, b.len() as u64),
+            Err(why) => {
+                Stats::add(&self.stats.errors, 1);
+                // One error line per tensor; later ones at debug level.
+                if !self.states[ti].logged.swap(true, Relaxed) {
+                    log::error!("{why}");
+                } else {
+                    log::debug!("{why}");
+                }
+            }
+        }
+        out
+    }
+
+    fn fail(&self, t: &Tensor, why: impl std::fmt::Display) -> String {
+        format!("{}: tensor {:?}: {why}", self.zt.label(), t.name)
+    }
+
+    fn read_inner(
+        &self,
+        t: &Tensor,
+        ti: usize,
+        pi: usize,
+        off: u64,
+        len: u64,
+    ) -> Result<Bytes<'_>, String> {
+        let layout = t.layout.as_ref().map_err(|why| self.fail(t, why))?;
+        let part = layout
+            .parts
+            .get(pi)
+            .ok_or_else(|| self.fail(t, "no such part"))?;
+        let Some((off, len)) = expose::clamp(part, off, len) else {
+            return Ok(Bytes::Owned(Vec::new()));
+        };
+        self.guard.check()?;
+        match layout.encoding {
+            Encoding::Raw => {
+                if self.opts.verify_raw {
+                    self.checked(t, ti)?;
+                }
+                let blob = self.zt.blob(t);
+                if let Some((at, n)) = expose::direct_range(part, t.endian, off, len) {
+                    return Ok(Bytes::Mapped(&blob[at as usize..(at + n) as usize]));
+                }
+                let v: Result<Vec<u8>, String> =
+                    expose::gather(part, t.endian, off, len, |at, out| {
+                        out.copy_from_slice(&blob[at as usize..at as usize + out.len()]);
+                        Ok(())
+                    });
+                // The copy above touched the mmap: make sure it was still there.
+                self.guard.check()?;
+                v.map(Bytes::Owned)
+            }
+            Encoding::Zstd => {
+                self.checked(t, ti)?;
+                let plan = self.plan(t, ti)?;
+                // One unit holds the whole range: reply from it without a copy.
+                if let Some((at, n)) = expose::direct_range(part, t.endian, off, len)
+                    && let Some((buf, start)) = self.unit_containing(t, ti, plan, at, n)?
+                {
+                    return Ok(Bytes::Shared(buf, start, n as usize));
+                }
+                expose::gather(part, t.endian, off, len, |at, out| {
+                    self.fetch(t, ti, plan, at, out)
+                })
+                .map(Bytes::Owned)
+            }
+        }
+    }
+
+    /// Checks the tensor's checksum once per mount (over the on-disk bytes).
+    fn checked(&self, t: &Tensor, ti: usize) -> Result<(), String> {
+        self.states[ti]
+            .checked
+            .get_or_init(|| {
+                let verdict = self.zt.verify(t);
+                self.guard.check()?;
+                match verdict {
+                    Verdict::Mismatch { expected, actual } => {
+                        Stats::add(&self.stats.checksum_failures, 1);
+                        Err(self.fail(
+                            t,
+                            format!("checksum mismatch: index says {expected}, blob has {actual}"),
+                        ))
+                    }
+                    Verdict::Unverifiable(algo) => {
+                        log::warn!(
+                            "{}",
+                            self.fail(
+                                t,
+                                format!(
+                                    "checksum {algo:?} uses an unknown algorithm; served unverified"
+                                )
+                            )
+                        );
+                        Ok(())
+                    }
+                    Verdict::Absent | Verdict::Verified => Ok(()),
+                }
+            })
+            .clone()
+    }
+
+    fn plan(&self, t: &Tensor, ti: usize) -> Result<&Plan, String> {
+        self.states[ti]
+            .plan
+            .get_or_init(|| {
+                let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
+                let limit = self.cache.limit();
+                let frames =
+                    zstd_blob::scan_frames(self.zt.blob(t)).map_err(|why| self.fail(t, why))?;
+                self.guard.check()?;
+                if let Some(frames) = frames {
+                    let total = frames.last().map_or(0, |f| f.d_start + f.d_len);
+                    if total != decoded {
+                        return Err(self.fail(
+                            t,
+                            format!(
+                                "zstd frames declare {total} bytes, the index promises {decoded}"
+                            ),
+                        ));
+                    }
+                    if frames.len() > 1 && frames.iter().all(|f| f.d_len <= limit / 4) {
+                        return Ok(Plan::Frames(frames));
+                    }
+                }
+                Ok(if decoded <= limit / 2 {
+                    Plan::Whole
+                } else {
+                    Plan::Spill
+                })
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The cached unit holding decoded bytes `[at, at+n)`, if one does.
+    fn unit_containing(
+        &self,
+        t: &Tensor,
+        ti: usize,
+        plan: &Plan,
+        at: u64,
+        n: u64,
+    ) -> Result<Option<(Arc<Buf>, usize)>, String> {
+        match plan {
+            Plan::Frames(frames) => {
+                let k = frame_at(frames, at);
+                let f = frames[k];
+                if at + n > f.d_start + f.d_len {
+                    return Ok(None);
+                }
+                let buf = self.frame(t, ti, k, &f)?;
+                Ok(Some((buf, (at - f.d_start) as usize)))
+            }
+            Plan::Whole => Ok(Some((self.whole(t, ti)?, at as usize))),
+            Plan::Spill => Ok(None),
+        }
+    }
+
+    /// Copies decoded bytes `[at, at+out.len())` into `out`.
+    fn fetch(
+        &self,
+        t: &Tensor,
+        ti: usize,
+        plan: &Plan,
+        at: u64,
+        out: &mut [u8],
+    ) -> Result<(), String> {
+        match plan {
+            Plan::Frames(frames) => {
+                let mut pos = at;
+                let mut done = 0usize;
+                let mut k = frame_at(frames, at);
+                while done < out.len() {
+                    let f = frames[k];
+                    let buf = self.frame(t, ti, k, &f)?;
+                    let from = (pos - f.d_start) as usize;
+                    let n = (buf.len() - from).min(out.len() - done);
+                    out[done..done + n].copy_from_slice(&buf[from..from + n]);
+                    done += n;
+                    pos += n as u64;
+                    k += 1;
+                }
+                Ok(())
+            }
+            Plan::Whole => {
+                let buf = self.whole(t, ti)?;
+                out.copy_from_slice(&buf[at as usize..at as usize + out.len()]);
+                Ok(())
+            }
+            Plan::Spill => self
+                .spill(t, ti)?
+                .read(at, out)
+                .map_err(|why| self.fail(t, why)),
+        }
+    }
+
+    fn frame(&self, t: &Tensor, ti: usize, k: usize, f: &Frame) -> Result<Arc<Buf>, String> {
+        let src = &self.zt.blob(t)[f.c_start as usize..(f.c_start + f.c_len) as usize];
+        let out = self.cache.get((ti as u32, k as u32), f.d_len, |dst| {
+            zstd_blob::decode_into(src, dst)
+        });
+        self.guard.check()?;
+        out.map_err(|why| self.fail(t, format!("frame {k}: {why}")))
+    }
+
+    fn whole(&self, t: &Tensor, ti: usize) -> Result<Arc<Buf>, String> {
+        let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
+        let src = self.zt.blob(t);
+        let out = self.cache.get((ti as u32, 0), decoded, |dst| {
+            zstd_blob::decode_into(src, dst)
+        });
+        self.guard.check()?;
+        out.map_err(|why| self.fail(t, why))
+    }
+
+    fn spill(&self, t: &Tensor, ti: usize) -> Result<Arc<Spill>, String> {
+        self.states[ti]
+            .spill
+            .get_or_init(|| {
+                let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
+                let file = tempfile::tempfile_in(&self.opts.cache_dir).map_err(|e| {
+                    self.fail(
+                        t,
+                        format!(
+                            "cannot create a spill file in {}: {e}",
+                            self.opts.cache_dir.display()
+                        ),
+                    )
+                })?;
+                log::info!(
+                    "{}",
+                    self.fail(
+                        t,
+                        format!(
+                            "{decoded} decoded bytes exceed half the cache; spilling to {}",
+                            self.opts.cache_dir.display()
+                        )
+                    )
+                );
+                Stats::add(&self.stats.spilled_tensors, 1);
+                let spill = Arc::new(Spill {
+                    file,
+                    progress: Mutex::new((0, None)),
+                    cond: Condvar::new(),
+                });
+                let (zt, s, stats, ti) = (self.zt.clone(), spill.clone(), self.stats.clone(), ti);
+                std::thread::Builder::new()
+                    .name("zt-spill".into())
+                    .spawn(move || {
+                        let t = &zt.catalog().tensors[ti];
+                        let mut pos = 0u64;
+                        Stats::add(&stats.decompressions, 1);
+                        let r = zstd_blob::decode_stream(zt.blob(t), decoded, |chunk| {
+                            s.file
+                                .write_all_at(chunk, pos)
+                                .map_err(|e| format!("spill write: {e}"))?;
+                            pos += chunk.len() as u64;
+                            Stats::add(&stats.spilled_bytes, chunk.len() as u64);
+                            Stats::add(&stats.decompressed_bytes, chunk.len() as u64);
+                            s.advance(pos, None);
+                            Ok(())
+                        });
+                        s.advance(pos, Some(r.err().unwrap_or_default()));
+                    })
+                    .map_err(|e| self.fail(t, format!("cannot start the spill thread: {e}")))?;
+                Ok(spill)
+            })
+            .clone()
+    }
+}
+
+fn frame_at(frames: &[Frame], at: u64) -> usize {
+    frames
+        .partition_point(|f| f.d_start + f.d_len <= at)
+        .min(frames.len().saturating_sub(1))
+}
+
+/// A tensor decoded into a temporary file by a background thread; readers
+/// wait only until their bytes are there.
+struct Spill {
+    file: File,
+    /// (bytes decoded so far, Some(error or "" when finished)).
+    progress: Mutex<(u64, Option<String>)>,
+    cond: Condvar,
+}
+
+impl Spill {
+    fn advance(&self, done: u64, end: Option<String>) {
+        let mut g = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        g.0 = done;
+        if end.is_some() {
+            g.1 = end;
+        }
+        self.cond.notify_all();
+    }
+
+    fn read(&self, at: u64, out: &mut [u8]) -> Result<(), String> {
+        let need = at + out.len() as u64;
+        let mut g = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            match &g.1 {
+                Some(e) if !e.is_empty() => return Err(e.clone()),
+                _ if g.0 >= need => break,
+                Some(_) => return Err(format!("spill ended at {} bytes, before {need}", g.0)),
+                None => g = self.cond.wait(g).unwrap_or_else(|e| e.into_inner()),
+            }
+        }
+        drop(g);
+        self.file
+            .read_exact_at(out, at)
+            .map_err(|e| format!("spill read: {e}"))
+    }
+}

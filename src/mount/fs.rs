@@ -1,0 +1,300 @@
+//! The filesystem as the kernel sees it, minus the kernel: lookups,
+//! attributes, directory listings, opens and reads over the tree and the data
+//! layer. `fuse.rs` only translates between this and fuser, so everything
+//! here can be tested without a mount.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use serde_json::json;
+
+use super::data::{Bytes, Data, DataOptions};
+use super::sidecar;
+use super::stats::Stats;
+use super::tree::{Content, Ino, NodeKind, Tree};
+use crate::format::ZtFile;
+
+pub type Errno = i32;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Dir,
+    File,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: Kind,
+    pub size: u64,
+    pub perm: u16,
+    pub nlink: u32,
+}
+
+/// How the kernel should cache an opened file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheMode {
+    /// Keep the page cache across opens: the bytes never change.
+    KeepCache,
+    /// Bypass the page cache (data read anew each time).
+    DirectIo,
+}
+
+#[derive(Debug, Clone)]
+pub struct FsOptions {
+    pub data: DataOptions,
+    /// Serve tensor data with direct I/O instead of the page cache.
+    pub direct_io: bool,
+}
+
+pub struct ZtFs {
+    tree: Tree,
+    data: Data,
+    direct_io: bool,
+    /// Sizes of generated files, computed on first stat.
+    sizes: Vec<OnceLock<u64>>,
+    /// Contents of generated files, per open handle.
+    handles: Mutex<HashMap<u64, Arc<[u8]>>>,
+    next_fh: AtomicU64,
+}
+
+impl ZtFs {
+    pub fn new(zt: ZtFile, opts: FsOptions) -> std::io::Result<ZtFs> {
+        let tree = Tree::build(zt.catalog());
+        for (t, p) in zt.catalog().tensors.iter().zip(&tree.placements) {
+            if let Some(why) = &p.escaped {
+                log::warn!(
+                    "{}: tensor {:?} is served as {:?}: {why}",
+                    zt.label(),
+                    t.name,
+                    if p.path.is_empty() {
+                        &p.sidecar
+                    } else {
+                        &p.path
+                    }
+                );
+            }
+        }
+        let sizes = (0..tree.len()).map(|_| OnceLock::new()).collect();
+        let data = Data::new(zt, opts.data, Arc::new(Stats::default()))?;
+        Ok(ZtFs {
+            tree,
+            data,
+            direct_io: opts.direct_io,
+            sizes,
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+        })
+    }
+
+    pub fn tree(&self) -> &Tree {
+        &self.tree
+    }
+
+    pub fn data(&self) -> &Data {
+        &self.data
+    }
+
+    pub fn lookup(&self, parent: Ino, name: &OsStr) -> Result<Attr, Errno> {
+        let name = name.to_str().ok_or(libc::ENOENT)?;
+        let ino = self.tree.lookup(parent, name).ok_or(libc::ENOENT)?;
+        self.getattr(ino)
+    }
+
+    pub fn getattr(&self, ino: Ino) -> Result<Attr, Errno> {
+        let node = self.tree.node(ino).ok_or(libc::ENOENT)?;
+        Ok(match &node.kind {
+            NodeKind::Dir { .. } => Attr {
+                ino,
+                kind: Kind::Dir,
+                size: 0,
+                perm: 0o555,
+                nlink: 2 + self.tree.subdirs(ino) as u32,
+            },
+            NodeKind::File(c) => Attr {
+                ino,
+                kind: Kind::File,
+                size: self.size_of(ino, c),
+                perm: 0o444,
+                nlink: 1,
+            },
+        })
+    }
+
+    fn size_of(&self, ino: Ino, c: &Content) -> u64 {
+        match c {
+            Content::Part { tensor, part } => self.part(*tensor, *part).map_or(0, |p| p.nbytes),
+            // Changes all the time: read it with direct I/O, like /proc.
+            Content::Stats => 0,
+            _ => *self.sizes[(ino - 1) as usize].get_or_init(|| self.render(c).len() as u64),
+        }
+    }
+
+    fn part(&self, ti: usize, pi: usize) -> Option<&crate::format::Part> {
+        self.data
+            .file()
+            .catalog()
+            .tensors
+            .get(ti)?
+            .layout
+            .as_ref()
+            .ok()?
+            .parts
+            .get(pi)
+    }
+
+    /// Text of a generated file.
+    fn render(&self, c: &Content) -> Vec<u8> {
+        let cat = self.data.file().catalog();
+        match c {
+            Content::Sidecar { tensor, part: None } => sidecar::render(&sidecar::tensor_json(
+                &cat.tensors[*tensor],
+                &self.tree.placements[*tensor],
+            )),
+            Content::Sidecar {
+                tensor,
+                part: Some(p),
+            } => {
+                let t = &cat.tensors[*tensor];
+                match t.layout.as_ref().ok().and_then(|l| l.parts.get(*p)) {
+                    Some(part) => sidecar::render(&sidecar::part_json(
+                        t,
+                        part,
+                        &self.tree.placements[*tensor].path,
+                    )),
+                    None => Vec::new(),
+                }
+            }
+            Content::Index => {
+                let tensors: Vec<_> = cat
+                    .tensors
+                    .iter()
+                    .zip(&self.tree.placements)
+                    .map(|(t, p)| sidecar::tensor_json(t, p))
+                    .collect();
+                sidecar::render(&json!({
+                    "file": self.data.file().label(),
+                    "format": "zTensor v0.1.0",
+                    "tensor_count": tensors.len(),
+                    "tensors": tensors,
+                }))
+            }
+            Content::Stats => self.data.stats().render(&self.data.cache().gauges()),
+            Content::Part { .. } => Vec::new(),
+        }
+    }
+
+    /// Entries of directory `ino` from position `offset` on: (ino, kind, name).
+    /// Positions count `.` and `..` first.
+    pub fn readdir(
+        &self,
+        ino: Ino,
+        offset: u64,
+        mut add: impl FnMut(u64, Ino, Kind, &str) -> bool,
+    ) -> Result<(), Errno> {
+        let node = self.tree.node(ino).ok_or(libc::ENOENT)?;
+        let NodeKind::Dir { entries, .. } = &node.kind else {
+            return Err(libc::ENOTDIR);
+        };
+        let dots = [(ino, "."), (node.parent, "..")];
+        let all = dots
+            .iter()
+            .map(|&(i, n)| (i, n))
+            .chain(entries.iter().map(|(n, i)| (*i, n.as_str())));
+        for (pos, (child, name)) in all.enumerate().skip(offset as usize) {
+            let kind = if matches!(
+                self.tree.node(child).map(|n| &n.kind),
+                Some(NodeKind::Dir { .. })
+            ) {
+                Kind::Dir
+            } else {
+                Kind::File
+            };
+            if add(pos as u64 + 1, child, kind, name) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens a file for reading: (handle, cache mode).
+    pub fn open(&self, ino: Ino, write: bool) -> Result<(u64, CacheMode), Errno> {
+        if write {
+            return Err(libc::EROFS);
+        }
+        let node = self.tree.node(ino).ok_or(libc::ENOENT)?;
+        match &node.kind {
+            NodeKind::Dir { .. } => Err(libc::EISDIR),
+            NodeKind::File(Content::Part { .. }) => Ok((
+                0,
+                if self.direct_io {
+                    CacheMode::DirectIo
+                } else {
+                    CacheMode::KeepCache
+                },
+            )),
+            NodeKind::File(c) => {
+                let fh = self.next_fh.fetch_add(1, Relaxed);
+                let bytes: Arc<[u8]> = self.render(c).into();
+                self.handles
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(fh, bytes);
+                Ok((
+                    fh,
+                    if *c == Content::Stats {
+                        CacheMode::DirectIo
+                    } else {
+                        CacheMode::KeepCache
+                    },
+                ))
+            }
+        }
+    }
+
+    pub fn release(&self, fh: u64) {
+        if fh != 0 {
+            self.handles
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&fh);
+        }
+    }
+
+    /// Bytes `[off, off+size)` of file `ino` opened as `fh`. A data error is
+    /// logged by the data layer and becomes EIO.
+    pub fn read(&self, ino: Ino, fh: u64, off: u64, size: u32) -> Result<Bytes<'_>, Errno> {
+        Stats::add(&self.data.stats().reads, 1);
+        let node = self.tree.node(ino).ok_or(libc::ENOENT)?;
+        match &node.kind {
+            NodeKind::Dir { .. } => Err(libc::EISDIR),
+            NodeKind::File(Content::Part { tensor, part }) => self
+                .data
+                .read(*tensor, *part, off, size as u64)
+                .map_err(|_| libc::EIO),
+            NodeKind::File(c) => {
+                let held = self
+                    .handles
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&fh)
+                    .cloned();
+                // A read without our open (e.g. after a restart) renders anew.
+                let bytes: Arc<[u8]> = held.unwrap_or_else(|| self.render(c).into());
+                let start = (off as usize).min(bytes.len());
+                let end = start.saturating_add(size as usize).min(bytes.len());
+                Ok(Bytes::Owned(bytes[start..end].to_vec()))
+            }
+        }
+    }
+
+    /// (total blocks of 4 KiB, number of inodes) for statfs.
+    pub fn statfs(&self) -> (u64, u64) {
+        (
+            self.data.file().bytes().len().div_ceil(4096) as u64,
+            self.tree.len() as u64,
+        )
+    }
+}

@@ -1,0 +1,226 @@
+//! The thin adapter between the kernel (via fuser) and [`ZtFs`]: converts
+//! types and picks reply flags, nothing else.
+
+use std::ffi::OsStr;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
+};
+
+use super::fs::{Attr, CacheMode, Kind, ZtFs};
+use super::tree::Ino;
+
+/// Nothing in the tree ever changes, so the kernel may keep what it learns.
+const TTL: Duration = Duration::from_secs(3600);
+
+pub struct Adapter {
+    fs: ZtFs,
+    uid: u32,
+    gid: u32,
+    time: SystemTime,
+    /// Largest read the kernel may send (bytes).
+    max_read: u32,
+}
+
+impl Adapter {
+    pub fn new(fs: ZtFs, uid: u32, gid: u32, time: SystemTime, max_read: u32) -> Adapter {
+        Adapter {
+            fs,
+            uid,
+            gid,
+            time,
+            max_read,
+        }
+    }
+
+    fn attr(&self, a: &Attr) -> FileAttr {
+        FileAttr {
+            ino: INodeNo(a.ino),
+            size: a.size,
+            blocks: a.size.div_ceil(512),
+            atime: self.time,
+            mtime: self.time,
+            ctime: self.time,
+            crtime: self.time,
+            kind: match a.kind {
+                Kind::Dir => FileType::Directory,
+                Kind::File => FileType::RegularFile,
+            },
+            perm: a.perm,
+            nlink: a.nlink,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 1 << 20,
+            flags: 0,
+        }
+    }
+}
+
+fn ino(i: INodeNo) -> Ino {
+    i.0
+}
+
+fn err(e: i32) -> Errno {
+    Errno::from_i32(e)
+}
+
+impl Filesystem for Adapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_readahead(self.max_read);
+        let _ = config.set_max_write(self.max_read);
+        // Best effort: each is only an optimisation, refused by older kernels.
+        for flag in [
+            InitFlags::FUSE_ASYNC_READ,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_READDIRPLUS_AUTO,
+            InitFlags::FUSE_MAX_PAGES,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+            // Lets np.memmap work on files opened with direct I/O.
+            InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
+        ] {
+            let _ = config.add_capabilities(flag);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.fs.lookup(ino(parent), name) {
+            Ok(a) => reply.entry(&TTL, &self.attr(&a), Generation(0)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(ino(i)) {
+            Ok(a) => reply.attr(&TTL, &self.attr(&a)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let write =
+            !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY) || flags.0 & libc::O_TRUNC != 0;
+        match self.fs.open(ino(i), write) {
+            Ok((fh, mode)) => {
+                let f = match mode {
+                    CacheMode::KeepCache => FopenFlags::FOPEN_KEEP_CACHE,
+                    CacheMode::DirectIo => FopenFlags::FOPEN_DIRECT_IO,
+                };
+                reply.opened(FileHandle(fh), f)
+            }
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.fs.read(ino(i), fh.0, offset, size) {
+            Ok(bytes) => reply.data(&bytes),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.release(fh.0);
+        reply.ok();
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.getattr(ino(i)) {
+            Ok(a) if a.kind == Kind::Dir => reply.opened(
+                FileHandle(0),
+                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            Ok(_) => reply.error(Errno::ENOTDIR),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let r = self.fs.readdir(ino(i), offset, |next, child, kind, name| {
+            let ft = if kind == Kind::Dir {
+                FileType::Directory
+            } else {
+                FileType::RegularFile
+            };
+            reply.add(INodeNo(child), next, ft, name)
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let r = self.fs.readdir(ino(i), offset, |next, child, _kind, name| {
+            match self.fs.getattr(child) {
+                Ok(a) => reply.add(
+                    INodeNo(child),
+                    next,
+                    name,
+                    &TTL,
+                    &self.attr(&a),
+                    Generation(0),
+                ),
+                Err(_) => false,
+            }
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _i: INodeNo, reply: ReplyStatfs) {
+        let (blocks, files) = self.fs.statfs();
+        reply.statfs(blocks, 0, 0, files, 0, 4096, 255, 4096);
+    }
+}

@@ -1,0 +1,14 @@
+//! The mount: tensor catalog -> filesystem tree -> kernel.
+//!
+//! `tree` lays out paths, `data` serves bytes (over `cache` and `guard`),
+//! `fs` answers filesystem calls without knowing fuser, and `fuse` is the thin
+//! adapter the kernel talks to.
+
+pub mod cache;
+pub mod data;
+pub mod fs;
+pub mod fuse;
+pub mod guard;
+pub mod sidecar;
+pub mod stats;
+pub mod tree;

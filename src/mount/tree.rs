@@ -1,0 +1,318 @@
+//! Tensor catalog -> filesystem tree: inodes, names, directories. Decides
+//! where each tensor, part and sidecar lives and escapes names that cannot be
+//! paths. Knows nothing about bytes or the kernel.
+
+use std::collections::HashMap;
+
+use crate::format::Catalog;
+
+pub type Ino = u64;
+pub const ROOT: Ino = 1;
+/// The hidden directory at the top that holds `index.json` and `stats`.
+pub const META_DIR: &str = ".ztensor";
+const NAME_MAX: usize = 255;
+
+/// What a regular file holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Content {
+    /// Exposed bytes of part `part` of tensor `tensor` (catalog indexes).
+    Part { tensor: usize, part: usize },
+    /// The sidecar of a tensor (`part` None) or of one sparse part.
+    Sidecar { tensor: usize, part: Option<usize> },
+    /// `.ztensor/index.json`
+    Index,
+    /// `.ztensor/stats`
+    Stats,
+}
+
+#[derive(Debug)]
+pub enum NodeKind {
+    Dir {
+        entries: Vec<(String, Ino)>,
+        lookup: HashMap<String, Ino>,
+    },
+    File(Content),
+}
+
+#[derive(Debug)]
+pub struct Node {
+    pub parent: Ino,
+    pub name: String,
+    pub kind: NodeKind,
+}
+
+/// Where a tensor ended up.
+#[derive(Debug, Clone, Default)]
+pub struct Placement {
+    /// Exposed path of the data file or sparse directory ("" if none).
+    pub path: String,
+    pub sidecar: String,
+    /// Set when the path differs from the tensor name: why.
+    pub escaped: Option<String>,
+}
+
+pub struct Tree {
+    nodes: Vec<Node>,
+    pub placements: Vec<Placement>,
+}
+
+impl Tree {
+    /// Lays out every tensor of `catalog`. Tensors are placed in index order;
+    /// when two would take the same path, the first keeps it.
+    pub fn build(catalog: &Catalog) -> Tree {
+        let mut tree = Tree {
+            nodes: vec![Node {
+                parent: ROOT,
+                name: String::new(),
+                kind: new_dir(),
+            }],
+            placements: Vec::with_capacity(catalog.len()),
+        };
+        let meta = tree.add(ROOT, META_DIR.to_string(), new_dir());
+        tree.add(meta, "index.json".into(), NodeKind::File(Content::Index));
+        tree.add(meta, "stats".into(), NodeKind::File(Content::Stats));
+        for (ti, t) in catalog.tensors.iter().enumerate() {
+            let parts = t
+                .layout
+                .as_ref()
+                .ok()
+                .map(|l| (l.sparse.is_some(), l.parts.iter().map(|p| p.name).collect()));
+            let p = tree.place(ti, &t.name, parts);
+            tree.placements.push(p);
+        }
+        tree
+    }
+
+    fn add(&mut self, parent: Ino, name: String, kind: NodeKind) -> Ino {
+        let ino = self.nodes.len() as Ino + 1;
+        if let NodeKind::Dir { entries, lookup } = &mut self.nodes[(parent - 1) as usize].kind {
+            entries.push((name.clone(), ino));
+            lookup.insert(name.clone(), ino);
+        }
+        self.nodes.push(Node { parent, name, kind });
+        ino
+    }
+
+    fn child(&self, dir: Ino, name: &str) -> Option<Ino> {
+        match &self.node(dir)?.kind {
+            NodeKind::Dir { lookup, .. } => lookup.get(name).copied(),
+            NodeKind::File(_) => None,
+        }
+    }
+
+    fn is_dir(&self, ino: Ino) -> bool {
+        matches!(self.node(ino).map(|n| &n.kind), Some(NodeKind::Dir { .. }))
+    }
+
+    /// `parts`: None for an unsupported tensor (sidecar only), else
+    /// (is_sparse, part names).
+    fn place(
+        &mut self,
+        ti: usize,
+        name: &str,
+        parts: Option<(bool, Vec<&'static str>)>,
+    ) -> Placement {
+        let mut why: Vec<String> = Vec::new();
+        let comps: Vec<String> = name
+            .split('/')
+            .map(|c| escape_component(c, &mut why))
+            .collect();
+        let (leaf, dirs) = comps
+            .split_last()
+            .map(|(l, d)| (l.clone(), d.to_vec()))
+            .unwrap_or_default();
+
+        // Walk or create the directories; a component that is a file already
+        // gets a suffix so this tensor gets a directory of its own.
+        let mut dir = ROOT;
+        let mut path = String::new();
+        for (depth, c) in dirs.iter().enumerate() {
+            let mut c = c.clone();
+            if depth == 0 && c == META_DIR {
+                c = self.free_name(dir, &c, ti, &[]);
+                why.push(format!("{META_DIR} is reserved"));
+            }
+            match self.child(dir, &c) {
+                Some(ino) if self.is_dir(ino) => dir = ino,
+                Some(_) => {
+                    let free = self.free_name(dir, &c, ti, &[]);
+                    why.push(format!("{c:?} is already a file"));
+                    dir = self.add(dir, free.clone(), new_dir());
+                    c = free;
+                }
+                None => dir = self.add(dir, c.clone(), new_dir()),
+            }
+            path.push_str(&c);
+            path.push('/');
+        }
+        // The leaf: a data file (or sparse directory) plus `leaf.json`, both free.
+        let mut leaf = leaf;
+        if dir == ROOT && leaf == META_DIR {
+            why.push(format!("{META_DIR} is reserved"));
+            leaf = self.free_name(dir, &leaf, ti, &[".json"]);
+        }
+        let needs = |t: &Tree, l: &str| {
+            t.child(dir, l).is_some() || t.child(dir, &format!("{l}.json")).is_some()
+        };
+        if needs(self, &leaf) {
+            why.push(format!("{leaf:?} or {leaf:?}.json is already taken"));
+            leaf = self.free_name(dir, &leaf, ti, &[".json"]);
+        }
+        let sidecar = format!("{leaf}.json");
+        let mut placement = Placement {
+            path: String::new(),
+            sidecar: format!("{path}{sidecar}"),
+            escaped: None,
+        };
+        match parts {
+            None => {}
+            Some((false, _)) => {
+                self.add(
+                    dir,
+                    leaf.clone(),
+                    NodeKind::File(Content::Part {
+                        tensor: ti,
+                        part: 0,
+                    }),
+                );
+                placement.path = format!("{path}{leaf}");
+            }
+            Some((true, names)) => {
+                let sdir = self.add(dir, leaf.clone(), new_dir());
+                for (part, pname) in names.into_iter().enumerate() {
+                    self.add(
+                        sdir,
+                        pname.to_string(),
+                        NodeKind::File(Content::Part { tensor: ti, part }),
+                    );
+                    self.add(
+                        sdir,
+                        format!("{pname}.json"),
+                        NodeKind::File(Content::Sidecar {
+                            tensor: ti,
+                            part: Some(part),
+                        }),
+                    );
+                }
+                placement.path = format!("{path}{leaf}");
+            }
+        }
+        self.add(
+            dir,
+            sidecar,
+            NodeKind::File(Content::Sidecar {
+                tensor: ti,
+                part: None,
+            }),
+        );
+        if !why.is_empty() {
+            placement.escaped = Some(why.join("; "));
+        }
+        placement
+    }
+
+    /// `base~N` (N = tensor index), lengthened until no `base~N` + suffix is taken.
+    fn free_name(&self, dir: Ino, base: &str, ti: usize, suffixes: &[&str]) -> String {
+        let mut cand = fit(&format!("{base}~{ti}"), 5);
+        let taken = |c: &str| {
+            self.child(dir, c).is_some()
+                || suffixes
+                    .iter()
+                    .any(|s| self.child(dir, &format!("{c}{s}")).is_some())
+        };
+        while taken(&cand) {
+            cand = fit(&format!("{cand}~"), 5);
+        }
+        cand
+    }
+
+    pub fn node(&self, ino: Ino) -> Option<&Node> {
+        ino.checked_sub(1).and_then(|i| self.nodes.get(i as usize))
+    }
+
+    pub fn lookup(&self, parent: Ino, name: &str) -> Option<Ino> {
+        self.child(parent, name)
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Number of subdirectories of `ino` (for nlink).
+    pub fn subdirs(&self, ino: Ino) -> usize {
+        match self.node(ino).map(|n| &n.kind) {
+            Some(NodeKind::Dir { entries, .. }) => {
+                entries.iter().filter(|(_, i)| self.is_dir(*i)).count()
+            }
+            _ => 0,
+        }
+    }
+
+    /// Path of `ino` from the mount root, for messages.
+    pub fn path_of(&self, mut ino: Ino) -> String {
+        let mut parts = Vec::new();
+        while ino != ROOT {
+            let Some(n) = self.node(ino) else { break };
+            parts.push(n.name.clone());
+            ino = n.parent;
+        }
+        parts.reverse();
+        parts.join("/")
+    }
+}
+
+fn new_dir() -> NodeKind {
+    NodeKind::Dir {
+        entries: Vec::new(),
+        lookup: HashMap::new(),
+    }
+}
+
+/// Makes one path component safe: `%` for empty, `%2E`/`%2E%2E` for the
+/// dot names, and a hashed tail for names over 255 bytes.
+fn escape_component(c: &str, why: &mut Vec<String>) -> String {
+    match c {
+        "" => {
+            why.push("empty path component".into());
+            "%".into()
+        }
+        "." => {
+            why.push("\".\" is not a file name".into());
+            "%2E".into()
+        }
+        ".." => {
+            why.push("\"..\" is not a file name".into());
+            "%2E%2E".into()
+        }
+        _ if c.len() > NAME_MAX - 5 => {
+            why.push(format!("component of {} bytes is too long", c.len()));
+            fit(c, 5)
+        }
+        _ => c.to_string(),
+    }
+}
+
+/// Shortens `s` so that `s` plus `reserve` more bytes fits NAME_MAX, keeping
+/// a prefix and a hash of the whole so distinct names stay distinct.
+fn fit(s: &str, reserve: usize) -> String {
+    if s.len() + reserve <= NAME_MAX {
+        return s.to_string();
+    }
+    let hash = fnv1a(s.as_bytes());
+    let keep = NAME_MAX - reserve - 17;
+    let mut cut = keep;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}~{hash:016x}", &s[..cut])
+}
+
+fn fnv1a(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf29ce484222325u64, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100000001b3)
+    })
+}
