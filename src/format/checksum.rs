@@ -44,7 +44,8 @@ impl Checksum {
                     .strip_prefix("0x")
                     .or_else(|| value.strip_prefix("0X"))
                     .unwrap_or(value);
-                if hex.is_empty() || hex.len() > 8 {
+                // Digits only: from_str_radix would also take a '+' sign.
+                if hex.is_empty() || hex.len() > 8 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
                     return Err(format!("malformed crc32c checksum {text:?}"));
                 }
                 u32::from_str_radix(hex, 16)
@@ -53,7 +54,7 @@ impl Checksum {
             }
             "sha256" => {
                 let mut out = [0u8; 32];
-                if value.len() != 64 || !value.is_ascii() {
+                if value.len() != 64 || !value.bytes().all(|b| b.is_ascii_hexdigit()) {
                     return Err(format!(
                         "malformed sha256 checksum {text:?} (want 64 hex digits)"
                     ));
