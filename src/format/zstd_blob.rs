@@ -102,21 +102,19 @@ pub fn decode_stream(
 }
 
 /// Decodes only the first `n` bytes (for reading a sparse header).
+/// The buffer grows with the decoded data, so a header that merely claims
+/// to be large costs no memory.
 pub fn decode_prefix(src: &[u8], n: usize) -> Result<Vec<u8>, String> {
-    let mut dec = decoder(src)?;
-    let mut out = vec![0u8; n];
-    let mut filled = 0;
-    while filled < n {
-        match dec.read(&mut out[filled..]) {
-            Ok(0) => {
-                return Err(format!(
-                    "zstd data decodes to only {filled} bytes, needed {n}"
-                ));
-            }
-            Ok(k) => filled += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("zstd data is corrupt: {e}")),
-        }
+    let dec = decoder(src)?;
+    let mut out = Vec::new();
+    dec.take(n as u64)
+        .read_to_end(&mut out)
+        .map_err(|e| format!("zstd data is corrupt: {e}"))?;
+    if out.len() < n {
+        return Err(format!(
+            "zstd data decodes to only {} bytes, needed {n}",
+            out.len()
+        ));
     }
     Ok(out)
 }
