@@ -776,6 +776,24 @@ mod cases {
         )
     }
 
+    pub fn malformed_crc32c_signed() -> Case {
+        // Rust's integer parsing takes a leading '+'; a checksum must not.
+        bad_t(
+            Field,
+            "malformed crc32c checksum \"crc32c:0x+1234567\"",
+            t_file(replace(t_entry(), "checksum", text("crc32c:0x+1234567"))),
+        )
+    }
+
+    pub fn malformed_sha256_signed() -> Case {
+        let digest = format!("sha256:{}", "+a".repeat(32));
+        bad_t(
+            Field,
+            "malformed sha256 checksum \"sha256:+a+a",
+            t_file(replace(t_entry(), "checksum", text(&digest))),
+        )
+    }
+
     pub fn malformed_sha256() -> Case {
         bad_t(
             Field,
@@ -1060,6 +1078,22 @@ mod cases {
         )
     }
 
+    pub fn data_sparsecsr_zstd_huge_indptr() -> Case {
+        // 2^27 - 1 rows promise a 1 GiB indptr; the stream holds 24 bytes.
+        let blob = zstd::bulk::compress(&le_u64s(&[0, 0, 0]), 3).unwrap();
+        let e = replace(
+            bad_entry(&blob, "uint8", &[(1 << 27) - 1, 1], "zstd"),
+            "layout",
+            text("sparsecsr"),
+        );
+        read_fails(
+            Outcome::ReadUnsupported,
+            "zstd data decodes to only 24 bytes",
+            "bad",
+            with_ok_neighbour(&blob, e),
+        )
+    }
+
     pub fn data_unknown_checksum() -> Case {
         let blob = blob16();
         let e = replace(
@@ -1134,7 +1168,9 @@ hostile!(
     duplicate_custom_key,
     malformed_crc32c,
     malformed_crc32c_too_long,
+    malformed_crc32c_signed,
     malformed_sha256,
+    malformed_sha256_signed,
     deeply_nested_arrays,
     deeply_nested_maps,
     deeply_nested_tags,
@@ -1161,6 +1197,7 @@ hostile!(
     data_unknown_layout,
     data_unknown_sparse_format,
     data_sparsecsr_wrong_nnz,
+    data_sparsecsr_zstd_huge_indptr,
     data_unknown_checksum,
 );
 
@@ -1225,6 +1262,21 @@ fn zstd_bomb_is_stopped_at_the_declared_size() {
     // The 64 MiB never lands in memory.
     assert!(largest < 4 << 20, "allocated {largest} bytes at once");
     assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+#[test]
+fn sparse_shapes_are_not_trusted_for_memory_at_open() {
+    let case = cases::data_sparsecsr_zstd_huge_indptr();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge_indptr.zt");
+    std::fs::write(&path, &case.bytes).unwrap();
+    let (opened, largest, _) = measured(|| ZtFile::open(&path));
+    opened.unwrap();
+    assert!(
+        largest < 64 << 20,
+        "opening a {}-byte file allocated {largest} bytes at once",
+        case.bytes.len()
+    );
 }
 
 #[test]
