@@ -403,6 +403,10 @@ mod cases {
         bad_file(NotZtensor, "magic \"ZTEN0001\" missing", b)
     }
 
+    pub fn empty_file() -> Case {
+        bad_file(NotZtensor, "magic \"ZTEN0001\" missing", Vec::new())
+    }
+
     pub fn shorter_than_magic() -> Case {
         bad_file(NotZtensor, "magic \"ZTEN0001\" missing", b"ZTEN00".to_vec())
     }
@@ -1125,6 +1129,7 @@ macro_rules! hostile {
 
 hostile!(
     bad_magic,
+    empty_file,
     shorter_than_magic,
     shorter_than_16_bytes,
     index_size_past_magic,
@@ -1277,6 +1282,21 @@ fn sparse_shapes_are_not_trusted_for_memory_at_open() {
         "opening a {}-byte file allocated {largest} bytes at once",
         case.bytes.len()
     );
+}
+
+#[test]
+fn missing_files_and_directories_are_io_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.zt");
+    for (path, needle) in [
+        (missing.as_path(), "cannot open"),
+        (dir.path(), "not a regular file"),
+    ] {
+        let e = ZtFile::open(path).err().expect("refused");
+        check_error(&e, ErrorKind::Io, needle)
+            .and_then(|()| check_rendering(&e, &path.display().to_string(), None))
+            .unwrap_or_else(|why| panic!("{}: {why}", path.display()));
+    }
 }
 
 #[test]
