@@ -1,0 +1,429 @@
+//! Harness for the real-mount tests: runs the built `ztensor-mount` binary
+//! against a FUSE mountpoint in a temporary directory and always tears the
+//! mount down again, even when the test panics.
+//!
+//! Rule for environments without FUSE (no /dev/fuse, no fusermount3): with
+//! `CI=true` the test fails with a clear message, otherwise it prints a
+//! "skipping: ..." note to stderr and returns early. No test is `#[ignore]`d.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value as Json;
+
+/// The daemon binary under test.
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_ztensor-mount")
+}
+
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+}
+
+/// Applies the skip rule: `Ok` when the requirement is met; otherwise panics
+/// under CI or prints a skip note and returns `false`.
+pub fn require(what: &str, check: Result<(), String>) -> bool {
+    match check {
+        Ok(()) => true,
+        Err(why) if in_ci() => panic!("{what} is required when CI=true, but: {why}"),
+        Err(why) => {
+            // Straight to fd 2, past libtest's capture, so the skip shows.
+            let _ = writeln!(std::io::stderr(), "skipping: {what} unavailable: {why}");
+            false
+        }
+    }
+}
+
+fn on_path(prog: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| {
+        std::env::split_paths(&p).any(|d| {
+            std::fs::metadata(d.join(prog)).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0)
+        })
+    })
+}
+
+/// Whether FUSE mounts can be made here: `/dev/fuse` opens read-write and
+/// `fusermount3` is installed (needed to unmount as a non-root user).
+pub fn fuse_available() -> Result<(), String> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .map_err(|e| format!("cannot open /dev/fuse: {e}"))?;
+    if !on_path("fusermount3") {
+        return Err("fusermount3 is not on PATH".into());
+    }
+    Ok(())
+}
+
+/// Result of running the binary.
+#[derive(Debug)]
+pub struct Run {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Run {
+    pub fn ok(&self) -> bool {
+        self.status.success()
+    }
+}
+
+/// Runs `cmd` to completion, killing it after `limit`. Panics on timeout.
+pub fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Run {
+    let start = Instant::now();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let elapsed = start.elapsed();
+    Run {
+        status,
+        stdout: t_out.join().unwrap(),
+        stderr: t_err.join().unwrap(),
+        elapsed,
+    }
+}
+
+/// Unescapes the octal escapes of /proc/self/mounts (`\040` for a space...).
+fn unescape_mounts(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The /proc/self/mounts line (device, fstype, options) of `mp`, if mounted.
+pub fn mount_entry(mp: &Path) -> Option<(String, String, String)> {
+    let text = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    let want = mp.to_string_lossy();
+    text.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.len() >= 4 && unescape_mounts(f[1]) == want)
+            .then(|| (unescape_mounts(f[0]), f[2].to_string(), f[3].to_string()))
+    })
+}
+
+pub fn is_mounted(mp: &Path) -> bool {
+    mount_entry(mp).is_some()
+}
+
+/// Polls `cond` every 10 ms until it holds or `limit` passes.
+pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        if cond() {
+            return true;
+        }
+        if start.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Pids of ztensor-mount processes serving `mp` (found by command line;
+/// `-u` runs are left out).
+pub fn daemon_pids(mp: &Path) -> Vec<i32> {
+    let want = mp.to_string_lossy().into_owned();
+    let mut pids = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return pids;
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = raw
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let is_ours = args.first().is_some_and(|a| a.ends_with("ztensor-mount"));
+        if is_ours
+            && args.contains(&want)
+            && !args.iter().any(|a| a == "-u" || a == "--unmount")
+            && !is_zombie(pid)
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+pub fn alive(pid: i32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid)
+}
+
+pub fn signal(pid: i32, sig: i32) {
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+/// A temporary directory with a mountpoint `mnt/`, a log file path and room
+/// for the .zt files of a test. Whatever gets mounted on `mnt/` is unmounted
+/// when this is dropped, and any daemon left serving it is killed.
+pub struct Mount {
+    pub dir: tempfile::TempDir,
+    pub mp: PathBuf,
+    pub log: PathBuf,
+    /// The daemon's pid, once known (recorded after a successful mount).
+    pub pid: Option<i32>,
+}
+
+impl Mount {
+    /// A fresh scratch directory, or `None` (test skipped) when FUSE is not
+    /// usable here and CI is not set.
+    pub fn scratch() -> Option<Mount> {
+        if !require("FUSE", fuse_available()) {
+            return None;
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("zt-mount-test.")
+            .tempdir()
+            .expect("tempdir");
+        let root = dir.path().canonicalize().unwrap();
+        let mp = root.join("mnt");
+        std::fs::create_dir(&mp).unwrap();
+        Some(Mount {
+            log: root.join("daemon.log"),
+            dir,
+            mp,
+            pid: None,
+        })
+    }
+
+    /// A path inside the scratch directory (outside the mount).
+    pub fn scratch_path(&self, name: &str) -> PathBuf {
+        self.dir.path().canonicalize().unwrap().join(name)
+    }
+
+    /// Runs the binary as `ztensor-mount FILE MP --log-file LOG ARGS...`.
+    pub fn run(&mut self, file: &Path, args: &[&str]) -> Run {
+        let mut cmd = Command::new(bin());
+        cmd.arg(file)
+            .arg(&self.mp)
+            .arg("--log-file")
+            .arg(&self.log)
+            .args(args);
+        let r = run_with_timeout(&mut cmd, Duration::from_secs(20));
+        if r.ok() {
+            self.pid = daemon_pids(&self.mp).first().copied();
+        }
+        r
+    }
+
+    /// Mounts `file` with `args`; panics with the daemon's words on failure.
+    pub fn mount(&mut self, file: &Path, args: &[&str]) {
+        let r = self.run(file, args);
+        assert!(
+            r.ok(),
+            "mounting {} failed ({}): {}{}\nlog: {}",
+            file.display(),
+            r.status,
+            r.stderr,
+            r.stdout,
+            self.log_text()
+        );
+    }
+
+    /// scratch() + writes a file with `write` + mount(); `None` if skipped.
+    pub fn with(args: &[&str], write: impl FnOnce(&Path)) -> Option<Mount> {
+        let mut m = Mount::scratch()?;
+        let zt = m.scratch_path("test.zt");
+        write(&zt);
+        m.mount(&zt, args);
+        Some(m)
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.mp.join(rel)
+    }
+
+    pub fn read(&self, rel: &str) -> Vec<u8> {
+        std::fs::read(self.path(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}"))
+    }
+
+    pub fn json(&self, rel: &str) -> Json {
+        serde_json::from_slice(&self.read(rel)).unwrap_or_else(|e| panic!("{rel} is not JSON: {e}"))
+    }
+
+    pub fn stats(&self) -> Json {
+        self.json(".ztensor/stats")
+    }
+
+    pub fn stat_u64(&self, key: &str) -> u64 {
+        self.stats()[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("stats has no number {key:?}"))
+    }
+
+    pub fn index(&self) -> Json {
+        self.json(".ztensor/index.json")
+    }
+
+    pub fn is_mounted(&self) -> bool {
+        is_mounted(&self.mp)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Unmounts with the daemon's own `-u`; returns that run.
+    pub fn unmount(&self) -> Run {
+        run_with_timeout(
+            Command::new(bin()).arg("-u").arg(&self.mp),
+            Duration::from_secs(20),
+        )
+    }
+
+    /// Best-effort teardown; safe to call more than once.
+    pub fn cleanup(&mut self) {
+        for attempt in 0..3 {
+            if !self.is_mounted() {
+                break;
+            }
+            let _ = match attempt {
+                0 => Command::new(bin())
+                    .arg("-u")
+                    .arg(&self.mp)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status(),
+                1 => Command::new("fusermount3")
+                    .arg("-uz")
+                    .arg(&self.mp)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status(),
+                _ => Command::new("umount")
+                    .arg("-l")
+                    .arg(&self.mp)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status(),
+            };
+        }
+        let mut pids = daemon_pids(&self.mp);
+        pids.extend(self.pid);
+        pids.sort_unstable();
+        pids.dedup();
+        for pid in pids {
+            // An unmounted daemon exits by itself; give it a moment.
+            if !wait_until(Duration::from_secs(3), || !alive(pid)) {
+                signal(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        self.cleanup();
+        if self.is_mounted() {
+            eprintln!("warning: {} is still mounted", self.mp.display());
+        }
+    }
+}
+
+/// Deterministic pseudo-random numbers (splitmix64).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, n)` (n > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
+/// `n` bytes that compress a few times over but never repeat exactly.
+pub fn compressible(seed: u64, n: usize) -> Vec<u8> {
+    let mut r = Rng(seed);
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let x = r.next_u64();
+        for k in 0..8 {
+            // 16 symbols: about 2x compression.
+            out.push(((x >> (k * 4)) & 0x0f) as u8 + b'a');
+        }
+    }
+    out.truncate(n);
+    out
+}
+
+/// `n` elements of `es` bytes; every byte of an element differs from its
+/// neighbours, so a missing or doubled byte swap shows.
+pub fn pattern(es: usize, n: usize, salt: u8) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n * es);
+    for i in 0..n {
+        for b in 0..es {
+            out.push((i * 31 + b * 7 + 1) as u8 ^ salt);
+        }
+    }
+    out
+}
