@@ -1,0 +1,356 @@
+//! Many readers at once through a real mount: every byte right while the
+//! decode cache stays within its limit, one decode per frame for readers of
+//! the same cold tensor, and tensors larger than the cache.
+
+mod support;
+
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use serde_json::Value as Json;
+use support::{Mount, Rng, compressible};
+use ztensor_mount::format::writer::{Compression, Options, Writer};
+use ztensor_mount::format::{DType, Endian};
+
+const MIB: usize = 1 << 20;
+
+struct T {
+    name: String,
+    dtype: DType,
+    /// Little-endian bytes the mount must serve.
+    le: Vec<u8>,
+    opts: Options,
+}
+
+fn zstd(frame_size: usize, endian: Endian) -> Options {
+    Options {
+        compression: Compression::Zstd {
+            level: 1,
+            frame_size,
+        },
+        endian,
+        ..Options::default()
+    }
+}
+
+fn write(path: &std::path::Path, ts: &[T]) {
+    let mut w = Writer::create(path).unwrap();
+    for t in ts {
+        let n = t.le.len() as u64 / t.dtype.size();
+        w.add(&t.name, t.dtype, &[n], &t.le, &t.opts).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+/// Reads `[off, off+len)` fully (short reads retried), as much as exists.
+fn pread(f: &std::fs::File, off: u64, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        let n = f.read_at(&mut buf[got..], off + got as u64).unwrap();
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    buf.truncate(got);
+    buf
+}
+
+/// Polls `.ztensor/stats` until stopped; records every sample that shows
+/// more decoded bytes alive than the limit.
+struct Monitor {
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<(u64, u64, Vec<Json>)>,
+}
+
+impl Monitor {
+    fn start(stats: std::path::PathBuf) -> Monitor {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let (mut samples, mut max_bytes) = (0u64, 0u64);
+            let mut bad = Vec::new();
+            while !s.load(Ordering::Relaxed) {
+                let v: Json = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+                let used = v["cache_bytes"].as_u64().unwrap();
+                let limit = v["cache_limit"].as_u64().unwrap();
+                let peak = v["cache_peak_bytes"].as_u64().unwrap();
+                max_bytes = max_bytes.max(used);
+                if used > limit || peak > limit {
+                    bad.push(v);
+                }
+                samples += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            (samples, max_bytes, bad)
+        });
+        Monitor { stop, handle }
+    }
+
+    fn finish(self) -> (u64, u64, Vec<Json>) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().unwrap()
+    }
+}
+
+#[test]
+fn sixteen_readers_with_a_cache_smaller_than_the_data() {
+    // Six 3 MiB zstd tensors in 256 KiB frames (18 MiB decoded) behind a
+    // 4 MiB cache, plus raw tensors; half the zstd ones stored big-endian.
+    let mut ts = Vec::new();
+    for k in 0..6u64 {
+        let (dtype, endian) = if k % 2 == 0 {
+            (DType::Uint8, Endian::Little)
+        } else {
+            (DType::Float32, Endian::Big)
+        };
+        ts.push(T {
+            name: format!("z{k}"),
+            dtype,
+            le: compressible(k + 1, 3 * MIB),
+            opts: zstd(256 << 10, endian),
+        });
+    }
+    for k in 0..2u64 {
+        ts.push(T {
+            name: format!("raw{k}"),
+            dtype: DType::Int16,
+            le: compressible(100 + k, MIB),
+            opts: Options {
+                endian: if k == 0 { Endian::Little } else { Endian::Big },
+                ..Options::default()
+            },
+        });
+    }
+    // Direct I/O: every read reaches the daemon, none is served from the
+    // kernel's page cache.
+    let Some(m) = Mount::with(
+        &["--cache-size", "4M", "--direct-io", "--threads", "6"],
+        |p| write(p, &ts),
+    ) else {
+        return;
+    };
+    let ts = Arc::new(ts);
+    let mon = Monitor::start(m.path(".ztensor/stats"));
+    let start = Arc::new(Barrier::new(16));
+    let readers: Vec<_> = (0..16)
+        .map(|i| {
+            let (ts, start, mp) = (ts.clone(), start.clone(), m.mp.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng(i as u64 * 7919 + 1);
+                start.wait();
+                // One full sequential read, in odd-sized chunks.
+                let t = &ts[i % ts.len()];
+                let f = std::fs::File::open(mp.join(&t.name)).unwrap();
+                let chunk = 100_000 + 4099 * i;
+                let mut off = 0;
+                while off < t.le.len() {
+                    let got = pread(&f, off as u64, chunk);
+                    let hi = (off + chunk).min(t.le.len());
+                    assert!(got == t.le[off..hi], "{}: sequential read at {off}", t.name);
+                    off = hi;
+                }
+                // Random ranges of random tensors, some across frame borders.
+                for _ in 0..40 {
+                    let t = &ts[rng.below(ts.len() as u64) as usize];
+                    let f = std::fs::File::open(mp.join(&t.name)).unwrap();
+                    let off = rng.below(t.le.len() as u64) as usize;
+                    let len = 1 + rng.below(300_000) as usize;
+                    let got = pread(&f, off as u64, len);
+                    let hi = (off + len).min(t.le.len());
+                    assert!(got == t.le[off..hi], "{}: {len} bytes at {off}", t.name);
+                }
+            })
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for (i, r) in readers.into_iter().enumerate() {
+        if let Err(e) = r.join() {
+            failed.push(format!("reader {i}: {e:?}"));
+        }
+    }
+    let (samples, max_bytes, bad) = mon.finish();
+    assert!(failed.is_empty(), "readers failed: {failed:#?}");
+    assert!(
+        bad.is_empty(),
+        "cache over its limit in {} of {samples} samples, e.g. {}",
+        bad.len(),
+        bad[0]
+    );
+    let st = m.stats();
+    let limit = st["cache_limit"].as_u64().unwrap();
+    assert_eq!(limit, 4 << 20);
+    assert!(samples > 5, "monitor took only {samples} samples");
+    assert!(
+        max_bytes > 0 && max_bytes <= limit,
+        "max sampled {max_bytes}"
+    );
+    assert!(
+        st["cache_peak_bytes"].as_u64().unwrap() <= limit,
+        "peak over limit: {st}"
+    );
+    assert!(st["cache_bytes"].as_u64().unwrap() <= limit);
+    assert_eq!(st["errors"], 0, "{st}");
+    // 72 frames, all read at least once, and more than the cache holds.
+    assert!(st["decompressions"].as_u64().unwrap() >= 72, "{st}");
+    assert!(st["evictions"].as_u64().unwrap() > 0, "{st}");
+    assert_eq!(st["spilled_tensors"], 0, "frames fit: nothing spills");
+    assert_eq!(st["inflight_decodes"], 0);
+}
+
+#[test]
+fn page_cached_readers_agree() {
+    // The same kind of load through the page cache: readahead sends large
+    // requests that span several frames.
+    let ts: Vec<T> = (0..4u64)
+        .map(|k| T {
+            name: format!("dir/z{k}"),
+            dtype: DType::Uint16,
+            le: compressible(k + 50, 2 * MIB),
+            opts: zstd(
+                192 << 10,
+                if k % 2 == 0 {
+                    Endian::Little
+                } else {
+                    Endian::Big
+                },
+            ),
+        })
+        .collect();
+    let Some(m) = Mount::with(&["--cache-size", "2M"], |p| write(p, &ts)) else {
+        return;
+    };
+    let ts = Arc::new(ts);
+    let mon = Monitor::start(m.path(".ztensor/stats"));
+    let start = Arc::new(Barrier::new(8));
+    let readers: Vec<_> = (0..8)
+        .map(|i| {
+            let (ts, start, mp) = (ts.clone(), start.clone(), m.mp.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                let t = &ts[i % ts.len()];
+                let got = std::fs::read(mp.join(&t.name)).unwrap();
+                assert!(got == t.le, "{}: full read by reader {i}", t.name);
+            })
+        })
+        .collect();
+    for r in readers {
+        r.join().unwrap();
+    }
+    let (_, _, bad) = mon.finish();
+    assert!(bad.is_empty(), "cache over its limit: {}", bad[0]);
+    let st = m.stats();
+    assert_eq!(st["errors"], 0, "{st}");
+    assert!(st["cache_peak_bytes"].as_u64().unwrap() <= 2 << 20, "{st}");
+}
+
+#[test]
+fn readers_of_one_cold_tensor_decode_each_frame_once() {
+    // 8 frames of 64 KiB; a cache that holds them all.
+    const FRAME: usize = 64 << 10;
+    let t = T {
+        name: "cold".into(),
+        dtype: DType::Uint8,
+        le: compressible(9, 8 * FRAME),
+        opts: zstd(FRAME, Endian::Little),
+    };
+    let le = Arc::new(t.le.clone());
+    let Some(m) = Mount::with(
+        &["--cache-size", "64M", "--direct-io", "--threads", "8"],
+        |p| write(p, std::slice::from_ref(&t)),
+    ) else {
+        return;
+    };
+    let before = m.stats();
+    assert_eq!(
+        before["decompressions"], 0,
+        "nothing decoded before reading"
+    );
+    let start = Arc::new(Barrier::new(4));
+    let readers: Vec<_> = (0..4)
+        .map(|i| {
+            let (le, start, path) = (le.clone(), start.clone(), m.path("cold"));
+            std::thread::spawn(move || {
+                let f = std::fs::File::open(&path).unwrap();
+                start.wait();
+                // Reader i starts at frame 2i: each frame gets two readers
+                // at about the same time.
+                for k in 0..8 {
+                    let frame = (k + 2 * i) % 8;
+                    let off = frame * FRAME;
+                    let got = pread(&f, off as u64, FRAME);
+                    assert!(got == le[off..off + FRAME], "reader {i} frame {frame}");
+                }
+            })
+        })
+        .collect();
+    for r in readers {
+        r.join().unwrap();
+    }
+    let st = m.stats();
+    assert_eq!(st["decompressions"], 8, "one decode per frame: {st}");
+    assert_eq!(st["cache_misses"], 8, "{st}");
+    assert!(st["cache_hits"].as_u64().unwrap() >= 24, "{st}");
+    assert_eq!(st["cache_entries"], 8, "{st}");
+    assert_eq!(st["cache_bytes"], 8 * FRAME as u64, "{st}");
+    // Warm: reading it all again decodes nothing.
+    assert!(std::fs::read(m.path("cold")).unwrap() == *le);
+    let st = m.stats();
+    assert_eq!(st["decompressions"], 8, "{st}");
+    assert_eq!(st["errors"], 0, "{st}");
+}
+
+#[test]
+fn tensor_larger_than_the_cache_spills_and_reads_right() {
+    // One 3 MiB frame cannot live in a 1 MiB cache: it is decoded once into
+    // a spill file in --cache-dir while readers wait for their bytes.
+    let t = T {
+        name: "big".into(),
+        dtype: DType::Float32,
+        le: compressible(77, 3 * MIB),
+        opts: zstd(0, Endian::Big),
+    };
+    let le = Arc::new(t.le.clone());
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let zt = m.scratch_path("test.zt");
+    write(&zt, std::slice::from_ref(&t));
+    let spill_dir = m.scratch_path("spill");
+    std::fs::create_dir(&spill_dir).unwrap();
+    let dir_arg = spill_dir.to_str().unwrap().to_string();
+    m.mount(
+        &zt,
+        &["--cache-size", "1M", "--cache-dir", &dir_arg, "--direct-io"],
+    );
+    let readers: Vec<_> = (0..6)
+        .map(|i| {
+            let (le, path) = (le.clone(), m.path("big"));
+            std::thread::spawn(move || {
+                let f = std::fs::File::open(&path).unwrap();
+                let mut rng = Rng(i + 1);
+                for _ in 0..20 {
+                    let off = rng.below(le.len() as u64) as usize;
+                    let len = 1 + rng.below(200_000) as usize;
+                    let got = pread(&f, off as u64, len);
+                    let hi = (off + len).min(le.len());
+                    assert!(got == le[off..hi], "reader {i}: {len} at {off}");
+                }
+            })
+        })
+        .collect();
+    for r in readers {
+        r.join().unwrap();
+    }
+    assert!(std::fs::read(m.path("big")).unwrap() == *le);
+    let st = m.stats();
+    assert_eq!(st["spilled_tensors"], 1, "{st}");
+    assert_eq!(st["decompressions"], 1, "decoded once: {st}");
+    assert_eq!(st["errors"], 0, "{st}");
+    assert!(st["cache_peak_bytes"].as_u64().unwrap() <= 1 << 20, "{st}");
+    // The spill file is unlinked (a tempfile): the directory stays empty.
+    assert_eq!(std::fs::read_dir(&spill_dir).unwrap().count(), 0);
+}
