@@ -33,8 +33,8 @@ pub fn run(path: &Path, json: bool) -> ExitCode {
     }
     println!("{}: {} tensors", zt.label(), cat.len());
     println!(
-        "{:<40} {:<9} {:<18} {:<7} {:<8} {:>14} {:>14}  {}",
-        "NAME", "DTYPE", "SHAPE", "LAYOUT", "ENCODING", "SIZE", "NBYTES", "NOTE"
+        "{:<40} {:<9} {:<18} {:<7} {:<8} {:>14} {:>14}  NOTE",
+        "NAME", "DTYPE", "SHAPE", "LAYOUT", "ENCODING", "SIZE", "NBYTES"
     );
     for t in &cat.tensors {
         let shape = format!("{:?}", t.shape);

@@ -219,7 +219,7 @@ fn check_entry(
             format!("offset {} lies inside the 8-byte magic", raw.offset),
         ));
     }
-    if raw.offset % ALIGNMENT != 0 {
+    if !raw.offset.is_multiple_of(ALIGNMENT) {
         return Err(e(
             ErrorKind::Placement,
             format!("offset {} is not a multiple of {ALIGNMENT}", raw.offset),

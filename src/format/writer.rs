@@ -143,6 +143,7 @@ impl<W: Write> Writer<W> {
     }
 
     /// Adds a CSR matrix in this project's sparse form (see README).
+    #[allow(clippy::too_many_arguments)]
     pub fn add_csr(
         &mut self,
         name: &str,
