@@ -216,6 +216,16 @@ pub fn signal(pid: i32, sig: i32) {
     }
 }
 
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs the tests that hold it one at a time. Tests that unmount on purpose
+/// (signals, `-u`) take it first: a child spawned by another test thread
+/// briefly inherits copies of this process's open files (between fork and
+/// exec), and an unmount in that window fails with EBUSY.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A temporary directory with a mountpoint `mnt/`, a log file path and room
 /// for the .zt files of a test. Whatever gets mounted on `mnt/` is unmounted
 /// when this is dropped, and any daemon left serving it is killed.
@@ -326,12 +336,29 @@ impl Mount {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Unmounts with the daemon's own `-u`; returns that run.
+    /// Unmounts with the daemon's own `-u`; returns that run. After a
+    /// successful unmount, waits (up to 5 s) for the daemon to exit: fuser
+    /// 0.18 unmounts the mountpoint *path* once more as its session ends
+    /// (its `is_mounted` check is inverted, fixed upstream in fuser PR #703),
+    /// which would take down a new mount made there in the meantime.
     pub fn unmount(&self) -> Run {
-        run_with_timeout(
+        let r = run_with_timeout(
             Command::new(bin()).arg("-u").arg(&self.mp),
             Duration::from_secs(20),
-        )
+        );
+        if r.ok()
+            && let Some(pid) = self.pid
+        {
+            wait_until(Duration::from_secs(5), || !alive(pid));
+        }
+        r
+    }
+
+    /// `unmount()`, asserting that it worked and that nothing is left.
+    pub fn unmount_ok(&self) {
+        let r = self.unmount();
+        assert!(r.ok(), "-u {} failed: {r:?}", self.mp.display());
+        assert!(!self.is_mounted(), "still mounted after -u");
     }
 
     /// Best-effort teardown; safe to call more than once.

@@ -1,0 +1,479 @@
+//! The mount command as a user runs it: background mode returns only once
+//! mounted, failures are one clear line and leave no mount, signals and
+//! `-u` unmount, a killed daemon's mount can be cleared, `-o` lists work.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use support::{Mount, Run, alive, bin, daemon_pids, is_mounted, signal, wait_until};
+use ztensor_mount::format::writer::{Compression, Options, Writer};
+use ztensor_mount::format::{Algorithm, DType};
+
+fn payload() -> Vec<u8> {
+    (0..4096u32).flat_map(|i| (i * 3).to_le_bytes()).collect()
+}
+
+/// A small valid file: a raw and a zstd tensor.
+fn write_small(path: &Path) {
+    let mut w = Writer::create(path).unwrap();
+    w.add("w", DType::Uint32, &[4096], &payload(), &Options::default())
+        .unwrap();
+    let z = Options {
+        compression: Compression::zstd(),
+        ..Options::default()
+    };
+    w.add("z", DType::Uint32, &[4096], &payload(), &z).unwrap();
+    w.finish().unwrap();
+}
+
+fn scratch_with_file() -> Option<(Mount, PathBuf)> {
+    let m = Mount::scratch()?;
+    let zt = m.scratch_path("test.zt");
+    write_small(&zt);
+    Some((m, zt))
+}
+
+/// A failed run: non-zero exit, one line on stderr, no panic text.
+fn assert_clean_failure(r: &Run, what: &str) -> String {
+    assert!(!r.ok(), "{what}: succeeded: {r:?}");
+    let err = r.stderr.trim_end();
+    assert_eq!(err.lines().count(), 1, "{what}: want one line, got {err:?}");
+    assert!(err.starts_with("ztensor-mount: "), "{what}: {err:?}");
+    assert!(!err.contains("panicked"), "{what}: {err:?}");
+    assert!(!r.stderr.contains("RUST_BACKTRACE"), "{what}: {err:?}");
+    err.to_string()
+}
+
+fn assert_not_mounted(m: &Mount, what: &str) {
+    assert!(
+        !m.is_mounted(),
+        "{what}: left a mount on {}",
+        m.mp.display()
+    );
+    // Give a failed daemon a moment to go away, then insist it did.
+    let gone = wait_until(Duration::from_secs(3), || daemon_pids(&m.mp).is_empty());
+    assert!(
+        gone,
+        "{what}: daemon still running: {:?}",
+        daemon_pids(&m.mp)
+    );
+}
+
+#[test]
+fn background_mode_returns_only_once_mounted() {
+    let _one_at_a_time = support::serial();
+    let Some((mut m, zt)) = scratch_with_file() else {
+        return;
+    };
+    for round in 0..3 {
+        let r = m.run(&zt, &[]);
+        assert!(r.ok(), "round {round}: {r:?}");
+        assert!(r.stderr.is_empty() && r.stdout.is_empty(), "{r:?}");
+        // No waiting: the mount must already be there and serve.
+        assert!(m.is_mounted(), "round {round}: not mounted after exit 0");
+        assert!(std::fs::read(m.path("w")).unwrap() == payload());
+        assert!(std::fs::read(m.path("z")).unwrap() == payload());
+        let pid = m.pid.expect("daemon pid");
+        // Detached: the daemon leads its own session.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        assert_eq!(fields[3], pid.to_string(), "session id of the daemon");
+        let u = m.unmount();
+        assert!(u.ok(), "{u:?}");
+        assert!(!m.is_mounted());
+        assert!(wait_until(Duration::from_secs(5), || !alive(pid)));
+    }
+    let log = m.log_text();
+    assert!(log.matches("mounted").count() >= 3, "log: {log}");
+    assert!(log.contains("2 tensors"), "log: {log}");
+}
+
+#[test]
+fn bad_files_fail_fast_with_one_line_and_no_mount() {
+    let _one_at_a_time = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let text = m.scratch_path("notes.txt");
+    std::fs::write(&text, "hello, this is not a tensor file\n").unwrap();
+    let empty = m.scratch_path("empty.zt");
+    std::fs::write(&empty, b"").unwrap();
+    let magic_only = m.scratch_path("magic_only.zt");
+    std::fs::write(&magic_only, b"ZTEN0001\x00\x00\x00\x00\x00\x00\x00\x00").unwrap();
+    let truncated = m.scratch_path("truncated.zt");
+    write_small(&truncated);
+    let full = std::fs::read(&truncated).unwrap();
+    std::fs::write(&truncated, &full[..full.len() - 5]).unwrap();
+    let missing = m.scratch_path("missing.zt");
+    let dir = m.scratch_path("a_directory");
+    std::fs::create_dir(&dir).unwrap();
+    for file in [&text, &empty, &magic_only, &truncated, &missing, &dir] {
+        let r = m.run(file, &[]);
+        let what = file.display().to_string();
+        let err = assert_clean_failure(&r, &what);
+        assert_eq!(r.status.code(), Some(1), "{what}: exit code");
+        assert!(
+            r.elapsed < Duration::from_secs(5),
+            "{what}: took {:?}",
+            r.elapsed
+        );
+        let base = file.file_name().unwrap().to_str().unwrap();
+        assert!(
+            err.contains(base),
+            "{what}: message does not name it: {err}"
+        );
+        assert_not_mounted(&m, &what);
+    }
+}
+
+#[test]
+fn missing_or_unusable_mountpoint_fails_clearly() {
+    let _one_at_a_time = support::serial();
+    let Some((m, zt)) = scratch_with_file() else {
+        return;
+    };
+    let run = |mp: &Path| {
+        support::run_with_timeout(
+            Command::new(bin()).arg(&zt).arg(mp),
+            Duration::from_secs(10),
+        )
+    };
+    let nowhere = m.scratch_path("no/such/dir");
+    let r = run(&nowhere);
+    let err = assert_clean_failure(&r, "missing mountpoint");
+    assert!(
+        err.contains("no/such/dir") && err.contains("mountpoint"),
+        "{err}"
+    );
+    let file = m.scratch_path("plain_file");
+    std::fs::write(&file, b"x").unwrap();
+    let r = run(&file);
+    let err = assert_clean_failure(&r, "file as mountpoint");
+    assert!(err.contains("not a directory"), "{err}");
+    assert!(!is_mounted(&file) && !is_mounted(&nowhere));
+}
+
+#[test]
+fn mounting_twice_on_one_mountpoint_fails_and_keeps_the_first() {
+    let _one_at_a_time = support::serial();
+    let Some((mut m, zt)) = scratch_with_file() else {
+        return;
+    };
+    m.mount(&zt, &[]);
+    let first = m.pid;
+    let r = support::run_with_timeout(
+        Command::new(bin()).arg(&zt).arg(&m.mp),
+        Duration::from_secs(10),
+    );
+    let err = assert_clean_failure(&r, "second mount");
+    assert!(err.contains("already a mount point"), "{err}");
+    let entries = std::fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .filter(|l| l.split(' ').nth(1) == Some(m.mp.to_str().unwrap()))
+        .count();
+    assert_eq!(entries, 1, "exactly one mount on the mountpoint");
+    assert_eq!(daemon_pids(&m.mp), first.into_iter().collect::<Vec<_>>());
+    assert!(std::fs::read(m.path("w")).unwrap() == payload());
+}
+
+#[test]
+fn unusable_cache_dir_or_log_file_fails_clearly() {
+    let _one_at_a_time = support::serial();
+    let Some((mut m, zt)) = scratch_with_file() else {
+        return;
+    };
+    let missing = m.scratch_path("no_cache_here");
+    let file = m.scratch_path("cache_is_a_file");
+    std::fs::write(&file, b"x").unwrap();
+    for dir in [&missing, &file] {
+        let r = m.run(&zt, &["--cache-dir", dir.to_str().unwrap()]);
+        let err = assert_clean_failure(&r, "bad cache dir");
+        assert!(
+            err.contains("cache directory") && err.contains(dir.to_str().unwrap()),
+            "{err}"
+        );
+        assert_not_mounted(&m, "bad cache dir");
+    }
+    // The same through -o.
+    let r = m.run(&zt, &["-o", &format!("cache_dir={}", missing.display())]);
+    assert!(assert_clean_failure(&r, "-o cache_dir").contains("cache directory"));
+    assert_not_mounted(&m, "-o cache_dir");
+    // A log file that cannot be opened.
+    let r = support::run_with_timeout(
+        Command::new(bin())
+            .arg(&zt)
+            .arg(&m.mp)
+            .args(["--log-file", "/nonexistent/dir/zt.log"]),
+        Duration::from_secs(10),
+    );
+    let err = assert_clean_failure(&r, "bad log file");
+    assert!(err.contains("/nonexistent/dir/zt.log"), "{err}");
+    assert_not_mounted(&m, "bad log file");
+}
+
+#[test]
+fn sigterm_sigint_and_sighup_each_unmount() {
+    let _one_at_a_time = support::serial();
+    let Some((mut m, zt)) = scratch_with_file() else {
+        return;
+    };
+    for (sig, name) in [
+        (libc::SIGTERM, "SIGTERM"),
+        (libc::SIGINT, "SIGINT"),
+        (libc::SIGHUP, "SIGHUP"),
+    ] {
+        m.mount(&zt, &[]);
+        let pid = m.pid.expect("daemon pid");
+        assert!(std::fs::read(m.path("z")).unwrap() == payload());
+        signal(pid, sig);
+        let gone = wait_until(Duration::from_secs(5), || !m.is_mounted() && !alive(pid));
+        assert!(
+            gone,
+            "{name}: mounted={} alive={} log:\n{}",
+            m.is_mounted(),
+            alive(pid),
+            m.log_text()
+        );
+        assert!(
+            m.log_text().contains(&format!("signal {sig}")),
+            "{name}: {}",
+            m.log_text()
+        );
+        // The mountpoint is an ordinary empty directory again.
+        assert_eq!(std::fs::read_dir(&m.mp).unwrap().count(), 0, "{name}");
+    }
+}
+
+#[test]
+fn a_signal_while_a_file_is_open_does_not_break_its_reader() {
+    let _one_at_a_time = support::serial();
+    let Some((mut m, zt)) = scratch_with_file() else {
+        return;
+    };
+    m.mount(&zt, &["--direct-io"]);
+    let pid = m.pid.expect("daemon pid");
+    let f = std::fs::File::open(m.path("z")).unwrap();
+    signal(pid, libc::SIGTERM);
+    assert!(wait_until(Duration::from_secs(5), || m
+        .log_text()
+        .contains("signal 15")));
+    // Whether the daemon refuses (busy) or detaches lazily, an open file
+    // keeps reading right (direct I/O: from the daemon, not the page cache).
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; 4096];
+    f.read_exact_at(&mut buf, 8192).unwrap();
+    assert!(buf == payload()[8192..12288]);
+    drop(f);
+    // Drop of the guard unmounts with -u and checks the daemon goes.
+}
+
+#[test]
+fn dash_u_unmounts_and_rejects_what_is_not_mounted() {
+    let _one_at_a_time = support::serial();
+    let Some((mut m, zt)) = scratch_with_file() else {
+        return;
+    };
+    m.mount(&zt, &[]);
+    let pid = m.pid.expect("daemon pid");
+    let r = m.unmount();
+    assert!(r.ok(), "{r:?}");
+    assert!(!m.is_mounted());
+    assert!(
+        wait_until(Duration::from_secs(5), || !alive(pid)),
+        "daemon stays"
+    );
+    assert!(m.log_text().contains("unmounted"), "{}", m.log_text());
+    // Nothing mounted now: -u says so.
+    let r = m.unmount();
+    let err = assert_clean_failure(&r, "-u of a plain directory");
+    assert!(err.contains("not a mount point"), "{err}");
+    let r = support::run_with_timeout(
+        Command::new(bin()).arg("-u").arg(m.scratch_path("absent")),
+        Duration::from_secs(10),
+    );
+    assert_clean_failure(&r, "-u of a missing path");
+}
+
+#[test]
+fn dash_u_clears_the_mount_of_a_killed_daemon() {
+    let _one_at_a_time = support::serial();
+    let Some((mut m, zt)) = scratch_with_file() else {
+        return;
+    };
+    m.mount(&zt, &[]);
+    let pid = m.pid.expect("daemon pid");
+    signal(pid, libc::SIGKILL);
+    assert!(wait_until(Duration::from_secs(5), || !alive(pid)));
+    // The dead mount stays: the kernel answers ENOTCONN (or ECONNABORTED,
+    // depending on how far the connection's teardown got).
+    assert!(m.is_mounted(), "a SIGKILLed daemon cannot unmount");
+    let e = std::fs::metadata(m.path("w")).unwrap_err();
+    assert!(
+        matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)),
+        "{e}"
+    );
+    let r = m.unmount();
+    assert!(r.ok(), "-u of a dead mount: {r:?}");
+    assert!(!m.is_mounted());
+    // And the mountpoint can be used again.
+    m.mount(&zt, &[]);
+    assert!(std::fs::read(m.path("z")).unwrap() == payload());
+}
+
+#[test]
+fn dash_o_lists_and_flags_end_to_end() {
+    let _one_at_a_time = support::serial();
+    let Some((mut m, zt)) = scratch_with_file() else {
+        return;
+    };
+    m.mount(&zt, &["-o", "ro,nosuid,cache_size=8M"]);
+    assert_eq!(m.stat_u64("cache_limit"), 8 << 20);
+    m.unmount_ok();
+
+    // Repeated -o, dashes for underscores, generic flags ignored, owner set.
+    m.mount(
+        &zt,
+        &[
+            "-o",
+            "nodev,noatime,x-systemd.automount,uid=1234,gid=4321",
+            "-o",
+            "cache-size=3M,threads=3,direct_io",
+        ],
+    );
+    assert_eq!(m.stat_u64("cache_limit"), 3 << 20);
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(m.path("w")).unwrap();
+    assert_eq!((md.uid(), md.gid()), (1234, 4321));
+    assert!(std::fs::read(m.path("z")).unwrap() == payload());
+    m.unmount_ok();
+
+    // The long flag and -o together: the flag comes last and wins.
+    m.mount(&zt, &["-o", "cache_size=8M", "--cache-size", "2M"]);
+    assert_eq!(m.stat_u64("cache_limit"), 2 << 20);
+    m.unmount_ok();
+
+    for (args, needle) in [
+        (vec!["-o", "bogus"], "bogus"),
+        (vec!["-o", "cache_size=lots"], "lots"),
+        (vec!["-o", "uid=me"], "uid"),
+        (vec!["-o", "cache_size"], "cache_size"),
+        (vec!["--cache-size", "512K"], "at least 1M"),
+        (vec!["--threads", "x"], "threads"),
+    ] {
+        let r = m.run(&zt, &args);
+        assert!(!r.ok(), "{args:?}: accepted");
+        assert_eq!(r.status.code(), Some(2), "{args:?}: usage errors exit 2");
+        assert!(r.stderr.contains(needle), "{args:?}: {}", r.stderr);
+        assert!(!r.stderr.contains("panicked"), "{args:?}: {}", r.stderr);
+        assert_not_mounted(&m, &format!("{args:?}"));
+    }
+}
+
+/// Kills a foreground daemon that a failing test left behind.
+struct Fg(Child);
+
+impl Drop for Fg {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+#[test]
+fn foreground_mode_serves_until_sigterm() {
+    let _one_at_a_time = support::serial();
+    let Some((m, zt)) = scratch_with_file() else {
+        return;
+    };
+    let mut fg = Fg(Command::new(bin())
+        .arg(&zt)
+        .arg(&m.mp)
+        .arg("-f")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap());
+    assert!(
+        wait_until(Duration::from_secs(10), || m.is_mounted()),
+        "foreground mount never appeared"
+    );
+    assert!(std::fs::read(m.path("w")).unwrap() == payload());
+    assert!(fg.0.try_wait().unwrap().is_none(), "-f must not return");
+    signal(fg.0.id() as i32, libc::SIGTERM);
+    assert!(wait_until(Duration::from_secs(5), || fg
+        .0
+        .try_wait()
+        .unwrap()
+        .is_some()));
+    let status = fg.0.wait().unwrap();
+    assert!(status.success(), "exit after SIGTERM: {status}");
+    assert!(!m.is_mounted());
+    let mut err = String::new();
+    use std::io::Read;
+    fg.0.stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(err.contains("mounted"), "foreground logs to stderr: {err}");
+}
+
+#[test]
+fn checksum_failures_are_eio_and_logged_unless_unverified() {
+    let _one_at_a_time = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let zt = m.scratch_path("bad.zt");
+    let mut w = Writer::create(&zt).unwrap();
+    let opts = Options {
+        checksum: Some(Algorithm::Crc32c),
+        ..Options::default()
+    };
+    w.add("good", DType::Uint32, &[4096], &payload(), &opts)
+        .unwrap();
+    w.add("rotten", DType::Uint32, &[4096], &payload(), &opts)
+        .unwrap();
+    w.finish().unwrap();
+    // Flip one byte of the second blob.
+    let off = {
+        let f = ztensor_mount::format::ZtFile::open(&zt).unwrap();
+        f.catalog().get("rotten").unwrap().offset as usize
+    };
+    let mut bytes = std::fs::read(&zt).unwrap();
+    bytes[off + 100] ^= 0xff;
+    std::fs::write(&zt, &bytes).unwrap();
+
+    m.mount(&zt, &[]);
+    assert!(std::fs::read(m.path("good")).unwrap() == payload());
+    let e = std::fs::read(m.path("rotten")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    let st = m.stats();
+    assert_eq!(st["checksum_failures"], 1, "{st}");
+    assert!(st["errors"].as_u64().unwrap() >= 1, "{st}");
+    let log = m.log_text();
+    assert!(
+        log.contains("rotten") && log.contains("checksum mismatch"),
+        "log: {log}"
+    );
+    m.unmount_ok();
+
+    // --no-verify-raw serves the bytes as stored.
+    m.mount(&zt, &["--no-verify-raw"]);
+    let got = std::fs::read(m.path("rotten")).unwrap();
+    assert_eq!(got.len(), payload().len());
+    assert_ne!(got, payload());
+    assert_eq!(m.stat_u64("errors"), 0);
+}
