@@ -84,7 +84,7 @@ mod tests {
         let j = to_json(&v);
         assert_eq!(
             j.to_string(),
-            r#"{"$key:7":{"$tag":1,"value":"NaN"},"b":{"$bytes":"00ff"},"neg":-3}"#
+            r#"{"b":{"$bytes":"00ff"},"$key:7":{"$tag":1,"value":"NaN"},"neg":-3}"#
         );
     }
 }

@@ -52,24 +52,50 @@ pub fn scan_frames(blob: &[u8]) -> Result<Option<Vec<Frame>>, String> {
     Ok(Some(frames))
 }
 
+/// Decodes `src` (one or more frames) into `out`, which must be empty with
+/// room for exactly `expected` bytes. One-shot decoding straight into the
+/// destination: no window copy and no zero-filling.
+pub fn decode_to_vec(src: &[u8], out: &mut Vec<u8>, expected: usize) -> Result<(), String> {
+    out.clear();
+    out.reserve_exact(expected);
+    let n = DCTX.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            *slot =
+                Some(zstd::bulk::Decompressor::new().map_err(|e| format!("zstd decoder: {e}"))?);
+        }
+        let Some(dctx) = slot.as_mut() else {
+            return Err("zstd decoder unavailable".to_string());
+        };
+        // The destination's capacity is the declared size: a stream that
+        // would decode to more fails here instead of growing the buffer.
+        dctx.decompress_to_buffer(src, out).map_err(|e| {
+            if e.to_string().contains("too small") {
+                format!("zstd data decodes to more than the expected {expected} bytes")
+            } else {
+                format!("zstd data is corrupt: {e}")
+            }
+        })
+    })?;
+    if n != expected || out.len() != expected {
+        return Err(format!(
+            "zstd data decodes to only {n} bytes, expected {expected}"
+        ));
+    }
+    Ok(())
+}
+
+thread_local! {
+    /// One decompression context per thread, reused across calls.
+    static DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { std::cell::RefCell::new(None) };
+}
+
 /// Decodes `src` (one or more frames) filling `out` exactly.
 pub fn decode_into(src: &[u8], out: &mut [u8]) -> Result<(), String> {
-    let mut dec = decoder(src)?;
-    let mut filled = 0usize;
-    while filled < out.len() {
-        match dec.read(&mut out[filled..]) {
-            Ok(0) => {
-                return Err(format!(
-                    "zstd data decodes to only {filled} bytes, expected {}",
-                    out.len()
-                ));
-            }
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("zstd data is corrupt: {e}")),
-        }
-    }
-    ensure_finished(&mut dec, out.len() as u64)
+    let mut v = Vec::new();
+    decode_to_vec(src, &mut v, out.len())?;
+    out.copy_from_slice(&v);
+    Ok(())
 }
 
 /// Decodes `src` in chunks handed to `sink`, failing as soon as the output

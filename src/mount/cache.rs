@@ -117,13 +117,14 @@ impl Cache {
         self.limit
     }
 
-    /// The cached unit `key`, decoding it with `decode` (which must fill
-    /// exactly `len` bytes) if needed. `len` must not exceed the limit.
+    /// The cached unit `key`, decoding it with `decode` if needed. `decode`
+    /// gets an empty vector with room for `len` bytes and must fill exactly
+    /// that. `len` must not exceed the limit.
     pub fn get(
         &self,
         key: Key,
         len: u64,
-        decode: impl FnOnce(&mut [u8]) -> Result<(), String>,
+        decode: impl FnOnce(&mut Vec<u8>) -> Result<(), String>,
     ) -> Outcome {
         if len > self.limit {
             return Err(format!(
@@ -157,13 +158,13 @@ impl Cache {
         let outcome = match data.try_reserve_exact(len as usize) {
             Err(e) => Err(format!("cannot allocate {len} bytes: {e}")),
             Ok(()) => {
-                data.resize(len as usize, 0);
                 Stats::add(&self.stats.decompressions, 1);
                 match decode(&mut data) {
-                    Ok(()) => {
+                    Ok(()) if data.len() as u64 == len => {
                         Stats::add(&self.stats.decompressed_bytes, len);
                         Ok(())
                     }
+                    Ok(()) => Err(format!("decoded {} bytes, expected {len}", data.len())),
                     Err(e) => Err(e),
                 }
             }
@@ -211,6 +212,12 @@ impl Cache {
         }
     }
 
+    /// True if `key` is cached or being decoded.
+    pub fn has(&self, key: Key) -> bool {
+        let inner = lock(&self.inner);
+        inner.lru.contains(&key) || inner.inflight.contains_key(&key)
+    }
+
     pub fn gauges(&self) -> Gauges {
         let inner = lock(&self.inner);
         Gauges {
@@ -233,7 +240,7 @@ mod tests {
         let c = Cache::new(100, Arc::default());
         for k in 0..10u32 {
             let b = c.get((0, k), 40, |d| {
-                d.fill(k as u8);
+                d.resize(40, k as u8);
                 Ok(())
             });
             assert_eq!(b.unwrap()[0], k as u8);
@@ -256,7 +263,7 @@ mod tests {
                         .get((1, 1), 1000, |d| {
                             decodes.fetch_add(1, Relaxed);
                             std::thread::sleep(Duration::from_millis(50));
-                            d.fill(9);
+                            d.resize(1000, 9);
                             Ok(())
                         })
                         .unwrap();
@@ -273,10 +280,16 @@ mod tests {
     #[test]
     fn pinned_buffers_count_and_failed_decodes_release() {
         let c = Cache::new(100, Arc::default());
-        let held = c.get((0, 0), 60, |_| Ok(())).unwrap();
+        let fill = |n: usize| {
+            move |d: &mut Vec<u8>| -> Result<(), String> {
+                d.resize(n, 0);
+                Ok(())
+            }
+        };
+        let held = c.get((0, 0), 60, fill(60)).unwrap();
         // Evicting the held entry does not free it: the next unit must wait,
         // so try one that fits beside it.
-        let b = c.get((0, 1), 40, |_| Ok(())).unwrap();
+        let b = c.get((0, 1), 40, fill(40)).unwrap();
         assert_eq!(c.gauges().cache_bytes, 100);
         drop(b);
         assert!(c.get((0, 2), 30, |_| Err("bad".into())).is_err());

@@ -7,11 +7,12 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 
 use super::cache::{Buf, Cache};
 use super::guard::Guard;
+use super::prefetch::Prefetcher;
 use super::stats::Stats;
 use crate::format::zstd_blob::{self, Frame};
 use crate::format::{Encoding, Tensor, Verdict, ZtFile, expose};
@@ -44,6 +45,9 @@ pub struct DataOptions {
     pub verify_raw: bool,
 }
 
+/// How many frames past the one being read are decoded ahead.
+const PREFETCH_DEPTH: u64 = 4;
+
 /// How a zstd tensor is decoded.
 enum Plan {
     /// Independent frames, each a cache unit.
@@ -60,9 +64,13 @@ struct TensorState {
     plan: OnceLock<Result<Plan, String>>,
     spill: OnceLock<Result<Arc<Spill>, String>>,
     logged: AtomicBool,
+    /// The frame most recently read, to tell sequential readers.
+    last_frame: AtomicUsize,
 }
 
 pub struct Data {
+    me: Weak<Data>,
+    prefetcher: Prefetcher,
     zt: Arc<ZtFile>,
     cache: Cache,
     stats: Arc<Stats>,
@@ -72,7 +80,7 @@ pub struct Data {
 }
 
 impl Data {
-    pub fn new(zt: ZtFile, opts: DataOptions, stats: Arc<Stats>) -> std::io::Result<Data> {
+    pub fn new(zt: ZtFile, opts: DataOptions, stats: Arc<Stats>) -> std::io::Result<Arc<Data>> {
         let bytes = zt.bytes();
         let guard = Guard::new(
             zt.label(),
@@ -83,14 +91,17 @@ impl Data {
         let states = (0..zt.catalog().len())
             .map(|_| TensorState::default())
             .collect();
-        Ok(Data {
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Ok(Arc::new_cyclic(|me| Data {
+            me: me.clone(),
+            prefetcher: Prefetcher::new(workers),
             cache: Cache::new(opts.cache_size, stats.clone()),
             zt: Arc::new(zt),
             stats,
             states,
             guard,
             opts,
-        })
+        }))
     }
 
     pub fn file(&self) -> &ZtFile {
@@ -311,17 +322,62 @@ impl Data {
     fn frame(&self, t: &Tensor, ti: usize, k: usize, f: &Frame) -> Result<Arc<Buf>, String> {
         let src = &self.zt.blob(t)[f.c_start as usize..(f.c_start + f.c_len) as usize];
         let out = self.cache.get((ti as u32, k as u32), f.d_len, |dst| {
-            zstd_blob::decode_into(src, dst)
+            zstd_blob::decode_to_vec(src, dst, f.d_len as usize)
         });
         self.guard.check()?;
+        self.read_ahead(ti, k);
         out.map_err(|why| self.fail(t, format!("frame {k}: {why}")))
+    }
+
+    /// After frame `k` of a tensor read in order, queues decodes of the
+    /// next frames so they are ready (or under way) when the reader gets
+    /// there. Random readers get no read-ahead.
+    fn read_ahead(&self, ti: usize, k: usize) {
+        let st = &self.states[ti];
+        let prev = st.last_frame.swap(k, Relaxed);
+        if prev != k && prev.wrapping_add(1) != k {
+            return;
+        }
+        let Some(Ok(Plan::Frames(frames))) = st.plan.get() else {
+            return;
+        };
+        let biggest = frames.iter().map(|f| f.d_len).max().unwrap_or(1).max(1);
+        // Never let read-ahead take more than a quarter of the cache.
+        let depth = (self.cache.limit() / 4 / biggest).min(PREFETCH_DEPTH) as usize;
+        for j in k + 1..=(k + depth).min(frames.len() - 1) {
+            if self.cache.has((ti as u32, j as u32)) {
+                continue;
+            }
+            let me = self.me.clone();
+            let queued = self.prefetcher.submit(Box::new(move || {
+                if let Some(data) = me.upgrade() {
+                    data.prefetch(ti, j);
+                }
+            }));
+            if !queued {
+                break;
+            }
+        }
+    }
+
+    fn prefetch(&self, ti: usize, k: usize) {
+        let t = &self.zt.catalog().tensors[ti];
+        let Some(Ok(Plan::Frames(frames))) = self.states[ti].plan.get() else {
+            return;
+        };
+        let Some(f) = frames.get(k) else { return };
+        let src = &self.zt.blob(t)[f.c_start as usize..(f.c_start + f.c_len) as usize];
+        // Errors surface when a reader asks for this frame itself.
+        let _ = self.cache.get((ti as u32, k as u32), f.d_len, |dst| {
+            zstd_blob::decode_to_vec(src, dst, f.d_len as usize)
+        });
     }
 
     fn whole(&self, t: &Tensor, ti: usize) -> Result<Arc<Buf>, String> {
         let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
         let src = self.zt.blob(t);
         let out = self.cache.get((ti as u32, 0), decoded, |dst| {
-            zstd_blob::decode_into(src, dst)
+            zstd_blob::decode_to_vec(src, dst, decoded as usize)
         });
         self.guard.check()?;
         out.map_err(|why| self.fail(t, why))

@@ -51,7 +51,7 @@ pub struct FsOptions {
 
 pub struct ZtFs {
     tree: Tree,
-    data: Data,
+    data: Arc<Data>,
     direct_io: bool,
     /// Sizes of generated files, computed on first stat.
     sizes: Vec<OnceLock<u64>>,

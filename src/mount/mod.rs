@@ -9,6 +9,7 @@ pub mod data;
 pub mod fs;
 pub mod fuse;
 pub mod guard;
+pub mod prefetch;
 pub mod sidecar;
 pub mod stats;
 pub mod tree;
