@@ -26,17 +26,23 @@ pub fn scan_frames(blob: &[u8]) -> Result<Option<Vec<Frame>>, String> {
         let rest = &blob[pos..];
         let c_len = zstd_safe::find_frame_compressed_size(rest).map_err(|code| {
             format!(
-                "zstd frame at blob byte {pos}: {}",
+                "zstd data is corrupt: frame at blob byte {pos}: {}",
                 zstd_safe::get_error_name(code)
             )
         })?;
         if c_len == 0 {
-            return Err(format!("zstd frame at blob byte {pos} has no length"));
+            return Err(format!(
+                "zstd data is corrupt: frame at blob byte {pos} has no length"
+            ));
         }
         let d_len = match zstd_safe::get_frame_content_size(rest) {
             Ok(Some(n)) => n,
             Ok(None) => return Ok(None),
-            Err(_) => return Err(format!("zstd frame at blob byte {pos} has a bad header")),
+            Err(_) => {
+                return Err(format!(
+                    "zstd data is corrupt: frame at blob byte {pos} has a bad header"
+                ));
+            }
         };
         frames.push(Frame {
             c_start: pos as u64,

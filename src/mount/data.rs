@@ -238,9 +238,11 @@ impl Data {
                     if total != decoded {
                         return Err(self.fail(
                             t,
-                            format!(
-                                "zstd frames declare {total} bytes, the index promises {decoded}"
-                            ),
+                            if total > decoded {
+                                format!("zstd data decodes to more than the expected {decoded} bytes (its frame headers declare {total})")
+                            } else {
+                                format!("zstd data decodes to only {total} bytes, expected {decoded} (per its frame headers)")
+                            },
                         ));
                     }
                     if frames.len() > 1 && frames.iter().all(|f| f.d_len <= limit / 4) {

@@ -126,3 +126,32 @@ fn install_sigbus_handler(base: usize, len: usize) {
         libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vanished_page_reads_as_zero_and_fails_the_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![0xABu8; 3 * 4096]).unwrap();
+        let map = unsafe { memmap2::Mmap::map(&File::open(&path).unwrap()) }.unwrap();
+        let g = Guard::new("f", File::open(&path).unwrap(), map.as_ptr(), map.len()).unwrap();
+        assert!(g.check().is_ok());
+        assert_eq!(map[8192], 0xAB);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(100)
+            .unwrap();
+        // Without the handler this read kills the process with SIGBUS.
+        let v = unsafe { std::ptr::read_volatile(map.as_ptr().add(8192 + 17)) };
+        assert_eq!(v, 0);
+        let why = g.check().unwrap_err();
+        assert!(why.contains("size 12288 -> 100"), "{why}");
+        // Sticky: the file does not become trustworthy again.
+        assert!(g.check().is_err());
+    }
+}

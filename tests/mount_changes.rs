@@ -1,0 +1,136 @@
+//! The backing file changes under a live mount. The daemon serves the file it
+//! opened: deleting it or replacing it by rename changes nothing for readers;
+//! truncating it or writing it in place makes the bytes it can no longer
+//! vouch for fail with EIO, and the daemon stays up.
+
+mod support;
+
+use std::io::{Seek, SeekFrom, Write};
+use std::path::Path;
+
+use support::{Mount, pattern};
+use ztensor_mount::format::writer::{Compression, Options, Writer};
+use ztensor_mount::format::{Algorithm, DType};
+
+const N: usize = 1 << 20;
+
+/// A raw tensor of 4 MiB and a zstd one, so a truncation leaves the tail of
+/// the raw blob and all of the zstd blob gone.
+fn write(path: &Path) -> (Vec<u8>, Vec<u8>) {
+    let a = pattern(4, N, 1);
+    let z = pattern(4, N / 4, 2);
+    let mut w = Writer::create(path).unwrap();
+    w.add("a", DType::Float32, &[N as u64], &a, &Options::default())
+        .unwrap();
+    let zopts = Options {
+        compression: Compression::Zstd {
+            level: 1,
+            frame_size: 64 << 10,
+        },
+        checksum: Some(Algorithm::Crc32c),
+        ..Options::default()
+    };
+    w.add("z", DType::Float32, &[(N / 4) as u64], &z, &zopts)
+        .unwrap();
+    w.finish().unwrap();
+    (a, z)
+}
+
+fn read_range(m: &Mount, rel: &str, off: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(m.path(rel))?;
+    let mut buf = vec![0u8; len];
+    f.read_exact_at(&mut buf, off)?;
+    Ok(buf)
+}
+
+fn eio(r: std::io::Result<Vec<u8>>, what: &str) {
+    match r {
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EIO), "{what}: {e}"),
+        Ok(_) => panic!("{what}: read succeeded after the file changed"),
+    }
+}
+
+#[test]
+fn truncation_gives_eio_not_a_crash() {
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let zt = m.scratch_path("t.zt");
+    let (a, _) = write(&zt);
+    m.mount(&zt, &[]);
+    assert_eq!(read_range(&m, "a", 0, 4096).unwrap(), &a[..4096]);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&zt)
+        .unwrap()
+        .set_len(64 + 4096)
+        .unwrap();
+    // Bytes never read before must come from the file, which no longer has them.
+    eio(
+        read_range(&m, "a", (a.len() - 8192) as u64, 4096),
+        "tail of a",
+    );
+    eio(read_range(&m, "z", 0, 4096), "z");
+    assert!(
+        m.log_text().contains("file changed since mount"),
+        "{}",
+        m.log_text()
+    );
+    // The daemon survived: its own files still answer.
+    assert!(m.stat_u64("errors") >= 2);
+    assert!(m.is_mounted());
+}
+
+#[test]
+fn writing_in_place_gives_eio() {
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let zt = m.scratch_path("w.zt");
+    let (a, _) = write(&zt);
+    m.mount(&zt, &[]);
+    assert_eq!(read_range(&m, "a", 0, 4096).unwrap(), &a[..4096]);
+    // Same size, different bytes in the middle of the raw blob.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let mut f = std::fs::OpenOptions::new().write(true).open(&zt).unwrap();
+    f.seek(SeekFrom::Start(64 + 2 * 4096 * 100)).unwrap();
+    f.write_all(&[0x55; 4096]).unwrap();
+    drop(f);
+    eio(
+        read_range(&m, "a", 2 * 4096 * 100, 4096),
+        "overwritten range",
+    );
+    eio(read_range(&m, "z", 0, 100), "z after the write");
+    assert!(
+        m.log_text().contains("modified since mount"),
+        "{}",
+        m.log_text()
+    );
+    assert!(m.is_mounted());
+}
+
+#[test]
+fn deleting_or_replacing_keeps_serving_the_opened_file() {
+    for replace in [false, true] {
+        let Some(mut m) = Mount::scratch() else {
+            return;
+        };
+        let zt = m.scratch_path("d.zt");
+        let (a, z) = write(&zt);
+        m.mount(&zt, &[]);
+        if replace {
+            let other = m.scratch_path("other.zt");
+            let mut w = Writer::create(&other).unwrap();
+            w.add("a", DType::Uint8, &[3], &[9, 9, 9], &Options::default())
+                .unwrap();
+            w.finish().unwrap();
+            std::fs::rename(&other, &zt).unwrap();
+        } else {
+            std::fs::remove_file(&zt).unwrap();
+        }
+        assert_eq!(m.read("a"), a, "replace={replace}");
+        assert_eq!(m.read("z"), z, "replace={replace}");
+        assert_eq!(m.stat_u64("errors"), 0);
+    }
+}

@@ -1,0 +1,171 @@
+//! The hostile corpus (tests/hostile/) given to the real daemon. Files the
+//! library refuses: the mount exits non-zero within 5 s with one line naming
+//! the file, no panic text, and no mount left. Files with a data-level fault:
+//! the mount works, the bad tensor's reads fail with EIO, its neighbour reads
+//! right and the daemon lives on.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use support::{Mount, run_with_timeout};
+use ztensor_mount::format::ZtFile;
+
+fn corpus() -> Vec<(PathBuf, String, String)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostile");
+    let tsv = std::fs::read_to_string(dir.join("EXPECTED.tsv")).expect("EXPECTED.tsv");
+    tsv.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.splitn(3, '\t').collect();
+            assert_eq!(f.len(), 3, "bad EXPECTED.tsv line {l:?}");
+            (dir.join(f[0]), f[1].to_string(), f[2].to_string())
+        })
+        .collect()
+}
+
+fn is_data_level(kind: &str) -> bool {
+    matches!(kind, "Data" | "Unsupported" | "Unverifiable")
+}
+
+#[test]
+fn structurally_broken_files_are_refused_with_one_line() {
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let mut checked = 0;
+    for (file, kind, substring) in corpus().into_iter().filter(|c| !is_data_level(&c.1)) {
+        let r = m.run(&file, &[]);
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(!r.ok(), "{name}: mount succeeded but the file is {kind}");
+        assert!(
+            r.elapsed < Duration::from_secs(5),
+            "{name}: took {:?}",
+            r.elapsed
+        );
+        let lines: Vec<&str> = r.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{name}: want one line, got {:?}", r.stderr);
+        assert!(
+            lines[0].contains(&name),
+            "{name}: message does not name the file: {}",
+            lines[0]
+        );
+        assert!(
+            lines[0].contains(&substring),
+            "{name}: message lacks {substring:?}: {}",
+            lines[0]
+        );
+        assert!(
+            !r.stderr.contains("panicked"),
+            "{name}: panic text: {}",
+            r.stderr
+        );
+        assert!(!m.is_mounted(), "{name}: a mount was left behind");
+        checked += 1;
+    }
+    assert!(checked >= 30, "only {checked} structural hostile files");
+}
+
+#[test]
+fn data_faults_fail_only_their_tensor() {
+    let corpus: Vec<_> = corpus()
+        .into_iter()
+        .filter(|c| is_data_level(&c.1))
+        .collect();
+    assert!(corpus.len() >= 10, "data-level corpus too small");
+    for (file, kind, substring) in corpus {
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        let Some(mut m) = Mount::scratch() else {
+            return;
+        };
+        m.mount(&file, &[]);
+        // The healthy neighbour reads exactly what the library reads.
+        let zt = ZtFile::open(&file).unwrap();
+        let ok = zt
+            .catalog()
+            .get("ok")
+            .expect("corpus files hold a tensor named ok");
+        assert_eq!(
+            m.read("ok"),
+            zt.read_all(ok).unwrap()[0],
+            "{name}: neighbour bytes"
+        );
+        let side = m.json("bad.json");
+        match kind.as_str() {
+            "Data" => {
+                let data_path = side["path"].as_str().expect("path").to_string();
+                let target = if side["parts"].is_array() {
+                    format!("{data_path}/values")
+                } else {
+                    data_path
+                };
+                let err = std::fs::read(m.path(&target)).expect_err("bad tensor must not read");
+                assert_eq!(err.raw_os_error(), Some(libc::EIO), "{name}: {err}");
+                // Again: the failure is sticky, not a one-off.
+                let err = std::fs::read(m.path(&target)).expect_err("bad tensor must not read");
+                assert_eq!(err.raw_os_error(), Some(libc::EIO), "{name}: {err}");
+                let log = m.log_text();
+                assert!(
+                    log.contains("\"bad\"") && log.contains(&substring),
+                    "{name}: log lacks the reason {substring:?}:\n{log}"
+                );
+                assert!(m.stat_u64("errors") >= 1, "{name}: errors not counted");
+            }
+            "Unsupported" => {
+                assert_eq!(side["supported"], false, "{name}");
+                let why = side["unsupported_reason"].as_str().unwrap_or_default();
+                assert!(
+                    why.contains(&substring),
+                    "{name}: reason {why:?} lacks {substring:?}"
+                );
+                assert!(
+                    !m.path("bad").exists(),
+                    "{name}: an unsupported tensor must have no data file"
+                );
+            }
+            _ => {
+                // Unknown checksum algorithm: served, and said to be unverified.
+                let expect = zt.read_all(zt.catalog().get("bad").unwrap()).unwrap();
+                assert_eq!(m.read("bad"), expect[0], "{name}");
+                assert!(
+                    m.log_text().contains("unknown algorithm"),
+                    "{name}: log: {}",
+                    m.log_text()
+                );
+            }
+        }
+        // Still alive and serving.
+        assert_eq!(
+            m.read("ok"),
+            zt.read_all(ok).unwrap()[0],
+            "{name}: neighbour after the fault"
+        );
+        assert!(m.is_mounted());
+        m.unmount_ok();
+    }
+}
+
+#[test]
+fn missing_and_unreadable_files_fail_clearly() {
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let missing = m.scratch_path("nope.zt");
+    let r = m.run(&missing, &[]);
+    assert!(
+        !r.ok() && r.stderr.contains("nope.zt") && r.stderr.lines().count() == 1,
+        "{r:?}"
+    );
+    // A directory is not a file.
+    let dir = m.scratch_path("adir.zt");
+    std::fs::create_dir(&dir).unwrap();
+    let r = run_with_timeout(
+        std::process::Command::new(support::bin())
+            .arg(&dir)
+            .arg(&m.mp),
+        Duration::from_secs(5),
+    );
+    assert!(!r.ok() && r.stderr.contains("adir.zt"), "{r:?}");
+    assert!(!m.is_mounted());
+}
