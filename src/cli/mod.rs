@@ -33,6 +33,9 @@ struct MountCli {
     /// Unmount MOUNTPOINT (also a mount whose daemon died) and exit.
     #[arg(short = 'u', long = "unmount", value_name = "MOUNTPOINT", conflicts_with_all = ["file"])]
     unmount: Option<PathBuf>,
+    /// With -u: detach a busy mount now; it goes away when its files close.
+    #[arg(short = 'z', long, requires = "unmount")]
+    lazy: bool,
     /// Stay attached and log to stderr.
     #[arg(short, long)]
     foreground: bool,
@@ -133,7 +136,7 @@ pub fn main() -> ExitCode {
     }
     let cli = MountCli::parse();
     if let Some(mp) = &cli.unmount {
-        return mount::unmount(mp);
+        return mount::unmount(mp, cli.lazy);
     }
     let mut s = options::Settings::default();
     let applied = (|| -> Result<(), String> {

@@ -198,7 +198,7 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
     config.n_threads = Some(s.threads.max(1));
     config.clone_fd = s.threads > 1;
 
-    let mut session = match fuser::Session::new(adapter, mountpoint, &config) {
+    let session = match fuser::Session::new(adapter, mountpoint, &config) {
         Ok(sess) => sess,
         Err(e) => {
             let msg = format!("cannot mount {label} on {}: {e}", mountpoint.display());
@@ -206,21 +206,21 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
             return fail(msg);
         }
     };
-    tune_bdi(mountpoint, s.read_ahead_kb);
+    let dev = mount_dev(mountpoint);
+    if let Some(dev) = &dev {
+        tune_bdi(dev, s.read_ahead_kb);
+    }
     log::info!(
         "mounted {label} ({count} tensors) on {}",
         mountpoint.display()
     );
 
-    let mut unmounter = session.unmount_callable();
     let mp = mountpoint.to_path_buf();
     std::thread::spawn(move || {
         let mut sig: libc::c_int = 0;
         if unsafe { libc::sigwait(&sigset, &mut sig) } == 0 {
             log::info!("signal {sig}: unmounting {}", mp.display());
-            if let Err(e) = unmounter.unmount() {
-                log::error!("unmount of {} failed: {e}", mp.display());
-            }
+            stop(&mp, dev.as_deref());
         }
     });
     // The mount exists; the kernel's first request waits for run() below.
@@ -237,62 +237,93 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
     }
 }
 
-/// Raises the mount's own readahead (the kernel's default is 128 KiB). Finds
-/// the mount's device in /proc/self/mountinfo: a stat of the mountpoint would
-/// wait for the very daemon that is not serving yet.
-fn tune_bdi(mountpoint: &Path, kb: u32) {
+/// The mount's device ("0:53") from /proc/self/mountinfo: a stat of the
+/// mountpoint would wait for the very daemon that is not serving yet.
+fn mount_dev(mountpoint: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = mountpoint.to_string_lossy();
+    info.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.len() > 4 && f[4] == want).then(|| f[2].to_string())
+    })
+}
+
+/// Raises the mount's own readahead (the kernel's default is 128 KiB).
+fn tune_bdi(dev: &str, kb: u32) {
     if kb == 0 {
         return;
     }
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return;
-    };
-    let want = mountpoint.to_string_lossy();
-    let dev = info.lines().rev().find_map(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        (f.len() > 4 && f[4] == want).then(|| f[2].to_string())
-    });
-    if let Some(dev) = dev {
-        let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
-        match std::fs::write(&path, kb.to_string()) {
-            Ok(()) => log::debug!("{path} = {kb}"),
-            Err(e) => log::debug!("cannot set {path}: {e}"),
-        }
+    let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
+    match std::fs::write(&path, kb.to_string()) {
+        Ok(()) => log::debug!("{path} = {kb}"),
+        Err(e) => log::debug!("cannot set {path}: {e}"),
     }
 }
 
-/// `ztensor-mount -u MOUNTPOINT`: unmounts, also a mount whose daemon died.
-pub fn unmount(mountpoint: &Path) -> ExitCode {
-    let c = match std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes()) {
-        Ok(c) => c,
-        Err(_) => return fail(format!("{}: invalid path", mountpoint.display())),
-    };
-    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
-        return ExitCode::SUCCESS;
+/// Unmounts on a signal. Files still open would make a plain unmount fail
+/// (EBUSY), so the mount is then detached at once and its readers get two
+/// seconds to finish before the connection is aborted: the daemon always
+/// exits and no reader is left hanging.
+fn stop(mp: &Path, dev: Option<&str>) {
+    match umount(mp, false) {
+        Ok(()) => return,
+        Err(e) => log::info!("{}: {e}; detaching it", mp.display()),
+    }
+    if let Err(e) = umount(mp, true) {
+        log::error!("cannot detach {}: {e}", mp.display());
+    }
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    // Still here: some reader holds a file open. Abort the connection.
+    if let Some(minor) = dev.and_then(|d| d.split(':').nth(1)) {
+        let abort = format!("/sys/fs/fuse/connections/{minor}/abort");
+        log::warn!(
+            "files are still open on {}; aborting the connection",
+            mp.display()
+        );
+        let _ = std::fs::write(abort, "1");
+    }
+}
+
+/// umount2, or fusermount3 for users without CAP_SYS_ADMIN.
+fn umount(mp: &Path, lazy: bool) -> std::io::Result<()> {
+    let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    if unsafe { libc::umount2(c.as_ptr(), if lazy { libc::MNT_DETACH } else { 0 }) } == 0 {
+        return Ok(());
     }
     let e = std::io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EPERM) {
-        // Not root: the setuid helper may unmount our own mounts.
-        return match std::process::Command::new("fusermount3")
-            .arg("-u")
-            .arg(mountpoint)
-            .status()
-        {
-            Ok(st) if st.success() => ExitCode::SUCCESS,
-            Ok(_) => ExitCode::from(1),
-            Err(e2) => fail(format!(
-                "cannot unmount {}: {e}; fusermount3: {e2}",
-                mountpoint.display()
-            )),
-        };
+    if e.raw_os_error() != Some(libc::EPERM) {
+        return Err(e);
     }
-    let hint = match e.raw_os_error() {
-        Some(libc::EINVAL) => " (not a mount point)",
-        Some(libc::EBUSY) => " (busy: close the files open there first)",
-        _ => "",
-    };
-    fail(format!(
-        "cannot unmount {}: {e}{hint}",
-        mountpoint.display()
-    ))
+    let st = std::process::Command::new("fusermount3")
+        .arg(if lazy { "-uz" } else { "-u" })
+        .arg(mp)
+        .stderr(std::process::Stdio::null())
+        .status()?;
+    if st.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!("fusermount3 failed ({st})")))
+    }
+}
+
+/// `ztensor-mount -u [--lazy] MOUNTPOINT`: unmounts, also a mount whose
+/// daemon died; `--lazy` detaches a busy one.
+pub fn unmount(mountpoint: &Path, lazy: bool) -> ExitCode {
+    match umount(mountpoint, lazy) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let hint = match e.raw_os_error() {
+                Some(libc::EINVAL) => " (not a mount point)",
+                Some(libc::EBUSY) => {
+                    " (busy: close the files open there, or detach it now with -u --lazy)"
+                }
+                _ => "",
+            };
+            fail(format!(
+                "cannot unmount {}: {e}{hint}",
+                mountpoint.display()
+            ))
+        }
+    }
 }

@@ -1,0 +1,201 @@
+//! Load: 64 concurrent readers at random offsets and sizes over raw and zstd
+//! tensors with a cache far smaller than the zstd data, every read checked.
+//! The suite runs it for ZT_LOAD_SECS seconds (default 4); the long run is
+//! `ZT_LOAD_SECS=60 cargo test --release --test mount_load` (README).
+//! Also: signals during heavy reads unmount cleanly and never hang readers.
+
+mod support;
+
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use support::{Mount, Rng, compressible, pattern, serial, signal, wait_until};
+use ztensor_mount::format::writer::{Compression, Options, Writer};
+use ztensor_mount::format::{DType, Endian};
+
+const CACHE: u64 = 8 << 20;
+
+struct Model {
+    tensors: Vec<(String, Vec<u8>)>,
+}
+
+fn model(path: &std::path::Path) -> Model {
+    let mut w = Writer::create(path).unwrap();
+    let mut tensors = Vec::new();
+    for i in 0..4 {
+        let data = pattern(4, 1 << 20, i as u8);
+        let endian = if i % 2 == 0 {
+            Endian::Little
+        } else {
+            Endian::Big
+        };
+        let name = format!("raw{i}");
+        w.add(
+            &name,
+            DType::Float32,
+            &[1 << 20],
+            &data,
+            &Options {
+                endian,
+                ..Options::default()
+            },
+        )
+        .unwrap();
+        tensors.push((name, data));
+    }
+    for i in 0..6 {
+        // 6 x 4 MiB of zstd data against an 8 MiB cache.
+        let data = compressible(100 + i, 4 << 20);
+        let frame_size = if i == 5 { 0 } else { 256 << 10 };
+        let name = format!("z{i}");
+        let opts = Options {
+            compression: Compression::Zstd {
+                level: 1,
+                frame_size,
+            },
+            ..Options::default()
+        };
+        w.add(&name, DType::Uint8, &[4 << 20], &data, &opts)
+            .unwrap();
+        tensors.push((name, data));
+    }
+    w.finish().unwrap();
+    Model { tensors }
+}
+
+fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmRSS:")).map(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .unwrap_or("0")
+                    .parse()
+                    .unwrap_or(0)
+            })
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn sixty_four_readers_random_ranges() {
+    let secs: u64 = std::env::var("ZT_LOAD_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let zt = m.scratch_path("load.zt");
+    let model = Arc::new(model(&zt));
+    m.mount(&zt, &["--cache-size", "8M", "--direct-io"]);
+    let pid = m.pid.expect("daemon pid");
+    let base_rss = rss_kib(pid);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (reads, bytes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut readers = Vec::new();
+    for r in 0..64u64 {
+        let (model, stop, reads, bytes) =
+            (model.clone(), stop.clone(), reads.clone(), bytes.clone());
+        let mp = m.mp.clone();
+        readers.push(std::thread::spawn(move || -> Result<(), String> {
+            let mut rng = Rng(r * 7919 + 1);
+            while !stop.load(Relaxed) {
+                let (name, data) = &model.tensors[rng.below(model.tensors.len() as u64) as usize];
+                let off = rng.below(data.len() as u64);
+                let len = (1 + rng.below(256 << 10)).min(data.len() as u64 - off) as usize;
+                let f =
+                    std::fs::File::open(mp.join(name)).map_err(|e| format!("open {name}: {e}"))?;
+                let mut buf = vec![0u8; len];
+                f.read_exact_at(&mut buf, off)
+                    .map_err(|e| format!("{name}@{off}+{len}: {e}"))?;
+                if buf != data[off as usize..off as usize + len] {
+                    return Err(format!("{name}@{off}+{len}: wrong bytes"));
+                }
+                reads.fetch_add(1, Relaxed);
+                bytes.fetch_add(len as u64, Relaxed);
+            }
+            Ok(())
+        }));
+    }
+    let start = Instant::now();
+    let mut peak_rss = 0;
+    while start.elapsed() < Duration::from_secs(secs) {
+        peak_rss = peak_rss.max(rss_kib(pid));
+        let s = m.stats();
+        assert!(
+            s["cache_bytes"].as_u64().unwrap() <= CACHE,
+            "cache over its limit: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Relaxed);
+    for r in readers {
+        r.join().unwrap().unwrap();
+    }
+    let s = m.stats();
+    eprintln!(
+        "load: {} reads, {} MiB in {secs} s; daemon RSS {} -> peak {} KiB; stats {s}",
+        reads.load(Relaxed),
+        bytes.load(Relaxed) >> 20,
+        base_rss,
+        peak_rss
+    );
+    assert!(reads.load(Relaxed) > 100, "too few reads to mean anything");
+    assert_eq!(s["errors"], 0);
+    assert!(s["cache_peak_bytes"].as_u64().unwrap() <= CACHE);
+    // Idle again: nothing decoding, the cache within its limit.
+    assert_eq!(s["inflight_decodes"], 0);
+    assert!(
+        peak_rss <= (CACHE >> 10) + 64 * 1024 + base_rss,
+        "RSS {peak_rss} KiB over cache + 64 MiB"
+    );
+}
+
+#[test]
+fn signals_during_heavy_reads_unmount_cleanly() {
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        let _one_at_a_time = serial();
+        let Some(mut m) = Mount::scratch() else {
+            return;
+        };
+        let zt = m.scratch_path("sig.zt");
+        let model = Arc::new(model(&zt));
+        m.mount(&zt, &["--cache-size", "8M"]);
+        let pid = m.pid.expect("daemon pid");
+        let stop = Arc::new(AtomicBool::new(false));
+        let readers: Vec<_> = (0..8)
+            .map(|r| {
+                let (model, stop, mp) = (model.clone(), stop.clone(), m.mp.clone());
+                std::thread::spawn(move || {
+                    let mut rng = Rng(r + 1);
+                    while !stop.load(Relaxed) {
+                        let (name, _) =
+                            &model.tensors[rng.below(model.tensors.len() as u64) as usize];
+                        // Errors are expected once the mount goes away.
+                        if std::fs::read(mp.join(name)).is_err() {
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        signal(pid, sig);
+        assert!(
+            wait_until(Duration::from_secs(5), || !support::alive(pid)),
+            "signal {sig}: daemon still alive"
+        );
+        assert!(
+            wait_until(Duration::from_secs(5), || !m.is_mounted()),
+            "signal {sig}: mount left behind"
+        );
+        stop.store(true, Relaxed);
+        for r in readers {
+            r.join().expect("a reader hung or panicked");
+        }
+    }
+}
