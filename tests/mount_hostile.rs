@@ -169,3 +169,46 @@ fn missing_and_unreadable_files_fail_clearly() {
     assert!(!r.ok() && r.stderr.contains("adir.zt"), "{r:?}");
     assert!(!m.is_mounted());
 }
+
+#[test]
+fn a_file_without_read_permission_fails_clearly() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(m) = Mount::scratch() else { return };
+    let zt = m.scratch_path("secret.zt");
+    let mut w = ztensor_mount::format::writer::Writer::create(&zt).unwrap();
+    w.add(
+        "a",
+        ztensor_mount::format::DType::Uint8,
+        &[1],
+        &[1],
+        &Default::default(),
+    )
+    .unwrap();
+    w.finish().unwrap();
+    std::fs::set_permissions(&zt, std::fs::Permissions::from_mode(0o600)).unwrap();
+    // Root reads anything: run the daemon as nobody then (setpriv, util-linux).
+    let mut cmd = if unsafe { libc::geteuid() } == 0 {
+        for p in [m.dir.path(), m.mp.as_path()] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let mut c = std::process::Command::new("setpriv");
+        c.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            support::bin(),
+        ]);
+        c
+    } else {
+        std::fs::set_permissions(&zt, std::fs::Permissions::from_mode(0o000)).unwrap();
+        std::process::Command::new(support::bin())
+    };
+    let r = run_with_timeout(cmd.arg(&zt).arg(&m.mp), Duration::from_secs(5));
+    assert!(!r.ok(), "{r:?}");
+    assert!(
+        r.stderr.contains("secret.zt") && r.stderr.contains("Permission denied"),
+        "{r:?}"
+    );
+    assert_eq!(r.stderr.lines().count(), 1, "{r:?}");
+    assert!(!m.is_mounted());
+}
