@@ -3,8 +3,6 @@
 //! three for a sparse one). Refuses the whole file on a structural error;
 //! marks a single tensor unsupported when only it cannot be served.
 
-use std::collections::HashMap;
-
 use ciborium::value::Value;
 
 use super::checksum::Checksum;
@@ -133,7 +131,8 @@ impl Tensor {
 pub struct Catalog {
     pub tensors: Vec<Tensor>,
     pub data_end: u64,
-    by_name: HashMap<String, usize>,
+    /// Tensor indexes sorted by name, for lookups without a copy of names.
+    by_name: Vec<u32>,
 }
 
 /// Largest sparse header or blob we decode at open time to learn a
@@ -147,19 +146,29 @@ impl Catalog {
         let idx = index::parse(bytes, file)?;
         let file_len = bytes.len() as u64;
         let mut tensors = Vec::with_capacity(idx.entries.len());
-        let mut by_name: HashMap<String, usize> = HashMap::with_capacity(idx.entries.len());
         for (i, raw) in idx.entries.into_iter().enumerate() {
-            if let Some(&first) = by_name.get(&raw.name) {
+            tensors.push(check_entry(raw, i, bytes, file_len, idx.data_end, file)?);
+        }
+        let mut by_name: Vec<u32> = (0..tensors.len() as u32).collect();
+        by_name.sort_unstable_by(|&a, &b| {
+            tensors[a as usize]
+                .name
+                .cmp(&tensors[b as usize].name)
+                .then(a.cmp(&b))
+        });
+        for w in by_name.windows(2) {
+            let (first, second) = (&tensors[w[0] as usize], &tensors[w[1] as usize]);
+            if first.name == second.name {
                 return Err(Error::new(
                     ErrorKind::Duplicate,
                     file,
-                    Some(&raw.name),
-                    format!("name is used by index entries {first} and {i}; names must be unique"),
+                    Some(&first.name),
+                    format!(
+                        "name is used by index entries {} and {}; names must be unique",
+                        w[0], w[1]
+                    ),
                 ));
             }
-            let t = check_entry(raw, i, bytes, file_len, idx.data_end, file)?;
-            by_name.insert(t.name.clone(), i);
-            tensors.push(t);
         }
         check_overlaps(&tensors, file)?;
         Ok(Catalog {
@@ -170,7 +179,11 @@ impl Catalog {
     }
 
     pub fn get(&self, name: &str) -> Option<&Tensor> {
-        self.by_name.get(name).map(|&i| &self.tensors[i])
+        let at = self
+            .by_name
+            .binary_search_by(|&i| self.tensors[i as usize].name.as_str().cmp(name))
+            .ok()?;
+        Some(&self.tensors[self.by_name[at] as usize])
     }
 
     pub fn len(&self) -> usize {

@@ -98,6 +98,28 @@ pub fn parse(bytes: &[u8], file: &str) -> Result<Index> {
     let data_end = len - 8 - index_size;
     let cbor = &bytes[data_end as usize..bytes.len() - 8];
     let mut cursor = std::io::Cursor::new(cbor);
+    // The usual case, an array: decode it entry by entry, so no tree of the
+    // whole index is ever built (a 100 000-tensor index would be ~10^6 nodes).
+    if cbor.first().is_some_and(|b| b >> 5 == 4) {
+        let list: Entries =
+            ciborium::de::from_reader_with_recursion_limit(&mut cursor, MAX_CBOR_DEPTH).map_err(
+                |e| {
+                    err(
+                        ErrorKind::Index,
+                        format!("index is not valid CBOR: {}", cbor_error(&e)),
+                    )
+                },
+            )?;
+        check_trailing(cursor.position(), index_size, file)?;
+        if let Some(mut e) = list.first_err {
+            e.file = file.to_string();
+            return Err(e);
+        }
+        return Ok(Index {
+            entries: list.entries,
+            data_end,
+        });
+    }
     let value: Value = ciborium::de::from_reader_with_recursion_limit(&mut cursor, MAX_CBOR_DEPTH)
         .map_err(|e| {
             err(
@@ -105,16 +127,7 @@ pub fn parse(bytes: &[u8], file: &str) -> Result<Index> {
                 format!("index is not valid CBOR: {}", cbor_error(&e)),
             )
         })?;
-    let used = cursor.position();
-    if used != index_size {
-        return Err(err(
-            ErrorKind::Index,
-            format!(
-                "{} trailing bytes after the CBOR index array (index size says {index_size}, array ends after {used})",
-                index_size - used
-            ),
-        ));
-    }
+    check_trailing(cursor.position(), index_size, file)?;
     let Value::Array(items) = value else {
         return Err(err(
             ErrorKind::Index,
@@ -129,6 +142,63 @@ pub fn parse(bytes: &[u8], file: &str) -> Result<Index> {
         entries.push(parse_entry(item, i, file)?);
     }
     Ok(Index { entries, data_end })
+}
+
+fn check_trailing(used: u64, index_size: u64, file: &str) -> Result<()> {
+    if used == index_size {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::Index,
+        file,
+        None,
+        format!(
+            "{} trailing bytes after the CBOR index array (index size says {index_size}, array ends after {used})",
+            index_size - used
+        ),
+    ))
+}
+
+/// The index array, turned into entries as it is read. The first bad entry
+/// is kept; the rest of the array is still read so CBOR errors show first.
+struct Entries {
+    entries: Vec<RawEntry>,
+    first_err: Option<Error>,
+}
+
+impl<'de> serde::Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an array of tensor maps")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<Entries, A::Error> {
+                let mut out = Entries {
+                    entries: Vec::new(),
+                    first_err: None,
+                };
+                let mut i = 0;
+                while out.first_err.is_none() {
+                    let Some(item) = seq.next_element::<Value>()? else {
+                        return Ok(out);
+                    };
+                    match parse_entry(item, i, "") {
+                        Ok(e) => out.entries.push(e),
+                        Err(e) => out.first_err = Some(e),
+                    }
+                    i += 1;
+                }
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(Visit)
+    }
 }
 
 fn cbor_error<E: std::fmt::Debug>(e: &ciborium::de::Error<E>) -> String {

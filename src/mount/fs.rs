@@ -202,7 +202,7 @@ impl ZtFs {
         let all = dots
             .iter()
             .map(|&(i, n)| (i, n))
-            .chain(entries.iter().map(|(n, i)| (*i, n.as_str())));
+            .chain(entries.iter().map(|(n, i)| (*i, &**n)));
         for (pos, (child, name)) in all.enumerate().skip(offset as usize) {
             let kind = if matches!(
                 self.tree.node(child).map(|n| &n.kind),

@@ -3,6 +3,8 @@
 //! paths. Knows nothing about bytes or the kernel.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 
 use crate::format::Catalog;
 
@@ -28,8 +30,8 @@ pub enum Content {
 #[derive(Debug)]
 pub enum NodeKind {
     Dir {
-        entries: Vec<(String, Ino)>,
-        lookup: HashMap<String, Ino>,
+        entries: Vec<(Arc<str>, Ino)>,
+        lookup: HashMap<Arc<str>, Ino, BuildHasherDefault<Fnv>>,
     },
     File(Content),
 }
@@ -37,7 +39,8 @@ pub enum NodeKind {
 #[derive(Debug)]
 pub struct Node {
     pub parent: Ino,
-    pub name: String,
+    /// Shared with the parent's entry list and lookup table.
+    pub name: Arc<str>,
     pub kind: NodeKind,
 }
 
@@ -63,7 +66,7 @@ impl Tree {
         let mut tree = Tree {
             nodes: vec![Node {
                 parent: ROOT,
-                name: String::new(),
+                name: "".into(),
                 kind: new_dir(),
             }],
             placements: Vec::with_capacity(catalog.len()),
@@ -84,6 +87,7 @@ impl Tree {
     }
 
     fn add(&mut self, parent: Ino, name: String, kind: NodeKind) -> Ino {
+        let name: Arc<str> = name.into();
         let ino = self.nodes.len() as Ino + 1;
         if let NodeKind::Dir { entries, lookup } = &mut self.nodes[(parent - 1) as usize].kind {
             entries.push((name.clone(), ino));
@@ -257,7 +261,7 @@ impl Tree {
         let mut parts = Vec::new();
         while ino != ROOT {
             let Some(n) = self.node(ino) else { break };
-            parts.push(n.name.clone());
+            parts.push(n.name.to_string());
             ino = n.parent;
         }
         parts.reverse();
@@ -268,7 +272,30 @@ impl Tree {
 fn new_dir() -> NodeKind {
     NodeKind::Dir {
         entries: Vec::new(),
-        lookup: HashMap::new(),
+        lookup: HashMap::default(),
+    }
+}
+
+/// FNV-1a for the directory tables: names are short, and it is several
+/// times faster than SipHash over 10^5 entries. A crafted file can only make
+/// its own lookups slower.
+#[derive(Default)]
+pub struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 {
+            0xcbf29ce484222325
+        } else {
+            self.0
+        };
+        for &b in bytes {
+            h = (h ^ b as u64).wrapping_mul(0x100000001b3);
+        }
+        self.0 = h;
+    }
+    fn finish(&self) -> u64 {
+        self.0
     }
 }
 
