@@ -8,8 +8,6 @@ use std::ffi::OsStr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use serde_json::json;
-
 use super::data::{Bytes, Data, DataOptions};
 use super::sidecar;
 use super::stats::Stats;
@@ -167,20 +165,10 @@ impl ZtFs {
                     None => Vec::new(),
                 }
             }
-            Content::Index => {
-                let tensors: Vec<_> = cat
-                    .tensors
-                    .iter()
-                    .zip(&self.tree.placements)
-                    .map(|(t, p)| sidecar::tensor_json(t, p))
-                    .collect();
-                sidecar::render(&json!({
-                    "file": self.data.file().label(),
-                    "format": "zTensor v0.1.0",
-                    "tensor_count": tensors.len(),
-                    "tensors": tensors,
-                }))
-            }
+            Content::Index => sidecar::index(
+                self.data.file().label(),
+                cat.tensors.iter().zip(&self.tree.placements),
+            ),
             Content::Stats => self.data.stats().render(&self.data.cache().gauges()),
             Content::Part { .. } => Vec::new(),
         }

@@ -103,3 +103,24 @@ pub fn render(v: &Json) -> Vec<u8> {
     out.push(b'\n');
     out
 }
+
+/// `.ztensor/index.json`: one tensor per line, written as it goes so that
+/// only the text (not a JSON tree of every tensor) is ever in memory.
+pub fn index<'a>(
+    file: &str,
+    tensors: impl ExactSizeIterator<Item = (&'a Tensor, &'a Placement)>,
+) -> Vec<u8> {
+    let n = tensors.len();
+    let mut out = Vec::with_capacity(n * 400 + 200);
+    let head = json!({"file": file, "format": "zTensor v0.1.0", "tensor_count": n});
+    let head = head.to_string();
+    // `{"file":...,"tensor_count":N` then the array.
+    out.extend_from_slice(head[..head.len() - 1].as_bytes());
+    out.extend_from_slice(b",\"tensors\":[\n");
+    for (i, (t, p)) in tensors.enumerate() {
+        let _ = serde_json::to_writer(&mut out, &tensor_json(t, p));
+        out.extend_from_slice(if i + 1 < n { b",\n" } else { b"\n" });
+    }
+    out.extend_from_slice(b"]}\n");
+    out
+}
