@@ -115,7 +115,7 @@ pub fn index<'a>(
     let head = json!({"file": file, "format": "zTensor v0.1.0", "tensor_count": n});
     let head = head.to_string();
     // `{"file":...,"tensor_count":N` then the array.
-    out.extend_from_slice(head[..head.len() - 1].as_bytes());
+    out.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
     out.extend_from_slice(b",\"tensors\":[\n");
     for (i, (t, p)) in tensors.enumerate() {
         let _ = serde_json::to_writer(&mut out, &tensor_json(t, p));
