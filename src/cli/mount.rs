@@ -149,6 +149,10 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
         }
     };
     let sigset = block_exit_signals();
+    // Decoded frames are large and short-lived: have malloc give each its
+    // own mapping and return it on free, so freed frames never linger in
+    // per-thread heaps and memory tracks the cache's own count.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10) };
     let label = zt.label().to_string();
     let time = std::fs::metadata(zt.path())
         .and_then(|m| m.modified())

@@ -87,6 +87,15 @@ impl Checksum {
         }
     }
 
+    /// The algorithm, if this reader knows it.
+    pub fn algorithm(&self) -> Option<Algorithm> {
+        match self {
+            Checksum::Crc32c(_) => Some(Algorithm::Crc32c),
+            Checksum::Sha256(_) => Some(Algorithm::Sha256),
+            Checksum::Unknown(_) => None,
+        }
+    }
+
     fn algorithm_or_crc(&self) -> Algorithm {
         match self {
             Checksum::Sha256(_) => Algorithm::Sha256,

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 
 use super::catalog::{Catalog, Encoding, Layout, Part, Tensor};
-use super::checksum::Verdict;
+use super::checksum::{Hasher, Verdict};
 use super::error::{Error, ErrorKind, Result};
 use super::{expose, zstd_blob};
 
@@ -41,15 +41,28 @@ impl ZtFile {
         // is handled by the mount (it checks the file before touching pages).
         let map = unsafe { Mmap::map(&file) }.map_err(|e| io("cannot mmap", e))?;
         let catalog = Catalog::parse(&map, &label)?;
-        Ok(ZtFile {
+        let zt = ZtFile {
             path: path.to_path_buf(),
             label,
             file,
             map,
             catalog,
-        })
+        };
+        // The index was read through the mapping: hand its pages back.
+        zt.release(&zt.map[zt.catalog.data_end as usize..]);
+        Ok(zt)
     }
+}
 
+fn page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    })
+}
+
+impl ZtFile {
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -76,12 +89,49 @@ impl ZtFile {
         &self.map[t.offset as usize..(t.offset + t.size) as usize]
     }
 
-    /// Checks the tensor's checksum over its on-disk bytes.
+    /// Checks the tensor's checksum over its on-disk bytes, a few MiB at a
+    /// time, letting go of each piece of the mapping once hashed.
     pub fn verify(&self, t: &Tensor) -> Verdict {
-        match &t.checksum {
-            None => Verdict::Absent,
-            Some(c) => c.verify(self.blob(t)),
+        let Some(c) = &t.checksum else {
+            return Verdict::Absent;
+        };
+        let Some(algo) = c.algorithm() else {
+            return c.verify(&[]);
+        };
+        let mut h = Hasher::new(algo);
+        for chunk in self.blob(t).chunks(8 << 20) {
+            h.update(chunk);
+            self.release(chunk);
         }
+        let actual = h.finish();
+        if &actual == c {
+            Verdict::Verified
+        } else {
+            Verdict::Mismatch {
+                expected: c.to_string(),
+                actual: actual.to_string(),
+            }
+        }
+    }
+
+    /// Drops the pages under `bytes`, a slice of this file's mapping, from
+    /// the process's page tables. They stay in the kernel's page cache, so a
+    /// later access costs a minor fault; meanwhile the daemon's RSS holds
+    /// only what it is using, however much of the file has been read.
+    pub fn release(&self, bytes: &[u8]) {
+        let base = self.map.as_ptr() as usize;
+        let (start, end) = (
+            bytes.as_ptr() as usize,
+            bytes.as_ptr() as usize + bytes.len(),
+        );
+        if bytes.is_empty() || start < base || end > base + self.map.len() {
+            return;
+        }
+        let page = page_size();
+        let (from, to) = (start & !(page - 1), (end + page - 1) & !(page - 1));
+        // SAFETY: [from, to) lies within our read-only file mapping (rounded
+        // to its pages); MADV_DONTNEED only unmaps, the file is untouched.
+        unsafe { libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_DONTNEED) };
     }
 
     fn err(&self, t: &Tensor, kind: ErrorKind, msg: impl Into<String>) -> Error {

@@ -19,18 +19,26 @@ use crate::format::{Encoding, Tensor, Verdict, ZtFile, expose};
 
 /// Bytes for one read reply.
 pub enum Bytes<'a> {
-    /// Straight from the mmap.
-    Mapped(&'a [u8]),
+    /// Straight from the mmap; its pages are let go once the reply is sent.
+    Mapped(&'a ZtFile, &'a [u8]),
     /// A slice of a cached unit.
     Shared(Arc<Buf>, usize, usize),
     Owned(Vec<u8>),
+}
+
+impl Drop for Bytes<'_> {
+    fn drop(&mut self) {
+        if let Bytes::Mapped(zt, s) = self {
+            zt.release(s);
+        }
+    }
 }
 
 impl std::ops::Deref for Bytes<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            Bytes::Mapped(s) => s,
+            Bytes::Mapped(_, s) => s,
             Bytes::Shared(b, at, n) => &b[*at..*at + *n],
             Bytes::Owned(v) => v,
         }
@@ -163,11 +171,19 @@ impl Data {
                 }
                 let blob = self.zt.blob(t);
                 if let Some((at, n)) = expose::direct_range(part, t.endian, off, len) {
-                    return Ok(Bytes::Mapped(&blob[at as usize..(at + n) as usize]));
+                    return Ok(Bytes::Mapped(
+                        &self.zt,
+                        &blob[at as usize..(at + n) as usize],
+                    ));
                 }
                 let v: Result<Vec<u8>, String> =
                     expose::gather(part, t.endian, off, len, |at, out| {
-                        out.copy_from_slice(&blob[at as usize..at as usize + out.len()]);
+                        let src = &blob[at as usize..at as usize + out.len()];
+                        out.copy_from_slice(src);
+                        // Bulk copies (not single sparse records) let go of their pages.
+                        if src.len() >= 4096 {
+                            self.zt.release(src);
+                        }
                         Ok(())
                     });
                 // The copy above touched the mmap: make sure it was still there.
@@ -324,7 +340,9 @@ impl Data {
     fn frame(&self, t: &Tensor, ti: usize, k: usize, f: &Frame) -> Result<Arc<Buf>, String> {
         let src = &self.zt.blob(t)[f.c_start as usize..(f.c_start + f.c_len) as usize];
         let out = self.cache.get((ti as u32, k as u32), f.d_len, |dst| {
-            zstd_blob::decode_to_vec(src, dst, f.d_len as usize)
+            let r = zstd_blob::decode_to_vec(src, dst, f.d_len as usize);
+            self.zt.release(src);
+            r
         });
         self.guard.check()?;
         self.read_ahead(ti, k);
@@ -371,7 +389,9 @@ impl Data {
         let src = &self.zt.blob(t)[f.c_start as usize..(f.c_start + f.c_len) as usize];
         // Errors surface when a reader asks for this frame itself.
         let _ = self.cache.get((ti as u32, k as u32), f.d_len, |dst| {
-            zstd_blob::decode_to_vec(src, dst, f.d_len as usize)
+            let r = zstd_blob::decode_to_vec(src, dst, f.d_len as usize);
+            self.zt.release(src);
+            r
         });
     }
 
@@ -379,7 +399,9 @@ impl Data {
         let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
         let src = self.zt.blob(t);
         let out = self.cache.get((ti as u32, 0), decoded, |dst| {
-            zstd_blob::decode_to_vec(src, dst, decoded as usize)
+            let r = zstd_blob::decode_to_vec(src, dst, decoded as usize);
+            self.zt.release(src);
+            r
         });
         self.guard.check()?;
         out.map_err(|why| self.fail(t, why))
@@ -432,6 +454,7 @@ impl Data {
                             s.advance(pos, None);
                             Ok(())
                         });
+                        zt.release(zt.blob(t));
                         s.advance(pos, Some(r.err().unwrap_or_default()));
                     })
                     .map_err(|e| self.fail(t, format!("cannot start the spill thread: {e}")))?;
