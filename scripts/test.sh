@@ -14,4 +14,4 @@ echo "== cargo test"
 cargo test --all-targets 2>&1 | tee target/test.log
 # Every suite ran and none failed: say so in one line for the CI log.
 passed=$(grep -Eo '^test result: ok\. [0-9]+ passed' target/test.log | awk '{s+=$4} END {print s+0}')
-echo "all suites: $passed passed, 0 failed"
+echo "total: $passed passed, 0 failed"
