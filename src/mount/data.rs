@@ -247,8 +247,11 @@ impl Data {
                 let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
                 let limit = self.cache.limit();
                 let frames =
-                    zstd_blob::scan_frames(self.zt.blob(t)).map_err(|why| self.fail(t, why))?;
+                    zstd_blob::scan_frames(self.zt.blob(t)).map_err(|why| self.fail(t, why));
+                // The walk touched a page per block header across the blob.
+                self.zt.release(self.zt.blob(t));
                 self.guard.check()?;
+                let frames = frames?;
                 if let Some(frames) = frames {
                     let total = frames.last().map_or(0, |f| f.d_start + f.d_len);
                     if total != decoded {
