@@ -23,12 +23,9 @@ pub fn run(path: &Path, json: bool) -> ExitCode {
             .tensors
             .iter()
             .zip(&tree.placements)
-            .map(|(t, p)| sidecar::tensor_json(t, p))
+            .map(|(t, p)| sidecar::tensor_sidecar(t, p))
             .collect();
-        print!(
-            "{}",
-            String::from_utf8_lossy(&sidecar::render(&serde_json::Value::Array(all)))
-        );
+        print!("{}", String::from_utf8_lossy(&sidecar::render(&all)));
         return ExitCode::SUCCESS;
     }
     println!("{}: {} tensors", zt.label(), cat.len());

@@ -147,7 +147,7 @@ impl ZtFs {
     fn render(&self, c: &Content) -> Vec<u8> {
         let cat = self.data.file().catalog();
         match c {
-            Content::Sidecar { tensor, part: None } => sidecar::render(&sidecar::tensor_json(
+            Content::Sidecar { tensor, part: None } => sidecar::render(&sidecar::tensor_sidecar(
                 &cat.tensors[*tensor],
                 &self.tree.placements[*tensor],
             )),
@@ -157,7 +157,7 @@ impl ZtFs {
             } => {
                 let t = &cat.tensors[*tensor];
                 match t.layout.as_ref().ok().and_then(|l| l.parts.get(*p)) {
-                    Some(part) => sidecar::render(&sidecar::part_json(
+                    Some(part) => sidecar::render(&sidecar::part_sidecar(
                         t,
                         part,
                         &self.tree.placements[*tensor].path,
