@@ -286,6 +286,11 @@ fn stop(mp: &Path, dev: Option<&str>) {
         );
         let _ = std::fs::write(abort, "1");
     }
+    // The abort file exists only where fusectl is mounted, and only root may
+    // write it. Exiting closes /dev/fuse, which aborts the connection too.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    log::warn!("exiting with files still open on {}", mp.display());
+    std::process::exit(0);
 }
 
 /// umount2, or fusermount3 for users without CAP_SYS_ADMIN.
