@@ -254,7 +254,7 @@ fn sigterm_sigint_and_sighup_each_unmount() {
 }
 
 #[test]
-fn a_signal_while_a_file_is_open_does_not_break_its_reader() {
+fn a_signal_while_a_file_is_open_detaches_then_the_daemon_exits() {
     let _one_at_a_time = support::serial();
     let Some((mut m, zt)) = scratch_with_file() else {
         return;
@@ -263,17 +263,30 @@ fn a_signal_while_a_file_is_open_does_not_break_its_reader() {
     let pid = m.pid.expect("daemon pid");
     let f = std::fs::File::open(m.path("z")).unwrap();
     signal(pid, libc::SIGTERM);
-    assert!(wait_until(Duration::from_secs(5), || m
-        .log_text()
-        .contains("signal 15")));
-    // Whether the daemon refuses (busy) or detaches lazily, an open file
-    // keeps reading right (direct I/O: from the daemon, not the page cache).
+    // The busy mount is detached from the tree at once...
+    assert!(
+        wait_until(Duration::from_secs(5), || !m.is_mounted()),
+        "still mounted after SIGTERM with an open file; log:\n{}",
+        m.log_text()
+    );
+    // ...while the open file keeps reading right for a moment (direct I/O:
+    // from the daemon, not the page cache)...
     use std::os::unix::fs::FileExt;
     let mut buf = vec![0u8; 4096];
     f.read_exact_at(&mut buf, 8192).unwrap();
     assert!(buf == payload()[8192..12288]);
-    drop(f);
-    // Drop of the guard unmounts with -u and checks the daemon goes.
+    // ...and a reader that never closes does not keep the daemon alive.
+    assert!(
+        wait_until(Duration::from_secs(10), || !alive(pid)),
+        "daemon outlived SIGTERM with a file held open; log:\n{}",
+        m.log_text()
+    );
+    let e = f.read_exact_at(&mut buf, 0).unwrap_err();
+    assert!(
+        matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)),
+        "read after the daemon left: {e}"
+    );
+    assert!(m.log_text().contains("signal 15"), "{}", m.log_text());
 }
 
 #[test]

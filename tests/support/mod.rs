@@ -178,6 +178,12 @@ pub fn daemon_pids(mp: &Path) -> Vec<i32> {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
             continue;
         };
+        // comm first: reading another process's cmdline takes its mm lock,
+        // which can block behind a process stuck on a FUSE request.
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != "ztensor-mount" {
+            continue;
+        }
         let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
             continue;
         };
