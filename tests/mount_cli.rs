@@ -490,3 +490,44 @@ fn checksum_failures_are_eio_and_logged_unless_unverified() {
     assert_ne!(got, payload());
     assert_eq!(m.stat_u64("errors"), 0);
 }
+
+/// fuser 0.18 unmounts the mountpoint path once more as a session ends; an
+/// old daemon doing that would take down a new mount made on the same
+/// directory right after `-u`. The daemon exits before fuser can.
+#[test]
+fn a_remount_right_after_unmount_survives_the_old_daemon() {
+    let _one_at_a_time = support::serial();
+    let Some((mut m, zt)) = scratch_with_file() else {
+        return;
+    };
+    for round in 0..5 {
+        m.mount(&zt, &[]);
+        let old = m.pid.expect("daemon pid");
+        let r = support::run_with_timeout(
+            Command::new(bin()).arg("-u").arg(&m.mp),
+            Duration::from_secs(10),
+        );
+        assert!(r.ok(), "round {round}: -u: {r:?}");
+        // No waiting for the old daemon: remount at once.
+        m.mount(&zt, &[]);
+        assert!(
+            wait_until(Duration::from_secs(5), || !alive(old)),
+            "round {round}: old daemon stays"
+        );
+        assert!(
+            m.is_mounted(),
+            "round {round}: the new mount was taken down"
+        );
+        assert_eq!(
+            std::fs::read(m.path("w")).unwrap(),
+            payload(),
+            "round {round}"
+        );
+        m.unmount_ok();
+    }
+    assert!(
+        !m.log_text().contains("Failed to umount"),
+        "fuser's second unmount ran:\n{}",
+        m.log_text()
+    );
+}

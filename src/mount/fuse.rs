@@ -69,6 +69,17 @@ fn err(e: i32) -> Errno {
 }
 
 impl Filesystem for Adapter {
+    /// The session is over: every worker has stopped and the kernel has let
+    /// go of the mount. Exit here, before fuser 0.18 drops its mount handle:
+    /// that drop unmounts the mountpoint *path* again (its "still mounted?"
+    /// test is inverted, fixed upstream after 0.18.0), which would take down
+    /// a new mount made there in the meantime.
+    fn destroy(&mut self) {
+        log::info!("unmounted; the session is over, exiting");
+        log::logger().flush();
+        std::process::exit(0);
+    }
+
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_readahead(self.max_read);
         let _ = config.set_max_write(self.max_read);
