@@ -60,9 +60,13 @@ struct MountCli {
     /// FUSE worker threads. Default: 2 per core, 2..16.
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
-    /// Serve tensor data with direct I/O instead of the kernel page cache.
-    #[arg(long)]
+    /// Serve tensor data with direct I/O (the default where the kernel
+    /// allows mmap of such files; see README, Performance).
+    #[arg(long, overrides_with = "page_cache")]
     direct_io: bool,
+    /// Serve tensor data through the kernel page cache, kept across opens.
+    #[arg(long, overrides_with = "direct_io")]
+    page_cache: bool,
     /// Do not verify raw tensors' checksums before serving them.
     #[arg(long)]
     no_verify_raw: bool,
@@ -147,7 +151,12 @@ pub fn main() -> ExitCode {
         s.allow_other |= cli.allow_other;
         s.allow_root |= cli.allow_root;
         s.auto_unmount |= cli.auto_unmount;
-        s.direct_io |= cli.direct_io;
+        if cli.direct_io {
+            s.direct_io = true;
+        }
+        if cli.page_cache {
+            s.direct_io = false;
+        }
         s.verify_raw &= !cli.no_verify_raw;
         s.debug |= cli.debug;
         if let Some(v) = &cli.cache_size {

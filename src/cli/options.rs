@@ -36,7 +36,7 @@ impl Default for Settings {
             cache_size: default_cache_size(),
             cache_dir: PathBuf::from("/var/tmp"),
             threads: default_threads(),
-            direct_io: false,
+            direct_io: true,
             verify_raw: true,
             debug: false,
             log_file: None,
@@ -112,6 +112,7 @@ pub fn apply_o(s: &mut Settings, list: &str) -> Result<(), String> {
             "cache_dir" => s.cache_dir = PathBuf::from(need()?),
             "threads" => s.threads = parse_num(key, need()?)?,
             "direct_io" => s.direct_io = true,
+            "page_cache" => s.direct_io = false,
             "no_verify_raw" => s.verify_raw = false,
             "debug" => s.debug = true,
             "foreground" => s.foreground = true,
@@ -150,8 +151,10 @@ mod tests {
             (s.uid, s.gid, s.cache_size),
             (Some(1000), Some(100), 64 << 20)
         );
-        apply_o(&mut s, "cache-dir=/tmp,threads=3,direct_io").unwrap();
-        assert_eq!((s.threads, s.direct_io), (3, true));
+        apply_o(&mut s, "cache-dir=/tmp,threads=3,page_cache").unwrap();
+        assert_eq!((s.threads, s.direct_io), (3, false));
+        apply_o(&mut s, "direct_io").unwrap();
+        assert!(s.direct_io);
         assert!(apply_o(&mut s, "bogus").unwrap_err().contains("bogus"));
         assert!(apply_o(&mut s, "uid=x").is_err());
     }

@@ -114,24 +114,41 @@ impl ZtFile {
         }
     }
 
-    /// Drops the pages under `bytes`, a slice of this file's mapping, from
-    /// the process's page tables. They stay in the kernel's page cache, so a
-    /// later access costs a minor fault; meanwhile the daemon's RSS holds
-    /// only what it is using, however much of the file has been read.
-    pub fn release(&self, bytes: &[u8]) {
+    /// Maps the pages under `bytes` (a slice of this mapping) in one call,
+    /// so the kernel's copy of a reply does not fault page by page. Best
+    /// effort: kernels before 5.14 ignore it.
+    pub fn prefault(&self, bytes: &[u8]) {
+        if let Some((from, len)) = self.pages_of(bytes) {
+            // SAFETY: within our read-only file mapping; only populates it.
+            unsafe { libc::madvise(from as *mut libc::c_void, len, libc::MADV_POPULATE_READ) };
+        }
+    }
+
+    /// The page-aligned span of `bytes` if it lies within this mapping.
+    fn pages_of(&self, bytes: &[u8]) -> Option<(usize, usize)> {
         let base = self.map.as_ptr() as usize;
         let (start, end) = (
             bytes.as_ptr() as usize,
             bytes.as_ptr() as usize + bytes.len(),
         );
         if bytes.is_empty() || start < base || end > base + self.map.len() {
-            return;
+            return None;
         }
         let page = page_size();
         let (from, to) = (start & !(page - 1), (end + page - 1) & !(page - 1));
-        // SAFETY: [from, to) lies within our read-only file mapping (rounded
-        // to its pages); MADV_DONTNEED only unmaps, the file is untouched.
-        unsafe { libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_DONTNEED) };
+        Some((from, to - from))
+    }
+
+    /// Drops the pages under `bytes`, a slice of this file's mapping, from
+    /// the process's page tables. They stay in the kernel's page cache, so a
+    /// later access costs a minor fault; meanwhile the daemon's RSS holds
+    /// only what it is using, however much of the file has been read.
+    pub fn release(&self, bytes: &[u8]) {
+        if let Some((from, len)) = self.pages_of(bytes) {
+            // SAFETY: within our read-only file mapping (rounded to its
+            // pages); MADV_DONTNEED only unmaps, the file is untouched.
+            unsafe { libc::madvise(from as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+        }
     }
 
     fn err(&self, t: &Tensor, kind: ErrorKind, msg: impl Into<String>) -> Error {

@@ -171,10 +171,9 @@ impl Data {
                 }
                 let blob = self.zt.blob(t);
                 if let Some((at, n)) = expose::direct_range(part, t.endian, off, len) {
-                    return Ok(Bytes::Mapped(
-                        &self.zt,
-                        &blob[at as usize..(at + n) as usize],
-                    ));
+                    let bytes = &blob[at as usize..(at + n) as usize];
+                    self.zt.prefault(bytes);
+                    return Ok(Bytes::Mapped(&self.zt, bytes));
                 }
                 let v: Result<Vec<u8>, String> =
                     expose::gather(part, t.endian, off, len, |at, out| {

@@ -87,6 +87,16 @@ impl ZtFs {
         })
     }
 
+    /// Switches tensor data to the page cache (for kernels that cannot mmap
+    /// files opened with direct I/O).
+    pub fn use_page_cache(&mut self) {
+        self.direct_io = false;
+    }
+
+    pub fn serves_direct_io(&self) -> bool {
+        self.direct_io
+    }
+
     pub fn tree(&self) -> &Tree {
         &self.tree
     }

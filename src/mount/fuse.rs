@@ -83,6 +83,17 @@ impl Filesystem for Adapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_readahead(self.max_read);
         let _ = config.set_max_write(self.max_read);
+        // Direct I/O is the default only where np.memmap keeps working.
+        if self.fs.serves_direct_io()
+            && config
+                .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+                .is_err()
+        {
+            log::warn!(
+                "this kernel cannot mmap files opened with direct I/O (needs 6.6); serving through the page cache"
+            );
+            self.fs.use_page_cache();
+        }
         // Best effort: each is only an optimisation, refused by older kernels.
         for flag in [
             InitFlags::FUSE_ASYNC_READ,
@@ -91,8 +102,6 @@ impl Filesystem for Adapter {
             InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_MAX_PAGES,
             InitFlags::FUSE_CACHE_SYMLINKS,
-            // Lets np.memmap work on files opened with direct I/O.
-            InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
         ] {
             let _ = config.add_capabilities(flag);
         }
