@@ -17,6 +17,10 @@ use super::index::{ALIGNMENT, MAGIC, int};
 /// compress well, small enough that a reader waits for little.
 pub const DEFAULT_FRAME_SIZE: usize = 1 << 20;
 pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
+/// Custom field: decoded bytes per zstd frame (all frames but the last).
+pub const FRAME_SIZE_KEY: &str = "zstd_frame_size";
+/// Custom field: compressed size of each zstd frame, in order.
+pub const FRAMES_KEY: &str = "zstd_frames";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compression {
@@ -126,18 +130,10 @@ impl<W: Write> Writer<W> {
             blob.push(&mut self.out, &mut buf[..n])?;
             left -= n as u64;
         }
-        let (offset, size, checksum) = blob.finish(&mut self.out)?;
+        let (offset, size, checksum, frames) = blob.finish(&mut self.out)?;
         self.pos = offset + size;
         self.record(
-            name,
-            offset,
-            size,
-            dtype,
-            shape,
-            "dense",
-            opts,
-            checksum,
-            vec![],
+            name, offset, size, dtype, shape, "dense", opts, checksum, frames,
         );
         Ok(())
     }
@@ -220,9 +216,10 @@ impl<W: Write> Writer<W> {
             }
             blob.push_as_is(&mut self.out, &bytes)?;
         }
-        let (offset, size, checksum) = blob.finish(&mut self.out)?;
+        let (offset, size, checksum, frames) = blob.finish(&mut self.out)?;
         self.pos = offset + size;
-        let extra = vec![
+        let mut extra = frames;
+        extra.extend([
             (
                 Value::Text("sparse_format".into()),
                 Value::Text(format.into()),
@@ -233,7 +230,7 @@ impl<W: Write> Writer<W> {
                 Value::Text("uint64".into()),
             ),
             (Value::Text("sparse_offsets".into()), Value::Map(offsets)),
-        ];
+        ]);
         self.record(
             name, offset, size, dtype, shape, "sparse", opts, checksum, extra,
         );
@@ -308,6 +305,7 @@ impl<W: Write> Writer<W> {
             chunk,
             pending: Vec::new(),
             scratch: Vec::new(),
+            frames: Vec::new(),
         })
     }
 
@@ -360,6 +358,9 @@ fn le_u64(v: &[u64]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
+/// A finished blob: (offset, size, checksum, frame-table fields).
+type Written = (u64, u64, Option<String>, Vec<(Value, Value)>);
+
 /// How a blob's bytes are encoded on their way out.
 enum Codec {
     Raw,
@@ -383,6 +384,8 @@ struct BlobSink {
     pending: Vec<u8>,
     /// Output buffer of the streaming encoder.
     scratch: Vec<u8>,
+    /// Compressed size of each frame written so far.
+    frames: Vec<u64>,
 }
 
 impl BlobSink {
@@ -443,6 +446,7 @@ impl BlobSink {
         if let Codec::Frames(c) = &mut self.codec {
             let frame = c.compress(&self.pending)?;
             self.pending.clear();
+            self.frames.push(frame.len() as u64);
             self.emit(out, &frame)?;
         }
         Ok(())
@@ -452,7 +456,8 @@ impl BlobSink {
         emit_to(&mut self.hasher, &mut self.size, out, bytes)
     }
 
-    fn finish(mut self, out: &mut dyn Write) -> io::Result<(u64, u64, Option<String>)> {
+    /// (offset, size, checksum, frame-table fields for the index).
+    fn finish(mut self, out: &mut dyn Write) -> io::Result<Written> {
         // An empty tensor still gets one (empty) frame: a zero-byte blob is
         // not a zstd stream and decoders refuse it.
         if !self.pending.is_empty() || (matches!(self.codec, Codec::Frames(_)) && self.size == 0) {
@@ -472,7 +477,19 @@ impl BlobSink {
             }
         }
         let checksum = self.hasher.take().map(|h| h.finish().to_string());
-        Ok((self.offset, self.size, checksum))
+        // The frame table lets readers find any frame without walking the blob.
+        let table = if self.frames.len() > 1 {
+            vec![
+                (Value::Text(FRAME_SIZE_KEY.into()), int(self.chunk as u64)),
+                (
+                    Value::Text(FRAMES_KEY.into()),
+                    Value::Array(self.frames.iter().map(|&c| int(c)).collect()),
+                ),
+            ]
+        } else {
+            Vec::new()
+        };
+        Ok((self.offset, self.size, checksum, table))
     }
 }
 

@@ -58,6 +58,55 @@ pub fn scan_frames(blob: &[u8]) -> Result<Option<Vec<Frame>>, String> {
     Ok(Some(frames))
 }
 
+/// Frames from a writer's frame table (`zstd_frame_size` decoded bytes per
+/// frame, `zstd_frames` compressed sizes), if it agrees with the blob and
+/// the decoded size. Each frame is still checked when decoded (exactly one
+/// frame, exactly its decoded size), so a lying table gives errors, never
+/// other bytes.
+pub fn frames_from_table(
+    frame_size: u64,
+    sizes: &[u64],
+    blob_len: u64,
+    decoded: u64,
+) -> Option<Vec<Frame>> {
+    let n = sizes.len() as u64;
+    if n < 2 || frame_size == 0 || sizes.contains(&0) {
+        return None;
+    }
+    let full = frame_size.checked_mul(n - 1)?;
+    let last = decoded
+        .checked_sub(full)
+        .filter(|&l| l > 0 && l <= frame_size)?;
+    let mut frames = Vec::with_capacity(sizes.len());
+    let mut c_start = 0u64;
+    for (k, &c_len) in sizes.iter().enumerate() {
+        let d_len = if k as u64 == n - 1 { last } else { frame_size };
+        frames.push(Frame {
+            c_start,
+            c_len,
+            d_start: k as u64 * frame_size,
+            d_len,
+        });
+        c_start = c_start.checked_add(c_len)?;
+    }
+    (c_start == blob_len).then_some(frames)
+}
+
+/// Decodes one frame, refusing a slice that is not exactly one frame.
+pub fn decode_frame(src: &[u8], out: &mut Vec<u8>, expected: usize) -> Result<(), String> {
+    match zstd_safe::find_frame_compressed_size(src) {
+        Ok(n) if n == src.len() => decode_to_vec(src, out, expected),
+        Ok(n) => Err(format!(
+            "zstd data is corrupt: frame is {n} bytes, its table says {}",
+            src.len()
+        )),
+        Err(code) => Err(format!(
+            "zstd data is corrupt: {}",
+            zstd_safe::get_error_name(code)
+        )),
+    }
+}
+
 /// Decodes `src` (one or more frames) into `out`, which must be empty with
 /// room for exactly `expected` bytes. One-shot decoding straight into the
 /// destination: no window copy and no zero-filling.
@@ -109,9 +158,19 @@ pub fn decode_into(src: &[u8], out: &mut [u8]) -> Result<(), String> {
 pub fn decode_stream(
     src: &[u8],
     expected: u64,
+    sink: impl FnMut(&[u8]) -> Result<(), String>,
+) -> Result<(), String> {
+    decode_stream_from(src, expected, sink)
+}
+
+/// [`decode_stream`] over compressed bytes read through `src`.
+pub fn decode_stream_from<R: std::io::BufRead>(
+    src: R,
+    expected: u64,
     mut sink: impl FnMut(&[u8]) -> Result<(), String>,
 ) -> Result<(), String> {
-    let mut dec = decoder(src)?;
+    let mut dec =
+        zstd::stream::read::Decoder::with_buffer(src).map_err(|e| format!("zstd decoder: {e}"))?;
     let mut buf = vec![0u8; 1 << 20];
     let mut done = 0u64;
     while done < expected {
@@ -178,8 +237,8 @@ fn decoder(src: &[u8]) -> Result<zstd::stream::read::Decoder<'_, &[u8]>, String>
     zstd::stream::read::Decoder::with_buffer(src).map_err(|e| format!("zstd decoder: {e}"))
 }
 
-fn ensure_finished(
-    dec: &mut zstd::stream::read::Decoder<'_, &[u8]>,
+fn ensure_finished<R: std::io::BufRead>(
+    dec: &mut zstd::stream::read::Decoder<'_, R>,
     expected: u64,
 ) -> Result<(), String> {
     let mut probe = [0u8; 1];
@@ -246,5 +305,31 @@ mod tests {
                 .contains("more than")
         );
         assert!(decode_into(b"garbage!", &mut [0u8; 4]).is_err());
+    }
+
+    #[test]
+    fn frame_tables_must_agree_and_each_slice_must_be_one_frame() {
+        let data: Vec<u8> = (0..10_000u32).flat_map(|i| i.to_le_bytes()).collect();
+        let blob = frames_of(&data, 4096);
+        let scanned = scan_frames(&blob).unwrap().unwrap();
+        let sizes: Vec<u64> = scanned.iter().map(|f| f.c_len).collect();
+        let table = frames_from_table(4096, &sizes, blob.len() as u64, data.len() as u64).unwrap();
+        assert_eq!(table, scanned);
+        // Sizes that do not add up to the blob, or a wrong decoded size: no table.
+        assert!(
+            frames_from_table(4096, &sizes[1..], blob.len() as u64, data.len() as u64).is_none()
+        );
+        assert!(
+            frames_from_table(4096, &sizes, blob.len() as u64, data.len() as u64 + 4096).is_none()
+        );
+        // A slice holding two frames is refused even if its size were right.
+        let two = &blob[..(sizes[0] + sizes[1]) as usize];
+        let mut out = Vec::new();
+        assert!(
+            decode_frame(two, &mut out, 8192)
+                .unwrap_err()
+                .contains("corrupt")
+        );
+        assert!(decode_frame(&blob[..sizes[0] as usize], &mut out, 4096).is_ok());
     }
 }

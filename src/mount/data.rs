@@ -14,8 +14,11 @@ use super::cache::{Buf, Cache};
 use super::guard::Guard;
 use super::prefetch::Prefetcher;
 use super::stats::Stats;
+use crate::format::index::as_u64;
+use crate::format::writer::{FRAME_SIZE_KEY, FRAMES_KEY};
 use crate::format::zstd_blob::{self, Frame};
 use crate::format::{Encoding, Tensor, Verdict, ZtFile, expose};
+use ciborium::value::Value;
 
 /// Bytes for one read reply.
 pub enum Bytes<'a> {
@@ -245,6 +248,11 @@ impl Data {
             .get_or_init(|| {
                 let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
                 let limit = self.cache.limit();
+                if let Some(frames) = frame_table(t, decoded)
+                    && frames.iter().all(|f| f.d_len <= limit / 4)
+                {
+                    return Ok(Plan::Frames(frames));
+                }
                 let frames =
                     zstd_blob::scan_frames(self.zt.blob(t)).map_err(|why| self.fail(t, why));
                 // The walk touched a page per block header across the blob.
@@ -342,7 +350,7 @@ impl Data {
     fn frame(&self, t: &Tensor, ti: usize, k: usize, f: &Frame) -> Result<Arc<Buf>, String> {
         let src = &self.zt.blob(t)[f.c_start as usize..(f.c_start + f.c_len) as usize];
         let out = self.cache.get((ti as u32, k as u32), f.d_len, |dst| {
-            let r = zstd_blob::decode_to_vec(src, dst, f.d_len as usize);
+            let r = zstd_blob::decode_frame(src, dst, f.d_len as usize);
             self.zt.release(src);
             r
         });
@@ -391,7 +399,7 @@ impl Data {
         let src = &self.zt.blob(t)[f.c_start as usize..(f.c_start + f.c_len) as usize];
         // Errors surface when a reader asks for this frame itself.
         let _ = self.cache.get((ti as u32, k as u32), f.d_len, |dst| {
-            let r = zstd_blob::decode_to_vec(src, dst, f.d_len as usize);
+            let r = zstd_blob::decode_frame(src, dst, f.d_len as usize);
             self.zt.release(src);
             r
         });
@@ -446,16 +454,20 @@ impl Data {
                         let t = &zt.catalog().tensors[ti];
                         let mut pos = 0u64;
                         Stats::add(&stats.decompressions, 1);
-                        let r = zstd_blob::decode_stream(zt.blob(t), decoded, |chunk| {
-                            s.file
-                                .write_all_at(chunk, pos)
-                                .map_err(|e| format!("spill write: {e}"))?;
-                            pos += chunk.len() as u64;
-                            Stats::add(&stats.spilled_bytes, chunk.len() as u64);
-                            Stats::add(&stats.decompressed_bytes, chunk.len() as u64);
-                            s.advance(pos, None);
-                            Ok(())
-                        });
+                        let r = zstd_blob::decode_stream_from(
+                            zt.releasing_reader(zt.blob(t)),
+                            decoded,
+                            |chunk| {
+                                s.file
+                                    .write_all_at(chunk, pos)
+                                    .map_err(|e| format!("spill write: {e}"))?;
+                                pos += chunk.len() as u64;
+                                Stats::add(&stats.spilled_bytes, chunk.len() as u64);
+                                Stats::add(&stats.decompressed_bytes, chunk.len() as u64);
+                                s.advance(pos, None);
+                                Ok(())
+                            },
+                        );
                         zt.release(zt.blob(t));
                         s.advance(pos, Some(r.err().unwrap_or_default()));
                     })
@@ -464,6 +476,17 @@ impl Data {
             })
             .clone()
     }
+}
+
+/// The frame table our writer records, when present and consistent: no
+/// walk over the blob (a 1 GiB tensor has 1024 frames to find otherwise).
+fn frame_table(t: &Tensor, decoded: u64) -> Option<Vec<Frame>> {
+    let size = as_u64(t.custom(FRAME_SIZE_KEY)?).ok()?;
+    let Value::Array(items) = t.custom(FRAMES_KEY)? else {
+        return None;
+    };
+    let sizes: Vec<u64> = items.iter().map(as_u64).collect::<Result<_, _>>().ok()?;
+    zstd_blob::frames_from_table(size, &sizes, t.size, decoded)
 }
 
 fn frame_at(frames: &[Frame], at: u64) -> usize {
