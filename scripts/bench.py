@@ -1,0 +1,995 @@
+#!/usr/bin/env python3
+"""ztensor-mount benchmark: builds realistic .zt files, warms the page cache,
+measures the mount side by side with the same bytes read without it, and
+prints one table (medians of --runs samples, each with its ratio to its
+baseline). Run through scripts/bench.sh, which builds and installs what this
+needs.
+
+Conventions (see BENCHMARKS.md):
+- "cold" = a fresh mount (the FUSE file's page cache is empty) while the
+  backing .zt is hot in the page cache; only the mount's cache is dropped,
+  by remounting, never the system's.
+- sequential reads on both sides are `dd bs=1M iflag=skip_bytes,count_bytes
+  of=/dev/null`, timed from process start to exit; the baseline reads the
+  tensor's byte range of the .zt (offset and size from `info --json`).
+- zstd baselines are `zstd -d -c -q BLOB > /dev/null` of the tensor's blob
+  (the same bytes, extracted once to a file kept hot).
+"""
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / "target/release/ztensor-mount"
+MANY_BIN = ROOT / "target/release/examples/bench_many"
+MiB = 1 << 20
+GiB = 1 << 30
+FORMAT_VERSION = 1  # bump when the generated files change
+
+SIZES = {
+    # raw float32 tensor; zstd float32 and bfloat16 tensors; the big
+    # multi-frame zstd tensor (time to first byte, 8 readers); small tensors.
+    "full": dict(raw=1 * GiB, z=256 * MiB, bf16=256 * MiB, big=1 * GiB,
+                 many=100_000, random_reads=20_000, rss_cache="256M"),
+    "quick": dict(raw=64 * MiB, z=32 * MiB, bf16=32 * MiB, big=128 * MiB,
+                  many=5_000, random_reads=2_000, rss_cache="32M"),
+}
+
+
+def log(msg):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class BenchError(Exception):
+    pass
+
+
+def run(cmd, **kw):
+    r = subprocess.run([str(c) for c in cmd], **kw)
+    if r.returncode != 0:
+        err = r.stderr if isinstance(r.stderr, str) else ""
+        raise BenchError(f"{' '.join(map(str, cmd))} exited {r.returncode}: {err.strip()}")
+    return r
+
+
+def median(xs):
+    return statistics.median(xs)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+PAGE = os.sysconf("SC_PAGESIZE")
+
+
+def resident_fraction(path, off, n):
+    """Share of the pages of [off, off+n) of path in the page cache (mincore)."""
+    start = off // PAGE * PAGE
+    length = off + n - start
+    if length <= 0:
+        return 1.0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = _libc.mmap(None, length, 1, 1, fd, start)  # PROT_READ, MAP_SHARED
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise BenchError(f"mmap of {path}: errno {ctypes.get_errno()}")
+        try:
+            vec = (ctypes.c_ubyte * ((length + PAGE - 1) // PAGE))()
+            if _libc.mincore(addr, length, vec) != 0:
+                raise BenchError(f"mincore of {path}: errno {ctypes.get_errno()}")
+            return float((np.frombuffer(vec, np.uint8) & 1).mean())
+        finally:
+            _libc.munmap(addr, length)
+    finally:
+        os.close(fd)
+
+
+class Hot:
+    """Makes byte ranges of the backing files hot right before a timed sample.
+
+    This VM reclaims page cache it sees idle for a few seconds (DAMON
+    "pageout" scheme, /sys/kernel/mm/damon/admin), so one warm-up at the start
+    is not enough: every sample first reads its range and checks with mincore
+    that all of it is resident."""
+
+    def __init__(self):
+        self.min_seen = 1.0
+        self.rewarms = 0
+
+    def __call__(self, path, off=0, n=None):
+        if n is None:
+            n = os.path.getsize(path) - off
+        buf = bytearray(4 * MiB)
+        for attempt in range(5):
+            with open(path, "rb", buffering=0) as fh:
+                fh.seek(off)
+                left = n
+                while left > 0:
+                    got = fh.readinto(memoryview(buf)[:min(left, len(buf))])
+                    if not got:
+                        break
+                    left -= got
+            frac = resident_fraction(path, off, n)
+            self.min_seen = min(self.min_seen, frac)
+            if frac >= 0.999:
+                return
+            self.rewarms += 1
+        log(f"WARNING: only {frac:.1%} of {path} [{off}, +{n}) stays in the page cache")
+
+
+# ---------------------------------------------------------------- files
+
+
+def write_normal_npy(path, nelem, seed, sigma=0.02, as_bf16=False):
+    """float32 N(0, sigma) weights (or their top 16 bits as uint16 for
+    bfloat16), written chunk by chunk so memory stays small."""
+    rng = np.random.default_rng(seed)
+    dtype = "<u2" if as_bf16 else "<f4"
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(nelem,))
+    chunk = 16 * MiB
+    for start in range(0, nelem, chunk):
+        n = min(chunk, nelem - start)
+        x = rng.standard_normal(n, dtype=np.float32)
+        x *= np.float32(sigma)
+        if as_bf16:
+            out[start:start + n] = (x.view("<u4") >> 16).astype("<u2")
+        else:
+            out[start:start + n] = x
+    out.flush()
+    del out
+
+
+class Files:
+    """The benchmark's .zt files under WORK, reused when the manifest matches."""
+
+    def __init__(self, work, sizes, regen):
+        self.work = work
+        self.sizes = sizes
+        self.raw = work / "raw.zt"          # w: raw float32
+        self.raw_crc = work / "raw_crc32c.zt"  # w: the same, with a crc32c checksum
+        self.zframes = work / "zstd_frames.zt"  # f32, bf16, big: 1 MiB frames
+        self.zsingle = work / "zstd_single.zt"  # f32, bf16: one frame each
+        self.many = work / "many.zt"
+        self.blobs = work / "blobs"
+        self.manifest = work / "manifest.json"
+        # Files follow the writer: regenerate them when its source changes.
+        writer = {p: subprocess.run(["git", "-C", ROOT, "hash-object", p], capture_output=True,
+                                    text=True).stdout.strip()
+                  for p in ("src/format/writer.rs", "examples/bench_many.rs")}
+        want = dict(sizes, version=FORMAT_VERSION, writer=writer)
+        if not regen and self.manifest.exists():
+            try:
+                have = json.loads(self.manifest.read_text())
+            except ValueError:
+                have = None
+            if have == want and all(p.exists() for p in self.all()):
+                log(f"reusing files in {work}")
+                self.load_info()
+                return
+        self.generate()
+        self.manifest.write_text(json.dumps(want))
+        self.load_info()
+
+    def all(self):
+        return [self.raw, self.raw_crc, self.zframes, self.zsingle, self.many]
+
+    def generate(self):
+        s = self.sizes
+        self.manifest.unlink(missing_ok=True)
+        src = self.work / "src"
+        src.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        log("generating float32 N(0, 0.02) weights and bfloat16 (top 16 bits)")
+        big, z, bf = src / "big_f32.npy", src / "z_f32.npy", src / "bf16.npy"
+        write_normal_npy(big, s["big"] // 4, seed=1)
+        write_normal_npy(z, s["z"] // 4, seed=2)
+        write_normal_npy(bf, s["bf16"] // 2, seed=3, as_bf16=True)
+        raw_src = big if s["raw"] == s["big"] else src / "raw_f32.npy"
+        if raw_src != big:
+            write_normal_npy(raw_src, s["raw"] // 4, seed=1)
+        log("packing raw.zt, raw_crc32c.zt, zstd_frames.zt, zstd_single.zt")
+        run([BIN, "pack", self.raw, f"w={raw_src}"], capture_output=True, text=True)
+        run([BIN, "pack", self.raw_crc, f"w={raw_src}", "--checksum", "crc32c"],
+            capture_output=True, text=True)
+        run([BIN, "pack", self.zframes, f"f32={z}", f"bf16={bf}:bfloat16", f"big={big}",
+             "--zstd"], capture_output=True, text=True)
+        run([BIN, "pack", self.zsingle, f"f32={z}", f"bf16={bf}:bfloat16", "--zstd",
+             "--frame-size", "0"], capture_output=True, text=True)
+        log(f"writing {s['many']} small tensors with examples/bench_many")
+        run([MANY_BIN, self.many, s["many"]], capture_output=True, text=True)
+        shutil.rmtree(src)
+        log(f"files ready in {time.perf_counter() - t0:.1f} s")
+
+    def load_info(self):
+        self.info = {}
+        for f in [self.raw, self.raw_crc, self.zframes, self.zsingle]:
+            out = run([BIN, "info", f, "--json"], capture_output=True, text=True).stdout
+            self.info[f] = {t["name"]: t for t in json.loads(out)}
+        self.blobs.mkdir(exist_ok=True)
+        # The zstd blobs as .zst files, for the `zstd -d` baseline.
+        for f in [self.zframes, self.zsingle]:
+            for name, t in self.info[f].items():
+                out = self.blob(f, name)
+                if out.exists() and out.stat().st_size == t["size"]:
+                    continue
+                with open(f, "rb") as src, open(out, "wb") as dst:
+                    src.seek(t["offset"])
+                    left = t["size"]
+                    while left:
+                        b = src.read(min(left, 16 * MiB))
+                        dst.write(b)
+                        left -= len(b)
+
+    def blob(self, f, name):
+        return self.blobs / f"{f.stem}-{name}.zst"
+
+    def tensor(self, f, name):
+        return self.info[f][name]
+
+    def warm(self):
+        """Reads every file once so the backing bytes are in the page cache."""
+        paths = self.all() + sorted(self.blobs.iterdir())
+        for p in paths:
+            with open(p, "rb", buffering=0) as fh:
+                buf = bytearray(4 * MiB)
+                while fh.readinto(buf):
+                    pass
+        res = run(["fincore", "-b", "-n", "-o", "RES,SIZE", *paths],
+                  capture_output=True, text=True).stdout.split()
+        res = [int(x) for x in res]
+        resident, size = sum(res[0::2]), sum(res[1::2])
+        log(f"page cache warm: {resident / MiB:.0f} of {size / MiB:.0f} MiB resident")
+        if resident < 0.99 * size:
+            log("WARNING: backing files are not fully in the page cache")
+
+
+# ---------------------------------------------------------------- mounts
+
+
+class Mount:
+    def __init__(self, mp, pid, ready_s, logfile):
+        self.mp, self.pid, self.ready_s, self.log = mp, pid, ready_s, logfile
+
+    def stats(self):
+        with open(self.mp / ".ztensor/stats") as f:
+            return json.load(f)
+
+    def status(self):
+        """/proc/PID/status memory fields, in bytes."""
+        out = {}
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
+                    out[k] = int(v.split()[0]) * 1024
+        return out
+
+
+class Mounter:
+    def __init__(self, work):
+        self.work = work
+        self.seq = 0
+        self.active = set()
+        (work / "logs").mkdir(exist_ok=True)
+        self.cleanup_stale()
+
+    def mounts_under_work(self):
+        with open("/proc/self/mounts") as f:
+            mps = [line.split()[1] for line in f]
+        prefix = str(self.work) + "/"
+        return [m for m in mps if m.startswith(prefix)]
+
+    def cleanup_stale(self):
+        for mp in self.mounts_under_work():
+            log(f"unmounting a stale mount {mp}")
+            subprocess.run([BIN, "-u", mp])
+
+    def find_pid(self, mp):
+        pat = rf"^\S*ztensor-mount \S+ {re.escape(str(mp))}( |$)"
+        for _ in range(50):
+            r = subprocess.run(["pgrep", "-f", pat], capture_output=True, text=True, timeout=30)
+            pids = [int(p) for p in r.stdout.split()]
+            if len(pids) == 1:
+                return pids[0]
+            time.sleep(0.01)
+        raise BenchError(f"cannot find the daemon of {mp}: pgrep found {r.stdout.split()}")
+
+    @contextlib.contextmanager
+    def mount(self, zt, opts=(), tag="m"):
+        self.seq += 1
+        mp = self.work / f"mnt-{tag}-{self.seq}"
+        mp.mkdir(exist_ok=True)
+        logfile = self.work / "logs" / f"{tag}-{self.seq}.log"
+        cmd = [BIN, zt, mp, "--log-file", logfile, *opts]
+        t0 = time.perf_counter()
+        run(cmd, capture_output=True, text=True)
+        self.active.add(mp)
+        pid = None
+        try:
+            os.stat(mp)  # the first request: the mount answers
+            ready = time.perf_counter() - t0
+            pid = self.find_pid(mp)
+            yield Mount(mp, pid, ready, logfile)
+        finally:
+            self.unmount(mp, pid)
+
+    def unmount(self, mp, pid):
+        for attempt in range(50):
+            r = subprocess.run([BIN, "-u", mp], capture_output=True, text=True)
+            if r.returncode == 0 or str(mp) not in self.mounts_under_work():
+                break
+            time.sleep(0.1)  # EBUSY: a reader is still closing
+        else:
+            log(f"WARNING: {mp} would not unmount; detaching it lazily")
+            subprocess.run(["umount", "-l", mp])
+        self.active.discard(mp)
+        # fuser re-unmounts the path when its session ends: let the daemon
+        # finish before anything else uses the directory.
+        if pid:
+            for _ in range(300):
+                if not os.path.exists(f"/proc/{pid}"):
+                    break
+                time.sleep(0.01)
+            else:
+                log(f"WARNING: daemon {pid} of {mp} still running 3 s after unmount")
+        with contextlib.suppress(OSError):
+            mp.rmdir()
+
+    def unmount_all(self):
+        for mp in list(self.active):
+            self.unmount(mp, None)
+
+
+# ---------------------------------------------------------------- measures
+
+
+def dd(path, off, n, bs="1M"):
+    """Seconds for dd to read [off, off+n) of path (process start to exit)."""
+    t0 = time.perf_counter()
+    run(["dd", f"if={path}", "of=/dev/null", f"bs={bs}", "iflag=skip_bytes,count_bytes",
+         f"skip={off}", f"count={n}", "status=none"], capture_output=True, text=True)
+    return time.perf_counter() - t0
+
+
+def zstd_d(blob):
+    t0 = time.perf_counter()
+    run(["zstd", "-d", "-c", "-q", blob], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True)
+    return time.perf_counter() - t0
+
+
+def memmap_sum(path, offset, n):
+    t0 = time.perf_counter()
+    m = np.memmap(path, dtype="<f4", mode="r", offset=offset, shape=(n,))
+    s = float(m.sum())
+    dt = time.perf_counter() - t0
+    m._mmap.close()
+    del m
+    return dt, s
+
+
+def pread_loop(path, offsets, base=0):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        t0 = time.perf_counter()
+        for off in offsets:
+            if len(os.pread(fd, 4096, base + off)) != 4096:
+                raise BenchError(f"short read at {off} of {path}")
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+
+
+def fresh_memory():
+    """GB/s writing 1 GiB of newly allocated memory (np.ones): after a 3 s
+    pause, and at once after freeing the same amount. A VM with free page
+    reporting hands memory freed for ~2 s back to the host, and touching it
+    again is then several times slower; every cold page-cache read (fresh
+    page cache) and every new decode buffer pays that price."""
+
+    def touch():
+        t0 = time.perf_counter()
+        a = np.ones(GiB // 4, np.float32)
+        dt = time.perf_counter() - t0
+        del a
+        return GiB / dt / 1e9
+
+    touch()
+    time.sleep(3)
+    returned = touch()
+    reused = touch()
+    return returned, reused
+
+
+def busy_processes():
+    """Other heavy work on this shared machine (builds, tests, fuzzers)."""
+    r = subprocess.run(["pgrep", "-f", "fuzz/target|fuzz/artifacts|cargo-fuzz|cargo test|"
+                        "cargo build|cargo clippy|rustc"], capture_output=True, text=True,
+                       timeout=30)
+    return r.stdout.split()
+
+
+def bdi_read_ahead_kb(mp):
+    dev = os.stat(mp).st_dev
+    p = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+    try:
+        return int(p.read_text())
+    except OSError:
+        return None
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.mode = "quick" if args.quick else "full"
+        self.sizes = SIZES[self.mode]
+        self.runs = args.runs or (3 if args.quick else 5)
+        self.work = Path(args.workdir).resolve() / self.mode
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.mounter = Mounter(self.work)
+        self.rows = []
+        self.notes = []
+        self.raw_samples = {}
+        self.hot = Hot()
+
+    # rows -----------------------------------------------------------
+
+    def row(self, metric, mount, base, ratio, target, ok, unit, samples=None):
+        r = dict(metric=metric, mount=mount, baseline=base, ratio=ratio, target=target,
+                 ok=ok, unit=unit)
+        self.rows.append(r)
+        self.raw_samples[metric] = samples
+        log(f"  {metric}: {fmt_val(mount, unit)} vs {fmt_val(base, unit)}"
+            + (f" = {ratio:.2f}x" if ratio is not None else ""))
+
+    def throughput_row(self, metric, nbytes, mount_times, base_times, min_ratio, base_name):
+        m, b = median(mount_times), median(base_times)
+        ratio = b / m
+        ok = None if min_ratio is None else ratio >= min_ratio
+        target = "-" if min_ratio is None else f">= {min_ratio:.2f}x"
+        self.row(metric, nbytes / m / 1e9, nbytes / b / 1e9, ratio, target, ok, "GB/s",
+                 dict(mount_s=mount_times, baseline_s=base_times, baseline=base_name))
+
+    def note(self, text):
+        self.notes.append(text)
+        log("  note: " + text)
+
+    # sections -------------------------------------------------------
+
+    def raw_sequential(self, zt, mode_label, opts, cold_target, second_target, name="w"):
+        t = self.files.tensor(zt, name)
+        off, n = t["offset"], t["nbytes"]
+        cold, second, third, base = [], [], [], []
+        for _ in range(self.runs):
+            self.hot(zt, off, n)
+            base.append(dd(zt, off, n))
+            with self.mounter.mount(zt, opts, tag="raw") as m:
+                p = m.mp / t["path"]
+                self.hot(zt, off, n)
+                cold.append(dd(p, 0, n))
+                second.append(dd(p, 0, n))
+                third.append(dd(p, 0, n))
+                st = m.stats()
+                ra = bdi_read_ahead_kb(m.mp)
+            self.hot(zt, off, n)
+            base.append(dd(zt, off, n))
+        avg = st["bytes_served"] / max(1, st["reads"])
+        self.note(f"raw {mode_label}: {st['reads']} read requests for 3 reads of "
+                  f"{n / MiB:.0f} MiB (average {avg / 1024:.0f} KiB), bdi read_ahead_kb={ra}")
+        what = f"dd bs=1M of the .zt range"
+        self.throughput_row(f"raw seq read, cold (fresh mount), {mode_label}", n, cold, base,
+                            cold_target, what)
+        self.throughput_row(f"raw seq read, second read, {mode_label}", n, second, base,
+                            second_target, what)
+        self.throughput_row(f"raw seq read, third read, {mode_label}", n, third, base, None, what)
+
+    def detect_modes(self):
+        """Mount options for each cache mode, and which one a plain mount uses
+        (found by behaviour: after a read through a default mount, are the
+        mounted file's pages in the page cache?)."""
+        helptext = run([BIN, "--help"], capture_output=True, text=True).stdout
+        has_page_cache_flag = "--page-cache" in helptext
+        f = self.files
+        with self.mounter.mount(f.raw, [], tag="detect") as m:
+            dd(m.mp / "w", 0, MiB)
+            cached = resident_fraction(m.mp / "w", 0, MiB)
+        self.default_mode = "page-cache" if cached > 0.5 else "direct-io"
+        self.mode_opts = {
+            "page-cache": ["--page-cache"] if has_page_cache_flag else [],
+            "direct-io": ["--direct-io"],
+        }
+        if not has_page_cache_flag and self.default_mode != "page-cache":
+            raise BenchError("the default mount bypasses the page cache and there is no "
+                             "--page-cache flag: cannot measure page-cache mode")
+        log(f"default mount: {self.default_mode} mode; options {self.mode_opts}")
+
+    def mode_label(self, mode):
+        flag = " ".join(self.mode_opts[mode]) or "no flag"
+        return f"{mode} ({'default' if mode == self.default_mode else flag})"
+
+    def section_raw(self):
+        log("raw sequential reads, page-cache mode and direct-io mode")
+        f = self.files
+        for mode, second_target in (("page-cache", 0.95), ("direct-io", 0.4)):
+            self.raw_sequential(f.raw, self.mode_label(mode), self.mode_opts[mode], 0.4,
+                                second_target)
+        # The same bytes with a crc32c checksum: the default mount verifies
+        # it before the first byte (once per mount).
+        t = f.tensor(f.raw_crc, "w")
+        off, n = t["offset"], t["nbytes"]
+        cold, base = [], []
+        for _ in range(self.runs):
+            self.hot(f.raw_crc, off, n)
+            base.append(dd(f.raw_crc, off, n))
+            with self.mounter.mount(f.raw_crc, [], tag="crc") as m:
+                self.hot(f.raw_crc, off, n)
+                cold.append(dd(m.mp / "w", 0, n))
+        self.throughput_row(f"raw seq read, cold, crc32c tensor (verified first), "
+                            f"{self.mode_label(self.default_mode)}", n, cold,
+                            base, None, "dd bs=1M of the .zt range")
+
+    def section_memmap(self):
+        log("np.memmap sum")
+        f = self.files
+        t = f.tensor(f.raw, "w")
+        off, n = t["offset"], t["nbytes"] // 4
+        mt, bt = [], []
+        for _ in range(self.runs):
+            self.hot(f.raw, off, n * 4)
+            dt, sb = memmap_sum(f.raw, off, n)
+            bt.append(dt)
+            with self.mounter.mount(f.raw, [], tag="mm") as m:
+                self.hot(f.raw, off, n * 4)
+                dt, sm = memmap_sum(m.mp / "w", 0, n)
+                mt.append(dt)
+            if sm != sb:
+                raise BenchError(f"memmap sums differ: mount {sm} vs direct {sb}")
+        self.throughput_row(f"np.memmap(...).sum(), cold (fresh mount), "
+                            f"{self.mode_label(self.default_mode)}", n * 4, mt, bt, None,
+                            "np.memmap of the .zt at the tensor's offset")
+
+    def check_zstd_bytes(self, m, zt, name):
+        """4 KiB at a random place of the mounted tensor == zstd -d of the blob."""
+        t = self.files.tensor(zt, name)
+        rng = np.random.default_rng(7)
+        off = int(rng.integers(0, t["nbytes"] - 4096))
+        with open(m.mp / t["path"], "rb") as fh:
+            fh.seek(off)
+            got = fh.read(4096)
+        dec = subprocess.Popen(["zstd", "-d", "-c", "-q", self.files.blob(zt, name)],
+                               stdout=subprocess.PIPE)
+        skipped = 0
+        want = b""
+        while skipped + len(want) < off + 4096:
+            chunk = dec.stdout.read(MiB)
+            if not chunk:
+                break
+            if skipped + len(chunk) <= off:
+                skipped += len(chunk)
+                continue
+            want += chunk
+        dec.kill()
+        dec.wait()
+        start = off - skipped
+        if got != want[start:start + 4096]:
+            raise BenchError(f"{zt.name}:{name}: mounted bytes at {off} differ from zstd -d")
+
+    def section_zstd(self):
+        log("zstd tensors: first and second read vs zstd -d")
+        f = self.files
+        cases = [
+            (f.zframes, "f32", "float32, 1 MiB frames", 1.0),
+            (f.zsingle, "f32", "float32, one frame", 0.9),
+            (f.zframes, "bf16", "bfloat16, 1 MiB frames", 1.0),
+            (f.zsingle, "bf16", "bfloat16, one frame", 0.9),
+        ]
+        other = "direct-io" if self.default_mode == "page-cache" else "page-cache"
+        for zt, name, label, target in cases:
+            t = f.tensor(zt, name)
+            n = t["nbytes"]
+            blob = f.blob(zt, name)
+            first, second, ofirst, osecond, base = [], [], [], [], []
+            for i in range(self.runs):
+                self.hot(blob)
+                base.append(zstd_d(blob))
+                for opts, a, b in ((self.mode_opts[self.default_mode], first, second),
+                                   (self.mode_opts[other], ofirst, osecond)):
+                    with self.mounter.mount(zt, opts, tag="z") as m:
+                        p = m.mp / t["path"]
+                        self.hot(zt, t["offset"], t["size"])
+                        a.append(dd(p, 0, n))
+                        b.append(dd(p, 0, n))
+                        if i == 0 and a is first:
+                            self.check_zstd_bytes(m, zt, name)
+                            st = m.stats()
+                self.hot(blob)
+                base.append(zstd_d(blob))
+            self.note(f"zstd {label}: compressed {t['size'] / MiB:.1f} MiB -> {n / MiB:.0f} MiB "
+                      f"(ratio {t['size'] / n:.3f}); {st['decompressions']} decodes, "
+                      f"{st['reads']} read requests")
+            what = "zstd -d -c of the blob > /dev/null"
+            dl, ol = self.mode_label(self.default_mode), self.mode_label(other)
+            self.throughput_row(f"zstd {label}: first read (fresh mount), {dl}", n, first, base,
+                                target, what)
+            self.throughput_row(f"zstd {label}: second read, {dl}", n, second, base, None, what)
+            self.throughput_row(f"zstd {label}: first read, {ol}", n, ofirst, base, None, what)
+            self.throughput_row(f"zstd {label}: second read, {ol}", n, osecond, base, None, what)
+
+    def section_ttfb(self):
+        log("time to first byte: 4 KiB in the middle of the big multi-frame tensor")
+        f = self.files
+        t = f.tensor(f.zframes, "big")
+        off = t["nbytes"] // 2
+        times, mounts = [], []
+        for _ in range(max(self.runs, 5)):
+            with self.mounter.mount(f.zframes, [], tag="ttfb") as m:
+                self.hot(f.zframes, t["offset"], t["size"])
+                t0 = time.perf_counter()
+                fd = os.open(m.mp / t["path"], os.O_RDONLY)
+                b = os.pread(fd, 4096, off)
+                dt = time.perf_counter() - t0
+                os.close(fd)
+                if len(b) != 4096:
+                    raise BenchError("short read in the ttfb test")
+                st = m.stats()
+                mounts.append(m.ready_s)
+            times.append(dt)
+        self.note(f"ttfb: {st['decompressions']} decode(s) of "
+                  f"{st['decompressed_bytes'] / MiB:.1f} MiB for one 4 KiB read")
+        ms = median(times) * 1e3
+        self.row(f"time to first byte, 4 KiB at the middle of a "
+                 f"{t['nbytes'] / GiB:.2g} GiB multi-frame zstd tensor (open+pread)",
+                 ms, None, None, "<= 20 ms", ms <= 20, "ms", dict(s=times))
+
+    def section_random(self):
+        log("random 4 KiB reads")
+        f = self.files
+        t = f.tensor(f.raw, "w")
+        nreads = self.sizes["random_reads"]
+        rng = np.random.default_rng(11)
+        offsets = [int(x) * 4096 for x in rng.integers(0, t["nbytes"] // 4096, nreads)]
+        mt, bt = [], []
+        for _ in range(self.runs):
+            self.hot(f.raw, t["offset"], t["size"])
+            bt.append(pread_loop(f.raw, offsets, t["offset"]))
+            with self.mounter.mount(f.raw, [], tag="rand") as m:
+                self.hot(f.raw, t["offset"], t["size"])
+                mt.append(pread_loop(m.mp / "w", offsets))
+                st = m.stats()
+        self.note(f"random reads: {st['reads']} requests, {st['bytes_served'] / MiB:.1f} MiB "
+                  f"served for {nreads} reads of 4 KiB")
+        m, b = median(mt), median(bt)
+        self.row(f"random 4 KiB pread, cold (fresh mount), {nreads} reads, "
+                 f"{self.mode_label(self.default_mode)}", nreads / m / 1e3,
+                 nreads / b / 1e3, b / m, "-", None, "k reads/s",
+                 dict(mount_s=mt, baseline_s=bt, baseline="os.pread of the .zt"))
+
+    def ls_baseline(self, names):
+        """A directory on the backing disk holding the same names (empty files)."""
+        d = self.work / "ls_baseline"
+        marker = d / ".count"
+        if not (marker.exists() and marker.read_text() == str(len(names))):
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir()
+            for name in names:
+                open(d / name, "wb").close()
+            marker.write_text(str(len(names)))
+        return d
+
+    def section_many(self):
+        n = self.sizes["many"]
+        log(f"{n} small tensors: mount, ls -l, RSS")
+        f = self.files
+        mount_s, ls_s, ls2_s, rss_m, rss_l, hwm, base_s = [], [], [], [], [], [], []
+        env = dict(os.environ, LC_ALL="C")
+        basedir = None
+        for i in range(self.runs):
+            self.hot(f.many)
+            with self.mounter.mount(f.many, [], tag="many") as m:
+                mount_s.append(m.ready_s)
+                rss_m.append(m.status()["VmRSS"])
+                t0 = time.perf_counter()
+                run(["ls", "-l", m.mp], stdout=subprocess.DEVNULL, env=env)
+                ls_s.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                out = run(["ls", "-l", m.mp], stdout=subprocess.PIPE, env=env).stdout
+                ls2_s.append(time.perf_counter() - t0)
+                lines = out.count(b"\n")
+                if lines != 2 * n + 1:
+                    raise BenchError(f"ls -l printed {lines} lines, expected {2 * n + 1}")
+                s = m.status()
+                rss_l.append(s["VmRSS"])
+                hwm.append(s["VmHWM"])
+                if basedir is None:
+                    basedir = self.ls_baseline(os.listdir(m.mp))
+            run(["ls", "-l", basedir], stdout=subprocess.DEVNULL, env=env)  # warm
+            t0 = time.perf_counter()
+            run(["ls", "-l", basedir], stdout=subprocess.DEVNULL, env=env)
+            base_s.append(time.perf_counter() - t0)
+        mt = median(mount_s)
+        self.row(f"mount, {n} tensors (command + first stat)", mt, None, None, "<= 1 s",
+                 mt <= 1.0, "s", dict(s=mount_s))
+        lt, bt = median(ls_s), median(base_s)
+        base_what = "ls -l of the same names as empty files on the backing disk (cached)"
+        self.row(f"ls -l, {n} tensors ({2 * n} entries), fresh mount", lt, bt, bt / lt,
+                 "<= 2 s", lt <= 2.0, "s", dict(s=ls_s, baseline_s=base_s, baseline=base_what))
+        l2 = median(ls2_s)
+        self.row("ls -l again (dentries and attributes cached)", l2, bt, bt / l2, "-",
+                 None, "s", dict(s=ls2_s, baseline_s=base_s, baseline=base_what))
+        self.row(f"daemon VmRSS after mount, {n} tensors", median(rss_m) / MiB, None, None,
+                 "-", None, "MiB", dict(bytes=rss_m))
+        self.row(f"daemon VmRSS after 2x ls -l (VmHWM {median(hwm) / MiB:.0f} MiB)",
+                 median(rss_l) / MiB, None, None, "-", None, "MiB", dict(bytes=rss_l, hwm=hwm))
+
+    def section_rss(self):
+        cache = self.sizes["rss_cache"]
+        log(f"peak daemon RSS, 8 readers streaming zstd tensors, --cache-size {cache}")
+        f = self.files
+        big = f.tensor(f.zframes, "big")
+        seg = big["nbytes"] // 6 // 4096 * 4096
+        readers = [(big["path"], k * seg, seg) for k in range(6)]
+        for name in ("f32", "bf16"):
+            t = f.tensor(f.zframes, name)
+            readers.append((t["path"], 0, t["nbytes"]))
+        total = sum(r[2] for r in readers)
+        limit = self._size(cache)
+        hwms, anons, files, walls = [], [], [], []
+        for _ in range(self.runs):
+            with self.mounter.mount(f.zframes, ["--cache-size", cache], tag="rss") as m:
+                self.hot(f.zframes)
+                t0 = time.perf_counter()
+                procs = [subprocess.Popen(
+                    ["dd", f"if={m.mp / p}", "of=/dev/null", "bs=1M",
+                     "iflag=skip_bytes,count_bytes", f"skip={o}", f"count={n}", "status=none"],
+                    stderr=subprocess.PIPE) for p, o, n in readers]
+                peak_anon = peak_file = 0
+                try:
+                    while any(p.poll() is None for p in procs):
+                        s = m.status()
+                        peak_anon = max(peak_anon, s["RssAnon"])
+                        peak_file = max(peak_file, s["RssFile"])
+                        if time.perf_counter() - t0 > 600:
+                            raise BenchError("8 readers did not finish in 10 minutes")
+                        time.sleep(0.005)
+                finally:
+                    for p in procs:
+                        if p.poll() is None:
+                            p.kill()
+                        p.wait()
+                walls.append(time.perf_counter() - t0)
+                bad = [p.stderr.read().decode() for p in procs if p.returncode != 0]
+                if bad:
+                    raise BenchError(f"readers failed: {bad}")
+                s = m.status()
+                st = m.stats()
+                hwms.append(s["VmHWM"])
+                anons.append(peak_anon)
+                files.append(peak_file)
+            if st["cache_peak_bytes"] > limit:
+                raise BenchError(f"cache peak {st['cache_peak_bytes']} > limit {limit}")
+        self.note(f"8 readers: {total / MiB:.0f} MiB decoded in {median(walls):.2f} s "
+                  f"({total / median(walls) / 1e9:.2f} GB/s); cache peak "
+                  f"{st['cache_peak_bytes'] / MiB:.0f} MiB, {st['evictions']} evictions; "
+                  f"peak RssFile (mmap of the .zt) {median(files) / MiB:.0f} MiB")
+        cap = limit + 64 * MiB
+        hw = median(hwms)
+        self.row(f"peak daemon RSS (VmHWM), 8 zstd readers, --cache-size {cache}", hw / MiB,
+                 None, None, f"<= {cap / MiB:.0f} MiB", hw <= cap, "MiB", dict(bytes=hwms))
+        an = median(anons)
+        self.row(f"  same, anonymous memory only (peak RssAnon, sampled every 5 ms)", an / MiB,
+                 None, None, f"<= {cap / MiB:.0f} MiB", an <= cap, "MiB", dict(bytes=anons))
+
+    @staticmethod
+    def _size(s):
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        return int(s[:-1]) * units[s[-1]] if s[-1] in units else int(s)
+
+    # driver ---------------------------------------------------------
+
+    def machine(self):
+        mem = int(open("/proc/meminfo").read().split()[1]) * 1024
+        cpu = "?"
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        try:
+            mpl = open("/proc/sys/fs/fuse/max_pages_limit").read().strip()
+        except OSError:
+            mpl = "?"
+        zv = subprocess.run(["zstd", "--version"], capture_output=True, text=True).stdout
+        zv = re.search(r"v[\d.]+", zv)
+        git = lambda *a: subprocess.run(["git", "-C", ROOT, *a], capture_output=True,
+                                        text=True).stdout.strip()
+        dirty = git("status", "--porcelain", "--", "src", "Cargo.toml", "Cargo.lock")
+        return dict(nproc=os.cpu_count(), ram_gib=round(mem / GiB, 1), cpu=cpu,
+                    kernel=platform.release(), max_pages_limit=mpl,
+                    zstd=zv.group(0) if zv else "?",
+                    commit=git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else ""))
+
+    def run(self):
+        sections = {
+            "raw": self.section_raw,
+            "memmap": self.section_memmap,
+            "zstd": self.section_zstd,
+            "ttfb": self.section_ttfb,
+            "random": self.section_random,
+            "many": self.section_many,
+            "rss": self.section_rss,
+        }
+        only = self.args.only.split(",") if self.args.only else list(sections)
+        for s in only:
+            if s not in sections:
+                raise BenchError(f"--only: unknown section {s!r} (one of {', '.join(sections)})")
+        mach = self.machine()
+        log(f"{self.mode} run, {self.runs} runs per figure, work dir {self.work}; machine {mach}")
+        if self.args.wait_quiet:
+            deadline = time.time() + 60 * self.args.wait_quiet
+            while busy_processes() and time.time() < deadline:
+                log(f"waiting for {len(busy_processes())} cargo/fuzzer processes to finish")
+                time.sleep(30)
+        if busy_processes():
+            log(f"WARNING: {len(busy_processes())} fuzzer/cargo processes are running: "
+                "figures will be distorted")
+        self.files = Files(self.work, self.sizes, self.args.regen)
+        self.files.warm()
+        self.detect_modes()
+        fm = fresh_memory()
+        t0 = time.perf_counter()
+        noisy = []
+        current = [None]
+        stop = threading.Event()
+
+        def watch():  # other heavy work on the machine, every 5 s
+            while not stop.wait(5):
+                if current[0] and current[0] not in noisy and busy_processes():
+                    noisy.append(current[0])
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        for s in only:
+            current[0] = s
+            if busy_processes() and s not in noisy:
+                noisy.append(s)
+            sections[s]()
+        stop.set()
+        watcher.join()
+        if noisy:
+            self.notes.append(f"WARNING: cargo/fuzzer processes ran during: {', '.join(noisy)}")
+        fm2 = fresh_memory()
+        self.notes.append(f"machine: first write to 1 GiB of new memory: {fm[0]:.2f} / {fm2[0]:.2f} "
+                          f"GB/s (before / after the run) when it was freed 3 s earlier, "
+                          f"{fm[1]:.2f} / {fm2[1]:.2f} GB/s when freed just before (free page "
+                          f"reporting returns idle guest memory to the host)")
+        elapsed = time.perf_counter() - t0
+        self.notes.append(f"page cache: before every sample its byte range of the backing file "
+                          f"was read and checked with mincore; lowest residency seen "
+                          f"{self.hot.min_seen:.1%}, {self.hot.rewarms} re-reads needed")
+        self.print_table(mach, elapsed)
+        out = self.work / "results.json"
+        out.write_text(json.dumps(dict(machine=mach, mode=self.mode, runs=self.runs,
+                                       rows=self.rows, notes=self.notes,
+                                       samples=self.raw_samples), indent=1))
+        log(f"samples and notes: {out}")
+
+    def print_table(self, mach, elapsed):
+        hdr = ["metric", "mount", "baseline", "ratio", "target", "result"]
+        lines = []
+        for r in self.rows:
+            lines.append([
+                r["metric"],
+                fmt_val(r["mount"], r["unit"]),
+                fmt_val(r["baseline"], r["unit"]),
+                "-" if r["ratio"] is None else f"{r['ratio']:.2f}x",
+                r["target"],
+                {True: "PASS", False: "MISS", None: "info"}[r["ok"]],
+            ])
+        widths = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(hdr)]
+
+        def fmt(cells):
+            return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+        print(f"ztensor-mount benchmark ({self.mode}; median of {self.runs}; "
+              f"{mach['nproc']} cores, {mach['ram_gib']} GiB, Linux {mach['kernel']}, "
+              f"max_pages_limit {mach['max_pages_limit']}, zstd {mach['zstd']}; "
+              f"commit {mach['commit']}; {elapsed:.0f} s)")
+        print(fmt(hdr))
+        print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+        for l in lines:
+            print(fmt(l))
+        print("- baselines: raw = `dd bs=1M iflag=skip_bytes,count_bytes` of the tensor's byte "
+              "range of the .zt (the same dd command reads the mounted file); memmap = "
+              "np.memmap of the .zt at the tensor's offset; zstd = `zstd -d -c -q BLOB > "
+              "/dev/null` of the tensor's blob; random = os.pread of the .zt; ls = `ls -l` of a "
+              "directory of the same names (empty files) on the backing disk. ratio = "
+              "baseline time / mount time (higher is better)")
+        for n in self.notes:
+            print(f"- {n}")
+        sys.stdout.flush()
+
+
+def fmt_val(v, unit):
+    if v is None:
+        return "-"
+    if unit == "GB/s":
+        return f"{v:.2f} GB/s"
+    if unit == "ms":
+        return f"{v:.1f} ms"
+    if unit == "s":
+        return f"{v:.3f} s"
+    if unit == "MiB":
+        return f"{v:.0f} MiB"
+    return f"{v:.1f} {unit}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="small files (64 MiB raw, 32 MiB zstd, 5000 tensors), 3 runs")
+    ap.add_argument("--workdir", default="/var/tmp/ztbench",
+                    help="where files and mountpoints go (default /var/tmp/ztbench)")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the generated files for the next run (they are reused "
+                         "when the sizes match)")
+    ap.add_argument("--regen", action="store_true", help="regenerate the files")
+    ap.add_argument("--runs", type=int, help="samples per figure (default 5, quick 3)")
+    ap.add_argument("--wait-quiet", type=float, metavar="MINUTES",
+                    help="first wait up to MINUTES for cargo/fuzzer processes to finish")
+    ap.add_argument("--only", help="comma-separated sections: raw,memmap,zstd,ttfb,random,"
+                                   "many,rss")
+    args = ap.parse_args()
+    if args.runs is not None and args.runs < 3:
+        ap.error("--runs must be at least 3 (figures are medians)")
+    for tool in ("dd", "zstd", "fincore", "pgrep", "ls"):
+        if not shutil.which(tool):
+            sys.exit(f"bench: {tool} is missing (scripts/bench.sh installs it)")
+    if not BIN.exists() or not MANY_BIN.exists():
+        sys.exit("bench: build first: cargo build --release --bins --example bench_many")
+
+    def on_signal(sig, _frame):
+        raise KeyboardInterrupt(f"signal {sig}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    bench = Bench(args)
+    code = 0
+    try:
+        bench.run()
+    except BenchError as e:
+        log(f"FAILED: {e}")
+        code = 1
+    except KeyboardInterrupt:
+        log("interrupted")
+        code = 130
+    finally:
+        bench.mounter.unmount_all()
+        if not args.keep and code == 0 and not bench.mounter.mounts_under_work():
+            for p in bench.work.iterdir():
+                if p.name not in ("results.json", "logs"):
+                    if p.is_dir():
+                        shutil.rmtree(p, ignore_errors=True)
+                    else:
+                        p.unlink(missing_ok=True)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

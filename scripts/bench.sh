@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The benchmark: builds the release binary, installs what it needs (fuse3,
+# the .venv with numpy, zstd), then runs scripts/bench.py, which writes its
+# own files under /var/tmp/ztbench, mounts them and prints one table of
+# figures measured side by side against reading the same bytes without the
+# mount. Options go to bench.py: --quick (small files), --keep (keep the
+# files for the next run), --regen, --runs N, --only SECTIONS, --workdir DIR.
+#
+#   bash scripts/bench.sh            # full run (about 1 GiB files, ~5 minutes)
+#   bash scripts/bench.sh --quick    # small sizes, to try it out
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+bash scripts/setup.sh
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+missing=()
+command -v zstd >/dev/null 2>&1 || missing+=(zstd)
+command -v fincore >/dev/null 2>&1 || missing+=(util-linux)
+command -v pgrep >/dev/null 2>&1 || missing+=(procps)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "bench: installing ${missing[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+cargo build --release --quiet --bins --example bench_many
+exec "$root/.venv/bin/python" "$root/scripts/bench.py" "$@"
