@@ -293,7 +293,9 @@ fn readers_of_one_cold_tensor_decode_each_frame_once() {
     let st = m.stats();
     assert_eq!(st["decompressions"], 8, "one decode per frame: {st}");
     assert_eq!(st["cache_misses"], 8, "{st}");
-    assert!(st["cache_hits"].as_u64().unwrap() >= 24, "{st}");
+    // The other 24 frame reads were answered by our cache or, since zstd
+    // tensors are opened through the page cache, by the kernel: never by a
+    // second decode (the two counts above).
     assert_eq!(st["cache_entries"], 8, "{st}");
     assert_eq!(st["cache_bytes"], 8 * FRAME as u64, "{st}");
     // Warm: reading it all again decodes nothing.

@@ -193,6 +193,8 @@ pub fn main() -> ExitCode {
 }
 
 fn tool(cli: ToolCli) -> ExitCode {
+    // `info | head`: end quietly on a closed pipe, as other Unix tools do.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     match cli.cmd {
         Tool::Pack {
             out,

@@ -114,13 +114,15 @@ impl ZtFile {
         }
     }
 
-    /// Maps the pages under `bytes` (a slice of this mapping) in one call,
-    /// so the kernel's copy of a reply does not fault page by page. Best
-    /// effort: kernels before 5.14 ignore it.
-    pub fn prefault(&self, bytes: &[u8]) {
-        if let Some((from, len)) = self.pages_of(bytes) {
-            // SAFETY: within our read-only file mapping; only populates it.
-            unsafe { libc::madvise(from as *mut libc::c_void, len, libc::MADV_POPULATE_READ) };
+    /// [`ZtFile::release`] of `len` bytes at address `addr`, clipped to
+    /// this mapping.
+    pub fn release_span(&self, addr: usize, len: usize) {
+        let base = self.map.as_ptr() as usize;
+        let from = addr.max(base);
+        let to = (addr + len).min(base + self.map.len());
+        if from < to {
+            // SAFETY: [from, to) lies within the mapping.
+            self.release(unsafe { std::slice::from_raw_parts(from as *const u8, to - from) });
         }
     }
 

@@ -225,14 +225,20 @@ impl ZtFs {
         let node = self.tree.node(ino).ok_or(libc::ENOENT)?;
         match &node.kind {
             NodeKind::Dir { .. } => Err(libc::EISDIR),
-            NodeKind::File(Content::Part { .. }) => Ok((
-                0,
-                if self.direct_io {
+            NodeKind::File(Content::Part { tensor, .. }) => {
+                // Decoded zstd data is worth keeping: a second read from the
+                // page cache beats decoding again or copying from our cache.
+                let zstd = self.data.file().catalog().tensors[*tensor]
+                    .layout
+                    .as_ref()
+                    .is_ok_and(|l| l.encoding == crate::format::Encoding::Zstd);
+                let mode = if self.direct_io && !zstd {
                     CacheMode::DirectIo
                 } else {
                     CacheMode::KeepCache
-                },
-            )),
+                };
+                Ok((0, mode))
+            }
             NodeKind::File(c) => {
                 let fh = self.next_fh.fetch_add(1, Relaxed);
                 let bytes: Arc<[u8]> = self.render(c).into();
