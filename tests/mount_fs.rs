@@ -74,25 +74,6 @@ fn write_dense(path: &Path, tensors: &[Dense]) {
     w.finish().unwrap();
 }
 
-/// The numpy type string a sidecar must carry (independent of the daemon).
-fn numpy(d: DType) -> &'static str {
-    match d {
-        DType::Float64 => "<f8",
-        DType::Float32 => "<f4",
-        DType::Float16 => "<f2",
-        DType::BFloat16 => "<u2",
-        DType::Int64 => "<i8",
-        DType::Int32 => "<i4",
-        DType::Int16 => "<i2",
-        DType::Int8 => "|i1",
-        DType::Uint64 => "<u8",
-        DType::Uint32 => "<u4",
-        DType::Uint16 => "<u2",
-        DType::Uint8 => "|u1",
-        DType::Bool => "|b1",
-    }
-}
-
 fn swap(bytes: &[u8], es: usize) -> Vec<u8> {
     let mut v = bytes.to_vec();
     if es > 1 {
@@ -179,7 +160,11 @@ fn check_dense(m: &Mount, zt: &[u8], index: &Json, t: &Dense) {
     assert_eq!(sc["dtype"], json!(t.dtype.name()), "{name}: dtype");
     assert_eq!(sc["shape"], json!(t.shape), "{name}: shape");
     assert_eq!(sc["nbytes"], json!(t.le.len()), "{name}: nbytes");
-    assert_eq!(sc["numpy_dtype"], json!(numpy(t.dtype)), "{name}: numpy");
+    assert_eq!(
+        sc["numpy_dtype"],
+        json!(support::numpy(t.dtype)),
+        "{name}: numpy"
+    );
     assert_eq!(sc["layout"], "dense");
     assert_eq!(sc["supported"], true);
     let es = t.dtype.size() as usize;
@@ -549,7 +534,7 @@ fn sparse_csr_and_coo_parts() {
             assert_eq!(pj["dtype"], pd.name());
             assert_eq!(pj["shape"], json!(pshape), "{name}: {pname} shape");
             assert_eq!(pj["nbytes"], le.len());
-            assert_eq!(pj["numpy_dtype"], numpy(*pd));
+            assert_eq!(pj["numpy_dtype"], support::numpy(*pd));
             if c.opts.endian == Endian::Big {
                 stored.extend(swap(le, pd.size() as usize));
             } else {

@@ -218,26 +218,6 @@ fn values(d: DType) -> (Vec<u8>, Vec<Json>, Option<Vec<u16>>) {
     }
 }
 
-/// The numpy dtype the values must come out as (our expectation, not the
-/// sidecar's).
-fn numpy(d: DType) -> &'static str {
-    match d {
-        DType::Float64 => "<f8",
-        DType::Float32 => "<f4",
-        DType::Float16 => "<f2",
-        DType::BFloat16 => "<u2",
-        DType::Int64 => "<i8",
-        DType::Int32 => "<i4",
-        DType::Int16 => "<i2",
-        DType::Int8 => "|i1",
-        DType::Uint64 => "<u8",
-        DType::Uint32 => "<u4",
-        DType::Uint16 => "<u2",
-        DType::Uint8 => "|u1",
-        DType::Bool => "|b1",
-    }
-}
-
 const FROMFILE: &str = r#"
 import json, sys
 import numpy as np
@@ -329,7 +309,7 @@ fn numpy_fromfile_reads_every_dtype_and_storage() {
                 "path": m.path(&rel),
                 "sidecar": m.path(&format!("{rel}.json")),
                 "dtype": d.name(),
-                "numpy": numpy(d),
+                "numpy": support::numpy(d),
                 "shape": [3, 4],
                 "values": vals,
                 "bits": bits,

@@ -460,3 +460,24 @@ pub fn pattern(es: usize, n: usize, salt: u8) -> Vec<u8> {
     }
     out
 }
+
+/// The numpy type string for a dtype, written out here rather than taken
+/// from the daemon, so tests check the sidecars against an independent table.
+pub fn numpy(d: ztensor_mount::format::DType) -> &'static str {
+    use ztensor_mount::format::DType;
+    match d {
+        DType::Float64 => "<f8",
+        DType::Float32 => "<f4",
+        DType::Float16 => "<f2",
+        DType::BFloat16 => "<u2",
+        DType::Int64 => "<i8",
+        DType::Int32 => "<i4",
+        DType::Int16 => "<i2",
+        DType::Int8 => "|i1",
+        DType::Uint64 => "<u8",
+        DType::Uint32 => "<u4",
+        DType::Uint16 => "<u2",
+        DType::Uint8 => "|u1",
+        DType::Bool => "|b1",
+    }
+}
