@@ -73,16 +73,18 @@ impl Checksum {
     pub fn verify(&self, bytes: &[u8]) -> Verdict {
         match self {
             Checksum::Unknown(t) => Verdict::Unverifiable(t.clone()),
-            known => {
-                let actual = compute(known.algorithm_or_crc(), bytes);
-                if &actual == known {
-                    Verdict::Verified
-                } else {
-                    Verdict::Mismatch {
-                        expected: known.to_string(),
-                        actual: actual.to_string(),
-                    }
-                }
+            known => known.judge(compute(known.algorithm_or_crc(), bytes)),
+        }
+    }
+
+    /// Compares a computed checksum with this expected one.
+    pub fn judge(&self, actual: Checksum) -> Verdict {
+        if &actual == self {
+            Verdict::Verified
+        } else {
+            Verdict::Mismatch {
+                expected: self.to_string(),
+                actual: actual.to_string(),
             }
         }
     }

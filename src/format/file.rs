@@ -103,15 +103,7 @@ impl ZtFile {
             h.update(chunk);
             self.release(chunk);
         }
-        let actual = h.finish();
-        if &actual == c {
-            Verdict::Verified
-        } else {
-            Verdict::Mismatch {
-                expected: c.to_string(),
-                actual: actual.to_string(),
-            }
-        }
+        c.judge(h.finish())
     }
 
     /// [`ZtFile::release`] of `len` bytes at address `addr`, clipped to
