@@ -356,3 +356,117 @@ fn tensor_larger_than_the_cache_spills_and_reads_right() {
     // The spill file is unlinked (a tempfile): the directory stays empty.
     assert_eq!(std::fs::read_dir(&spill_dir).unwrap().count(), 0);
 }
+
+#[test]
+fn a_big_single_frame_is_served_while_it_decodes() {
+    // 24 MiB in one zstd frame (no frame table to jump with): decoded once,
+    // front to back, on its own thread while readers take what is there.
+    // Its neighbour is the same bytes with a damaged middle.
+    let le = Arc::new(compressible(91, 24 * MIB));
+    let ts = [
+        T {
+            name: "one".into(),
+            dtype: DType::Float32,
+            le: le.to_vec(),
+            opts: zstd(0, Endian::Little),
+        },
+        T {
+            name: "damaged".into(),
+            dtype: DType::Float32,
+            le: le.to_vec(),
+            opts: zstd(0, Endian::Little),
+        },
+    ];
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let zt = m.scratch_path("test.zt");
+    write(&zt, &ts);
+    // Garble the contents of a compressed block in the middle of the second
+    // blob, leaving the block headers whole (a damaged header would be found
+    // before any byte is served, by the walk over the headers).
+    let (off, size) = {
+        let f = ztensor_mount::format::ZtFile::open(&zt).unwrap();
+        let t = &f.catalog().tensors[1];
+        (t.offset, t.size)
+    };
+    let bytes = std::fs::read(&zt).unwrap();
+    let (at, len) = compressed_block_near(&bytes[off as usize..(off + size) as usize], size / 2);
+    let file = std::fs::OpenOptions::new().write(true).open(&zt).unwrap();
+    file.write_all_at(&vec![0xA5; len - 8], off + at + 8)
+        .unwrap();
+    drop(file);
+    m.mount(&zt, &["--cache-size", "64M"]);
+
+    let readers: Vec<_> = (0..6)
+        .map(|i| {
+            let (le, path) = (le.clone(), m.path("one"));
+            std::thread::spawn(move || {
+                let f = std::fs::File::open(&path).unwrap();
+                let mut rng = Rng(i + 1);
+                for _ in 0..16 {
+                    let off = rng.below(le.len() as u64) as usize;
+                    let len = 1 + rng.below(3 * MIB as u64) as usize;
+                    let got = pread(&f, off as u64, len);
+                    let hi = (off + len).min(le.len());
+                    assert!(got == le[off..hi], "reader {i}: {len} at {off}");
+                }
+            })
+        })
+        .collect();
+    let failed = readers
+        .into_iter()
+        .map(|r| r.join())
+        .filter(Result::is_err)
+        .count();
+    assert_eq!(failed, 0, "log:\n{}", m.log_text());
+    assert!(std::fs::read(m.path("one")).unwrap() == *le);
+    let st = m.stats();
+    assert_eq!(st["decompressions"], 1, "decoded once: {st}");
+    assert_eq!(st["errors"], 0, "{st}");
+    assert!(st["cache_peak_bytes"].as_u64().unwrap() <= 64 << 20, "{st}");
+
+    // The damaged one: bytes before the damage are what the stream decodes
+    // to; from the damage on, EIO, every time, and the log says why.
+    let f = std::fs::File::open(m.path("damaged")).unwrap();
+    assert!(pread(&f, 0, MIB) == le[..MIB]);
+    for _ in 0..2 {
+        let err = std::fs::read(m.path("damaged")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    }
+    let log = m.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("\"damaged\"") && l.contains("corrupt")),
+        "{log}"
+    );
+    // The good tensor is still right and the daemon still serves.
+    assert!(std::fs::read(m.path("one")).unwrap() == *le);
+    let st = m.stats();
+    assert!(st["cache_peak_bytes"].as_u64().unwrap() <= 64 << 20, "{st}");
+}
+
+/// (offset, length) of the contents of the first compressed block at or
+/// past `from` in a one-frame zstd blob.
+fn compressed_block_near(blob: &[u8], from: u64) -> (u64, usize) {
+    let fhd = blob[4];
+    let single_segment = (fhd >> 5) & 1 == 1;
+    let dict_id = [0, 1, 2, 4][(fhd & 3) as usize];
+    let fcs = match fhd >> 6 {
+        0 => usize::from(single_segment),
+        1 => 2,
+        2 => 4,
+        _ => 8,
+    };
+    let mut pos = 5 + usize::from(!single_segment) + dict_id + fcs;
+    loop {
+        let h = u32::from_le_bytes([blob[pos], blob[pos + 1], blob[pos + 2], 0]);
+        let (last, kind, size) = (h & 1 == 1, (h >> 1) & 3, (h >> 3) as usize);
+        let content = if kind == 1 { 1 } else { size };
+        if kind == 2 && pos as u64 >= from && size > 64 {
+            return ((pos + 3) as u64, size);
+        }
+        assert!(!last, "no compressed block past {from}");
+        pos += 3 + content;
+    }
+}

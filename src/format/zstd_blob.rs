@@ -3,7 +3,10 @@
 
 use std::io::Read;
 
+use std::ptr::NonNull;
+
 use zstd::zstd_safe;
+use zstd_safe::zstd_sys as sys;
 
 /// One zstd frame inside a blob: where its compressed bytes are and which
 /// range of the decoded tensor it produces.
@@ -56,6 +59,11 @@ pub fn scan_frames(blob: &[u8]) -> Result<Option<Vec<Frame>>, String> {
         pos += c_len;
     }
     Ok(Some(frames))
+}
+
+/// The decoded size the first frame of `src` declares, if it does.
+pub fn first_frame_size(src: &[u8]) -> Option<u64> {
+    zstd_safe::get_frame_content_size(src).ok().flatten()
 }
 
 /// Frames from a writer's frame table (`zstd_frame_size` decoded bytes per
@@ -113,25 +121,7 @@ pub fn decode_frame(src: &[u8], out: &mut Vec<u8>, expected: usize) -> Result<()
 pub fn decode_to_vec(src: &[u8], out: &mut Vec<u8>, expected: usize) -> Result<(), String> {
     out.clear();
     out.reserve_exact(expected);
-    let n = DCTX.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        if slot.is_none() {
-            *slot =
-                Some(zstd::bulk::Decompressor::new().map_err(|e| format!("zstd decoder: {e}"))?);
-        }
-        let Some(dctx) = slot.as_mut() else {
-            return Err("zstd decoder unavailable".to_string());
-        };
-        // The destination's capacity is the declared size: a stream that
-        // would decode to more fails here instead of growing the buffer.
-        dctx.decompress_to_buffer(src, out).map_err(|e| {
-            if e.to_string().contains("too small") {
-                format!("zstd data decodes to more than the expected {expected} bytes")
-            } else {
-                format!("zstd data is corrupt: {e}")
-            }
-        })
-    })?;
+    let n = decode_one_shot(src, out, expected)?;
     if n != expected || out.len() != expected {
         return Err(format!(
             "zstd data decodes to only {n} bytes, expected {expected}"
@@ -140,17 +130,47 @@ pub fn decode_to_vec(src: &[u8], out: &mut Vec<u8>, expected: usize) -> Result<(
     Ok(())
 }
 
+/// Decodes `src` (one or more frames) filling `out` exactly.
+pub fn decode_into(src: &[u8], out: &mut [u8]) -> Result<(), String> {
+    let expected = out.len();
+    let n = decode_one_shot(src, out, expected)?;
+    if n != expected {
+        return Err(format!(
+            "zstd data decodes to only {n} bytes, expected {expected}"
+        ));
+    }
+    Ok(())
+}
+
+/// One-shot decode into `out` (its capacity is the declared size: a stream
+/// that would decode to more fails here instead of growing the buffer).
+fn decode_one_shot<C: zstd_safe::WriteBuf + ?Sized>(
+    src: &[u8],
+    out: &mut C,
+    expected: usize,
+) -> Result<usize, String> {
+    DCTX.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            *slot =
+                Some(zstd::bulk::Decompressor::new().map_err(|e| format!("zstd decoder: {e}"))?);
+        }
+        let Some(dctx) = slot.as_mut() else {
+            return Err("zstd decoder unavailable".to_string());
+        };
+        dctx.decompress_to_buffer(src, out).map_err(|e| {
+            if e.to_string().contains("too small") {
+                format!("zstd data decodes to more than the expected {expected} bytes")
+            } else {
+                format!("zstd data is corrupt: {e}")
+            }
+        })
+    })
+}
+
 thread_local! {
     /// One decompression context per thread, reused across calls.
     static DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { std::cell::RefCell::new(None) };
-}
-
-/// Decodes `src` (one or more frames) filling `out` exactly.
-pub fn decode_into(src: &[u8], out: &mut [u8]) -> Result<(), String> {
-    let mut v = Vec::new();
-    decode_to_vec(src, &mut v, out.len())?;
-    out.copy_from_slice(&v);
-    Ok(())
 }
 
 /// Decodes `src` in chunks handed to `sink`, failing as soon as the output
@@ -190,6 +210,158 @@ pub fn decode_stream_from<R: std::io::BufRead>(
         }
     }
     ensure_finished(&mut dec, expected)
+}
+
+/// Whether the first frame of `src` carries a content checksum (checked by
+/// zstd only when the frame ends); `None` if `src` does not start with a
+/// zstd frame header.
+pub fn frame_has_checksum(src: &[u8]) -> Option<bool> {
+    const MAGIC: [u8; 4] = 0xFD2F_B528u32.to_le_bytes();
+    match src {
+        [a, b, c, d, descriptor, ..] if [*a, *b, *c, *d] == MAGIC => Some(descriptor & 0b100 != 0),
+        _ => None,
+    }
+}
+
+/// Decodes a blob front to back straight into one fixed output region whose
+/// front others may already be reading. zstd's "stable output buffer" mode:
+/// the decoded bytes are its window, so there is no window buffer and no
+/// copy out of one (one-shot speed), and after every step the caller learns
+/// how far the output is.
+pub struct DirectDecoder<'a> {
+    dctx: NonNull<sys::ZSTD_DCtx>,
+    src: &'a [u8],
+    consumed: usize,
+    out: sys::ZSTD_outBuffer,
+    /// The last step that moved ended a frame (so the stream may end here).
+    at_frame_end: bool,
+}
+
+impl<'a> DirectDecoder<'a> {
+    /// # Safety
+    /// `out` must be valid for writes of `len` bytes for the decoder's life,
+    /// and nobody else may write there. The decoder writes only at or past
+    /// [`DirectDecoder::produced`] and reads (as its window) what it
+    /// produced, so others may read the bytes before `produced()`.
+    pub unsafe fn new(src: &'a [u8], out: *mut u8, len: usize) -> Result<Self, String> {
+        // SAFETY: plain constructor; freed in Drop.
+        let dctx =
+            NonNull::new(unsafe { sys::ZSTD_createDCtx() }).ok_or("zstd decoder: out of memory")?;
+        let mut me = DirectDecoder {
+            dctx,
+            src,
+            consumed: 0,
+            out: sys::ZSTD_outBuffer {
+                dst: out.cast(),
+                size: len,
+                pos: 0,
+            },
+            at_frame_end: true,
+        };
+        // ZSTD_d_stableOutBuffer is experimental parameter 2 in zstd.h.
+        me.param(sys::ZSTD_dParameter::ZSTD_d_experimentalParam2, 1)?;
+        // The output is the window: a big one costs no memory of ours.
+        me.param(sys::ZSTD_dParameter::ZSTD_d_windowLogMax, 31)?;
+        Ok(me)
+    }
+
+    fn param(&mut self, p: sys::ZSTD_dParameter, value: i32) -> Result<(), String> {
+        // SAFETY: a live context; parameters are set before decoding starts.
+        let code = unsafe { sys::ZSTD_DCtx_setParameter(self.dctx.as_ptr(), p, value) };
+        check(code)
+            .map(drop)
+            .map_err(|e| format!("zstd decoder: {e}"))
+    }
+
+    /// Decoded bytes so far.
+    pub fn produced(&self) -> usize {
+        self.out.pos
+    }
+
+    /// Compressed bytes consumed so far.
+    pub fn consumed(&self) -> usize {
+        self.consumed
+    }
+
+    /// Decodes from up to `step` more compressed bytes. Fails if the stream
+    /// is corrupt, ends before the output is full, or would overflow it.
+    pub fn step(&mut self, step: usize) -> Result<(), String> {
+        let end = self.consumed.saturating_add(step).min(self.src.len());
+        let chunk = &self.src[self.consumed..end];
+        let mut input = sys::ZSTD_inBuffer {
+            src: chunk.as_ptr().cast(),
+            size: chunk.len(),
+            pos: 0,
+        };
+        let before = self.out.pos;
+        // SAFETY: a live context; `input` is a live slice; `out` is the
+        // region the caller vouched for in `new`, unchanged since.
+        let code =
+            unsafe { sys::ZSTD_decompressStream(self.dctx.as_ptr(), &mut self.out, &mut input) };
+        let hint = check(code).map_err(|e| {
+            if e.contains("too small") {
+                format!(
+                    "zstd data decodes to more than the expected {} bytes",
+                    self.out.size
+                )
+            } else {
+                format!("zstd data is corrupt: {e}")
+            }
+        })?;
+        self.consumed += input.pos;
+        if input.pos > 0 || self.out.pos > before {
+            self.at_frame_end = hint == 0;
+            return Ok(());
+        }
+        // No progress.
+        if self.out.pos < self.out.size && self.consumed >= self.src.len() && self.at_frame_end {
+            Err(format!(
+                "zstd data decodes to only {} bytes, expected {}",
+                self.out.pos, self.out.size
+            ))
+        } else if self.out.pos >= self.out.size && self.consumed < self.src.len() {
+            Err(format!(
+                "zstd data decodes to more than the expected {} bytes",
+                self.out.size
+            ))
+        } else {
+            Err("zstd data is corrupt: truncated frame".to_string())
+        }
+    }
+
+    /// After the last byte: the input must be used up, ending a frame.
+    pub fn finish(&mut self) -> Result<(), String> {
+        while self.consumed < self.src.len() {
+            self.step(usize::MAX)?;
+        }
+        if self.out.pos < self.out.size || !self.at_frame_end {
+            return Err(if self.at_frame_end {
+                format!(
+                    "zstd data decodes to only {} bytes, expected {}",
+                    self.out.pos, self.out.size
+                )
+            } else {
+                "zstd data is corrupt: truncated frame".to_string()
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DirectDecoder<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, freed once.
+        unsafe { sys::ZSTD_freeDCtx(self.dctx.as_ptr()) };
+    }
+}
+
+fn check(code: usize) -> Result<usize, String> {
+    // SAFETY: pure functions of an error code; the name is a static string.
+    if unsafe { sys::ZSTD_isError(code) } != 0 {
+        let name = unsafe { std::ffi::CStr::from_ptr(sys::ZSTD_getErrorName(code)) };
+        return Err(name.to_string_lossy().into_owned());
+    }
+    Ok(code)
 }
 
 /// Decodes only the first `n` bytes (for reading a sparse header).
@@ -305,6 +477,62 @@ mod tests {
                 .contains("more than")
         );
         assert!(decode_into(b"garbage!", &mut [0u8; 4]).is_err());
+    }
+
+    /// Runs a DirectDecoder over `blob` into a buffer of `len`, stepping
+    /// `step` compressed bytes at a time; checks the output only grows.
+    fn direct(blob: &[u8], len: usize, step: usize) -> Result<Vec<u8>, String> {
+        let mut out = vec![0u8; len];
+        // SAFETY: `out` outlives the decoder and is not touched meanwhile.
+        let mut d = unsafe { DirectDecoder::new(blob, out.as_mut_ptr(), len) }?;
+        let mut last = 0;
+        while d.produced() < len {
+            d.step(step)?;
+            assert!(d.produced() >= last);
+            last = d.produced();
+        }
+        d.finish()?;
+        assert_eq!(d.consumed(), blob.len());
+        drop(d);
+        Ok(out)
+    }
+
+    #[test]
+    fn direct_decoder_fills_its_region_and_checks_the_end() {
+        let data: Vec<u8> = (0..300_000u32)
+            .flat_map(|i| (i / 7).to_le_bytes())
+            .collect();
+        let n = data.len();
+        for blob in [
+            zstd::bulk::compress(&data, 3).unwrap(),
+            frames_of(&data, 100_000),
+        ] {
+            for step in [1000, 65_536, usize::MAX] {
+                assert_eq!(direct(&blob, n, step).unwrap(), data);
+            }
+            assert!(
+                direct(&blob, n - 1, 4096)
+                    .unwrap_err()
+                    .contains("more than")
+            );
+            assert!(direct(&blob, n + 1, 4096).unwrap_err().contains("only"));
+            let cut = &blob[..blob.len() - 10];
+            assert!(direct(cut, n, 4096).unwrap_err().contains("corrupt"));
+        }
+        assert!(
+            direct(b"not zstd at all", 10, 4)
+                .unwrap_err()
+                .contains("corrupt")
+        );
+        // A big window needs no memory of ours here, so it is accepted.
+        let mut c = zstd::bulk::Compressor::new(1).unwrap();
+        c.set_parameter(zstd::zstd_safe::CParameter::WindowLog(24))
+            .unwrap();
+        let big: Vec<u8> = (0..(12u32 << 20) / 4)
+            .flat_map(|i| (i % 1_000_003).to_le_bytes())
+            .collect();
+        let blob = c.compress(&big).unwrap();
+        assert!(direct(&blob, big.len(), 1 << 20).unwrap() == big);
     }
 
     #[test]

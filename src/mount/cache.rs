@@ -4,7 +4,8 @@
 //! evicted but still being copied into a reply. A decode first reserves its
 //! size, evicting least recently used entries; when what is left is pinned
 //! by readers it waits for them. Two readers of the same cold unit cause one
-//! decode: the second waits for the first.
+//! decode: the second waits for the first. A big unit can instead be
+//! served while it is decoded ([`Cache::get_filling`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -13,6 +14,7 @@ use std::time::Duration;
 
 use lru::LruCache;
 
+use super::filling::Filling;
 use super::stats::{Gauges, Stats};
 
 /// (tensor index, unit index within the tensor)
@@ -36,24 +38,69 @@ impl Meter {
 
 /// Decoded bytes, counted by the meter until dropped.
 pub struct Buf {
-    data: Vec<u8>,
+    store: Store,
     meter: Arc<Meter>,
 }
 
-impl std::ops::Deref for Buf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        &self.data
+enum Store {
+    Done(Vec<u8>),
+    /// Still being written by a decoder; readers wait for their bytes.
+    Filling(Filling),
+}
+
+impl Buf {
+    pub fn len(&self) -> usize {
+        match &self.store {
+            Store::Done(v) => v.len(),
+            Store::Filling(f) => f.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes decoded so far: all of them unless still filling.
+    pub fn ready(&self) -> &[u8] {
+        match &self.store {
+            Store::Done(v) => v,
+            Store::Filling(f) => f.filled(),
+        }
+    }
+
+    /// Bytes `[at, at+n)`, waiting for them if the unit is still filling.
+    pub fn range(&self, at: usize, n: usize) -> Result<&[u8], String> {
+        let end = at.saturating_add(n);
+        let bytes = match &self.store {
+            Store::Done(v) => v.as_slice(),
+            Store::Filling(f) => f.wait(end)?,
+        };
+        bytes
+            .get(at..end)
+            .ok_or_else(|| format!("bytes {at}..{end} are past the unit's {}", self.len()))
+    }
+
+    /// The buffer a decoder fills, for units made by [`Cache::get_filling`].
+    pub fn filling(&self) -> Option<&Filling> {
+        match &self.store {
+            Store::Filling(f) => Some(f),
+            Store::Done(_) => None,
+        }
     }
 }
 
 impl Drop for Buf {
     fn drop(&mut self) {
-        self.meter.release(self.data.len() as u64);
+        self.meter.release(self.len() as u64);
     }
 }
 
 type Outcome = Result<Arc<Buf>, String>;
+
+enum Claim {
+    Found(Outcome),
+    Mine(Arc<Flight>),
+}
 
 #[derive(Default)]
 struct Flight {
@@ -126,34 +173,10 @@ impl Cache {
         len: u64,
         decode: impl FnOnce(&mut Vec<u8>) -> Result<(), String>,
     ) -> Outcome {
-        if len > self.limit {
-            return Err(format!(
-                "unit of {len} bytes exceeds the cache limit of {} bytes",
-                self.limit
-            ));
-        }
-        let flight = loop {
-            let mut inner = lock(&self.inner);
-            if let Some(b) = inner.lru.get(&key) {
-                Stats::add(&self.stats.cache_hits, 1);
-                return Ok(b.clone());
-            }
-            if let Some(f) = inner.inflight.get(&key).cloned() {
-                drop(inner);
-                Stats::add(&self.stats.cache_hits, 1);
-                return f.wait();
-            }
-            if self.reserve(&mut inner, len) {
-                let f = Arc::new(Flight::default());
-                inner.inflight.insert(key, f.clone());
-                break f;
-            }
-            // Everything left is pinned by readers or decodes: wait for one.
-            drop(inner);
-            let g = lock(&self.meter.lock);
-            let _ = self.meter.freed.wait_timeout(g, Duration::from_millis(20));
+        let flight = match self.claim(key, len) {
+            Claim::Found(outcome) => return outcome,
+            Claim::Mine(flight) => flight,
         };
-        Stats::add(&self.stats.cache_misses, 1);
         let mut data = Vec::new();
         let outcome = match data.try_reserve_exact(len as usize) {
             Err(e) => Err(format!("cannot allocate {len} bytes: {e}")),
@@ -172,7 +195,7 @@ impl Cache {
         let outcome = match outcome {
             // The reservation now belongs to the buffer.
             Ok(()) => Ok(Arc::new(Buf {
-                data,
+                store: Store::Done(data),
                 meter: self.meter.clone(),
             })),
             Err(e) => {
@@ -181,6 +204,82 @@ impl Cache {
                 Err(e)
             }
         };
+        self.settle(key, &flight, outcome)
+    }
+
+    /// Like [`Cache::get`], but a unit not cached yet is returned at once,
+    /// empty, after `start` has been handed it to fill (through
+    /// [`Buf::filling`]) on whatever thread it likes; readers wait in
+    /// [`Buf::range`] for the bytes they need. A filler that fails calls
+    /// [`Cache::discard`] so the next reader tries again.
+    pub fn get_filling(&self, key: Key, len: u64, start: impl FnOnce(Arc<Buf>)) -> Outcome {
+        let flight = match self.claim(key, len) {
+            Claim::Found(outcome) => return outcome,
+            Claim::Mine(flight) => flight,
+        };
+        let outcome = match Filling::new(len as usize) {
+            Ok(f) => {
+                Stats::add(&self.stats.decompressions, 1);
+                Ok(Arc::new(Buf {
+                    store: Store::Filling(f),
+                    meter: self.meter.clone(),
+                }))
+            }
+            Err(e) => {
+                self.meter.release(len);
+                Err(format!("cannot map {len} bytes for decoding: {e}"))
+            }
+        };
+        let outcome = self.settle(key, &flight, outcome);
+        if let Ok(b) = &outcome {
+            start(b.clone());
+        }
+        outcome
+    }
+
+    /// Drops `buf` from the cache if it is still the entry for `key`.
+    pub fn discard(&self, key: Key, buf: &Arc<Buf>) {
+        let mut inner = lock(&self.inner);
+        if inner.lru.peek(&key).is_some_and(|b| Arc::ptr_eq(b, buf)) {
+            inner.lru.pop(&key);
+        }
+    }
+
+    /// Finds `key` (cached, or waits for the decode under way) or reserves
+    /// `len` bytes for the caller to decode it.
+    fn claim(&self, key: Key, len: u64) -> Claim {
+        if len > self.limit {
+            return Claim::Found(Err(format!(
+                "unit of {len} bytes exceeds the cache limit of {} bytes",
+                self.limit
+            )));
+        }
+        loop {
+            let mut inner = lock(&self.inner);
+            if let Some(b) = inner.lru.get(&key) {
+                Stats::add(&self.stats.cache_hits, 1);
+                return Claim::Found(Ok(b.clone()));
+            }
+            if let Some(f) = inner.inflight.get(&key).cloned() {
+                drop(inner);
+                Stats::add(&self.stats.cache_hits, 1);
+                return Claim::Found(f.wait());
+            }
+            if self.reserve(&mut inner, len) {
+                let f = Arc::new(Flight::default());
+                inner.inflight.insert(key, f.clone());
+                Stats::add(&self.stats.cache_misses, 1);
+                return Claim::Mine(f);
+            }
+            // Everything left is pinned by readers or decodes: wait for one.
+            drop(inner);
+            let g = lock(&self.meter.lock);
+            let _ = self.meter.freed.wait_timeout(g, Duration::from_millis(20));
+        }
+    }
+
+    /// Ends a claim: caches a good unit and wakes whoever waited for it.
+    fn settle(&self, key: Key, flight: &Flight, outcome: Outcome) -> Outcome {
         let mut inner = lock(&self.inner);
         inner.inflight.remove(&key);
         if let Ok(b) = &outcome {
@@ -243,7 +342,7 @@ mod tests {
                 d.resize(40, k as u8);
                 Ok(())
             });
-            assert_eq!(b.unwrap()[0], k as u8);
+            assert_eq!(b.unwrap().ready()[0], k as u8);
             assert!(c.gauges().cache_bytes <= 100);
         }
         assert_eq!(c.gauges().cache_entries, 2);
@@ -267,7 +366,7 @@ mod tests {
                             Ok(())
                         })
                         .unwrap();
-                    assert!(b.iter().all(|&x| x == 9));
+                    assert!(b.ready().iter().all(|&x| x == 9));
                 })
             })
             .collect();
@@ -275,6 +374,49 @@ mod tests {
             t.join().unwrap();
         }
         assert_eq!(decodes.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn filling_units_are_served_while_filled_and_a_failed_one_is_dropped() {
+        let c = Arc::new(Cache::new(1 << 20, Arc::default()));
+        let started = AtomicUsize::new(0);
+        let fillers = Mutex::new(Vec::new());
+        let get = |key| {
+            c.get_filling(key, 100_000, |buf| {
+                started.fetch_add(1, Relaxed);
+                lock(&fillers).push(std::thread::spawn(move || {
+                    let f = buf.filling().unwrap();
+                    let mut w = f.writer().unwrap();
+                    while w.written() < 50_000 {
+                        let s = w.spare(1000);
+                        s.fill(7);
+                        let n = s.len();
+                        w.commit(n);
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                    w.finish(Err("zstd data is corrupt".into()));
+                }));
+            })
+        };
+        let b = get((3, 0)).unwrap();
+        // Counted in full from the start.
+        assert_eq!(c.gauges().cache_bytes, 100_000);
+        assert_eq!(b.range(40_000, 10_000).unwrap(), &[7u8; 10_000][..]);
+        assert!(b.range(40_000, 20_000).unwrap_err().contains("corrupt"));
+        // The same unit again, while cached: no second decoder.
+        let again = get((3, 0)).unwrap();
+        assert!(Arc::ptr_eq(&b, &again));
+        assert_eq!(started.load(Relaxed), 1);
+        // The filler's owner discards it: the next reader starts afresh.
+        c.discard((3, 0), &b);
+        drop((b, again));
+        for f in lock(&fillers).drain(..) {
+            f.join().unwrap();
+        }
+        assert_eq!(c.gauges().cache_bytes, 0);
+        let b = get((3, 0)).unwrap();
+        assert_eq!(started.load(Relaxed), 2);
+        assert!(b.range(0, 100_000).is_err());
     }
 
     #[test]

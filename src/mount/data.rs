@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 
 use super::cache::{Buf, Cache};
+use super::filling::Writer;
 use super::guard::Guard;
 use super::prefetch::Prefetcher;
 use super::stats::Stats;
@@ -51,7 +52,8 @@ impl std::ops::Deref for Bytes<'_> {
     fn deref(&self) -> &[u8] {
         match self {
             Bytes::Mapped(_, s) => s,
-            Bytes::Shared(b, at, n) => &b[*at..*at + *n],
+            // Made only after `Buf::range` returned these bytes: they are there.
+            Bytes::Shared(b, at, n) => b.ready().get(*at..*at + *n).unwrap_or_default(),
             Bytes::Owned(v) => v,
         }
     }
@@ -67,6 +69,14 @@ pub struct DataOptions {
 
 /// How many frames past the one being read are decoded ahead.
 const PREFETCH_DEPTH: u64 = 4;
+
+/// A whole-blob unit this big or bigger is served while it decodes (on a
+/// thread of its own) instead of after; smaller ones decode in one go.
+const PROGRESSIVE_MIN: u64 = 8 << 20;
+
+/// Compressed bytes a progressive decoder takes per step (it publishes its
+/// output after each).
+const PROGRESSIVE_STEP: usize = 512 << 10;
 
 /// How a zstd tensor is decoded.
 enum Plan {
@@ -99,6 +109,9 @@ pub struct Data {
     states: Vec<TensorState>,
     guard: Guard,
     opts: DataOptions,
+    /// Progressive decoder threads running, at most `max_decoders`.
+    decoders: AtomicUsize,
+    max_decoders: usize,
 }
 
 impl Data {
@@ -123,6 +136,8 @@ impl Data {
             states,
             guard,
             opts,
+            decoders: AtomicUsize::new(0),
+            max_decoders: workers,
         }))
     }
 
@@ -263,8 +278,16 @@ impl Data {
                 {
                     return Ok(Plan::Frames(frames));
                 }
-                let frames =
-                    zstd_blob::scan_frames(self.zt.blob(t)).map_err(|why| self.fail(t, why));
+                // One frame that says it holds the whole tensor: nothing to
+                // walk (a walk touches every block header of the blob). The
+                // decoder checks the rest: that the frame ends the blob and
+                // decodes to exactly that size.
+                let blob = self.zt.blob(t);
+                if zstd_blob::first_frame_size(blob) == Some(decoded) {
+                    self.guard.check()?;
+                    return Ok(whole_or_spill(decoded, limit));
+                }
+                let frames = zstd_blob::scan_frames(blob).map_err(|why| self.fail(t, why));
                 // The walk touched a page per block header across the blob.
                 self.zt.release(self.zt.blob(t));
                 self.guard.check()?;
@@ -285,11 +308,7 @@ impl Data {
                         return Ok(Plan::Frames(frames));
                     }
                 }
-                Ok(if decoded <= limit / 2 {
-                    Plan::Whole
-                } else {
-                    Plan::Spill
-                })
+                Ok(whole_or_spill(decoded, limit))
             })
             .as_ref()
             .map_err(Clone::clone)
@@ -314,7 +333,12 @@ impl Data {
                 let buf = self.frame(t, ti, k, &f)?;
                 Ok(Some((buf, (at - f.d_start) as usize)))
             }
-            Plan::Whole => Ok(Some((self.whole(t, ti)?, at as usize))),
+            Plan::Whole => {
+                let buf = self.whole(t, ti)?;
+                buf.range(at as usize, n as usize)
+                    .map_err(|why| self.unit_error(t, why))?;
+                Ok(Some((buf, at as usize)))
+            }
             Plan::Spill => Ok(None),
         }
     }
@@ -338,7 +362,8 @@ impl Data {
                     let buf = self.frame(t, ti, k, &f)?;
                     let from = (pos - f.d_start) as usize;
                     let n = (buf.len() - from).min(out.len() - done);
-                    out[done..done + n].copy_from_slice(&buf[from..from + n]);
+                    let bytes = buf.range(from, n).map_err(|why| self.unit_error(t, why))?;
+                    out[done..done + n].copy_from_slice(bytes);
                     done += n;
                     pos += n as u64;
                     k += 1;
@@ -347,7 +372,10 @@ impl Data {
             }
             Plan::Whole => {
                 let buf = self.whole(t, ti)?;
-                out.copy_from_slice(&buf[at as usize..at as usize + out.len()]);
+                let bytes = buf
+                    .range(at as usize, out.len())
+                    .map_err(|why| self.unit_error(t, why))?;
+                out.copy_from_slice(bytes);
                 Ok(())
             }
             Plan::Spill => self
@@ -424,16 +452,107 @@ impl Data {
         });
     }
 
+    /// A unit that failed while a reader waited for it: the file changing
+    /// under the mount is said as such, anything else names the tensor.
+    fn unit_error(&self, t: &Tensor, why: String) -> String {
+        match self.guard.check() {
+            Err(changed) => changed,
+            Ok(()) => self.fail(t, why),
+        }
+    }
+
     fn whole(&self, t: &Tensor, ti: usize) -> Result<Arc<Buf>, String> {
         let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
         let src = self.zt.blob(t);
-        let out = self.cache.get((ti as u32, 0), decoded, |dst| {
-            let r = zstd_blob::decode_to_vec(src, dst, decoded as usize);
-            self.zt.release(src);
-            r
-        });
+        let key = (ti as u32, 0);
+        let out = if decoded >= PROGRESSIVE_MIN && self.trusted_early(t, src) {
+            self.cache
+                .get_filling(key, decoded, |buf| self.start_decoder(ti, buf))
+        } else {
+            self.cache.get(key, decoded, |dst| {
+                let r = zstd_blob::decode_to_vec(src, dst, decoded as usize);
+                self.zt.release(src);
+                r
+            })
+        };
         self.guard.check()?;
         out.map_err(|why| self.fail(t, why))
+    }
+
+    /// Whether bytes of `src` may be served before its frame has ended. The
+    /// end of a zstd frame is where zstd checks its own content checksum; a
+    /// frame that carries one is trusted early only if the tensor's index
+    /// checksum already vouched for the compressed bytes.
+    fn trusted_early(&self, t: &Tensor, src: &[u8]) -> bool {
+        let verified = t.checksum.as_ref().is_some_and(|c| c.algorithm().is_some());
+        verified || zstd_blob::frame_has_checksum(src) == Some(false)
+    }
+
+    /// Decodes a filling unit on a thread of its own, one per core at most;
+    /// past that the reader that asked decodes it on its own thread.
+    fn start_decoder(&self, ti: usize, buf: Arc<Buf>) {
+        if self.decoders.fetch_add(1, Relaxed) < self.max_decoders
+            && let Some(me) = self.me.upgrade()
+        {
+            // An idle prefetch worker faults the buffer in ahead of the decoder.
+            let b = buf.clone();
+            self.prefetcher.submit(Box::new(move || {
+                if let Some(f) = b.filling() {
+                    f.populate();
+                }
+            }));
+            let b = buf.clone();
+            let spawned = std::thread::Builder::new()
+                .name("zt-decode".into())
+                .spawn(move || {
+                    me.decode_filling(ti, &b);
+                    me.decoders.fetch_sub(1, Relaxed);
+                });
+            if spawned.is_ok() {
+                return;
+            }
+        }
+        self.decoders.fetch_sub(1, Relaxed);
+        self.decode_filling(ti, &buf);
+    }
+
+    fn decode_filling(&self, ti: usize, buf: &Arc<Buf>) {
+        let t = &self.zt.catalog().tensors[ti];
+        let Some(mut w) = buf.filling().and_then(|f| f.writer()) else {
+            return;
+        };
+        let src = self.zt.blob(t);
+        let r = self.decode_progressively(src, &mut w, buf.len());
+        self.zt.release(src);
+        match &r {
+            Ok(()) => Stats::add(&self.stats.decompressed_bytes, buf.len() as u64),
+            // The next reader starts again (and fails again, with the reason).
+            Err(_) => self.cache.discard((ti as u32, 0), buf),
+        }
+        w.finish(r);
+    }
+
+    /// Decodes `src` straight into `w`, publishing what is there after
+    /// each step of compressed input.
+    fn decode_progressively(&self, src: &[u8], w: &mut Writer, len: usize) -> Result<(), String> {
+        // SAFETY: the writer's buffer is `len` bytes, lives as long as `w`
+        // (which outlives the decoder), and only this decoder writes it, at
+        // or past what was committed.
+        let mut dec = unsafe { zstd_blob::DirectDecoder::new(src, w.as_mut_ptr(), len) }?;
+        let mut released = 0usize;
+        while dec.produced() < len {
+            dec.step(PROGRESSIVE_STEP)?;
+            // Bytes decoded from a file that changed are not published.
+            self.guard.check()?;
+            w.commit_to(dec.produced());
+            // Let go of the compressed pages behind the decoder.
+            let used = dec.consumed();
+            if used - released >= 8 << 20 {
+                self.zt.release(&src[released..used]);
+                released = used;
+            }
+        }
+        dec.finish()
     }
 
     fn spill(&self, t: &Tensor, ti: usize) -> Result<Arc<Spill>, String> {
@@ -506,6 +625,15 @@ fn frame_table(t: &Tensor, decoded: u64) -> Option<Vec<Frame>> {
     };
     let sizes: Vec<u64> = items.iter().map(as_u64).collect::<Result<_, _>>().ok()?;
     zstd_blob::frames_from_table(size, &sizes, t.size, decoded)
+}
+
+/// A blob decoded as one unit lives in the cache if it takes at most half.
+fn whole_or_spill(decoded: u64, limit: u64) -> Plan {
+    if decoded <= limit / 2 {
+        Plan::Whole
+    } else {
+        Plan::Spill
+    }
 }
 
 fn frame_at(frames: &[Frame], at: u64) -> usize {

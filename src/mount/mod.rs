@@ -6,6 +6,7 @@
 
 pub mod cache;
 pub mod data;
+pub mod filling;
 pub mod fs;
 pub mod fuse;
 pub mod guard;

@@ -1,0 +1,243 @@
+//! A buffer written front to back by one thread while any number of readers
+//! read what is already written: a big zstd unit is served while it is still
+//! being decoded, so a reader waits only for its own bytes.
+//!
+//! It is an anonymous mapping of its own (released in one `munmap` when the
+//! last reader lets go), advised for transparent huge pages: a 256 MiB
+//! decode faults in 128 huge pages instead of 65 536 small ones.
+//!
+//! Safety rests on one rule: the writer only ever holds `&mut` to bytes at
+//! or past `filled`, readers only ever see bytes before it, and `filled`
+//! only grows (published with `Release`, read with `Acquire`).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+
+use memmap2::{Advice, MmapOptions, MmapRaw};
+
+pub struct Filling {
+    map: MmapRaw,
+    len: usize,
+    filled: AtomicUsize,
+    writer_taken: AtomicBool,
+    /// `Some` once the writer is done: `Ok` when every byte is there.
+    end: Mutex<Option<Result<(), String>>>,
+    cond: Condvar,
+}
+
+impl Filling {
+    pub fn new(len: usize) -> std::io::Result<Filling> {
+        // A zero-length mapping is an error; one page is never read.
+        let map = MmapRaw::from(MmapOptions::new().len(len.max(1)).map_anon()?);
+        // Best effort: without THP it is still correct, only slower to fault.
+        let _ = map.advise(Advice::HugePage);
+        Ok(Filling {
+            map,
+            len,
+            filled: AtomicUsize::new(0),
+            writer_taken: AtomicBool::new(false),
+            end: Mutex::new(None),
+            cond: Condvar::new(),
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes written so far.
+    pub fn filled(&self) -> &[u8] {
+        let n = self.filled.load(Ordering::Acquire);
+        // SAFETY: bytes before `filled` are initialised and no longer written
+        // (see the module comment); the mapping lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr(), n) }
+    }
+
+    /// Waits until the first `end` bytes are written (or the writer failed
+    /// or gave up before them) and returns the bytes written so far.
+    pub fn wait(&self, end: usize) -> Result<&[u8], String> {
+        let end = end.min(self.len);
+        if self.filled.load(Ordering::Acquire) >= end {
+            return Ok(self.filled());
+        }
+        let mut g = self.end.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            // Checked under the lock the writer notifies under: no lost wakeup.
+            if self.filled.load(Ordering::Acquire) >= end {
+                return Ok(self.filled());
+            }
+            match &*g {
+                Some(Err(why)) => return Err(why.clone()),
+                Some(Ok(())) => {
+                    return Err(format!(
+                        "decoder stopped at byte {}, before {end}",
+                        self.filled.load(Ordering::Acquire)
+                    ));
+                }
+                None => g = self.cond.wait(g).unwrap_or_else(|e| e.into_inner()),
+            }
+        }
+    }
+
+    /// Faults the buffer in ahead of its writer, a few MiB at a time, on the
+    /// calling thread (another than the writer's): first touches of new
+    /// memory took a third of a decoder's time. Stops once the writer is
+    /// done; best effort (a kernel before 5.14 just says no).
+    pub fn populate(&self) {
+        const CHUNK: usize = 2 << 20;
+        let mut at = 0;
+        while at < self.len {
+            if self.end.lock().map_or(true, |g| g.is_some()) {
+                return;
+            }
+            // Never behind the writer: what it passed is there already.
+            at = at.max(self.filled.load(Ordering::Acquire) / CHUNK * CHUNK);
+            let n = CHUNK.min(self.len - at);
+            if self.map.advise_range(Advice::PopulateWrite, at, n).is_err() {
+                return;
+            }
+            at += n;
+        }
+    }
+
+    /// The writer's handle; there is only ever one.
+    pub fn writer(&self) -> Option<Writer<'_>> {
+        // Lazily: a Writer made and dropped would end the buffer.
+        (!self.writer_taken.swap(true, Ordering::AcqRel)).then(|| Writer {
+            f: self,
+            at: self.filled.load(Ordering::Acquire),
+        })
+    }
+
+    fn finish(&self, r: Result<(), String>) {
+        let mut g = self.end.lock().unwrap_or_else(|e| e.into_inner());
+        if g.is_none() {
+            *g = Some(r);
+        }
+        self.cond.notify_all();
+    }
+}
+
+/// The single writer of a [`Filling`]. Dropped without [`Writer::finish`]
+/// (a panic, an early return), it ends the buffer with an error so readers
+/// never wait forever.
+pub struct Writer<'a> {
+    f: &'a Filling,
+    at: usize,
+}
+
+impl Writer<'_> {
+    /// The unwritten bytes, at most `max` of them.
+    pub fn spare(&mut self, max: usize) -> &mut [u8] {
+        let n = (self.f.len - self.at).min(max);
+        // SAFETY: `[at, at+n)` is inside the mapping, at or past `filled`, so
+        // no reader sees it, and `&mut self` makes this the only `&mut`.
+        unsafe { std::slice::from_raw_parts_mut(self.f.map.as_mut_ptr().add(self.at), n) }
+    }
+
+    /// The start of the buffer, for a decoder that writes through a raw
+    /// pointer: it must write only at or past [`Writer::written`] (as
+    /// [`Writer::spare`] would) and then [`Writer::commit_to`].
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.f.map.as_mut_ptr()
+    }
+
+    /// Publishes every byte before `end`.
+    pub fn commit_to(&mut self, end: usize) {
+        self.commit(end.saturating_sub(self.at));
+    }
+
+    /// Publishes the next `n` bytes of [`Writer::spare`] to readers.
+    pub fn commit(&mut self, n: usize) {
+        self.at = (self.at + n).min(self.f.len);
+        self.f.filled.store(self.at, Ordering::Release);
+        let _g = self.f.end.lock().unwrap_or_else(|e| e.into_inner());
+        self.f.cond.notify_all();
+    }
+
+    pub fn written(&self) -> usize {
+        self.at
+    }
+
+    pub fn finish(self, r: Result<(), String>) {
+        let r = match r {
+            Ok(()) if self.at < self.f.len => Err(format!(
+                "decoder ended at byte {}, expected {}",
+                self.at, self.f.len
+            )),
+            r => r,
+        };
+        self.f.finish(r);
+    }
+}
+
+impl Drop for Writer<'_> {
+    fn drop(&mut self) {
+        // After `finish` this is a no-op: the first outcome stands.
+        self.f.finish(Err("decoder stopped".to_string()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[test]
+    fn readers_get_their_bytes_while_the_writer_goes_on() {
+        let f = Arc::new(Filling::new(1 << 20).unwrap());
+        let reader = {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                let got = f.wait(300_000).unwrap();
+                assert!(got.len() >= 300_000);
+                assert!(got.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+                f.wait(1 << 20).unwrap().len()
+            })
+        };
+        let mut w = f.writer().unwrap();
+        assert!(f.writer().is_none(), "a second writer");
+        let mut i = 0usize;
+        while w.written() < 1 << 20 {
+            let s = w.spare(4096);
+            for b in s.iter_mut() {
+                *b = (i % 251) as u8;
+                i += 1;
+            }
+            let n = s.len();
+            w.commit(n);
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        w.finish(Ok(()));
+        assert_eq!(reader.join().unwrap(), 1 << 20);
+        assert_eq!(f.filled().len(), 1 << 20);
+    }
+
+    #[test]
+    fn a_failed_or_dropped_writer_wakes_readers_with_an_error() {
+        let f = Arc::new(Filling::new(8192).unwrap());
+        let r = {
+            let f = f.clone();
+            std::thread::spawn(move || f.wait(8192).map(|b| b.len()))
+        };
+        let mut w = f.writer().unwrap();
+        let n = w.spare(100).len();
+        w.commit(n);
+        w.finish(Err("zstd data is corrupt".into()));
+        assert_eq!(r.join().unwrap().unwrap_err(), "zstd data is corrupt");
+        // Bytes written before the failure are still there.
+        assert_eq!(f.wait(100).unwrap().len(), 100);
+
+        let g = Filling::new(10).unwrap();
+        drop(g.writer());
+        assert!(g.wait(1).unwrap_err().contains("stopped"));
+        let h = Filling::new(10).unwrap();
+        h.writer().unwrap().finish(Ok(()));
+        assert!(h.wait(10).unwrap_err().contains("ended at byte 0"));
+    }
+}
