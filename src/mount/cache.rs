@@ -20,19 +20,70 @@ use super::stats::{Gauges, Stats};
 /// (tensor index, unit index within the tensor)
 pub type Key = (u32, u32);
 
-/// Tracks the bytes of all live buffers.
+/// Tracks the bytes of all live buffers, and keeps a few freed ones for
+/// the next decode of the same size (still counted in `used`): a fresh
+/// buffer is faulted in page by page, which took a quarter of the CPU of a
+/// multi-frame read.
 struct Meter {
     used: AtomicU64,
     peak: AtomicU64,
     lock: Mutex<()>,
     freed: Condvar,
+    spare: Mutex<Vec<Vec<u8>>>,
+    /// Most bytes kept in `spare`.
+    spare_limit: u64,
 }
+
+/// Smallest buffer worth keeping for reuse.
+const SPARE_MIN: usize = 64 << 10;
 
 impl Meter {
     fn release(&self, n: u64) {
         self.used.fetch_sub(n, Relaxed);
+        self.notify();
+    }
+
+    fn notify(&self) {
         let _g = lock(&self.lock);
         self.freed.notify_all();
+    }
+
+    /// Keeps `v`, counted as `counted` bytes, for reuse if there is room;
+    /// else frees it.
+    fn recycle(&self, mut v: Vec<u8>, counted: u64) {
+        let cap = v.capacity() as u64;
+        if cap == counted && v.capacity() >= SPARE_MIN {
+            let mut spare = lock(&self.spare);
+            let kept: u64 = spare.iter().map(|b| b.capacity() as u64).sum();
+            if kept + cap <= self.spare_limit {
+                v.clear();
+                spare.push(v);
+                drop(spare);
+                // A waiting decode may take it, or free it to make room.
+                self.notify();
+                return;
+            }
+        }
+        drop(v);
+        self.release(counted);
+    }
+
+    /// A kept buffer of exactly `len` bytes of capacity, if any.
+    fn take_spare(&self, len: u64) -> Option<Vec<u8>> {
+        let mut spare = lock(&self.spare);
+        let i = spare.iter().position(|b| b.capacity() as u64 == len)?;
+        Some(spare.swap_remove(i))
+    }
+
+    /// Frees one kept buffer. False if none was kept.
+    fn free_spare(&self) -> bool {
+        let Some(v) = lock(&self.spare).pop() else {
+            return false;
+        };
+        let cap = v.capacity() as u64;
+        drop(v);
+        self.used.fetch_sub(cap, Relaxed);
+        true
     }
 }
 
@@ -91,7 +142,14 @@ impl Buf {
 
 impl Drop for Buf {
     fn drop(&mut self) {
-        self.meter.release(self.len() as u64);
+        let counted = self.len() as u64;
+        match std::mem::replace(&mut self.store, Store::Done(Vec::new())) {
+            Store::Done(v) => self.meter.recycle(v, counted),
+            Store::Filling(f) => {
+                drop(f);
+                self.meter.release(counted);
+            }
+        }
     }
 }
 
@@ -99,7 +157,8 @@ type Outcome = Result<Arc<Buf>, String>;
 
 enum Claim {
     Found(Outcome),
-    Mine(Arc<Flight>),
+    /// The caller decodes; into this kept buffer if one had the right size.
+    Mine(Arc<Flight>, Option<Vec<u8>>),
 }
 
 #[derive(Default)]
@@ -151,6 +210,8 @@ impl Cache {
                 peak: AtomicU64::new(0),
                 lock: Mutex::new(()),
                 freed: Condvar::new(),
+                spare: Mutex::new(Vec::new()),
+                spare_limit: (limit / 8).min(64 << 20),
             }),
             inner: Mutex::new(Inner {
                 lru: LruCache::unbounded(),
@@ -173,11 +234,11 @@ impl Cache {
         len: u64,
         decode: impl FnOnce(&mut Vec<u8>) -> Result<(), String>,
     ) -> Outcome {
-        let flight = match self.claim(key, len) {
+        let (flight, kept) = match self.claim(key, len) {
             Claim::Found(outcome) => return outcome,
-            Claim::Mine(flight) => flight,
+            Claim::Mine(flight, kept) => (flight, kept),
         };
-        let mut data = Vec::new();
+        let mut data = kept.unwrap_or_default();
         let outcome = match data.try_reserve_exact(len as usize) {
             Err(e) => Err(format!("cannot allocate {len} bytes: {e}")),
             Ok(()) => {
@@ -215,7 +276,12 @@ impl Cache {
     pub fn get_filling(&self, key: Key, len: u64, start: impl FnOnce(Arc<Buf>)) -> Outcome {
         let flight = match self.claim(key, len) {
             Claim::Found(outcome) => return outcome,
-            Claim::Mine(flight) => flight,
+            // A kept buffer's bytes are counted already: they now count
+            // for the mapping instead.
+            Claim::Mine(flight, kept) => {
+                drop(kept);
+                flight
+            }
         };
         let outcome = match Filling::new(len as usize) {
             Ok(f) => {
@@ -265,11 +331,11 @@ impl Cache {
                 Stats::add(&self.stats.cache_hits, 1);
                 return Claim::Found(f.wait());
             }
-            if self.reserve(&mut inner, len) {
+            if let Some(kept) = self.reserve(&mut inner, len) {
                 let f = Arc::new(Flight::default());
                 inner.inflight.insert(key, f.clone());
                 Stats::add(&self.stats.cache_misses, 1);
-                return Claim::Mine(f);
+                return Claim::Mine(f, kept);
             }
             // Everything left is pinned by readers or decodes: wait for one.
             drop(inner);
@@ -290,23 +356,34 @@ impl Cache {
         outcome
     }
 
-    /// Reserves `len` bytes, evicting as needed. False if not possible now.
-    fn reserve(&self, inner: &mut Inner, len: u64) -> bool {
+    /// Reserves `len` bytes, evicting as needed: `Some(Some(buffer))` when a
+    /// kept buffer of that size (already counted) is handed over,
+    /// `Some(None)` when `len` more bytes are now counted, `None` if not
+    /// possible now.
+    fn reserve(&self, inner: &mut Inner, len: u64) -> Option<Option<Vec<u8>>> {
         loop {
+            if let Some(v) = self.meter.take_spare(len) {
+                return Some(Some(v));
+            }
             let used = self.meter.used.load(Relaxed);
             if used + len <= self.limit {
                 // Only reservations add to `used`, and they hold `inner`.
                 let now = self.meter.used.fetch_add(len, Relaxed) + len;
                 self.meter.peak.fetch_max(now, Relaxed);
-                return true;
+                return Some(None);
+            }
+            // Kept buffers go before cached data.
+            if self.meter.free_spare() {
+                continue;
             }
             match inner.lru.pop_lru() {
-                // Dropping frees it now unless a reader still copies from it.
+                // Dropping frees it now (or keeps it for reuse) unless a
+                // reader still copies from it.
                 Some((_, victim)) => {
                     Stats::add(&self.stats.evictions, 1);
                     drop(victim);
                 }
-                None => return false,
+                None => return None,
             }
         }
     }
@@ -417,6 +494,38 @@ mod tests {
         let b = get((3, 0)).unwrap();
         assert_eq!(started.load(Relaxed), 2);
         assert!(b.range(0, 100_000).is_err());
+    }
+
+    #[test]
+    fn freed_buffers_are_reused_within_the_bound() {
+        const U: u64 = 256 << 10;
+        // Room for 16 units; keeps at most 512 KiB of freed buffers.
+        let c = Cache::new(4 << 20, Arc::default());
+        let fill = |d: &mut Vec<u8>| -> Result<(), String> {
+            assert!(d.is_empty() && d.capacity() >= U as usize);
+            d.resize(U as usize, 1);
+            Ok(())
+        };
+        let first = c.get((0, 0), U, fill).unwrap();
+        let addr = first.ready().as_ptr() as usize;
+        drop(first);
+        // Filling the cache evicts the first unit; its buffer is kept and
+        // handed to a later decode of the same size.
+        let mut reused = 0;
+        for k in 1..40 {
+            let b = c.get((0, k), U, fill).unwrap();
+            reused += usize::from(b.ready().as_ptr() as usize == addr);
+            assert!(c.gauges().cache_bytes <= 4 << 20);
+        }
+        assert!(reused >= 1);
+        assert_eq!(c.gauges().cache_entries, 16);
+        // Another size: kept buffers are freed before cached data is evicted.
+        let big = c.get((1, 0), 2 * U, |d| {
+            d.resize(2 * U as usize, 2);
+            Ok(())
+        });
+        assert_eq!(big.unwrap().ready().len(), 2 * U as usize);
+        assert!(c.gauges().cache_bytes <= 4 << 20);
     }
 
     #[test]
