@@ -97,6 +97,7 @@ impl Filesystem for Adapter {
         // Best effort: each is only an optimisation, refused by older kernels.
         for flag in [
             InitFlags::FUSE_ASYNC_READ,
+            InitFlags::FUSE_ASYNC_DIO,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_READDIRPLUS_AUTO,
