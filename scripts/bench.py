@@ -369,6 +369,52 @@ def dd(path, off, n, bs="1M"):
     return time.perf_counter() - t0
 
 
+def read_whole(path, off, buf):
+    """Seconds to read len(buf) bytes at off into buf with as few read()
+    calls as the kernel allows (one, normally): what np.fromfile and
+    readinto do. buf is reused, so no fresh memory is timed."""
+    view = memoryview(buf)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        t0 = time.perf_counter()
+        got = 0
+        while got < len(buf):
+            k = os.preadv(fd, [view[got:]], off + got)
+            if k <= 0:
+                raise BenchError(f"short read at {got} of {path}")
+            got += k
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+
+
+MAX_PAGES = "/proc/sys/fs/fuse/max_pages_limit"
+
+
+class MaxPages:
+    """Raises fs.fuse.max_pages_limit for a block (4 MiB requests), and puts
+    it back. None when it cannot (not root, old kernel)."""
+
+    def __init__(self, pages):
+        self.pages, self.old = pages, None
+
+    def __enter__(self):
+        try:
+            with open(MAX_PAGES) as fh:
+                self.old = fh.read().strip()
+            with open(MAX_PAGES, "w") as fh:
+                fh.write(str(self.pages))
+            return self
+        except OSError:
+            self.old = None
+            return None
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            with open(MAX_PAGES, "w") as fh:
+                fh.write(self.old)
+
+
 def zstd_d(blob):
     t0 = time.perf_counter()
     run(["zstd", "-d", "-c", "-q", blob], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -545,6 +591,53 @@ class Bench:
         self.throughput_row(f"raw seq read, cold, crc32c tensor (verified first), "
                             f"{self.mode_label(self.default_mode)}", n, cold,
                             base, None, "dd bs=1M of the .zt range")
+        self.raw_whole_reads()
+
+    def raw_whole_reads(self):
+        """The whole tensor in one read() (np.fromfile, readinto), default
+        mount; then dd bs=1M and the one read again with 4 MiB requests
+        (fs.fuse.max_pages_limit raised for these rows only)."""
+        f = self.files
+        t = f.tensor(f.raw, "w")
+        off, n = t["offset"], t["nbytes"]
+        buf = bytearray(n)
+        buf[:] = b"\1" * n  # fault it in once, outside the timings
+        label = self.mode_label(self.default_mode)
+
+        def cold_rows(with_dd):
+            whole, base_whole, dd1, base_dd = [], [], [], []
+            for _ in range(self.runs):
+                self.hot(f.raw, off, n)
+                base_whole.append(read_whole(f.raw, off, buf))
+                with self.mounter.mount(f.raw, [], tag="whole") as m:
+                    self.hot(f.raw, off, n)
+                    whole.append(read_whole(m.mp / "w", 0, buf))
+                    st = m.stats()
+                if with_dd:
+                    self.hot(f.raw, off, n)
+                    base_dd.append(dd(f.raw, off, n))
+                    with self.mounter.mount(f.raw, [], tag="whole") as m:
+                        self.hot(f.raw, off, n)
+                        dd1.append(dd(m.mp / "w", 0, n))
+                        st = m.stats()
+            return whole, base_whole, dd1, base_dd, st
+
+        whole, base_whole, _, _, _ = cold_rows(False)
+        self.throughput_row(f"raw, one read() of the whole tensor, cold, {label}", n, whole,
+                            base_whole, None, "the same read() of the .zt range")
+        with MaxPages(1024) as mp:
+            if mp is None:
+                self.note(f"4 MiB requests not measured: cannot write {MAX_PAGES} (not root?)")
+                return
+            whole, base_whole, dd1, base_dd, st = cold_rows(True)
+        avg = st["bytes_served"] / max(1, st["reads"])
+        self.note(f"4 MiB requests: {MAX_PAGES} set to 1024 for two rows and restored; "
+                  f"dd bs=1M made {st['reads']} requests (average {avg / 1024:.0f} KiB)")
+        self.throughput_row(f"raw seq read (dd bs=1M), cold, 4 MiB requests allowed, {label}",
+                            n, dd1, base_dd, None, "dd bs=1M of the .zt range")
+        self.throughput_row(f"raw, one read() of the whole tensor, cold, 4 MiB requests, "
+                            f"{label}", n, whole, base_whole, None,
+                            "the same read() of the .zt range")
 
     def section_memmap(self):
         log("np.memmap sum")
