@@ -470,3 +470,95 @@ fn compressed_block_near(blob: &[u8], from: u64) -> (u64, usize) {
         pos += 3 + content;
     }
 }
+
+/// Index fields of a dense float32 zstd tensor of `n` elements.
+fn zstd_fields(name: &str, n: u64) -> Vec<(ciborium::Value, ciborium::Value)> {
+    use ciborium::Value;
+    let t = |s: &str| Value::Text(s.into());
+    vec![
+        (t("name"), t(name)),
+        (t("dtype"), t("float32")),
+        (t("shape"), Value::Array(vec![Value::Integer(n.into())])),
+        (t("encoding"), t("zstd")),
+        (t("layout"), t("dense")),
+    ]
+}
+
+#[test]
+fn a_whole_blob_is_served_early_only_when_it_cannot_fail_later() {
+    // "trailing": one 24 MiB frame that declares the whole size, then a
+    // second frame. Served while it decodes, but its last byte only once the
+    // stream is checked to the end, which fails: a whole read is EIO.
+    // "two": frames of 20 and 4 MiB (the first too big for frame-by-frame
+    // in a 64 MiB cache, so decoded as one unit), the second with a damaged
+    // block. Not one frame, so it is decoded and checked whole before any
+    // byte is out. "spilled": the same two frames in a cache too small to
+    // hold them, decoded into a spill file: the same rule.
+    let le = compressible(93, 24 * MIB);
+    let mut trailing = zstd::bulk::compress(&le, 1).unwrap();
+    trailing.extend(zstd::bulk::compress(&[1u8; 4096], 1).unwrap());
+    let two_le = compressible(94, 24 * MIB);
+    let first = zstd::bulk::compress(&two_le[..20 * MIB], 1).unwrap();
+    let mut two = first.clone();
+    two.extend(zstd::bulk::compress(&two_le[20 * MIB..], 1).unwrap());
+    let (at, len) = compressed_block_near(&two[first.len()..], 0);
+    let at = first.len() + at as usize;
+    two[at + 8..at + len].fill(0xA5);
+
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let zt = m.scratch_path("test.zt");
+    let mut w = Writer::create(&zt).unwrap();
+    w.add_blob(&trailing, zstd_fields("trailing", (le.len() / 4) as u64))
+        .unwrap();
+    w.add_blob(&two, zstd_fields("two", (two_le.len() / 4) as u64))
+        .unwrap();
+    w.finish().unwrap();
+    // A second mount of the same file with a cache that makes "two" spill.
+    let mut small = Mount::scratch().unwrap();
+    let spill_dir = small.scratch_path("spill");
+    std::fs::create_dir(&spill_dir).unwrap();
+    small.mount(
+        &zt,
+        &[
+            "--cache-size",
+            "32M",
+            "--cache-dir",
+            spill_dir.to_str().unwrap(),
+        ],
+    );
+    {
+        let f = std::fs::File::open(small.path("two")).unwrap();
+        let mut head = vec![0u8; 4096];
+        let err = f.read_exact_at(&mut head, 0).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    }
+    assert_eq!(small.stats()["spilled_tensors"], 1, "{}", small.stats());
+    drop(small);
+
+    m.mount(&zt, &["--cache-size", "64M"]);
+
+    let f = std::fs::File::open(m.path("trailing")).unwrap();
+    assert!(pread(&f, 0, MIB) == le[..MIB]);
+    for _ in 0..2 {
+        let err = std::fs::read(m.path("trailing")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+        let mut last = [0u8; 1];
+        let err = f.read_exact_at(&mut last, le.len() as u64 - 1).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    }
+    let f = std::fs::File::open(m.path("two")).unwrap();
+    let mut head = vec![0u8; 4096];
+    let err = f.read_exact_at(&mut head, 0).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    let log = m.log_text();
+    for name in ["\"trailing\"", "\"two\""] {
+        assert!(log.lines().any(|l| l.contains(name)), "{name}: {log}");
+    }
+    let st = m.stats();
+    assert!(st["cache_peak_bytes"].as_u64().unwrap() <= 64 << 20, "{st}");
+    // Failed units leave the cache (once the last reply holding one is out).
+    let empty = support::wait_until(Duration::from_secs(5), || m.stat_u64("cache_bytes") == 0);
+    assert!(empty, "{}", m.stats());
+}

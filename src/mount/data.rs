@@ -82,10 +82,11 @@ const PROGRESSIVE_STEP: usize = 512 << 10;
 enum Plan {
     /// Independent frames, each a cache unit.
     Frames(Vec<Frame>),
-    /// The whole blob is one cache unit.
-    Whole,
+    /// The whole blob is one cache unit; `one_frame` when it is known to be
+    /// a single zstd frame.
+    Whole { one_frame: bool },
     /// Too big for the cache: decoded once into a temporary file.
-    Spill,
+    Spill { one_frame: bool },
 }
 
 #[derive(Default)]
@@ -285,13 +286,14 @@ impl Data {
                 let blob = self.zt.blob(t);
                 if zstd_blob::first_frame_size(blob) == Some(decoded) {
                     self.guard.check()?;
-                    return Ok(whole_or_spill(decoded, limit));
+                    return Ok(whole_or_spill(decoded, limit, true));
                 }
                 let frames = zstd_blob::scan_frames(blob).map_err(|why| self.fail(t, why));
                 // The walk touched a page per block header across the blob.
                 self.zt.release(self.zt.blob(t));
                 self.guard.check()?;
                 let frames = frames?;
+                let one_frame = frames.as_ref().is_some_and(|f| f.len() == 1);
                 if let Some(frames) = frames {
                     let total = frames.last().map_or(0, |f| f.d_start + f.d_len);
                     if total != decoded {
@@ -308,7 +310,7 @@ impl Data {
                         return Ok(Plan::Frames(frames));
                     }
                 }
-                Ok(whole_or_spill(decoded, limit))
+                Ok(whole_or_spill(decoded, limit, one_frame))
             })
             .as_ref()
             .map_err(Clone::clone)
@@ -333,13 +335,13 @@ impl Data {
                 let buf = self.frame(t, ti, k, &f)?;
                 Ok(Some((buf, (at - f.d_start) as usize)))
             }
-            Plan::Whole => {
-                let buf = self.whole(t, ti)?;
+            Plan::Whole { one_frame } => {
+                let buf = self.whole(t, ti, *one_frame)?;
                 buf.range(at as usize, n as usize)
                     .map_err(|why| self.unit_error(t, why))?;
                 Ok(Some((buf, at as usize)))
             }
-            Plan::Spill => Ok(None),
+            Plan::Spill { .. } => Ok(None),
         }
     }
 
@@ -370,16 +372,16 @@ impl Data {
                 }
                 Ok(())
             }
-            Plan::Whole => {
-                let buf = self.whole(t, ti)?;
+            Plan::Whole { one_frame } => {
+                let buf = self.whole(t, ti, *one_frame)?;
                 let bytes = buf
                     .range(at as usize, out.len())
                     .map_err(|why| self.unit_error(t, why))?;
                 out.copy_from_slice(bytes);
                 Ok(())
             }
-            Plan::Spill => self
-                .spill(t, ti)?
+            Plan::Spill { one_frame } => self
+                .spill(t, ti, *one_frame)?
                 .read(at, out)
                 .map_err(|why| self.fail(t, why)),
         }
@@ -461,11 +463,11 @@ impl Data {
         }
     }
 
-    fn whole(&self, t: &Tensor, ti: usize) -> Result<Arc<Buf>, String> {
+    fn whole(&self, t: &Tensor, ti: usize, one_frame: bool) -> Result<Arc<Buf>, String> {
         let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
         let src = self.zt.blob(t);
         let key = (ti as u32, 0);
-        let out = if decoded >= PROGRESSIVE_MIN && self.trusted_early(t, src) {
+        let out = if decoded >= PROGRESSIVE_MIN && self.trusted_early(t, src, one_frame) {
             self.cache
                 .get_filling(key, decoded, |buf| self.start_decoder(ti, buf))
         } else {
@@ -481,11 +483,13 @@ impl Data {
 
     /// Whether bytes of `src` may be served before its frame has ended. The
     /// end of a zstd frame is where zstd checks its own content checksum; a
-    /// frame that carries one is trusted early only if the tensor's index
-    /// checksum already vouched for the compressed bytes.
-    fn trusted_early(&self, t: &Tensor, src: &[u8]) -> bool {
+    /// blob is trusted early if the tensor's index checksum already vouched
+    /// for the compressed bytes, or if it is one frame without a checksum.
+    /// (A blob whose first frame declares the whole size is served from that
+    /// frame only: anything after it fails before the last byte is out.)
+    fn trusted_early(&self, t: &Tensor, src: &[u8], one_frame: bool) -> bool {
         let verified = t.checksum.as_ref().is_some_and(|c| c.algorithm().is_some());
-        verified || zstd_blob::frame_has_checksum(src) == Some(false)
+        verified || (one_frame && zstd_blob::frame_has_checksum(src) == Some(false))
     }
 
     /// Decodes a filling unit on a thread of its own, one per core at most;
@@ -494,10 +498,14 @@ impl Data {
         if self.decoders.fetch_add(1, Relaxed) < self.max_decoders
             && let Some(me) = self.me.upgrade()
         {
-            // An idle prefetch worker faults the buffer in ahead of the decoder.
-            let b = buf.clone();
+            // An idle prefetch worker faults the buffer in ahead of the
+            // decoder. It holds it weakly: a queued job must not keep an
+            // evicted unit's bytes counted while workers wait for room.
+            let weak = Arc::downgrade(&buf);
             self.prefetcher.submit(Box::new(move || {
-                if let Some(f) = b.filling() {
+                if let Some(b) = weak.upgrade()
+                    && let Some(f) = b.filling()
+                {
                     f.populate();
                 }
             }));
@@ -505,8 +513,8 @@ impl Data {
             let spawned = std::thread::Builder::new()
                 .name("zt-decode".into())
                 .spawn(move || {
+                    let _slot = Slot(&me.decoders);
                     me.decode_filling(ti, &b);
-                    me.decoders.fetch_sub(1, Relaxed);
                 });
             if spawned.is_ok() {
                 return;
@@ -521,19 +529,31 @@ impl Data {
         let Some(mut w) = buf.filling().and_then(|f| f.writer()) else {
             return;
         };
+        // Whatever happens below, even a panic, a failed unit leaves the
+        // cache, so the next reader starts again (and fails again, with the
+        // reason) instead of finding a dead one.
+        let mut discard = Discard {
+            cache: &self.cache,
+            key: (ti as u32, 0),
+            buf,
+            armed: true,
+        };
         let src = self.zt.blob(t);
         let r = self.decode_progressively(src, &mut w, buf.len());
         self.zt.release(src);
-        match &r {
-            Ok(()) => Stats::add(&self.stats.decompressed_bytes, buf.len() as u64),
-            // The next reader starts again (and fails again, with the reason).
-            Err(_) => self.cache.discard((ti as u32, 0), buf),
+        if r.is_ok() {
+            Stats::add(&self.stats.decompressed_bytes, buf.len() as u64);
+            discard.armed = false;
         }
+        // Out of the cache before readers hear of the failure.
+        drop(discard);
         w.finish(r);
     }
 
     /// Decodes `src` straight into `w`, publishing what is there after
-    /// each step of compressed input.
+    /// each step of compressed input; the last byte only once the stream
+    /// has been checked to its end, so a reader of the whole tensor never
+    /// gets all of a blob that fails after it.
     fn decode_progressively(&self, src: &[u8], w: &mut Writer, len: usize) -> Result<(), String> {
         // SAFETY: the writer's buffer is `len` bytes, lives as long as `w`
         // (which outlives the decoder), and only this decoder writes it, at
@@ -544,7 +564,7 @@ impl Data {
             dec.step(PROGRESSIVE_STEP)?;
             // Bytes decoded from a file that changed are not published.
             self.guard.check()?;
-            w.commit_to(dec.produced());
+            w.commit_to(dec.produced().min(len.saturating_sub(1)));
             // Let go of the compressed pages behind the decoder.
             let used = dec.consumed();
             if used - released >= 8 << 20 {
@@ -552,10 +572,12 @@ impl Data {
                 released = used;
             }
         }
-        dec.finish()
+        dec.finish()?;
+        w.commit_to(len);
+        Ok(())
     }
 
-    fn spill(&self, t: &Tensor, ti: usize) -> Result<Arc<Spill>, String> {
+    fn spill(&self, t: &Tensor, ti: usize, one_frame: bool) -> Result<Arc<Spill>, String> {
         self.states[ti]
             .spill
             .get_or_init(|| {
@@ -582,6 +604,7 @@ impl Data {
                 Stats::add(&self.stats.spilled_tensors, 1);
                 let spill = Arc::new(Spill {
                     file,
+                    early: self.trusted_early(t, self.zt.blob(t), one_frame),
                     progress: Mutex::new((0, None)),
                     cond: Condvar::new(),
                 });
@@ -602,7 +625,8 @@ impl Data {
                                 pos += chunk.len() as u64;
                                 Stats::add(&stats.spilled_bytes, chunk.len() as u64);
                                 Stats::add(&stats.decompressed_bytes, chunk.len() as u64);
-                                s.advance(pos, None);
+                                // The last byte waits for the end check.
+                                s.advance(pos.min(decoded.saturating_sub(1)), None);
                                 Ok(())
                             },
                         );
@@ -627,12 +651,38 @@ fn frame_table(t: &Tensor, decoded: u64) -> Option<Vec<Frame>> {
     zstd_blob::frames_from_table(size, &sizes, t.size, decoded)
 }
 
+/// A progressive decoder's place among `Data::decoders`, given back when
+/// its thread ends, however it ends.
+struct Slot<'a>(&'a AtomicUsize);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Drops a unit from the cache on the way out unless disarmed.
+struct Discard<'a> {
+    cache: &'a Cache,
+    key: (u32, u32),
+    buf: &'a Arc<Buf>,
+    armed: bool,
+}
+
+impl Drop for Discard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.cache.discard(self.key, self.buf);
+        }
+    }
+}
+
 /// A blob decoded as one unit lives in the cache if it takes at most half.
-fn whole_or_spill(decoded: u64, limit: u64) -> Plan {
+fn whole_or_spill(decoded: u64, limit: u64, one_frame: bool) -> Plan {
     if decoded <= limit / 2 {
-        Plan::Whole
+        Plan::Whole { one_frame }
     } else {
-        Plan::Spill
+        Plan::Spill { one_frame }
     }
 }
 
@@ -643,9 +693,11 @@ fn frame_at(frames: &[Frame], at: u64) -> usize {
 }
 
 /// A tensor decoded into a temporary file by a background thread; readers
-/// wait only until their bytes are there.
+/// wait only until their bytes are there, or until the whole stream has
+/// been checked if its bytes cannot be trusted before (`early`).
 struct Spill {
     file: File,
+    early: bool,
     /// (bytes decoded so far, Some(error or "" when finished)).
     progress: Mutex<(u64, Option<String>)>,
     cond: Condvar,
@@ -667,8 +719,9 @@ impl Spill {
         loop {
             match &g.1 {
                 Some(e) if !e.is_empty() => return Err(e.clone()),
-                _ if g.0 >= need => break,
+                Some(_) if g.0 >= need => break,
                 Some(_) => return Err(format!("spill ended at {} bytes, before {need}", g.0)),
+                None if self.early && g.0 >= need => break,
                 None => g = self.cond.wait(g).unwrap_or_else(|e| e.into_inner()),
             }
         }
