@@ -50,6 +50,7 @@ fn main() {
                 cache_size: 256 << 20,
                 cache_dir: "/var/tmp".into(),
                 verify_raw: true,
+                progressive_min: ztensor_mount::mount::data::PROGRESSIVE_MIN,
             },
             direct_io: false,
         },

@@ -14,7 +14,7 @@ use fuser::{Config, MountOption, SessionACL};
 use super::logging;
 use super::options::Settings;
 use crate::format::ZtFile;
-use crate::mount::data::DataOptions;
+use crate::mount::data::{DataOptions, PROGRESSIVE_MIN};
 use crate::mount::fs::{FsOptions, ZtFs};
 use crate::mount::fuse::Adapter;
 
@@ -163,6 +163,7 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
             cache_size: s.cache_size,
             cache_dir: s.cache_dir.clone(),
             verify_raw: s.verify_raw,
+            progressive_min: PROGRESSIVE_MIN,
         },
         direct_io: s.direct_io,
     };

@@ -65,14 +65,17 @@ pub struct DataOptions {
     pub cache_dir: PathBuf,
     /// Verify raw blobs' checksums before serving their first byte.
     pub verify_raw: bool,
+    /// A whole-blob unit this big or bigger is served while it decodes (on
+    /// a thread of its own) instead of after; smaller ones decode in one go.
+    pub progressive_min: u64,
 }
+
+/// Default [`DataOptions::progressive_min`]: below it a decode is over
+/// before a thread would have started.
+pub const PROGRESSIVE_MIN: u64 = 8 << 20;
 
 /// How many frames past the one being read are decoded ahead.
 const PREFETCH_DEPTH: u64 = 4;
-
-/// A whole-blob unit this big or bigger is served while it decodes (on a
-/// thread of its own) instead of after; smaller ones decode in one go.
-const PROGRESSIVE_MIN: u64 = 8 << 20;
 
 /// Compressed bytes a progressive decoder takes per step (it publishes its
 /// output after each).
@@ -467,7 +470,7 @@ impl Data {
         let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
         let src = self.zt.blob(t);
         let key = (ti as u32, 0);
-        let out = if decoded >= PROGRESSIVE_MIN && self.trusted_early(t, src, one_frame) {
+        let out = if decoded >= self.opts.progressive_min && self.trusted_early(t, src, one_frame) {
             self.cache
                 .get_filling(key, decoded, |buf| self.start_decoder(ti, buf))
         } else {
