@@ -562,3 +562,59 @@ fn a_whole_blob_is_served_early_only_when_it_cannot_fail_later() {
     let empty = support::wait_until(Duration::from_secs(5), || m.stat_u64("cache_bytes") == 0);
     assert!(empty, "{}", m.stats());
 }
+
+#[test]
+fn progressive_units_evicted_while_read_stay_right_and_bounded() {
+    // Three 24 MiB single-frame tensors behind a 64 MiB cache: each is one
+    // unit served while it decodes, and they do not all fit, so units are
+    // evicted while readers still wait on them or copy from them.
+    let les: Vec<Arc<Vec<u8>>> = (0..3)
+        .map(|i| Arc::new(compressible(200 + i, 24 * MIB)))
+        .collect();
+    let ts: Vec<T> = les
+        .iter()
+        .enumerate()
+        .map(|(i, le)| T {
+            name: format!("t{i}"),
+            dtype: DType::Float32,
+            le: le.to_vec(),
+            opts: zstd(0, Endian::Little),
+        })
+        .collect();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let zt = m.scratch_path("test.zt");
+    write(&zt, &ts);
+    m.mount(&zt, &["--cache-size", "64M", "--direct-io"]);
+    let readers: Vec<_> = (0..9u64)
+        .map(|i| {
+            let le = les[(i % 3) as usize].clone();
+            let path = m.path(&format!("t{}", i % 3));
+            std::thread::spawn(move || {
+                let f = std::fs::File::open(&path).unwrap();
+                let mut rng = Rng(i + 11);
+                for _ in 0..12 {
+                    let off = rng.below(le.len() as u64) as usize;
+                    let len = 1 + rng.below(4 * MIB as u64) as usize;
+                    let got = pread(&f, off as u64, len);
+                    let hi = (off + len).min(le.len());
+                    assert!(got == le[off..hi], "reader {i}: {len} at {off}");
+                }
+            })
+        })
+        .collect();
+    let failed = readers
+        .into_iter()
+        .map(|r| r.join())
+        .filter(Result::is_err)
+        .count();
+    assert_eq!(failed, 0, "log:\n{}", m.log_text());
+    let st = m.stats();
+    assert_eq!(st["errors"], 0, "{st}");
+    assert!(st["evictions"].as_u64().unwrap() >= 1, "no pressure: {st}");
+    assert!(st["cache_peak_bytes"].as_u64().unwrap() <= 64 << 20, "{st}");
+    for (i, le) in les.iter().enumerate() {
+        assert!(std::fs::read(m.path(&format!("t{i}"))).unwrap() == **le);
+    }
+}
