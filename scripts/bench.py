@@ -583,15 +583,25 @@ class Bench:
         off, n = t["offset"], t["nbytes"]
         cold, base = [], []
         for _ in range(self.runs):
-            self.hot(f.raw_crc, off, n)
-            base.append(dd(f.raw_crc, off, n))
-            with self.mounter.mount(f.raw_crc, [], tag="crc") as m:
-                self.hot(f.raw_crc, off, n)
-                cold.append(dd(m.mp / "w", 0, n))
+            c, b, _ = self.cold_sample(f.raw_crc, off, n, lambda p, o: dd(p, o, n), "crc")
+            cold.append(c)
+            base.append(b)
         self.throughput_row(f"raw seq read, cold, crc32c tensor (verified first), "
                             f"{self.mode_label(self.default_mode)}", n, cold,
                             base, None, "dd bs=1M of the .zt range")
         self.raw_whole_reads()
+
+    def cold_sample(self, zt, off, n, read, tag):
+        """read(path, offset) of tensor "w"'s bytes [off, off+n) of the .zt,
+        then of the tensor through a fresh default mount: (mount seconds,
+        baseline seconds, the mount's stats)."""
+        self.hot(zt, off, n)
+        base = read(zt, off)
+        with self.mounter.mount(zt, [], tag=tag) as m:
+            self.hot(zt, off, n)
+            got = read(m.mp / "w", 0)
+            st = m.stats()
+        return got, base, st
 
     def raw_whole_reads(self):
         """The whole tensor in one read() (np.fromfile, readinto), default
@@ -607,19 +617,14 @@ class Bench:
         def cold_rows(with_dd):
             whole, base_whole, dd1, base_dd = [], [], [], []
             for _ in range(self.runs):
-                self.hot(f.raw, off, n)
-                base_whole.append(read_whole(f.raw, off, buf))
-                with self.mounter.mount(f.raw, [], tag="whole") as m:
-                    self.hot(f.raw, off, n)
-                    whole.append(read_whole(m.mp / "w", 0, buf))
-                    st = m.stats()
+                c, b, st = self.cold_sample(f.raw, off, n,
+                                            lambda p, o: read_whole(p, o, buf), "whole")
+                whole.append(c)
+                base_whole.append(b)
                 if with_dd:
-                    self.hot(f.raw, off, n)
-                    base_dd.append(dd(f.raw, off, n))
-                    with self.mounter.mount(f.raw, [], tag="whole") as m:
-                        self.hot(f.raw, off, n)
-                        dd1.append(dd(m.mp / "w", 0, n))
-                        st = m.stats()
+                    c, b, st = self.cold_sample(f.raw, off, n, lambda p, o: dd(p, o, n), "dd")
+                    dd1.append(c)
+                    base_dd.append(b)
             return whole, base_whole, dd1, base_dd, st
 
         whole, base_whole, _, _, _ = cold_rows(False)

@@ -44,6 +44,40 @@ fn write(path: &std::path::Path, ts: &[T]) {
     w.finish().unwrap();
 }
 
+/// Starts `readers` threads; reader `i` reads `rounds` random ranges of up
+/// to `max_len` bytes of `files[i % files.len()]` (seeded with `seed + i`)
+/// and checks each against the bytes that file must hold. Returns how many
+/// readers failed (their panics are printed).
+fn random_readers(
+    files: &[(std::path::PathBuf, Arc<Vec<u8>>)],
+    readers: u64,
+    rounds: usize,
+    max_len: u64,
+    seed: u64,
+) -> usize {
+    let threads: Vec<_> = (0..readers)
+        .map(|i| {
+            let (path, le) = files[(i % files.len() as u64) as usize].clone();
+            std::thread::spawn(move || {
+                let f = std::fs::File::open(&path).unwrap();
+                let mut rng = Rng(seed + i);
+                for _ in 0..rounds {
+                    let off = rng.below(le.len() as u64) as usize;
+                    let len = 1 + rng.below(max_len) as usize;
+                    let got = pread(&f, off as u64, len);
+                    let hi = (off + len).min(le.len());
+                    assert!(got == le[off..hi], "reader {i}: {len} at {off}");
+                }
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .map(|t| t.join())
+        .filter(Result::is_err)
+        .count()
+}
+
 /// Reads `[off, off+len)` fully (short reads retried), as much as exists.
 fn pread(f: &std::fs::File, off: u64, len: usize) -> Vec<u8> {
     let mut buf = vec![0u8; len];
@@ -328,25 +362,8 @@ fn tensor_larger_than_the_cache_spills_and_reads_right() {
         &zt,
         &["--cache-size", "1M", "--cache-dir", &dir_arg, "--direct-io"],
     );
-    let readers: Vec<_> = (0..6)
-        .map(|i| {
-            let (le, path) = (le.clone(), m.path("big"));
-            std::thread::spawn(move || {
-                let f = std::fs::File::open(&path).unwrap();
-                let mut rng = Rng(i + 1);
-                for _ in 0..20 {
-                    let off = rng.below(le.len() as u64) as usize;
-                    let len = 1 + rng.below(200_000) as usize;
-                    let got = pread(&f, off as u64, len);
-                    let hi = (off + len).min(le.len());
-                    assert!(got == le[off..hi], "reader {i}: {len} at {off}");
-                }
-            })
-        })
-        .collect();
-    for r in readers {
-        r.join().unwrap();
-    }
+    let failed = random_readers(&[(m.path("big"), le.clone())], 6, 20, 200_000, 1);
+    assert_eq!(failed, 0, "log:\n{}", m.log_text());
     assert!(std::fs::read(m.path("big")).unwrap() == *le);
     let st = m.stats();
     assert_eq!(st["spilled_tensors"], 1, "{st}");
@@ -398,27 +415,7 @@ fn a_big_single_frame_is_served_while_it_decodes() {
     drop(file);
     m.mount(&zt, &["--cache-size", "64M"]);
 
-    let readers: Vec<_> = (0..6)
-        .map(|i| {
-            let (le, path) = (le.clone(), m.path("one"));
-            std::thread::spawn(move || {
-                let f = std::fs::File::open(&path).unwrap();
-                let mut rng = Rng(i + 1);
-                for _ in 0..16 {
-                    let off = rng.below(le.len() as u64) as usize;
-                    let len = 1 + rng.below(3 * MIB as u64) as usize;
-                    let got = pread(&f, off as u64, len);
-                    let hi = (off + len).min(le.len());
-                    assert!(got == le[off..hi], "reader {i}: {len} at {off}");
-                }
-            })
-        })
-        .collect();
-    let failed = readers
-        .into_iter()
-        .map(|r| r.join())
-        .filter(Result::is_err)
-        .count();
+    let failed = random_readers(&[(m.path("one"), le.clone())], 6, 16, 3 * MIB as u64, 1);
     assert_eq!(failed, 0, "log:\n{}", m.log_text());
     assert!(std::fs::read(m.path("one")).unwrap() == *le);
     let st = m.stats();
@@ -587,28 +584,12 @@ fn progressive_units_evicted_while_read_stay_right_and_bounded() {
     let zt = m.scratch_path("test.zt");
     write(&zt, &ts);
     m.mount(&zt, &["--cache-size", "64M", "--direct-io"]);
-    let readers: Vec<_> = (0..9u64)
-        .map(|i| {
-            let le = les[(i % 3) as usize].clone();
-            let path = m.path(&format!("t{}", i % 3));
-            std::thread::spawn(move || {
-                let f = std::fs::File::open(&path).unwrap();
-                let mut rng = Rng(i + 11);
-                for _ in 0..12 {
-                    let off = rng.below(le.len() as u64) as usize;
-                    let len = 1 + rng.below(4 * MIB as u64) as usize;
-                    let got = pread(&f, off as u64, len);
-                    let hi = (off + len).min(le.len());
-                    assert!(got == le[off..hi], "reader {i}: {len} at {off}");
-                }
-            })
-        })
+    let files: Vec<_> = les
+        .iter()
+        .enumerate()
+        .map(|(i, le)| (m.path(&format!("t{i}")), le.clone()))
         .collect();
-    let failed = readers
-        .into_iter()
-        .map(|r| r.join())
-        .filter(Result::is_err)
-        .count();
+    let failed = random_readers(&files, 9, 12, 4 * MIB as u64, 11);
     assert_eq!(failed, 0, "log:\n{}", m.log_text());
     let st = m.stats();
     assert_eq!(st["errors"], 0, "{st}");
