@@ -54,7 +54,8 @@ impl ZtFile {
     }
 }
 
-fn page_size() -> usize {
+/// The system's page size.
+pub fn page_size() -> usize {
     static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *PAGE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
         n if n > 0 => n as usize,
