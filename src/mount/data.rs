@@ -564,6 +564,7 @@ impl Data {
         let mut dec = unsafe { zstd_blob::DirectDecoder::new(src, w.as_mut_ptr(), len) }?;
         let mut released = 0usize;
         while dec.produced() < len {
+            w.prefault(2 * PROGRESSIVE_STEP);
             dec.step(PROGRESSIVE_STEP)?;
             // Bytes decoded from a file that changed are not published.
             self.guard.check()?;

@@ -146,6 +146,16 @@ impl Writer<'_> {
         self.f.map.as_mut_ptr()
     }
 
+    /// Faults in the next `n` bytes past [`Writer::written`] in one call,
+    /// for when the populating thread has fallen behind (a no-op walk when it
+    /// has not).
+    pub fn prefault(&self, n: usize) {
+        let n = n.min(self.f.len - self.at);
+        if n > 0 {
+            let _ = self.f.map.advise_range(Advice::PopulateWrite, self.at, n);
+        }
+    }
+
     /// Publishes every byte before `end`.
     pub fn commit_to(&mut self, end: usize) {
         self.commit(end.saturating_sub(self.at));
