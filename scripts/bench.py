@@ -444,12 +444,18 @@ def pread_loop(path, offsets, base=0):
         os.close(fd)
 
 
-def fresh_memory():
-    """GB/s writing 1 GiB of newly allocated memory (np.ones): after a 3 s
-    pause, and at once after freeing the same amount. A VM with free page
-    reporting hands memory freed for ~2 s back to the host, and touching it
-    again is then several times slower; every cold page-cache read (fresh
+def fresh_memory(huge):
+    """GB/s writing 1 GiB of newly allocated memory (np.ones), in small pages
+    or (huge=True) transparent huge pages: after a 3 s pause, and at once
+    after freeing the same amount. A VM with free page reporting hands memory
+    freed for a few seconds back to the host, and touching it again is then
+    slower (much slower in huge pages); every cold page-cache read (fresh
     page cache) and every new decode buffer pays that price."""
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import _set_madvise_hugepage
+    was = _set_madvise_hugepage(huge)
 
     def touch():
         t0 = time.perf_counter()
@@ -458,11 +464,14 @@ def fresh_memory():
         del a
         return GiB / dt / 1e9
 
-    touch()
-    time.sleep(3)
-    returned = touch()
-    reused = touch()
-    return returned, reused
+    try:
+        touch()
+        time.sleep(3)
+        returned = touch()
+        reused = touch()
+        return returned, reused
+    finally:
+        _set_madvise_hugepage(was)
 
 
 def busy_processes():
@@ -957,7 +966,7 @@ class Bench:
         self.files = Files(self.work, self.sizes, self.args.regen)
         self.files.warm()
         self.detect_modes()
-        fm = fresh_memory()
+        fm = fresh_memory(False), fresh_memory(True)
         t0 = time.perf_counter()
         noisy = []
         current = [None]
@@ -979,11 +988,13 @@ class Bench:
         watcher.join()
         if noisy:
             self.notes.append(f"WARNING: cargo/fuzzer processes ran during: {', '.join(noisy)}")
-        fm2 = fresh_memory()
-        self.notes.append(f"machine: first write to 1 GiB of new memory: {fm[0]:.2f} / {fm2[0]:.2f} "
-                          f"GB/s (before / after the run) when it was freed 3 s earlier, "
-                          f"{fm[1]:.2f} / {fm2[1]:.2f} GB/s when freed just before (free page "
-                          f"reporting returns idle guest memory to the host)")
+        fm2 = fresh_memory(False), fresh_memory(True)
+        for k, pages in enumerate(("small", "huge")):
+            self.notes.append(
+                f"machine: first write to 1 GiB of new memory in {pages} pages: "
+                f"{fm[k][0]:.2f} / {fm2[k][0]:.2f} GB/s (before / after the run) when it was "
+                f"freed 3 s earlier, {fm[k][1]:.2f} / {fm2[k][1]:.2f} GB/s when freed just "
+                f"before (free page reporting returns idle guest memory to the host)")
         elapsed = time.perf_counter() - t0
         self.notes.append(f"page cache: before every sample its byte range of the backing file "
                           f"was read and checked with mincore; lowest residency seen "

@@ -2,9 +2,11 @@
 //! read what is already written: a big zstd unit is served while it is still
 //! being decoded, so a reader waits only for its own bytes.
 //!
-//! It is an anonymous mapping of its own (released in one `munmap` when the
-//! last reader lets go), advised for transparent huge pages: a 256 MiB
-//! decode faults in 128 huge pages instead of 65 536 small ones.
+//! It is an anonymous mapping of its own, released in one `munmap` when the
+//! last reader lets go. Not advised for huge pages: on the project's VM new
+//! huge pages come from memory the host has taken back and are 4 times
+//! slower to touch than small ones (BENCHMARKS.md); the pages are faulted
+//! in ahead of the writer instead ([`Filling::populate`], [`Writer::prefault`]).
 //!
 //! Safety rests on one rule: the writer only ever holds `&mut` to bytes at
 //! or past `filled`, readers only ever see bytes before it, and `filled`
@@ -29,8 +31,6 @@ impl Filling {
     pub fn new(len: usize) -> std::io::Result<Filling> {
         // A zero-length mapping is an error; one page is never read.
         let map = MmapRaw::from(MmapOptions::new().len(len.max(1)).map_anon()?);
-        // Best effort: without THP it is still correct, only slower to fault.
-        let _ = map.advise(Advice::HugePage);
         Ok(Filling {
             map,
             len,
