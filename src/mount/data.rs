@@ -501,17 +501,21 @@ impl Data {
         if self.decoders.fetch_add(1, Relaxed) < self.max_decoders
             && let Some(me) = self.me.upgrade()
         {
-            // An idle prefetch worker faults the buffer in ahead of the
-            // decoder. It holds it weakly: a queued job must not keep an
-            // evicted unit's bytes counted while workers wait for room.
+            // A thread at low priority faults the buffer in ahead of the
+            // decoder: the decoder is the bound, and on two cores it must not
+            // share its core with the faulting. It holds the buffer weakly,
+            // so an evicted unit is not kept counted for it.
             let weak = Arc::downgrade(&buf);
-            self.prefetcher.submit(Box::new(move || {
-                if let Some(b) = weak.upgrade()
-                    && let Some(f) = b.filling()
-                {
-                    f.populate();
-                }
-            }));
+            let _ = std::thread::Builder::new()
+                .name("zt-populate".into())
+                .spawn(move || {
+                    lower_priority();
+                    if let Some(b) = weak.upgrade()
+                        && let Some(f) = b.filling()
+                    {
+                        f.populate();
+                    }
+                });
             let b = buf.clone();
             let spawned = std::thread::Builder::new()
                 .name("zt-decode".into())
@@ -653,6 +657,15 @@ fn frame_table(t: &Tensor, decoded: u64) -> Option<Vec<Frame>> {
     };
     let sizes: Vec<u64> = items.iter().map(as_u64).collect::<Result<_, _>>().ok()?;
     zstd_blob::frames_from_table(size, &sizes, t.size, decoded)
+}
+
+/// Makes the calling thread yield to the others (nice 10). Best effort.
+fn lower_priority() {
+    // SAFETY: plain syscalls on the calling thread.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
+    }
 }
 
 /// A progressive decoder's place among `Data::decoders`, given back when
