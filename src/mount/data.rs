@@ -7,7 +7,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 
 use super::cache::{Buf, Cache};
@@ -97,7 +97,10 @@ struct TensorState {
     checked: OnceLock<Result<(), String>>,
     plan: OnceLock<Result<Plan, String>>,
     spill: OnceLock<Result<Arc<Spill>, String>>,
-    logged: AtomicBool,
+    /// Set once the tensor's first error is in the log. A `OnceLock`, not
+    /// a flag: a reader failing at the same time waits for that line, so
+    /// no EIO reaches anyone before the log says why.
+    logged: OnceLock<()>,
     /// The frame most recently read, to tell sequential readers.
     last_frame: AtomicUsize,
     /// The furthest frame queued for read-ahead.
@@ -166,9 +169,12 @@ impl Data {
             Err(why) => {
                 Stats::add(&self.stats.errors, 1);
                 // One error line per tensor; later ones at debug level.
-                if !self.states[ti].logged.swap(true, Relaxed) {
+                let mut first = false;
+                self.states[ti].logged.get_or_init(|| {
                     log::error!("{why}");
-                } else {
+                    first = true;
+                });
+                if !first {
                     log::debug!("{why}");
                 }
             }

@@ -74,10 +74,15 @@ impl Guard {
             }
             Ok(_) => return Ok(()),
         };
-        if self.broken.set(why.clone()).is_ok() {
-            log::error!("{why}");
-        }
-        Err(why)
+        // Logged inside the init, so the reason is in the log before any
+        // reader (this one or one waiting here) can return EIO.
+        Err(self
+            .broken
+            .get_or_init(|| {
+                log::error!("{why}");
+                why
+            })
+            .clone())
     }
 }
 
