@@ -90,6 +90,16 @@ impl ZtFile {
         &self.map[t.offset as usize..(t.offset + t.size) as usize]
     }
 
+    /// The same bytes as a decoder source that reads them from the file
+    /// with `pread` rather than through the mapping.
+    pub fn blob_source(&self, t: &Tensor) -> zstd_blob::Source<'_> {
+        zstd_blob::Source::File {
+            file: &self.file,
+            offset: t.offset,
+            len: t.size as usize,
+        }
+    }
+
     /// Checks the tensor's checksum over its on-disk bytes, a few MiB at a
     /// time, letting go of each piece of the mapping once hashed.
     pub fn verify(&self, t: &Tensor) -> Verdict {

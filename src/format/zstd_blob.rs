@@ -1,8 +1,9 @@
 //! zstd blobs: frame discovery (so a reader can jump to the frame it needs)
 //! and decoders that never produce more or fewer bytes than the index promised.
 
+use std::fs::File;
 use std::io::Read;
-
+use std::os::unix::fs::FileExt;
 use std::ptr::NonNull;
 
 use zstd::zstd_safe;
@@ -230,12 +231,36 @@ pub fn frame_has_checksum(src: &[u8]) -> Option<bool> {
 /// how far the output is.
 pub struct DirectDecoder<'a> {
     dctx: NonNull<sys::ZSTD_DCtx>,
-    src: &'a [u8],
+    src: Source<'a>,
+    /// Length of the compressed stream.
+    total: usize,
     consumed: usize,
+    /// For [`Source::File`]: the piece read last, starting at `buf_at`.
+    buf: Vec<u8>,
+    buf_at: usize,
     out: sys::ZSTD_outBuffer,
     /// The last step that moved ended a frame (so the stream may end here).
     at_frame_end: bool,
 }
+
+/// Where a [`DirectDecoder`]'s compressed bytes come from.
+#[derive(Clone, Copy)]
+pub enum Source<'a> {
+    /// Bytes in memory (or in a mapping).
+    Bytes(&'a [u8]),
+    /// `len` bytes at `offset` of `file`, read a piece at a time into a
+    /// small buffer, the way `zstd -d` reads: no page faults on the decoder's
+    /// thread and no mapping to let go of behind it (each let-go is a TLB
+    /// flush on every core the process runs on).
+    File {
+        file: &'a File,
+        offset: u64,
+        len: usize,
+    },
+}
+
+/// The most a [`Source::File`] decoder reads at once.
+const FILE_PIECE: usize = 1 << 20;
 
 impl<'a> DirectDecoder<'a> {
     /// # Safety
@@ -244,13 +269,29 @@ impl<'a> DirectDecoder<'a> {
     /// [`DirectDecoder::produced`] and reads (as its window) what it
     /// produced, so others may read the bytes before `produced()`.
     pub unsafe fn new(src: &'a [u8], out: *mut u8, len: usize) -> Result<Self, String> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { Self::with_source(Source::Bytes(src), out, len) }
+    }
+
+    /// [`DirectDecoder::new`] over any [`Source`].
+    ///
+    /// # Safety
+    /// As for [`DirectDecoder::new`].
+    pub unsafe fn with_source(src: Source<'a>, out: *mut u8, len: usize) -> Result<Self, String> {
         // SAFETY: plain constructor; freed in Drop.
         let dctx =
             NonNull::new(unsafe { sys::ZSTD_createDCtx() }).ok_or("zstd decoder: out of memory")?;
+        let total = match src {
+            Source::Bytes(b) => b.len(),
+            Source::File { len, .. } => len,
+        };
         let mut me = DirectDecoder {
             dctx,
             src,
+            total,
             consumed: 0,
+            buf: Vec::new(),
+            buf_at: 0,
             out: sys::ZSTD_outBuffer {
                 dst: out.cast(),
                 size: len,
@@ -283,18 +324,43 @@ impl<'a> DirectDecoder<'a> {
         self.consumed
     }
 
+    /// Up to `step` compressed bytes from `consumed()` on: (address, length).
+    fn next_input(&mut self, step: usize) -> Result<(*const u8, usize), String> {
+        let end = self.consumed.saturating_add(step).min(self.total);
+        match self.src {
+            Source::Bytes(b) => {
+                let chunk = &b[self.consumed..end];
+                Ok((chunk.as_ptr(), chunk.len()))
+            }
+            Source::File { file, offset, .. } => {
+                let end = end.min(self.consumed + FILE_PIECE);
+                let have = self.buf_at..self.buf_at + self.buf.len();
+                if !(have.contains(&self.consumed) && end <= have.end) {
+                    // What zstd left unread is read again with the rest.
+                    let n = FILE_PIECE.min(self.total - self.consumed);
+                    self.buf.resize(n, 0);
+                    self.buf_at = self.consumed;
+                    file.read_exact_at(&mut self.buf, offset + self.consumed as u64)
+                        .map_err(|e| format!("cannot read the compressed data: {e}"))?;
+                }
+                let from = self.consumed - self.buf_at;
+                Ok((self.buf[from..].as_ptr(), end - self.consumed))
+            }
+        }
+    }
+
     /// Decodes from up to `step` more compressed bytes. Fails if the stream
     /// is corrupt, ends before the output is full, or would overflow it.
     pub fn step(&mut self, step: usize) -> Result<(), String> {
-        let end = self.consumed.saturating_add(step).min(self.src.len());
-        let chunk = &self.src[self.consumed..end];
+        let (at, n) = self.next_input(step)?;
         let mut input = sys::ZSTD_inBuffer {
-            src: chunk.as_ptr().cast(),
-            size: chunk.len(),
+            src: at.cast(),
+            size: n,
             pos: 0,
         };
         let before = self.out.pos;
-        // SAFETY: a live context; `input` is a live slice; `out` is the
+        // SAFETY: a live context; `input` points into the source or into
+        // `buf`, neither touched until the call returns; `out` is the
         // region the caller vouched for in `new`, unchanged since.
         let code =
             unsafe { sys::ZSTD_decompressStream(self.dctx.as_ptr(), &mut self.out, &mut input) };
@@ -314,12 +380,12 @@ impl<'a> DirectDecoder<'a> {
             return Ok(());
         }
         // No progress.
-        if self.out.pos < self.out.size && self.consumed >= self.src.len() && self.at_frame_end {
+        if self.out.pos < self.out.size && self.consumed >= self.total && self.at_frame_end {
             Err(format!(
                 "zstd data decodes to only {} bytes, expected {}",
                 self.out.pos, self.out.size
             ))
-        } else if self.out.pos >= self.out.size && self.consumed < self.src.len() {
+        } else if self.out.pos >= self.out.size && self.consumed < self.total {
             Err(format!(
                 "zstd data decodes to more than the expected {} bytes",
                 self.out.size
@@ -331,7 +397,7 @@ impl<'a> DirectDecoder<'a> {
 
     /// After the last byte: the input must be used up, ending a frame.
     pub fn finish(&mut self) -> Result<(), String> {
-        while self.consumed < self.src.len() {
+        while self.consumed < self.total {
             self.step(usize::MAX)?;
         }
         if self.out.pos < self.out.size || !self.at_frame_end {
@@ -480,11 +546,33 @@ mod tests {
     }
 
     /// Runs a DirectDecoder over `blob` into a buffer of `len`, stepping
-    /// `step` compressed bytes at a time; checks the output only grows.
+    /// `step` compressed bytes at a time, from memory and from a file (where
+    /// the blob sits between other bytes); both must give the same result.
     fn direct(blob: &[u8], len: usize, step: usize) -> Result<Vec<u8>, String> {
+        let mut file = tempfile::tempfile().unwrap();
+        let junk = vec![0x28u8; 4099];
+        for part in [&junk[..], blob, &junk[..]] {
+            std::io::Write::write_all(&mut file, part).unwrap();
+        }
+        let from_file = Source::File {
+            file: &file,
+            offset: junk.len() as u64,
+            len: blob.len(),
+        };
+        let a = direct_from(Source::Bytes(blob), len, step);
+        assert_eq!(a, direct_from(from_file, len, step), "memory vs file");
+        a
+    }
+
+    /// Checks the output only grows and the input is used up.
+    fn direct_from(src: Source<'_>, len: usize, step: usize) -> Result<Vec<u8>, String> {
+        let total = match src {
+            Source::Bytes(b) => b.len(),
+            Source::File { len, .. } => len,
+        };
         let mut out = vec![0u8; len];
         // SAFETY: `out` outlives the decoder and is not touched meanwhile.
-        let mut d = unsafe { DirectDecoder::new(blob, out.as_mut_ptr(), len) }?;
+        let mut d = unsafe { DirectDecoder::with_source(src, out.as_mut_ptr(), len) }?;
         let mut last = 0;
         while d.produced() < len {
             d.step(step)?;
@@ -492,7 +580,7 @@ mod tests {
             last = d.produced();
         }
         d.finish()?;
-        assert_eq!(d.consumed(), blob.len());
+        assert_eq!(d.consumed(), total);
         drop(d);
         Ok(out)
     }
@@ -533,6 +621,21 @@ mod tests {
             .collect();
         let blob = c.compress(&big).unwrap();
         assert!(direct(&blob, big.len(), 1 << 20).unwrap() == big);
+        // Steps that straddle the file source's pieces.
+        assert!(direct(&blob, big.len(), 700_001).unwrap() == big);
+        // A file shorter than the index says: a read error, not a hang.
+        let mut file = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut file, &blob[..blob.len() / 2]).unwrap();
+        let short = Source::File {
+            file: &file,
+            offset: 0,
+            len: blob.len(),
+        };
+        assert!(
+            direct_from(short, big.len(), 1 << 20)
+                .unwrap_err()
+                .contains("cannot read the compressed data")
+        );
     }
 
     #[test]

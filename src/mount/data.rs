@@ -551,9 +551,7 @@ impl Data {
             buf,
             armed: true,
         };
-        let src = self.zt.blob(t);
-        let r = self.decode_progressively(src, &mut w, buf.len());
-        self.zt.release(src);
+        let r = self.decode_progressively(self.zt.blob_source(t), &mut w, buf.len());
         if r.is_ok() {
             Stats::add(&self.stats.decompressed_bytes, buf.len() as u64);
             discard.armed = false;
@@ -567,24 +565,27 @@ impl Data {
     /// each step of compressed input; the last byte only once the stream
     /// has been checked to its end, so a reader of the whole tensor never
     /// gets all of a blob that fails after it.
-    fn decode_progressively(&self, src: &[u8], w: &mut Writer, len: usize) -> Result<(), String> {
+    ///
+    /// The buffer is faulted in ahead by the populate thread, not here: on
+    /// two cores, faulting from both threads at once slowed the decoder more
+    /// than it saved (BENCHMARKS.md).
+    fn decode_progressively(
+        &self,
+        src: zstd_blob::Source<'_>,
+        w: &mut Writer,
+        len: usize,
+    ) -> Result<(), String> {
         // SAFETY: the writer's buffer is `len` bytes, lives as long as `w`
         // (which outlives the decoder), and only this decoder writes it, at
         // or past what was committed.
-        let mut dec = unsafe { zstd_blob::DirectDecoder::new(src, w.as_mut_ptr(), len) }?;
-        let mut released = 0usize;
+        let mut dec = unsafe { zstd_blob::DirectDecoder::with_source(src, w.as_mut_ptr(), len) }?;
         while dec.produced() < len {
-            w.prefault(2 * PROGRESSIVE_STEP);
-            dec.step(PROGRESSIVE_STEP)?;
-            // Bytes decoded from a file that changed are not published.
+            let stepped = dec.step(PROGRESSIVE_STEP);
+            // Bytes decoded from a file that changed are not published; and
+            // a change explains a failed step (a short read) best.
             self.guard.check()?;
+            stepped?;
             w.commit_to(dec.produced().min(len.saturating_sub(1)));
-            // Let go of the compressed pages behind the decoder.
-            let used = dec.consumed();
-            if used - released >= 8 << 20 {
-                self.zt.release(&src[released..used]);
-                released = used;
-            }
         }
         dec.finish()?;
         w.commit_to(len);

@@ -6,7 +6,7 @@
 //! last reader lets go. Not advised for huge pages: on the project's VM new
 //! huge pages come from memory the host has taken back and are 4 times
 //! slower to touch than small ones (BENCHMARKS.md); the pages are faulted
-//! in ahead of the writer instead ([`Filling::populate`], [`Writer::prefault`]).
+//! in ahead of the writer instead, by another thread ([`Filling::populate`]).
 //!
 //! Safety rests on one rule: the writer only ever holds `&mut` to bytes at
 //! or past `filled`, readers only ever see bytes before it, and `filled`
@@ -144,16 +144,6 @@ impl Writer<'_> {
     /// [`Writer::spare`] would) and then [`Writer::commit_to`].
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         self.f.map.as_mut_ptr()
-    }
-
-    /// Faults in the next `n` bytes past [`Writer::written`] in one call,
-    /// for when the populating thread has fallen behind (a no-op walk when it
-    /// has not).
-    pub fn prefault(&self, n: usize) {
-        let n = n.min(self.f.len - self.at);
-        if n > 0 {
-            let _ = self.f.map.advise_range(Advice::PopulateWrite, self.at, n);
-        }
     }
 
     /// Publishes every byte before `end`.
