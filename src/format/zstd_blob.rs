@@ -248,15 +248,30 @@ pub struct DirectDecoder<'a> {
 pub enum Source<'a> {
     /// Bytes in memory (or in a mapping).
     Bytes(&'a [u8]),
-    /// `len` bytes at `offset` of `file`, read a piece at a time into a
-    /// small buffer, the way `zstd -d` reads: no page faults on the decoder's
-    /// thread and no mapping to let go of behind it (each let-go is a TLB
-    /// flush on every core the process runs on).
+    /// `len` bytes at `offset` of `file`, read 1 MiB at a time into a
+    /// buffer of the decoder's (`zstd -d` reads its input in pieces too, not
+    /// through a mapping): no page faults on the decoder's thread and no
+    /// mapping to let go of behind it (each let-go is a TLB flush on every
+    /// core the process runs on).
     File {
         file: &'a File,
         offset: u64,
         len: usize,
     },
+}
+
+impl Source<'_> {
+    /// Length of the compressed stream.
+    pub fn len(&self) -> usize {
+        match self {
+            Source::Bytes(b) => b.len(),
+            Source::File { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// The most a [`Source::File`] decoder reads at once.
@@ -268,27 +283,14 @@ impl<'a> DirectDecoder<'a> {
     /// and nobody else may write there. The decoder writes only at or past
     /// [`DirectDecoder::produced`] and reads (as its window) what it
     /// produced, so others may read the bytes before `produced()`.
-    pub unsafe fn new(src: &'a [u8], out: *mut u8, len: usize) -> Result<Self, String> {
-        // SAFETY: the caller's promise, passed on.
-        unsafe { Self::with_source(Source::Bytes(src), out, len) }
-    }
-
-    /// [`DirectDecoder::new`] over any [`Source`].
-    ///
-    /// # Safety
-    /// As for [`DirectDecoder::new`].
-    pub unsafe fn with_source(src: Source<'a>, out: *mut u8, len: usize) -> Result<Self, String> {
+    pub unsafe fn new(src: Source<'a>, out: *mut u8, len: usize) -> Result<Self, String> {
         // SAFETY: plain constructor; freed in Drop.
         let dctx =
             NonNull::new(unsafe { sys::ZSTD_createDCtx() }).ok_or("zstd decoder: out of memory")?;
-        let total = match src {
-            Source::Bytes(b) => b.len(),
-            Source::File { len, .. } => len,
-        };
         let mut me = DirectDecoder {
             dctx,
             src,
-            total,
+            total: src.len(),
             consumed: 0,
             buf: Vec::new(),
             buf_at: 0,
@@ -333,18 +335,22 @@ impl<'a> DirectDecoder<'a> {
                 Ok((chunk.as_ptr(), chunk.len()))
             }
             Source::File { file, offset, .. } => {
-                let end = end.min(self.consumed + FILE_PIECE);
+                // The piece read last, until zstd has used it up.
                 let have = self.buf_at..self.buf_at + self.buf.len();
-                if !(have.contains(&self.consumed) && end <= have.end) {
-                    // What zstd left unread is read again with the rest.
+                if !have.contains(&self.consumed) && self.consumed < self.total {
                     let n = FILE_PIECE.min(self.total - self.consumed);
                     self.buf.resize(n, 0);
+                    if let Err(e) = file.read_exact_at(&mut self.buf, offset + self.consumed as u64)
+                    {
+                        // Nothing of a failed read may pass for data later.
+                        self.buf.clear();
+                        return Err(format!("cannot read the compressed data: {e}"));
+                    }
                     self.buf_at = self.consumed;
-                    file.read_exact_at(&mut self.buf, offset + self.consumed as u64)
-                        .map_err(|e| format!("cannot read the compressed data: {e}"))?;
                 }
-                let from = self.consumed - self.buf_at;
-                Ok((self.buf[from..].as_ptr(), end - self.consumed))
+                let from = (self.consumed - self.buf_at).min(self.buf.len());
+                let n = (end - self.consumed).min(self.buf.len() - from);
+                Ok((self.buf[from..].as_ptr(), n))
             }
         }
     }
@@ -566,13 +572,10 @@ mod tests {
 
     /// Checks the output only grows and the input is used up.
     fn direct_from(src: Source<'_>, len: usize, step: usize) -> Result<Vec<u8>, String> {
-        let total = match src {
-            Source::Bytes(b) => b.len(),
-            Source::File { len, .. } => len,
-        };
+        let total = src.len();
         let mut out = vec![0u8; len];
         // SAFETY: `out` outlives the decoder and is not touched meanwhile.
-        let mut d = unsafe { DirectDecoder::with_source(src, out.as_mut_ptr(), len) }?;
+        let mut d = unsafe { DirectDecoder::new(src, out.as_mut_ptr(), len) }?;
         let mut last = 0;
         while d.produced() < len {
             d.step(step)?;
@@ -625,17 +628,31 @@ mod tests {
         assert!(direct(&blob, big.len(), 700_001).unwrap() == big);
         // A file shorter than the index says: a read error, not a hang.
         let mut file = tempfile::tempfile().unwrap();
-        std::io::Write::write_all(&mut file, &blob[..blob.len() / 2]).unwrap();
+        let half = blob.len() / 2;
+        std::io::Write::write_all(&mut file, &blob[..half]).unwrap();
         let short = Source::File {
             file: &file,
             offset: 0,
             len: blob.len(),
         };
-        assert!(
-            direct_from(short, big.len(), 1 << 20)
-                .unwrap_err()
-                .contains("cannot read the compressed data")
-        );
+        let mut out = vec![0u8; big.len()];
+        // SAFETY: `out` outlives the decoder and is not touched meanwhile.
+        let mut d = unsafe { DirectDecoder::new(short, out.as_mut_ptr(), big.len()) }.unwrap();
+        let err = loop {
+            if let Err(e) = d.step(1 << 20) {
+                break e;
+            }
+        };
+        assert!(err.contains("cannot read the compressed data"), "{err}");
+        // A failed read leaves nothing behind that passes for data: once
+        // the rest is there, the decoder reads it and finishes right.
+        file.write_all_at(&blob[half..], half as u64).unwrap();
+        while d.produced() < big.len() {
+            d.step(1 << 20).unwrap();
+        }
+        d.finish().unwrap();
+        drop(d);
+        assert!(out == big);
     }
 
     #[test]

@@ -504,24 +504,24 @@ impl Data {
     /// Decodes a filling unit on a thread of its own, one per core at most;
     /// past that the reader that asked decodes it on its own thread.
     fn start_decoder(&self, ti: usize, buf: Arc<Buf>) {
+        // A thread at low priority faults the buffer in ahead of the decoder,
+        // wherever that runs: the decoder is the bound, and on two cores it
+        // must not share its core with the faulting. It holds the buffer
+        // weakly, so an evicted unit is not kept counted for it.
+        let weak = Arc::downgrade(&buf);
+        let _ = std::thread::Builder::new()
+            .name("zt-populate".into())
+            .spawn(move || {
+                lower_priority();
+                if let Some(b) = weak.upgrade()
+                    && let Some(f) = b.filling()
+                {
+                    f.populate();
+                }
+            });
         if self.decoders.fetch_add(1, Relaxed) < self.max_decoders
             && let Some(me) = self.me.upgrade()
         {
-            // A thread at low priority faults the buffer in ahead of the
-            // decoder: the decoder is the bound, and on two cores it must not
-            // share its core with the faulting. It holds the buffer weakly,
-            // so an evicted unit is not kept counted for it.
-            let weak = Arc::downgrade(&buf);
-            let _ = std::thread::Builder::new()
-                .name("zt-populate".into())
-                .spawn(move || {
-                    lower_priority();
-                    if let Some(b) = weak.upgrade()
-                        && let Some(f) = b.filling()
-                    {
-                        f.populate();
-                    }
-                });
             let b = buf.clone();
             let spawned = std::thread::Builder::new()
                 .name("zt-decode".into())
@@ -566,9 +566,9 @@ impl Data {
     /// has been checked to its end, so a reader of the whole tensor never
     /// gets all of a blob that fails after it.
     ///
-    /// The buffer is faulted in ahead by the populate thread, not here: on
-    /// two cores, faulting from both threads at once slowed the decoder more
-    /// than it saved (BENCHMARKS.md).
+    /// The buffer is faulted in ahead by the populate thread
+    /// ([`Data::start_decoder`]), not here: on two cores, faulting from both
+    /// threads at once slowed the decoder more than it saved (BENCHMARKS.md).
     fn decode_progressively(
         &self,
         src: zstd_blob::Source<'_>,
@@ -578,7 +578,7 @@ impl Data {
         // SAFETY: the writer's buffer is `len` bytes, lives as long as `w`
         // (which outlives the decoder), and only this decoder writes it, at
         // or past what was committed.
-        let mut dec = unsafe { zstd_blob::DirectDecoder::with_source(src, w.as_mut_ptr(), len) }?;
+        let mut dec = unsafe { zstd_blob::DirectDecoder::new(src, w.as_mut_ptr(), len) }?;
         while dec.produced() < len {
             let stepped = dec.step(PROGRESSIVE_STEP);
             // Bytes decoded from a file that changed are not published; and
