@@ -552,6 +552,9 @@ impl Data {
             armed: true,
         };
         let r = self.decode_progressively(self.zt.blob_source(t), &mut w, buf.len());
+        // The plan and the trust check read the frame header through the
+        // mapping; let go of it with the rest.
+        self.zt.release(self.zt.blob(t));
         if r.is_ok() {
             Stats::add(&self.stats.decompressed_bytes, buf.len() as u64);
             discard.armed = false;
