@@ -66,10 +66,14 @@ fn model(path: &std::path::Path) -> Model {
 }
 
 fn rss_kib(pid: i32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+fn status_kib(pid: i32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmRSS:")).map(|l| {
+            s.lines().find(|l| l.starts_with(field)).map(|l| {
                 l.split_whitespace()
                     .nth(1)
                     .unwrap_or("0")
@@ -152,6 +156,84 @@ fn sixty_four_readers_random_ranges() {
     assert!(
         peak_rss <= (CACHE >> 10) + 64 * 1024 + base_rss,
         "RSS {peak_rss} KiB over cache + 64 MiB"
+    );
+}
+
+/// Raw replies are sent from the daemon's mapping of the file; however
+/// much of the file is read, and however (whole tensors, random 4 KiB
+/// pieces, from several threads), the daemon keeps only a bounded part of
+/// it mapped (`mount::window`: 32 MiB, plus at most 16 MiB the helper has
+/// not let go of yet).
+#[test]
+fn raw_reads_keep_little_of_the_file_mapped() {
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let zt = m.scratch_path("wide.zt");
+    let mut w = Writer::create(&zt).unwrap();
+    let mut tensors = Vec::new();
+    for i in 0..48 {
+        // 48 x 4 MiB, every other one big-endian (served from a copy).
+        let data = pattern(4, 1 << 20, i as u8);
+        let endian = if i % 4 == 3 {
+            Endian::Big
+        } else {
+            Endian::Little
+        };
+        let name = format!("t{i}");
+        let opts = Options {
+            endian,
+            ..Options::default()
+        };
+        w.add(&name, DType::Float32, &[1 << 20], &data, &opts)
+            .unwrap();
+        tensors.push((name, data));
+    }
+    w.finish().unwrap();
+    m.mount(&zt, &[]);
+    let pid = m.pid.expect("daemon pid");
+    let base = status_kib(pid, "RssFile:");
+    let tensors = Arc::new(tensors);
+    let readers: Vec<_> = (0..4u64)
+        .map(|r| {
+            let (tensors, mp) = (tensors.clone(), m.mp.clone());
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut rng = Rng(r + 11);
+                for (i, (name, data)) in tensors.iter().enumerate() {
+                    let f = std::fs::File::open(mp.join(name)).map_err(|e| e.to_string())?;
+                    if i % 4 == r as usize {
+                        // This reader's share, whole.
+                        let got = std::fs::read(mp.join(name)).map_err(|e| e.to_string())?;
+                        if got != *data {
+                            return Err(format!("{name}: wrong bytes"));
+                        }
+                    }
+                    for _ in 0..200 {
+                        let off = rng.below(data.len() as u64 - 4096) & !4095;
+                        let mut buf = [0u8; 4096];
+                        f.read_exact_at(&mut buf, off).map_err(|e| e.to_string())?;
+                        if buf[..] != data[off as usize..off as usize + 4096] {
+                            return Err(format!("{name}@{off}: wrong bytes"));
+                        }
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for r in readers {
+        r.join().unwrap().unwrap();
+    }
+    // The helper lets go of what is past the budget shortly after.
+    let bound = base + (32 + 16 + 8) * 1024;
+    let settled = wait_until(Duration::from_secs(5), || {
+        status_kib(pid, "RssFile:") <= bound
+    });
+    let now = status_kib(pid, "RssFile:");
+    eprintln!("RssFile {base} KiB before, {now} KiB after reading 192 MiB");
+    assert!(
+        settled,
+        "{now} KiB of the file mapped after reading it all (started at {base} KiB)"
     );
 }
 

@@ -117,16 +117,18 @@ impl ZtFile {
         c.judge(h.finish())
     }
 
-    /// [`ZtFile::release`] of `len` bytes at address `addr`, clipped to
-    /// this mapping.
-    pub fn release_span(&self, addr: usize, len: usize) {
-        let base = self.map.as_ptr() as usize;
-        let from = addr.max(base);
-        let to = (addr + len).min(base + self.map.len());
-        if from < to {
-            // SAFETY: [from, to) lies within the mapping.
-            self.release(unsafe { std::slice::from_raw_parts(from as *const u8, to - from) });
+    /// Faults in the mapping's pages for `len` bytes at `off` (clipped to
+    /// the mapping) ahead of their use, in one call: the pages come from
+    /// the page cache, or are read from disk. Fails on kernels before 5.14
+    /// (`EINVAL`), or if the file is now shorter than the mapping (`EFAULT`,
+    /// never a SIGBUS).
+    pub fn populate(&self, off: usize, len: usize) -> std::io::Result<()> {
+        let end = off.saturating_add(len).min(self.map.len());
+        if off >= end {
+            return Ok(());
         }
+        self.map
+            .advise_range(memmap2::Advice::PopulateRead, off, end - off)
     }
 
     /// The page-aligned span of `bytes` if it lies within this mapping.

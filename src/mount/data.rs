@@ -15,6 +15,7 @@ use super::filling::Writer;
 use super::guard::Guard;
 use super::prefetch::Prefetcher;
 use super::stats::Stats;
+use super::window::{self, MapWindow};
 use crate::format::index::as_u64;
 use crate::format::writer::{FRAME_SIZE_KEY, FRAMES_KEY};
 use crate::format::zstd_blob::{self, Frame};
@@ -23,35 +24,18 @@ use ciborium::value::Value;
 
 /// Bytes for one read reply.
 pub enum Bytes<'a> {
-    /// Straight from the mmap; its pages are let go once the reply is sent.
-    Mapped(&'a ZtFile, &'a [u8]),
+    /// Straight from the mmap (its pages are the [`MapWindow`]'s to let go).
+    Mapped(&'a [u8]),
     /// A slice of a cached unit.
     Shared(Arc<Buf>, usize, usize),
     Owned(Vec<u8>),
-}
-
-impl Drop for Bytes<'_> {
-    /// Lets go of mapped pages in 8 MiB spans: when a reply ends past a span
-    /// boundary, the span before it is released. Sequential readers leave
-    /// nothing mapped behind them; mapping and unmapping every reply cost a
-    /// fifth of the CPU of a raw read.
-    fn drop(&mut self) {
-        if let Bytes::Mapped(zt, s) = self {
-            const SPAN: usize = 8 << 20;
-            let (start, end) = (s.as_ptr() as usize, s.as_ptr() as usize + s.len());
-            let boundary = end / SPAN * SPAN;
-            if boundary > start && boundary >= SPAN {
-                zt.release_span(boundary - SPAN, SPAN);
-            }
-        }
-    }
 }
 
 impl std::ops::Deref for Bytes<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            Bytes::Mapped(_, s) => s,
+            Bytes::Mapped(s) => s,
             // Made only after `Buf::range` returned these bytes: they are there.
             Bytes::Shared(b, at, n) => b.ready().get(*at..*at + *n).unwrap_or_default(),
             Bytes::Owned(v) => v,
@@ -111,6 +95,8 @@ pub struct Data {
     me: Weak<Data>,
     prefetcher: Prefetcher,
     zt: Arc<ZtFile>,
+    /// What of `zt`'s mapping raw replies keep mapped.
+    window: MapWindow<ZtFile>,
     cache: Cache,
     stats: Arc<Stats>,
     states: Vec<TensorState>,
@@ -134,11 +120,13 @@ impl Data {
             .map(|_| TensorState::default())
             .collect();
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let zt = Arc::new(zt);
         Ok(Arc::new_cyclic(|me| Data {
+            window: MapWindow::new(zt.clone(), window::BUDGET),
             me: me.clone(),
             prefetcher: Prefetcher::new(workers),
             cache: Cache::new(opts.cache_size, stats.clone()),
-            zt: Arc::new(zt),
+            zt,
             stats,
             states,
             guard,
@@ -210,19 +198,23 @@ impl Data {
                 }
                 let blob = self.zt.blob(t);
                 if let Some((at, n)) = expose::direct_range(part, t.endian, off, len) {
-                    let bytes = &blob[at as usize..(at + n) as usize];
-                    return Ok(Bytes::Mapped(&self.zt, bytes));
+                    let (start, end) = (t.offset + at, t.offset + t.size);
+                    self.window.serve(start as usize, n as usize, end as usize);
+                    return Ok(Bytes::Mapped(&blob[at as usize..(at + n) as usize]));
                 }
+                // The span of the blob the copy touches, for the window.
+                let (mut lo, mut hi) = (u64::MAX, 0);
                 let v: Result<Vec<u8>, String> =
                     expose::gather(part, t.endian, off, len, |at, out| {
-                        let src = &blob[at as usize..at as usize + out.len()];
-                        out.copy_from_slice(src);
-                        // Bulk copies (not single sparse records) let go of their pages.
-                        if src.len() >= 4096 {
-                            self.zt.release(src);
-                        }
+                        out.copy_from_slice(&blob[at as usize..at as usize + out.len()]);
+                        (lo, hi) = (lo.min(at), hi.max(at + out.len() as u64));
                         Ok(())
                     });
+                if lo < hi {
+                    let (start, end) = (t.offset + lo, t.offset + t.size);
+                    self.window
+                        .serve(start as usize, (hi - lo) as usize, end as usize);
+                }
                 // The copy above touched the mmap: make sure it was still there.
                 self.guard.check()?;
                 v.map(Bytes::Owned)

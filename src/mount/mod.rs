@@ -1,8 +1,8 @@
 //! The mount: tensor catalog -> filesystem tree -> kernel.
 //!
-//! `tree` lays out paths, `data` serves bytes (over `cache` and `guard`),
-//! `fs` answers filesystem calls without knowing fuser, and `fuse` is the thin
-//! adapter the kernel talks to.
+//! `tree` lays out paths, `data` serves bytes (over `cache`, `window` and
+//! `guard`), `fs` answers filesystem calls without knowing fuser, and `fuse`
+//! is the thin adapter the kernel talks to.
 
 pub mod cache;
 pub mod data;
@@ -14,3 +14,4 @@ pub mod prefetch;
 pub mod sidecar;
 pub mod stats;
 pub mod tree;
+pub mod window;
