@@ -131,7 +131,10 @@ impl ZtFile {
             .advise_range(memmap2::Advice::PopulateRead, off, end - off)
     }
 
-    /// The page-aligned span of `bytes` if it lies within this mapping.
+    /// The span of `bytes` if it lies within this mapping, rounded out to
+    /// 64 KiB (within the mapping): a page fault maps up to 64 KiB around
+    /// the page it needs (the kernel's default "fault-around"), so letting
+    /// go of only the pages read would leave their neighbours mapped.
     fn pages_of(&self, bytes: &[u8]) -> Option<(usize, usize)> {
         let base = self.map.as_ptr() as usize;
         let (start, end) = (
@@ -141,8 +144,9 @@ impl ZtFile {
         if bytes.is_empty() || start < base || end > base + self.map.len() {
             return None;
         }
-        let page = page_size();
-        let (from, to) = (start & !(page - 1), (end + page - 1) & !(page - 1));
+        let unit = page_size().max(64 << 10);
+        let from = (start & !(unit - 1)).max(base);
+        let to = end.next_multiple_of(unit).min(base + self.map.len());
         Some((from, to - from))
     }
 
@@ -152,8 +156,9 @@ impl ZtFile {
     /// only what it is using, however much of the file has been read.
     pub fn release(&self, bytes: &[u8]) {
         if let Some((from, len)) = self.pages_of(bytes) {
-            // SAFETY: within our read-only file mapping (rounded to its
-            // pages); MADV_DONTNEED only unmaps, the file is untouched.
+            // SAFETY: within our read-only file mapping (which starts on a
+            // page; its end is rounded up to one by the kernel);
+            // MADV_DONTNEED only unmaps, the file is untouched.
             unsafe { libc::madvise(from as *mut libc::c_void, len, libc::MADV_DONTNEED) };
         }
     }
@@ -266,6 +271,55 @@ impl std::io::BufRead for ReleasingReader<'_> {
         if self.pos - self.released >= 8 << 20 || self.pos == self.bytes.len() {
             self.zt.release(&self.bytes[self.released..self.pos]);
             self.released = self.pos;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::writer::{Options, Writer};
+    use crate::format::{DType, Endian};
+    use std::io::{Read, Seek, SeekFrom};
+
+    /// Whether the page at `addr` is mapped in this process (pagemap's
+    /// "present" bit, readable without privileges).
+    fn present(addr: usize) -> bool {
+        let mut pm = File::open("/proc/self/pagemap").unwrap();
+        pm.seek(SeekFrom::Start((addr / page_size() * 8) as u64))
+            .unwrap();
+        let mut e = [0u8; 8];
+        pm.read_exact(&mut e).unwrap();
+        u64::from_le_bytes(e) >> 63 == 1
+    }
+
+    #[test]
+    fn release_lets_go_of_the_pages_mapped_around_a_fault() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.zt");
+        let mut w = Writer::create(&path).unwrap();
+        let data = vec![7u8; 1 << 20];
+        let opts = Options {
+            endian: Endian::Little,
+            ..Options::default()
+        };
+        w.add("t", DType::Uint8, &[1 << 20], &data, &opts).unwrap();
+        w.finish().unwrap();
+        let zt = ZtFile::open(&path).unwrap();
+        let blob = zt.blob(&zt.catalog().tensors[0]);
+        // A byte in the middle of a 64 KiB unit: the fault may map the
+        // whole unit (the kernel's default fault-around).
+        let base = zt.bytes().as_ptr() as usize;
+        let unit = 64 << 10;
+        let at = (base + (512 << 10)).next_multiple_of(unit) + 5 * page_size() - base;
+        assert!(at + unit < blob.len() + (blob.as_ptr() as usize - base));
+        let byte = unsafe { std::ptr::read_volatile(zt.bytes().as_ptr().add(at)) };
+        assert_eq!(byte, 7);
+        assert!(present(base + at));
+        zt.release(&zt.bytes()[at..at + 1]);
+        let first = base + at - 5 * page_size();
+        for p in (first..first + unit).step_by(page_size()) {
+            assert!(!present(p), "page {:#x} still mapped", p - base);
         }
     }
 }
