@@ -308,11 +308,14 @@ mod tests {
         let zt = ZtFile::open(&path).unwrap();
         let blob = zt.blob(&zt.catalog().tensors[0]);
         // A byte in the middle of a 64 KiB unit: the fault may map the
-        // whole unit (the kernel's default fault-around).
+        // whole unit (the kernel's default fault-around; with it turned
+        // off this test cannot fail, and has nothing to catch).
         let base = zt.bytes().as_ptr() as usize;
         let unit = 64 << 10;
         let at = (base + (512 << 10)).next_multiple_of(unit) + 5 * page_size() - base;
         assert!(at + unit < blob.len() + (blob.as_ptr() as usize - base));
+        // SAFETY: `at` lies within the mapping (asserted above); volatile so
+        // the read, and its page fault, really happen.
         let byte = unsafe { std::ptr::read_volatile(zt.bytes().as_ptr().add(at)) };
         assert_eq!(byte, 7);
         assert!(present(base + at));

@@ -15,7 +15,7 @@ use super::filling::Writer;
 use super::guard::Guard;
 use super::prefetch::Prefetcher;
 use super::stats::Stats;
-use super::window::{self, MapWindow};
+use super::window::{self, MapWindow, Touched};
 use crate::format::index::as_u64;
 use crate::format::writer::{FRAME_SIZE_KEY, FRAMES_KEY};
 use crate::format::zstd_blob::{self, Frame};
@@ -24,18 +24,28 @@ use ciborium::value::Value;
 
 /// Bytes for one read reply.
 pub enum Bytes<'a> {
-    /// Straight from the mmap (its pages are the [`MapWindow`]'s to let go).
-    Mapped(&'a [u8]),
+    /// Straight from the mmap; counted by the window once sent.
+    Mapped(&'a MapWindow<ZtFile>, &'a [u8]),
     /// A slice of a cached unit.
     Shared(Arc<Buf>, usize, usize),
     Owned(Vec<u8>),
+}
+
+impl Drop for Bytes<'_> {
+    /// The reply has been written (or dropped): whatever it mapped is
+    /// counted now, not before, so nothing it mapped escapes the count.
+    fn drop(&mut self) {
+        if let Bytes::Mapped(w, s) = self {
+            w.served_bytes(s);
+        }
+    }
 }
 
 impl std::ops::Deref for Bytes<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            Bytes::Mapped(s) => s,
+            Bytes::Mapped(_, s) => s,
             // Made only after `Buf::range` returned these bytes: they are there.
             Bytes::Shared(b, at, n) => b.ready().get(*at..*at + *n).unwrap_or_default(),
             Bytes::Owned(v) => v,
@@ -199,22 +209,29 @@ impl Data {
                 let blob = self.zt.blob(t);
                 if let Some((at, n)) = expose::direct_range(part, t.endian, off, len) {
                     let (start, end) = (t.offset + at, t.offset + t.size);
-                    self.window.serve(start as usize, n as usize, end as usize);
-                    return Ok(Bytes::Mapped(&blob[at as usize..(at + n) as usize]));
+                    if n < window::STREAMING as u64 {
+                        // A small read: one copy costs less than mapping
+                        // its pages and, later, letting go of them.
+                        let mut v = vec![0; n as usize];
+                        let r = self.zt.file().read_exact_at(&mut v, start);
+                        // A file cut short: the guard says so best.
+                        self.guard.check()?;
+                        r.map_err(|e| self.fail(t, format!("cannot read the data: {e}")))?;
+                        return Ok(Bytes::Owned(v));
+                    }
+                    self.window.ahead(start as usize, n as usize, end as usize);
+                    let bytes = &blob[at as usize..(at + n) as usize];
+                    return Ok(Bytes::Mapped(&self.window, bytes));
                 }
-                // The span of the blob the copy touches, for the window.
-                let (mut lo, mut hi) = (u64::MAX, 0);
+                let mut touched = Touched::default();
                 let v: Result<Vec<u8>, String> =
                     expose::gather(part, t.endian, off, len, |at, out| {
                         out.copy_from_slice(&blob[at as usize..at as usize + out.len()]);
-                        (lo, hi) = (lo.min(at), hi.max(at + out.len() as u64));
+                        self.window
+                            .touch(&mut touched, (t.offset + at) as usize, out.len());
                         Ok(())
                     });
-                if lo < hi {
-                    let (start, end) = (t.offset + lo, t.offset + t.size);
-                    self.window
-                        .serve(start as usize, (hi - lo) as usize, end as usize);
-                }
+                self.window.served_touched(touched);
                 // The copy above touched the mmap: make sure it was still there.
                 self.guard.check()?;
                 v.map(Bytes::Owned)

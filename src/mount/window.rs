@@ -10,9 +10,17 @@
 //! are faulted in before it asks for them, and the least recently served
 //! chunks past a fixed budget are let go of (their pages stay in the page
 //! cache; a later read maps them again).
+//!
+//! What is mapped never escapes the count, whatever the timing: a reply's
+//! chunks are counted after it was sent (so a chunk let go of while the
+//! reply was being written, and mapped again by it, is counted again), and
+//! the helper checks after faulting chunks in that they are still counted
+//! (and lets go of those that are not). So jobs may run in any order, and
+//! nothing ever waits for the helper.
 
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use lru::LruCache;
 
@@ -23,24 +31,23 @@ use crate::format::ZtFile;
 /// its neighbours too ("fault-around"), but never across such a boundary,
 /// so no page is mapped outside the chunks that were counted.
 pub const CHUNK: usize = 2 << 20;
-/// Default budget: at most this much of the mapping is kept mapped for
-/// raw replies (plus what the helper has not let go of yet, at most
-/// [`QUEUE`] chunks).
+/// Default budget: at most this much of the mapping is counted as mapped
+/// for raw replies; the helper may still be letting go of one batch past
+/// it (a quarter of it); what replies in flight map is counted once sent.
 pub const BUDGET: usize = 32 << 20;
 /// How far ahead of a streaming reader the helper faults pages in, and
 /// how many chunks one reply may ask for (a reader moves half a chunk per
-/// 1 MiB reply, so the window catches up; readers that push each other's
-/// windows out cost little). 2 to 8 MiB ahead did equally well on the
-/// project's VM; 16 MiB did worse.
-const AHEAD: usize = 8 << 20;
+/// 1 MiB reply, so the window catches up). 2 to 8 MiB ahead did equally
+/// well on the project's VM, 16 MiB worse; less ahead leaves room in the
+/// budget for more readers at once.
+const AHEAD: usize = 4 << 20;
 const AHEAD_PER_REPLY: usize = 2;
 /// A reply this long counts as streaming (the kernel's own readahead asks
-/// for 128 KiB at a time); shorter ones fault in only their own pages.
-const STREAMING: usize = 128 << 10;
-/// Jobs waiting for the helper. Past that, hints are dropped and a release
-/// waits for room: releases and the faulting-in of the same chunk must
-/// happen in the order they were decided, or a chunk let go of could be
-/// mapped again behind the window's back.
+/// for 128 KiB at a time); the data layer reads shorter ones with `pread`,
+/// not through the mapping.
+pub const STREAMING: usize = 128 << 10;
+/// Jobs waiting for the helper. Past that, hints are dropped and the
+/// serving thread lets go itself.
 const QUEUE: usize = 8;
 
 /// What the window does to the mapping: the `.zt`'s, or a test's record.
@@ -81,17 +88,51 @@ impl Pages for ZtFile {
 }
 
 enum Job {
-    Populate(usize, usize),
-    Release(usize, usize),
+    /// Fault in offsets `.2..,3`, which lie in chunks `.0..=.1`.
+    Populate(usize, usize, usize, usize),
+    /// Let go of these chunks.
+    Release(Vec<usize>),
 }
 
-pub struct MapWindow<P: Pages> {
+/// What the window and its helper share.
+struct Shared<P: Pages> {
     pages: Arc<P>,
-    base: usize,
     /// Chunks counted as mapped, least recently served first (numbered by
     /// address, not by file offset).
-    mapped: Mutex<LruCache<usize, ()>>,
+    counted: Mutex<LruCache<usize, ()>>,
+    /// Jobs sent and not yet done (for tests to wait on).
+    pending: AtomicUsize,
+    /// A release batch is queued or being done.
+    releasing: AtomicBool,
+}
+
+impl<P: Pages> Shared<P> {
+    fn counted(&self) -> MutexGuard<'_, LruCache<usize, ()>> {
+        self.counted.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Lets go of chunk `c` (its part of the mapping).
+    fn release(&self, c: usize) {
+        let base = self.pages.map_base();
+        let from = (c * CHUNK).max(base);
+        let to = ((c + 1) * CHUNK).min(base + self.pages.map_len());
+        if from < to {
+            self.pages.release(from - base, to - from);
+        }
+    }
+}
+
+/// Chunks a copy read, noted piece by piece.
+#[derive(Default)]
+pub struct Touched(Vec<usize>);
+
+pub struct MapWindow<P: Pages> {
+    shared: Arc<Shared<P>>,
+    base: usize,
+    /// In chunks: past `budget`, the least recently served are let go of
+    /// down to `low` at once (a job per 8 MiB streamed, not one per reply).
     budget: usize,
+    low: usize,
     jobs: SyncSender<Job>,
 }
 
@@ -100,87 +141,202 @@ impl<P: Pages> MapWindow<P> {
     /// with its helper thread, which ends when the window is dropped.
     pub fn new(pages: Arc<P>, budget: usize) -> MapWindow<P> {
         let (jobs, rx) = sync_channel(QUEUE);
-        let p = pages.clone();
-        // Without a helper every send fails: releases happen inline.
+        let base = pages.map_base();
+        let shared = Arc::new(Shared {
+            pages,
+            counted: Mutex::new(LruCache::unbounded()),
+            pending: AtomicUsize::new(0),
+            releasing: AtomicBool::new(false),
+        });
+        let s = shared.clone();
+        // Without a helper every send fails: hints are dropped, chunks are
+        // let go of on the serving thread.
         let _ = std::thread::Builder::new()
             .name("zt-map".into())
-            .spawn(move || helper(&*p, rx));
+            .spawn(move || helper(&s, rx));
+        let budget = budget.div_ceil(CHUNK).max(2);
         MapWindow {
-            base: pages.map_base(),
-            pages,
-            mapped: Mutex::new(LruCache::unbounded()),
-            budget: budget.div_ceil(CHUNK).max(1),
+            shared,
+            base,
+            budget,
+            low: budget * 3 / 4,
             jobs,
         }
     }
 
-    /// A reply of `len` bytes at `off` of the mapping is about to be sent;
-    /// `limit` is where its tensor ends (nothing past it is faulted in).
-    pub fn serve(&self, off: usize, len: usize, limit: usize) {
+    /// Before a reply of `len` bytes at `off` of the mapping: if it
+    /// streams, asks for the next chunks of its tensor (which ends at
+    /// `limit`) to be faulted in.
+    pub fn ahead(&self, off: usize, len: usize, limit: usize) {
+        let limit = self.base + limit.min(self.shared.pages.map_len());
+        let end = (self.base + off).saturating_add(len);
+        if len < STREAMING || end >= limit {
+            return;
+        }
+        let to = end.saturating_add(AHEAD).next_multiple_of(CHUNK).min(limit);
+        let mut counted = self.shared.counted();
+        // Chunks counted are mapped, or were asked for already.
+        let Some(first) = (end / CHUNK..=(to - 1) / CHUNK).find(|c| !counted.contains(c)) else {
+            return;
+        };
+        let last = ((to - 1) / CHUNK).min(first + AHEAD_PER_REPLY - 1);
+        let from = end.max(first * CHUNK) - self.base;
+        let to = to.min((last + 1) * CHUNK) - self.base;
+        if self.send(Job::Populate(first, last, from, to)).is_ok() {
+            for c in first..=last {
+                counted.push(c, ());
+            }
+            let gone = self.make_room(&mut counted);
+            drop(counted);
+            self.release_here(gone);
+        }
+    }
+
+    /// After `len` bytes at `off` were read through the mapping (a reply
+    /// sent, a copy made): counts their chunks, and lets go of the least
+    /// recently served past the budget.
+    pub fn served(&self, off: usize, len: usize) {
         if len == 0 {
             return;
         }
-        // Addresses from here on.
-        let (off, limit) = (self.base + off, self.base + limit.min(self.pages.map_len()));
-        let mut ahead = None;
-        let mut gone = Vec::new();
-        {
-            let mut mapped = self.mapped.lock().unwrap_or_else(|e| e.into_inner());
-            let end = off.saturating_add(len);
-            if len >= STREAMING && end < limit {
-                let to = end.saturating_add(AHEAD).next_multiple_of(CHUNK).min(limit);
-                // Chunks already counted are mapped, or were just asked for.
-                let first_new = (end / CHUNK..=(to - 1) / CHUNK).find(|c| !mapped.contains(c));
-                if let Some(c) = first_new {
-                    let last = ((to - 1) / CHUNK).min(c + AHEAD_PER_REPLY - 1);
-                    for c in c..=last {
-                        mapped.push(c, ());
-                    }
-                    let from = end.max(c * CHUNK);
-                    ahead = Some((from, to.min((last + 1) * CHUNK) - from));
-                }
-            }
-            // The reply's own chunks last: they are the most recently used.
-            for c in off / CHUNK..=(end - 1) / CHUNK {
-                mapped.push(c, ());
-            }
-            while mapped.len() > self.budget {
-                match mapped.pop_lru() {
-                    Some((c, ())) => gone.push(c),
-                    None => break,
-                }
+        let at = self.base + off;
+        let mut counted = self.shared.counted();
+        for c in at / CHUNK..=(at + len - 1) / CHUNK {
+            counted.push(c, ());
+        }
+        let gone = self.make_room(&mut counted);
+        drop(counted);
+        self.release_here(gone);
+    }
+
+    /// Notes that a copy read `len` bytes at `off` of the mapping; the
+    /// copy then hands `touched` to [`MapWindow::served_touched`]. For
+    /// copies made of many small pieces (sparse records): a lock per piece
+    /// would cost more than the piece.
+    pub fn touch(&self, touched: &mut Touched, off: usize, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let at = self.base + off;
+        for c in at / CHUNK..=(at + len - 1) / CHUNK {
+            // Pieces alternate between a few runs of the file.
+            if !touched.0.iter().rev().take(8).any(|&x| x == c) {
+                touched.0.push(c);
             }
         }
-        if let Some((from, n)) = ahead {
-            // A hint: if the helper is busy, the reply faults its own pages.
-            let _ = self.jobs.try_send(Job::Populate(from - self.base, n));
+    }
+
+    /// Counts the chunks a copy read (see [`MapWindow::touch`]).
+    pub fn served_touched(&self, mut touched: Touched) {
+        if touched.0.is_empty() {
+            return;
         }
+        touched.0.sort_unstable();
+        touched.0.dedup();
+        let mut counted = self.shared.counted();
+        for c in touched.0 {
+            counted.push(c, ());
+        }
+        let gone = self.make_room(&mut counted);
+        drop(counted);
+        self.release_here(gone);
+    }
+
+    /// [`MapWindow::served`] of a slice of the mapping.
+    pub fn served_bytes(&self, bytes: &[u8]) {
+        let at = bytes.as_ptr() as usize;
+        if at >= self.base {
+            self.served(at - self.base, bytes.len());
+        }
+    }
+
+    /// Past the budget, takes the least recently served chunks out of the
+    /// count and hands them to the helper; returns those the caller must
+    /// let go of itself.
+    #[must_use]
+    fn make_room(&self, counted: &mut LruCache<usize, ()>) -> Vec<usize> {
+        if counted.len() <= self.budget {
+            return Vec::new();
+        }
+        let mut gone = Vec::with_capacity(counted.len() - self.low);
+        while counted.len() > self.low {
+            match counted.pop_lru() {
+                Some((c, ())) => gone.push(c),
+                None => break,
+            }
+        }
+        // One batch at a time is the helper's; past that the caller lets
+        // go itself, so what waits to be let go of stays under a budget.
+        if self.shared.releasing.swap(true, Relaxed) {
+            return gone;
+        }
+        match self.send(Job::Release(gone)) {
+            Ok(()) => Vec::new(),
+            Err(
+                TrySendError::Full(Job::Release(gone))
+                | TrySendError::Disconnected(Job::Release(gone)),
+            ) => {
+                self.shared.releasing.store(false, Relaxed);
+                gone
+            }
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Lets go of `gone` on this thread (after the count's lock is let go).
+    fn release_here(&self, gone: Vec<usize>) {
         for c in gone {
-            // The chunk's part of the mapping, as offsets.
-            let from = (c * CHUNK).max(self.base);
-            let to = ((c + 1) * CHUNK).min(self.base + self.pages.map_len());
-            let (at, n) = (from - self.base, to.saturating_sub(from));
-            // Without a helper (it could not start), let go here.
-            if self.jobs.send(Job::Release(at, n)).is_err() {
-                self.pages.release(at, n);
-            }
+            self.shared.release(c);
         }
+    }
+
+    fn send(&self, job: Job) -> Result<(), TrySendError<Job>> {
+        self.shared.pending.fetch_add(1, Relaxed);
+        let r = self.jobs.try_send(job);
+        if r.is_err() {
+            self.shared.pending.fetch_sub(1, Relaxed);
+        }
+        r
     }
 
     /// Chunks counted as mapped now.
     pub fn chunks(&self) -> usize {
-        self.mapped.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.shared.counted().len()
     }
 }
 
-fn helper<P: Pages>(pages: &P, jobs: Receiver<Job>) {
+fn helper<P: Pages>(shared: &Shared<P>, jobs: Receiver<Job>) {
     let mut can_populate = true;
     while let Ok(job) = jobs.recv() {
         match job {
-            Job::Populate(off, n) if can_populate => can_populate = pages.populate(off, n),
+            Job::Populate(first, last, from, to) if can_populate => {
+                can_populate = shared.pages.populate(from, to - from);
+                // Let go of what was no longer counted by the time it was
+                // mapped: nothing mapped escapes the count.
+                let gone: Vec<usize> = {
+                    let counted = shared.counted();
+                    (first..=last).filter(|c| !counted.contains(c)).collect()
+                };
+                for c in gone {
+                    shared.release(c);
+                }
+            }
             Job::Populate(..) => {}
-            Job::Release(off, n) => pages.release(off, n),
+            Job::Release(gone) => {
+                for c in gone {
+                    shared.release(c);
+                }
+                shared.releasing.store(false, Relaxed);
+            }
         }
+        shared.pending.fetch_sub(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+impl<P: Pages> MapWindow<P> {
+    fn counted_set(&self) -> std::collections::BTreeSet<usize> {
+        self.shared.counted().iter().map(|(c, ())| *c).collect()
     }
 }
 
@@ -196,6 +352,8 @@ mod tests {
         len: usize,
         mapped: Mutex<BTreeSet<usize>>,
         populated: Mutex<Vec<(usize, usize)>>,
+        /// Calls that were not one chunk clipped to the mapping.
+        bad: Mutex<Vec<String>>,
         can_populate: bool,
     }
 
@@ -209,6 +367,7 @@ mod tests {
                 len,
                 mapped: Mutex::new(BTreeSet::new()),
                 populated: Mutex::new(Vec::new()),
+                bad: Mutex::new(Vec::new()),
                 can_populate,
             })
         }
@@ -220,8 +379,8 @@ mod tests {
                 m.insert(c);
             }
         }
-        fn mapped(&self) -> usize {
-            self.mapped.lock().unwrap().len()
+        fn mapped(&self) -> BTreeSet<usize> {
+            self.mapped.lock().unwrap().clone()
         }
     }
 
@@ -236,6 +395,12 @@ mod tests {
             if !self.can_populate {
                 return false;
             }
+            if len == 0 || off + len > self.len {
+                self.bad
+                    .lock()
+                    .unwrap()
+                    .push(format!("populate {off}+{len}"));
+            }
             self.populated.lock().unwrap().push((off, len));
             self.fault(off, len);
             true
@@ -244,29 +409,48 @@ mod tests {
             // One chunk of address space, clipped to the mapping.
             let (from, to) = (self.base + off, self.base + off + len);
             let c = from / CHUNK;
-            assert!(
-                len > 0 && (to - 1) / CHUNK == c,
-                "{off}+{len} is not one chunk"
-            );
-            assert!(
-                from % CHUNK == 0 || off == 0,
-                "{off}: not from a chunk's start"
-            );
-            assert!(
-                to % CHUNK == 0 || off + len == self.len,
-                "{off}+{len}: short"
-            );
+            let whole = len > 0
+                && (to - 1) / CHUNK == c
+                && (from % CHUNK == 0 || off == 0)
+                && (to % CHUNK == 0 || off + len == self.len);
+            if !whole {
+                self.bad
+                    .lock()
+                    .unwrap()
+                    .push(format!("release {off}+{len}"));
+            }
             self.mapped.lock().unwrap().remove(&c);
         }
     }
 
-    /// Waits for the helper to drain its queue (it has no other signal).
+    /// Waits until the helper has done every job, then checks that nothing
+    /// mapped escaped the count.
     fn settle(w: &MapWindow<Record>, rec: &Record) {
         let t = Instant::now();
-        while rec.mapped() > w.chunks() && t.elapsed() < Duration::from_secs(5) {
+        while w.shared.pending.load(Relaxed) > 0 && t.elapsed() < Duration::from_secs(5) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        std::thread::sleep(Duration::from_millis(20));
+        let (mapped, counted) = (rec.mapped(), w.counted_set());
+        let escaped: Vec<_> = mapped.difference(&counted).collect();
+        assert!(escaped.is_empty(), "mapped but not counted: {escaped:?}");
+        assert!(
+            counted.len() <= w.budget,
+            "{} chunks counted",
+            counted.len()
+        );
+        assert_eq!(
+            rec.bad.lock().unwrap().len(),
+            0,
+            "{:?}",
+            rec.bad.lock().unwrap()
+        );
+    }
+
+    /// One reply, in the order the data layer makes the calls.
+    fn reply(w: &MapWindow<Record>, rec: &Record, off: usize, len: usize, limit: usize) {
+        w.ahead(off, len, limit);
+        rec.fault(off, len);
+        w.served(off, len);
     }
 
     #[test]
@@ -277,32 +461,23 @@ mod tests {
         let w = MapWindow::new(rec.clone(), BUDGET);
         let step = 1 << 20;
         for off in (0..len).step_by(step) {
-            w.serve(off, step, len);
-            rec.fault(off, step);
+            reply(&w, &rec, off, step, len);
             assert!(w.chunks() <= BUDGET / CHUNK, "over budget at {off}");
-            // A reply takes time: the helper keeps up (hints it cannot
-            // take in time are dropped).
+            // A reply takes time: the helper keeps up.
             std::thread::sleep(Duration::from_micros(200));
         }
         settle(&w, &rec);
-        assert!(
-            rec.mapped() <= BUDGET / CHUNK + QUEUE + 1,
-            "{} chunks left mapped",
-            rec.mapped()
-        );
         // The end of the stream is what stays mapped.
         let last = (rec.base + len - 1) / CHUNK;
-        assert!(rec.mapped.lock().unwrap().contains(&last));
-        // Most of the stream was asked for ahead of time (all of it, on
-        // a quiet machine), and nothing past the limit.
-        let pop = rec.populated.lock().unwrap();
-        let asked: usize = pop.iter().map(|(_, n)| n).sum();
+        assert!(rec.mapped().contains(&last));
+        // What came after the first reply was asked for ahead (all of it
+        // when the helper keeps up; hints it cannot take are dropped).
+        let asked: usize = rec.populated.lock().unwrap().iter().map(|(_, n)| n).sum();
         assert!(asked >= len / 2, "only {asked} bytes ahead");
-        assert!(pop.iter().all(|(o, n)| o + n <= len));
     }
 
     #[test]
-    fn many_small_tensors_stay_within_the_budget() {
+    fn random_small_reads_stay_within_the_budget() {
         // 4 KiB replies at random places of 1 GiB: nothing streams, nothing
         // is faulted in ahead, and what is mapped stays bounded.
         let len = 1 << 30;
@@ -314,13 +489,11 @@ mod tests {
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             let off = (x >> 20) as usize % (len - 4096);
-            w.serve(off, 4096, len);
-            rec.fault(off, 4096);
+            reply(&w, &rec, off, 4096, len);
         }
         settle(&w, &rec);
         assert!(rec.populated.lock().unwrap().is_empty());
         assert!(w.chunks() <= 4);
-        assert!(rec.mapped() <= 4 + QUEUE, "{} chunks mapped", rec.mapped());
     }
 
     #[test]
@@ -329,11 +502,10 @@ mod tests {
         let rec = Record::new(len, false);
         let w = MapWindow::new(rec.clone(), 4 << 20);
         for off in (0..len).step_by(1 << 20) {
-            w.serve(off, 1 << 20, len);
-            rec.fault(off, 1 << 20);
+            reply(&w, &rec, off, 1 << 20, len);
         }
         settle(&w, &rec);
-        assert!(rec.mapped() <= 2 + QUEUE, "{} chunks mapped", rec.mapped());
+        assert!(rec.mapped().len() <= 2);
     }
 
     #[test]
@@ -341,14 +513,51 @@ mod tests {
         let len = 64 << 20;
         let rec = Record::new(len, true);
         let w = MapWindow::new(rec.clone(), BUDGET);
-        // A tensor ending at 5 MiB + 100, read in 1 MiB replies.
+        // A tensor ending at 5 MiB + 100 of a longer mapping.
         let limit = (5 << 20) + 100;
         for off in (0..limit).step_by(1 << 20) {
-            w.serve(off, (1 << 20).min(limit - off), limit);
+            w.ahead(off, (1 << 20).min(limit - off), limit);
+            std::thread::sleep(Duration::from_millis(2));
         }
         settle(&w, &rec);
         let pop = rec.populated.lock().unwrap();
         assert!(!pop.is_empty());
         assert!(pop.iter().all(|(o, n)| o + n <= limit), "{pop:?}");
+    }
+
+    #[test]
+    fn replies_in_flight_while_others_push_them_out_stay_counted() {
+        // Eight streams over a small budget, their replies interleaved: a
+        // reply's chunk is let go of before the reply is written (which maps
+        // it again), and chunks asked for ahead are pushed out before the
+        // helper gets to them. Whatever ends up mapped must be counted.
+        let len = 512 << 20;
+        let rec = Record::at(3 << 20, len, true);
+        let w = MapWindow::new(rec.clone(), 8 << 20);
+        let streams: Vec<usize> = (0..8).map(|i| i * (64 << 20)).collect();
+        let step = 256 << 10;
+        let mut x = 99u64;
+        let mut inflight: Vec<(usize, usize)> = Vec::new();
+        for round in 0..(64 << 20) / step {
+            for s in &streams {
+                let off = s + round * step;
+                w.ahead(off, step, s + (64 << 20));
+                inflight.push((off, step));
+            }
+            // Finish some replies, in a scrambled order.
+            while inflight.len() > 6 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let (off, n) = inflight.swap_remove((x >> 33) as usize % inflight.len());
+                rec.fault(off, n);
+                w.served(off, n);
+            }
+        }
+        for (off, n) in inflight {
+            rec.fault(off, n);
+            w.served(off, n);
+        }
+        settle(&w, &rec);
     }
 }
