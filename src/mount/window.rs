@@ -18,7 +18,7 @@
 //! (and lets go of those that are not). So jobs may run in any order, and
 //! nothing ever waits for the helper.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::AcqRel, Ordering::Relaxed};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -88,7 +88,7 @@ impl Pages for ZtFile {
 }
 
 enum Job {
-    /// Fault in offsets `.2..,3`, which lie in chunks `.0..=.1`.
+    /// Fault in offsets `.2..3`, which lie in chunks `.0..=.1`.
     Populate(usize, usize, usize, usize),
     /// Let go of these chunks.
     Release(Vec<usize>),
@@ -104,6 +104,9 @@ struct Shared<P: Pages> {
     pending: AtomicUsize,
     /// A release batch is queued or being done.
     releasing: AtomicBool,
+    /// Cleared if this kernel cannot fault pages in ahead (before 5.14):
+    /// then nothing is asked for, nor counted ahead.
+    can_populate: AtomicBool,
 }
 
 impl<P: Pages> Shared<P> {
@@ -147,13 +150,19 @@ impl<P: Pages> MapWindow<P> {
             counted: Mutex::new(LruCache::unbounded()),
             pending: AtomicUsize::new(0),
             releasing: AtomicBool::new(false),
+            can_populate: AtomicBool::new(true),
         });
         let s = shared.clone();
         // Without a helper every send fails: hints are dropped, chunks are
         // let go of on the serving thread.
-        let _ = std::thread::Builder::new()
+        if let Err(e) = std::thread::Builder::new()
             .name("zt-map".into())
-            .spawn(move || helper(&s, rx));
+            .spawn(move || helper(&s, rx))
+        {
+            log::warn!(
+                "cannot start the mapping helper thread ({e}); replies fault their own pages"
+            );
+        }
         let budget = budget.div_ceil(CHUNK).max(2);
         MapWindow {
             shared,
@@ -165,16 +174,21 @@ impl<P: Pages> MapWindow<P> {
     }
 
     /// Before a reply of `len` bytes at `off` of the mapping: if it
-    /// streams, asks for the next chunks of its tensor (which ends at
-    /// `limit`) to be faulted in.
+    /// streams (is long, and starts in a chunk read or asked for already),
+    /// asks for the next chunks of its tensor (which ends at `limit`) to be
+    /// faulted in.
     pub fn ahead(&self, off: usize, len: usize, limit: usize) {
         let limit = self.base + limit.min(self.shared.pages.map_len());
-        let end = (self.base + off).saturating_add(len);
-        if len < STREAMING || end >= limit {
+        let (start, end) = (self.base + off, (self.base + off).saturating_add(len));
+        if len < STREAMING || end >= limit || !self.shared.can_populate.load(Relaxed) {
             return;
         }
         let to = end.saturating_add(AHEAD).next_multiple_of(CHUNK).min(limit);
         let mut counted = self.shared.counted();
+        // Long random reads are not streams: their pages are not asked for.
+        if !counted.contains(&(start / CHUNK)) {
+            return;
+        }
         // Chunks counted are mapped, or were asked for already.
         let Some(first) = (end / CHUNK..=(to - 1) / CHUNK).find(|c| !counted.contains(c)) else {
             return;
@@ -272,14 +286,14 @@ impl<P: Pages> MapWindow<P> {
         }
         match self.send(Job::Release(gone)) {
             Ok(()) => Vec::new(),
-            Err(
-                TrySendError::Full(Job::Release(gone))
-                | TrySendError::Disconnected(Job::Release(gone)),
-            ) => {
+            Err(e) => {
                 self.shared.releasing.store(false, Relaxed);
-                gone
+                let (TrySendError::Full(job) | TrySendError::Disconnected(job)) = e;
+                match job {
+                    Job::Release(gone) => gone,
+                    Job::Populate(..) => Vec::new(),
+                }
             }
-            Err(_) => Vec::new(),
         }
     }
 
@@ -291,10 +305,10 @@ impl<P: Pages> MapWindow<P> {
     }
 
     fn send(&self, job: Job) -> Result<(), TrySendError<Job>> {
-        self.shared.pending.fetch_add(1, Relaxed);
+        self.shared.pending.fetch_add(1, AcqRel);
         let r = self.jobs.try_send(job);
         if r.is_err() {
-            self.shared.pending.fetch_sub(1, Relaxed);
+            self.shared.pending.fetch_sub(1, AcqRel);
         }
         r
     }
@@ -306,11 +320,12 @@ impl<P: Pages> MapWindow<P> {
 }
 
 fn helper<P: Pages>(shared: &Shared<P>, jobs: Receiver<Job>) {
-    let mut can_populate = true;
     while let Ok(job) = jobs.recv() {
         match job {
-            Job::Populate(first, last, from, to) if can_populate => {
-                can_populate = shared.pages.populate(from, to - from);
+            Job::Populate(first, last, from, to) => {
+                if !shared.pages.populate(from, to - from) {
+                    shared.can_populate.store(false, Relaxed);
+                }
                 // Let go of what was no longer counted by the time it was
                 // mapped: nothing mapped escapes the count.
                 let gone: Vec<usize> = {
@@ -321,7 +336,6 @@ fn helper<P: Pages>(shared: &Shared<P>, jobs: Receiver<Job>) {
                     shared.release(c);
                 }
             }
-            Job::Populate(..) => {}
             Job::Release(gone) => {
                 for c in gone {
                     shared.release(c);
@@ -329,7 +343,7 @@ fn helper<P: Pages>(shared: &Shared<P>, jobs: Receiver<Job>) {
                 shared.releasing.store(false, Relaxed);
             }
         }
-        shared.pending.fetch_sub(1, Relaxed);
+        shared.pending.fetch_sub(1, AcqRel);
     }
 }
 
@@ -344,6 +358,7 @@ impl<P: Pages> MapWindow<P> {
 mod tests {
     use super::*;
     use std::collections::BTreeSet;
+    use std::sync::atomic::Ordering::Acquire;
     use std::time::{Duration, Instant};
 
     /// Records which chunks are mapped, as the kernel would see them.
@@ -352,6 +367,7 @@ mod tests {
         len: usize,
         mapped: Mutex<BTreeSet<usize>>,
         populated: Mutex<Vec<(usize, usize)>>,
+        attempts: AtomicUsize,
         /// Calls that were not one chunk clipped to the mapping.
         bad: Mutex<Vec<String>>,
         can_populate: bool,
@@ -367,6 +383,7 @@ mod tests {
                 len,
                 mapped: Mutex::new(BTreeSet::new()),
                 populated: Mutex::new(Vec::new()),
+                attempts: AtomicUsize::new(0),
                 bad: Mutex::new(Vec::new()),
                 can_populate,
             })
@@ -392,6 +409,7 @@ mod tests {
             self.len
         }
         fn populate(&self, off: usize, len: usize) -> bool {
+            self.attempts.fetch_add(1, Relaxed);
             if !self.can_populate {
                 return false;
             }
@@ -427,7 +445,7 @@ mod tests {
     /// mapped escaped the count.
     fn settle(w: &MapWindow<Record>, rec: &Record) {
         let t = Instant::now();
-        while w.shared.pending.load(Relaxed) > 0 && t.elapsed() < Duration::from_secs(5) {
+        while w.shared.pending.load(Acquire) > 0 && t.elapsed() < Duration::from_secs(5) {
             std::thread::sleep(Duration::from_millis(1));
         }
         let (mapped, counted) = (rec.mapped(), w.counted_set());
@@ -498,14 +516,37 @@ mod tests {
 
     #[test]
     fn without_populate_it_still_lets_go() {
-        let len = 64 << 20;
+        let len = 256 << 20;
         let rec = Record::new(len, false);
-        let w = MapWindow::new(rec.clone(), 4 << 20);
+        let w = MapWindow::new(rec.clone(), 8 << 20);
         for off in (0..len).step_by(1 << 20) {
+            reply(&w, &rec, off, 1 << 20, len);
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        settle(&w, &rec);
+        assert!(rec.mapped().len() <= 4);
+        // Told once that the kernel cannot, it stops asking (and counting):
+        // only jobs queued by then still ask, not one per reply (256).
+        assert!(rec.attempts.load(Relaxed) <= QUEUE + 1);
+    }
+
+    #[test]
+    fn long_random_reads_are_not_streams() {
+        let len = 1 << 30;
+        let rec = Record::new(len, true);
+        let w = MapWindow::new(rec.clone(), BUDGET);
+        let mut x = 7u64;
+        for _ in 0..2000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let off = (x >> 20) as usize % (len - (1 << 20));
             reply(&w, &rec, off, 1 << 20, len);
         }
         settle(&w, &rec);
-        assert!(rec.mapped().len() <= 2);
+        // Only reads that happen to start in a chunk still counted.
+        let asked = rec.populated.lock().unwrap().len();
+        assert!(asked < 200, "{asked} of 2000 random reads faulted in ahead");
     }
 
     #[test]
@@ -516,7 +557,7 @@ mod tests {
         // A tensor ending at 5 MiB + 100 of a longer mapping.
         let limit = (5 << 20) + 100;
         for off in (0..limit).step_by(1 << 20) {
-            w.ahead(off, (1 << 20).min(limit - off), limit);
+            reply(&w, &rec, off, (1 << 20).min(limit - off), limit);
             std::thread::sleep(Duration::from_millis(2));
         }
         settle(&w, &rec);
