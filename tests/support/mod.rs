@@ -361,9 +361,28 @@ impl Mount {
     }
 
     /// `unmount()`, asserting that it worked and that nothing is left.
+    /// "Busy" is retried for up to 2 s: tests run on threads of one
+    /// process, and a sibling test's child holds copies of all our open
+    /// files between its fork and its exec, a file we just closed among
+    /// them. A file really left open still fails, with its holder named.
     pub fn unmount_ok(&self) {
-        let r = self.unmount();
-        assert!(r.ok(), "-u {} failed: {r:?}", self.mp.display());
+        let start = Instant::now();
+        let mut r = self.unmount();
+        while !r.ok() && r.stderr.contains("busy") && start.elapsed() < Duration::from_secs(2) {
+            eprintln!(
+                "{} busy, again in 20 ms; open there: {:?}",
+                self.mp.display(),
+                holders(&self.mp)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+            r = self.unmount();
+        }
+        assert!(
+            r.ok(),
+            "-u {} failed: {r:?}; open there: {:?}",
+            self.mp.display(),
+            holders(&self.mp)
+        );
         assert!(!self.is_mounted(), "still mounted after -u");
     }
 
@@ -480,4 +499,30 @@ pub fn numpy(d: ztensor_mount::format::DType) -> &'static str {
         DType::Uint8 => "|u1",
         DType::Bool => "|b1",
     }
+}
+
+/// Processes with a file open under `dir`, as "pid (comm): path".
+pub fn holders(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for p in procs.flatten() {
+        let pid = p.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(target) = std::fs::read_link(fd.path())
+                && target.starts_with(dir)
+            {
+                out.push(format!("{pid} ({}): {}", comm.trim(), target.display()));
+            }
+        }
+    }
+    out
 }
