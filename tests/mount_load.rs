@@ -6,6 +6,8 @@
 
 mod support;
 
+use std::fs::File;
+use std::io::BufWriter;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -21,28 +23,26 @@ struct Model {
     tensors: Vec<(String, Vec<u8>)>,
 }
 
+/// Adds a raw float32 tensor of 4 MiB (a pattern salted with `salt`),
+/// big-endian on disk if `big`; returns its little-endian bytes.
+fn add_raw(w: &mut Writer<BufWriter<File>>, name: &str, salt: u8, big: bool) -> Vec<u8> {
+    let data = pattern(4, 1 << 20, salt);
+    let endian = if big { Endian::Big } else { Endian::Little };
+    let opts = Options {
+        endian,
+        ..Options::default()
+    };
+    w.add(name, DType::Float32, &[1 << 20], &data, &opts)
+        .unwrap();
+    data
+}
+
 fn model(path: &std::path::Path) -> Model {
     let mut w = Writer::create(path).unwrap();
     let mut tensors = Vec::new();
     for i in 0..4 {
-        let data = pattern(4, 1 << 20, i as u8);
-        let endian = if i % 2 == 0 {
-            Endian::Little
-        } else {
-            Endian::Big
-        };
         let name = format!("raw{i}");
-        w.add(
-            &name,
-            DType::Float32,
-            &[1 << 20],
-            &data,
-            &Options {
-                endian,
-                ..Options::default()
-            },
-        )
-        .unwrap();
+        let data = add_raw(&mut w, &name, i as u8, i % 2 == 1);
         tensors.push((name, data));
     }
     for i in 0..6 {
@@ -174,19 +174,8 @@ fn raw_reads_keep_little_of_the_file_mapped() {
     let mut tensors = Vec::new();
     for i in 0..48 {
         // 48 x 4 MiB, every fourth one big-endian (served from a copy).
-        let data = pattern(4, 1 << 20, i as u8);
-        let endian = if i % 4 == 3 {
-            Endian::Big
-        } else {
-            Endian::Little
-        };
         let name = format!("t{i}");
-        let opts = Options {
-            endian,
-            ..Options::default()
-        };
-        w.add(&name, DType::Float32, &[1 << 20], &data, &opts)
-            .unwrap();
+        let data = add_raw(&mut w, &name, i as u8, i % 4 == 3);
         tensors.push((name, data));
     }
     w.finish().unwrap();
