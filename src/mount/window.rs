@@ -123,6 +123,12 @@ impl<P: Pages> Shared<P> {
             self.pages.release(from - base, to - from);
         }
     }
+
+    fn release_all(&self, gone: Vec<usize>) {
+        for c in gone {
+            self.release(c);
+        }
+    }
 }
 
 /// Chunks a copy read, noted piece by piece.
@@ -184,7 +190,7 @@ impl<P: Pages> MapWindow<P> {
             return;
         }
         let to = end.saturating_add(AHEAD).next_multiple_of(CHUNK).min(limit);
-        let mut counted = self.shared.counted();
+        let counted = self.shared.counted();
         // Long random reads are not streams: their pages are not asked for.
         if !counted.contains(&(start / CHUNK)) {
             return;
@@ -197,12 +203,7 @@ impl<P: Pages> MapWindow<P> {
         let from = end.max(first * CHUNK) - self.base;
         let to = to.min((last + 1) * CHUNK) - self.base;
         if self.send(Job::Populate(first, last, from, to)).is_ok() {
-            for c in first..=last {
-                counted.push(c, ());
-            }
-            let gone = self.make_room(&mut counted);
-            drop(counted);
-            self.release_here(gone);
+            self.count(counted, first..=last);
         }
     }
 
@@ -214,13 +215,7 @@ impl<P: Pages> MapWindow<P> {
             return;
         }
         let at = self.base + off;
-        let mut counted = self.shared.counted();
-        for c in at / CHUNK..=(at + len - 1) / CHUNK {
-            counted.push(c, ());
-        }
-        let gone = self.make_room(&mut counted);
-        drop(counted);
-        self.release_here(gone);
+        self.count(self.shared.counted(), at / CHUNK..=(at + len - 1) / CHUNK);
     }
 
     /// Notes that a copy read `len` bytes at `off` of the mapping; the
@@ -247,13 +242,7 @@ impl<P: Pages> MapWindow<P> {
         }
         touched.0.sort_unstable();
         touched.0.dedup();
-        let mut counted = self.shared.counted();
-        for c in touched.0 {
-            counted.push(c, ());
-        }
-        let gone = self.make_room(&mut counted);
-        drop(counted);
-        self.release_here(gone);
+        self.count(self.shared.counted(), touched.0);
     }
 
     /// [`MapWindow::served`] of a slice of the mapping.
@@ -262,6 +251,22 @@ impl<P: Pages> MapWindow<P> {
         if at >= self.base {
             self.served(at - self.base, bytes.len());
         }
+    }
+
+    /// Counts `chunks` as the most recently used (under `counted`, the
+    /// lock), then makes room past the budget; what the helper cannot take
+    /// is let go of here, once the lock is let go.
+    fn count(
+        &self,
+        mut counted: MutexGuard<'_, LruCache<usize, ()>>,
+        chunks: impl IntoIterator<Item = usize>,
+    ) {
+        for c in chunks {
+            counted.push(c, ());
+        }
+        let gone = self.make_room(&mut counted);
+        drop(counted);
+        self.shared.release_all(gone);
     }
 
     /// Past the budget, takes the least recently served chunks out of the
@@ -297,13 +302,6 @@ impl<P: Pages> MapWindow<P> {
         }
     }
 
-    /// Lets go of `gone` on this thread (after the count's lock is let go).
-    fn release_here(&self, gone: Vec<usize>) {
-        for c in gone {
-            self.shared.release(c);
-        }
-    }
-
     fn send(&self, job: Job) -> Result<(), TrySendError<Job>> {
         self.shared.pending.fetch_add(1, AcqRel);
         let r = self.jobs.try_send(job);
@@ -332,14 +330,10 @@ fn helper<P: Pages>(shared: &Shared<P>, jobs: Receiver<Job>) {
                     let counted = shared.counted();
                     (first..=last).filter(|c| !counted.contains(c)).collect()
                 };
-                for c in gone {
-                    shared.release(c);
-                }
+                shared.release_all(gone);
             }
             Job::Release(gone) => {
-                for c in gone {
-                    shared.release(c);
-                }
+                shared.release_all(gone);
                 shared.releasing.store(false, Relaxed);
             }
         }
