@@ -1285,6 +1285,23 @@ fn sparse_shapes_are_not_trusted_for_memory_at_open() {
 }
 
 #[test]
+fn many_custom_keys_are_checked_in_linear_time() {
+    // 200 000 distinct custom keys on one tensor; a pairwise duplicate
+    // check would take minutes.
+    let mut pairs = entry("t", 64, 16, "float32", &[4], "raw");
+    let keys: Vec<String> = (0..200_000).map(|i| format!("k{i}")).collect();
+    let mut m: Vec<(Value, Value)> = pairs.drain(..).map(|(k, v)| (text(k), v)).collect();
+    m.extend(keys.iter().map(|k| (text(k), uint(1))));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keys.zt");
+    std::fs::write(&path, file_with(&[(64, &blob16())], vec![Value::Map(m)])).unwrap();
+    let (opened, _, took) = measured(|| ZtFile::open(&path));
+    let f = opened.unwrap();
+    assert!(f.catalog().get("t").unwrap().custom("k199999").is_some());
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+}
+
+#[test]
 fn missing_files_and_directories_are_io_errors() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing.zt");

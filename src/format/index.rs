@@ -251,6 +251,8 @@ fn parse_entry(item: Value, i: usize, file: &str) -> Result<RawEntry> {
 
     let mut known: [Option<Value>; 9] = Default::default();
     let mut custom = Vec::new();
+    // A set, not a scan of `custom`: an entry may have millions of keys.
+    let mut custom_text_keys = std::collections::HashSet::new();
     for (k, v) in pairs {
         match k
             .as_text()
@@ -267,9 +269,7 @@ fn parse_entry(item: Value, i: usize, file: &str) -> Result<RawEntry> {
             }
             None => {
                 if let Some(t) = k.as_text()
-                    && custom
-                        .iter()
-                        .any(|(c, _): &(Value, Value)| c.as_text() == Some(t))
+                    && !custom_text_keys.insert(t.to_string())
                 {
                     return Err(ferr(format!("field \"{t}\" appears twice")));
                 }
