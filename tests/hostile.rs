@@ -1301,6 +1301,61 @@ fn many_custom_keys_are_checked_in_linear_time() {
     assert!(took < Duration::from_secs(20), "took {took:?}");
 }
 
+/// zstd of `n` zero bytes, written a MiB at a time.
+fn zstd_zeros(n: usize) -> Vec<u8> {
+    use std::io::Write;
+    let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 1).unwrap();
+    let mib = vec![0u8; 1 << 20];
+    for _ in 0..n >> 20 {
+        enc.write_all(&mib).unwrap();
+    }
+    enc.finish().unwrap()
+}
+
+#[test]
+fn sparse_probes_stream_and_share_one_budget_per_file() {
+    // Five CSR tensors whose indptr is 256 MiB of zeros (nnz = 0), from a
+    // blob of a few KiB each: learning nnz means decoding all of it.
+    let blob = zstd_zeros(256 << 20);
+    let stride = blob.len().next_multiple_of(64) as u64;
+    let names = ["p0", "p1", "p2", "p3", "p4"];
+    let offsets: Vec<u64> = (0..names.len() as u64).map(|i| 64 + i * stride).collect();
+    let blobs: Vec<(u64, &[u8])> = offsets.iter().map(|&o| (o, &blob[..])).collect();
+    let entries = names
+        .iter()
+        .zip(&offsets)
+        .map(|(n, &o)| {
+            let e = entry(
+                n,
+                o,
+                blob.len() as u64,
+                "uint8",
+                &[(1 << 25) - 1, 1],
+                "zstd",
+            );
+            map(replace(e, "layout", text("sparsecsr")))
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("probes.zt");
+    std::fs::write(&path, file_with(&blobs, entries)).unwrap();
+
+    let (opened, largest, took) = measured(|| ZtFile::open(&path));
+    let f = opened.unwrap();
+    // Streamed: nothing near the 256 MiB header is ever held.
+    assert!(largest < 8 << 20, "allocated {largest} bytes at once");
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+    // The 1 GiB budget covers four; the fifth is listed but not served.
+    for n in &names[..4] {
+        let t = f.catalog().get(n).unwrap();
+        let layout = t.layout.as_ref().unwrap_or_else(|e| panic!("{n}: {e}"));
+        assert_eq!(layout.sparse.as_ref().map(|s| s.nnz), Some(0), "{n}");
+    }
+    let last = f.catalog().get("p4").unwrap();
+    let why = last.layout.as_ref().unwrap_err();
+    assert!(why.contains("budget"), "{why}");
+}
+
 #[test]
 fn missing_files_and_directories_are_io_errors() {
     let dir = tempfile::tempdir().unwrap();

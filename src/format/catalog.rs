@@ -135,9 +135,10 @@ pub struct Catalog {
     by_name: Vec<u32>,
 }
 
-/// Largest sparse header or blob we decode at open time to learn a
-/// reference-form sparse tensor's structure.
-const SPARSE_PROBE_CAP: u64 = 1 << 30;
+/// Decoded bytes all of a file's zstd reference-form sparse tensors may
+/// cost at open time (their nnz lives in the data): about a second of
+/// decoding, whatever the file claims. Tensors past it are listed, unserved.
+const SPARSE_PROBE_BUDGET: u64 = 1 << 30;
 
 impl Catalog {
     /// Builds the catalog of the zTensor file whose whole contents are `bytes`.
@@ -146,8 +147,10 @@ impl Catalog {
         let idx = index::parse(bytes, file)?;
         let file_len = bytes.len() as u64;
         let mut tensors = Vec::with_capacity(idx.entries.len());
+        let mut probe = SPARSE_PROBE_BUDGET;
         for (i, raw) in idx.entries.into_iter().enumerate() {
-            tensors.push(check_entry(raw, i, bytes, file_len, idx.data_end, file)?);
+            let place = (bytes, file_len, idx.data_end);
+            tensors.push(check_entry(raw, i, place, &mut probe, file)?);
         }
         let mut by_name: Vec<u32> = (0..tensors.len() as u32).collect();
         by_name.sort_unstable_by(|&a, &b| {
@@ -195,12 +198,12 @@ impl Catalog {
     }
 }
 
+/// `probe`: what is left of the file's open-time decoding budget.
 fn check_entry(
     raw: RawEntry,
     i: usize,
-    bytes: &[u8],
-    file_len: u64,
-    data_end: u64,
+    (bytes, file_len, data_end): (&[u8], u64, u64),
+    probe: &mut u64,
     file: &str,
 ) -> Result<Tensor> {
     let name = raw.name.clone();
@@ -277,7 +280,7 @@ fn check_entry(
         })?;
 
     let dtype = DType::from_name(&raw.dtype);
-    let layout = match describe(&raw, dtype, numel, endian, bytes) {
+    let layout = match describe(&raw, dtype, numel, endian, bytes, probe) {
         Ok(layout) => Ok(layout),
         Err(Problem::File(kind, msg)) => return Err(e(kind, msg)),
         Err(Problem::Tensor(why)) => Err(why),
@@ -321,6 +324,7 @@ fn describe(
     numel: u64,
     endian: Endian,
     bytes: &[u8],
+    probe: &mut u64,
 ) -> std::result::Result<Layout, Problem> {
     let encoding = match raw.encoding.as_str() {
         "raw" => Encoding::Raw,
@@ -363,7 +367,7 @@ fn describe(
         "sparse" => spec_sparse(raw, dtype, encoding),
         "sparsecsr" | "sparsecoo" => {
             let blob = &bytes[raw.offset as usize..(raw.offset + raw.size) as usize];
-            reference_sparse(raw, dtype, encoding, endian, blob).map_err(Problem::Tensor)
+            reference_sparse(raw, dtype, encoding, endian, blob, probe).map_err(Problem::Tensor)
         }
         other => Err(Problem::Tensor(format!("unsupported layout {other:?}"))),
     }
@@ -536,6 +540,18 @@ fn spec_sparse(
     })
 }
 
+/// Takes `n` decoded bytes from the open-time budget, or says why not.
+fn spend(probe: &mut u64, n: u64, what: &str) -> std::result::Result<(), String> {
+    if n > *probe {
+        return Err(format!(
+            "learning its structure means decoding {what} ({n} bytes) at open, past what is left ({}) of the file's {SPARSE_PROBE_BUDGET}-byte budget for that",
+            *probe
+        ));
+    }
+    *probe -= n;
+    Ok(())
+}
+
 /// The reference crate's sparse form, whose nnz lives in the data.
 fn reference_sparse(
     raw: &RawEntry,
@@ -543,6 +559,7 @@ fn reference_sparse(
     encoding: Encoding,
     endian: Endian,
     blob: &[u8],
+    probe: &mut u64,
 ) -> std::result::Result<Layout, String> {
     let vsz = dtype.size();
     let ovf = || "sparse sizes overflow 64 bits".to_string();
@@ -563,12 +580,8 @@ fn reference_sparse(
                 blob[(header - 8) as usize..header as usize].to_vec()
             }
             Encoding::Zstd => {
-                if header > SPARSE_PROBE_CAP {
-                    return Err(format!("indptr of {header} bytes is too large to probe"));
-                }
-                let mut head = zstd_blob::decode_prefix(blob, header as usize)?;
-                head.drain(..(header - 8) as usize);
-                head
+                spend(probe, header, "its indptr")?;
+                zstd_blob::decoded_tail8(blob, header)?.to_vec()
             }
         };
         let mut b = [0u8; 8];
@@ -635,7 +648,18 @@ fn reference_sparse(
         .ok_or_else(ovf)?;
     let total = match encoding {
         Encoding::Raw => blob.len() as u64,
-        Encoding::Zstd => zstd_blob::decoded_len(blob, SPARSE_PROBE_CAP)?,
+        Encoding::Zstd => match zstd_blob::decoded_len(blob, *probe)? {
+            Some(n) => {
+                *probe -= n;
+                n
+            }
+            None => {
+                let left = std::mem::take(probe);
+                return Err(format!(
+                    "learning its structure means decoding its records at open, more than what is left ({left} bytes) of the file's {SPARSE_PROBE_BUDGET}-byte budget for that"
+                ));
+            }
+        },
     };
     if total % record != 0 {
         return Err(format!(

@@ -19,14 +19,22 @@ pub struct Frame {
     pub d_len: u64,
 }
 
+/// Most frames a blob is served by: their list is kept while the file is
+/// mounted, 32 MiB at this count (a frame can be 10 bytes of a hostile
+/// blob). A 1 TiB tensor in 1 MiB frames has 2^20.
+pub const MAX_FRAMES: usize = 1 << 20;
+
 /// Walks the frames of `blob`. Returns `Ok(None)` when some frame does not
-/// declare its decoded size (the blob must then be decoded as one stream).
-/// Cheap: it reads frame and block headers only.
+/// declare its decoded size, or there are more than [`MAX_FRAMES`] (the blob
+/// must then be decoded as one stream). Cheap: it reads frame headers only.
 pub fn scan_frames(blob: &[u8]) -> Result<Option<Vec<Frame>>, String> {
     let mut frames = Vec::new();
     let mut pos = 0usize;
     let mut d_start = 0u64;
     while pos < blob.len() {
+        if frames.len() == MAX_FRAMES {
+            return Ok(None);
+        }
         let rest = &blob[pos..];
         let c_len = zstd_safe::find_frame_compressed_size(rest).map_err(|code| {
             format!(
@@ -79,7 +87,7 @@ pub fn frames_from_table(
     decoded: u64,
 ) -> Option<Vec<Frame>> {
     let n = sizes.len() as u64;
-    if n < 2 || frame_size == 0 || sizes.contains(&0) {
+    if n < 2 || sizes.len() > MAX_FRAMES || frame_size == 0 || sizes.contains(&0) {
         return None;
     }
     let full = frame_size.checked_mul(n - 1)?;
@@ -436,39 +444,58 @@ fn check(code: usize) -> Result<usize, String> {
     Ok(code)
 }
 
-/// Decodes only the first `n` bytes (for reading a sparse header).
-/// The buffer grows with the decoded data, so a header that merely claims
-/// to be large costs no memory.
-pub fn decode_prefix(src: &[u8], n: usize) -> Result<Vec<u8>, String> {
-    let dec = decoder(src)?;
-    let mut out = Vec::new();
-    dec.take(n as u64)
-        .read_to_end(&mut out)
-        .map_err(|e| format!("zstd data is corrupt: {e}"))?;
-    if out.len() < n {
-        return Err(format!(
-            "zstd data decodes to only {} bytes, needed {n}",
-            out.len()
-        ));
+/// The 8 decoded bytes that end at offset `n` (the last entry of a sparse
+/// header). Streams through a small buffer, so a header that claims to be
+/// large costs decoding time, which the caller bounds, but no memory.
+pub fn decoded_tail8(src: &[u8], n: u64) -> Result<[u8; 8], String> {
+    if n < 8 {
+        return Err(format!("a sparse header of {n} bytes has no last entry"));
     }
-    Ok(out)
+    let mut dec = decoder(src)?;
+    let mut buf = vec![0u8; 1 << 16];
+    let mut tail = [0u8; 8];
+    let mut total = 0u64;
+    while total < n {
+        let want = (n - total).min(buf.len() as u64) as usize;
+        match dec.read(&mut buf[..want]) {
+            Ok(0) => {
+                return Err(format!(
+                    "zstd data decodes to only {total} bytes, needed {n}"
+                ));
+            }
+            Ok(k) => {
+                // Slide the last 8 bytes seen along.
+                let got = &buf[..k];
+                if k >= 8 {
+                    tail.copy_from_slice(&got[k - 8..]);
+                } else {
+                    tail.copy_within(k.., 0);
+                    tail[8 - k..].copy_from_slice(got);
+                }
+                total += k as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("zstd data is corrupt: {e}")),
+        }
+    }
+    Ok(tail)
 }
 
-/// Counts the decoded bytes of `src`, giving up past `cap`.
-pub fn decoded_len(src: &[u8], cap: u64) -> Result<u64, String> {
+/// Counts the decoded bytes of `src`; `None` once past `cap`.
+pub fn decoded_len(src: &[u8], cap: u64) -> Result<Option<u64>, String> {
     if let Some(frames) = scan_frames(src)? {
-        return Ok(frames.last().map_or(0, |f| f.d_start + f.d_len));
+        return Ok(Some(frames.last().map_or(0, |f| f.d_start + f.d_len)));
     }
     let mut dec = decoder(src)?;
     let mut buf = vec![0u8; 1 << 16];
     let mut total = 0u64;
     loop {
         match dec.read(&mut buf) {
-            Ok(0) => return Ok(total),
+            Ok(0) => return Ok(Some(total)),
             Ok(n) => {
                 total += n as u64;
                 if total > cap {
-                    return Err(format!("zstd data decodes to more than {cap} bytes"));
+                    return Ok(None);
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -525,6 +552,36 @@ mod tests {
         let mut out = vec![0u8; data.len()];
         decode_into(&blob, &mut out).unwrap();
         assert_eq!(out, data);
+    }
+
+    #[test]
+    fn too_many_frames_are_decoded_as_one_stream() {
+        let one = zstd::bulk::compress(&[5u8], 1).unwrap();
+        let blob = one.repeat(MAX_FRAMES);
+        assert_eq!(
+            scan_frames(&blob).unwrap().map(|f| f.len()),
+            Some(MAX_FRAMES)
+        );
+        let blob = one.repeat(MAX_FRAMES + 1);
+        assert_eq!(scan_frames(&blob).unwrap(), None);
+        // Still counted right, by decoding.
+        let n = MAX_FRAMES as u64 + 1;
+        assert_eq!(decoded_len(&blob, n).unwrap(), Some(n));
+        assert_eq!(decoded_len(&blob, n - 1).unwrap(), None);
+    }
+
+    #[test]
+    fn tail8_is_the_eight_bytes_before_n() {
+        let data: Vec<u8> = (0..200_000u32).flat_map(|i| i.to_le_bytes()).collect();
+        let blob = zstd::bulk::compress(&data, 3).unwrap();
+        // Around the 64 KiB buffer's edges, and a read ending 1-7 bytes in.
+        for n in [8, 9, 15, 65_535, 65_536, 65_537, 65_543, 131_073, 800_000] {
+            let want = &data[n - 8..n];
+            assert_eq!(&decoded_tail8(&blob, n as u64).unwrap()[..], want, "n={n}");
+        }
+        let e = decoded_tail8(&blob, 800_001).unwrap_err();
+        assert!(e.contains("decodes to only 800000 bytes"), "{e}");
+        assert!(decoded_tail8(&blob, 7).is_err());
     }
 
     #[test]
