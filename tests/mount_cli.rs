@@ -376,6 +376,15 @@ fn dash_o_lists_and_flags_end_to_end() {
         (vec!["-o", "cache_size"], "cache_size"),
         (vec!["--cache-size", "512K"], "at least 1M"),
         (vec!["--threads", "x"], "threads"),
+        (
+            vec!["--threads", "0"],
+            "threads must be from 1 to 64, not 0",
+        ),
+        (vec!["-o", "threads=100000"], "not 100000"),
+        (
+            vec!["-o", "max_read=4G"],
+            "max_read=4G: must be a size from 4K to 16M",
+        ),
     ] {
         let r = m.run(&zt, &args);
         assert!(!r.ok(), "{args:?}: accepted");

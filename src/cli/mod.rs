@@ -180,6 +180,14 @@ pub fn main() -> ExitCode {
         if s.cache_size < 1 << 20 {
             return Err("cache size must be at least 1M".into());
         }
+        if !options::THREADS_RANGE.contains(&s.threads) {
+            return Err(format!(
+                "threads must be from {} to {}, not {}",
+                options::THREADS_RANGE.start(),
+                options::THREADS_RANGE.end(),
+                s.threads
+            ));
+        }
         Ok(())
     })();
     if let Err(e) = applied {

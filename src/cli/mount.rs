@@ -200,7 +200,7 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
     } else {
         SessionACL::Owner
     };
-    config.n_threads = Some(s.threads.max(1));
+    config.n_threads = Some(s.threads);
     config.clone_fd = s.threads > 1;
 
     let session = match fuser::Session::new(adapter, mountpoint, &config) {

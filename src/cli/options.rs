@@ -98,6 +98,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
+/// What the kernel and fuser accept as the largest request.
+const MAX_READ_RANGE: std::ops::RangeInclusive<u32> = 4096..=16 << 20;
+/// Worker threads: each holds a `/dev/fuse` clone and a request buffer.
+pub const THREADS_RANGE: std::ops::RangeInclusive<usize> = 1..=64;
+
 fn parse_num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, String> {
     v.parse().map_err(|_| format!("-o {key}={v}: not a number"))
 }
@@ -131,7 +136,14 @@ pub fn apply_o(s: &mut Settings, list: &str) -> Result<(), String> {
             "foreground" => s.foreground = true,
             "log_file" => s.log_file = Some(PathBuf::from(need()?)),
             "read_ahead_kb" => s.read_ahead_kb = parse_num(key, need()?)?,
-            "max_read" => s.max_read = parse_size(need()?)? as u32,
+            "max_read" => {
+                let v = need()?;
+                s.max_read = parse_size(v)
+                    .ok()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|n| MAX_READ_RANGE.contains(n))
+                    .ok_or_else(|| format!("-o max_read={v}: must be a size from 4K to 16M"))?;
+            }
             _ => return Err(format!("unknown mount option {opt:?}")),
         }
     }
@@ -170,5 +182,12 @@ mod tests {
         assert!(s.direct_io);
         assert!(apply_o(&mut s, "bogus").unwrap_err().contains("bogus"));
         assert!(apply_o(&mut s, "uid=x").is_err());
+        apply_o(&mut s, "max_read=2M").unwrap();
+        assert_eq!(s.max_read, 2 << 20);
+        for bad in ["max_read=4G", "max_read=5G", "max_read=17M", "max_read=1K"] {
+            let e = apply_o(&mut s, bad).unwrap_err();
+            assert!(e.contains("4K to 16M"), "{bad}: {e}");
+        }
+        assert_eq!(s.max_read, 2 << 20);
     }
 }

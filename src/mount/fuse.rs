@@ -81,8 +81,15 @@ impl Filesystem for Adapter {
     }
 
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Readahead is raised on the mount's bdi after mounting (the kernel
+        // offers only its current 128 KiB here), so this refusal is expected.
         let _ = config.set_max_readahead(self.max_read);
-        let _ = config.set_max_write(self.max_read);
+        if let Err(max) = config.set_max_write(self.max_read) {
+            log::warn!(
+                "the kernel refused max_read={}; requests stay at most {max} bytes",
+                self.max_read
+            );
+        }
         // Direct I/O is the default only where np.memmap keeps working.
         if self.fs.serves_direct_io()
             && config
