@@ -374,6 +374,91 @@ fn tensor_larger_than_the_cache_spills_and_reads_right() {
     assert_eq!(std::fs::read_dir(&spill_dir).unwrap().count(), 0);
 }
 
+/// A tmpfs mounted for one test, unmounted however the test ends.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &std::path::Path, size: &str) -> Result<Tmpfs, String> {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let r = support::run_with_timeout(
+            std::process::Command::new("mount").args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size}"),
+                "tmpfs",
+                dir.to_str().unwrap(),
+            ]),
+            Duration::from_secs(10),
+        );
+        if !r.ok() {
+            return Err(format!("mount -t tmpfs: {}", r.stderr.trim()));
+        }
+        Ok(Tmpfs(dir.to_path_buf()))
+    }
+
+    fn resize(&self, size: &str) {
+        let r = support::run_with_timeout(
+            std::process::Command::new("mount").args([
+                "-o",
+                &format!("remount,size={size}"),
+                self.0.to_str().unwrap(),
+            ]),
+            Duration::from_secs(10),
+        );
+        assert!(r.ok(), "remount: {}", r.stderr);
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[test]
+fn a_spill_that_does_not_fit_fails_until_there_is_room() {
+    // 3 MiB in one frame, a 1 MiB cache: it must spill, but --cache-dir is
+    // a 1 MiB tmpfs. The read fails with EIO and a log line saying why;
+    // once the directory has room, the next read spills and succeeds.
+    let t = T {
+        name: "big".into(),
+        dtype: DType::Float32,
+        le: compressible(78, 3 * MIB),
+        opts: zstd(0, Endian::Little),
+    };
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let zt = m.scratch_path("test.zt");
+    write(&zt, std::slice::from_ref(&t));
+    let dir = m.scratch_path("small");
+    let tmpfs = match Tmpfs::mount(&dir, "1m") {
+        Ok(t) => t,
+        Err(why) => {
+            assert!(!support::in_ci(), "a tmpfs is required when CI=true: {why}");
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    let dir_arg = dir.to_str().unwrap().to_string();
+    m.mount(&zt, &["--cache-size", "1M", "--cache-dir", &dir_arg]);
+    let e = std::fs::read(m.path("big")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    let log = m.log_text();
+    assert!(
+        log.contains("big") && log.contains("too big for the cache and for"),
+        "log:\n{log}"
+    );
+    tmpfs.resize("8m");
+    assert!(std::fs::read(m.path("big")).unwrap() == t.le);
+    assert_eq!(m.stats()["spilled_tensors"], 1, "{}", m.stats());
+    m.unmount_ok();
+}
+
 #[test]
 fn a_big_single_frame_is_served_while_it_decodes() {
     // 24 MiB in one zstd frame (no frame table to jump with): decoded once,

@@ -7,7 +7,9 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 
 use super::cache::{Buf, Cache};
@@ -90,7 +92,9 @@ enum Plan {
 struct TensorState {
     checked: OnceLock<Result<(), String>>,
     plan: OnceLock<Result<Plan, String>>,
-    spill: OnceLock<Result<Arc<Spill>, String>>,
+    /// Not a `OnceLock`: a spill that could not start or failed for want
+    /// of disk is tried again by the next read.
+    spill: Mutex<Option<Arc<Spill>>>,
     /// Set once the tensor's first error is in the log. A `OnceLock`, not
     /// a flag: a reader failing at the same time waits for that line, so
     /// no EIO reaches anyone before the log says why.
@@ -115,6 +119,9 @@ pub struct Data {
     /// Progressive decoder threads running, at most `max_decoders`.
     decoders: AtomicUsize,
     max_decoders: usize,
+    /// Held by the spill decoder at work: one at a time, so their zstd
+    /// windows (outside the cache, up to 128 MiB each) do not add up.
+    spilling: Arc<Mutex<()>>,
 }
 
 impl Data {
@@ -143,6 +150,7 @@ impl Data {
             opts,
             decoders: AtomicUsize::new(0),
             max_decoders: workers,
+            spilling: Arc::new(Mutex::new(())),
         }))
     }
 
@@ -605,65 +613,110 @@ impl Data {
     }
 
     fn spill(&self, t: &Tensor, ti: usize, one_frame: bool) -> Result<Arc<Spill>, String> {
-        self.states[ti]
+        let mut slot = self.states[ti]
             .spill
-            .get_or_init(|| {
-                let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
-                let file = tempfile::tempfile_in(&self.opts.cache_dir).map_err(|e| {
-                    self.fail(
-                        t,
-                        format!(
-                            "cannot create a spill file in {}: {e}",
-                            self.opts.cache_dir.display()
-                        ),
-                    )
-                })?;
-                log::info!(
-                    "{}",
-                    self.fail(
-                        t,
-                        format!(
-                            "{decoded} decoded bytes exceed half the cache; spilling to {}",
-                            self.opts.cache_dir.display()
-                        )
-                    )
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = slot.as_ref().filter(|s| !s.retry.load(Acquire)) {
+            return Ok(s.clone());
+        }
+        let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
+        let dir = &self.opts.cache_dir;
+        // The size comes from the index: ask the disk before trusting it.
+        if let Some(free) = free_bytes(dir)
+            && decoded > free
+        {
+            return Err(self.fail(
+                t,
+                format!(
+                    "{decoded} decoded bytes are too big for the cache and for {} ({free} bytes free)",
+                    dir.display()
+                ),
+            ));
+        }
+        let file = tempfile::tempfile_in(dir).map_err(|e| {
+            self.fail(
+                t,
+                format!("cannot create a spill file in {}: {e}", dir.display()),
+            )
+        })?;
+        log::info!(
+            "{}",
+            self.fail(
+                t,
+                format!(
+                    "{decoded} decoded bytes exceed half the cache; spilling to {}",
+                    dir.display()
+                )
+            )
+        );
+        Stats::add(&self.stats.spilled_tensors, 1);
+        let spill = Arc::new(Spill {
+            file,
+            early: self.trusted_early(t, self.zt.blob(t), one_frame),
+            progress: Mutex::new((0, None)),
+            cond: Condvar::new(),
+            retry: AtomicBool::new(false),
+        });
+        let (zt, s, stats) = (self.zt.clone(), spill.clone(), self.stats.clone());
+        let spilling = self.spilling.clone();
+        std::thread::Builder::new()
+            .name("zt-spill".into())
+            .spawn(move || {
+                let _ends = EndOnDrop(&s);
+                let _one = spilling.lock().unwrap_or_else(|e| e.into_inner());
+                let t = &zt.catalog().tensors[ti];
+                let (mut pos, mut disk) = (0u64, false);
+                Stats::add(&stats.decompressions, 1);
+                let r = zstd_blob::decode_stream_from(
+                    zt.releasing_reader(zt.blob(t)),
+                    decoded,
+                    |chunk| {
+                        s.file.write_all_at(chunk, pos).map_err(|e| {
+                            disk = true;
+                            format!("spill write: {e}")
+                        })?;
+                        pos += chunk.len() as u64;
+                        Stats::add(&stats.spilled_bytes, chunk.len() as u64);
+                        Stats::add(&stats.decompressed_bytes, chunk.len() as u64);
+                        // The last byte waits for the end check.
+                        s.advance(pos.min(decoded.saturating_sub(1)), None);
+                        Ok(())
+                    },
                 );
-                Stats::add(&self.stats.spilled_tensors, 1);
-                let spill = Arc::new(Spill {
-                    file,
-                    early: self.trusted_early(t, self.zt.blob(t), one_frame),
-                    progress: Mutex::new((0, None)),
-                    cond: Condvar::new(),
-                });
-                let (zt, s, stats, ti) = (self.zt.clone(), spill.clone(), self.stats.clone(), ti);
-                std::thread::Builder::new()
-                    .name("zt-spill".into())
-                    .spawn(move || {
-                        let t = &zt.catalog().tensors[ti];
-                        let mut pos = 0u64;
-                        Stats::add(&stats.decompressions, 1);
-                        let r = zstd_blob::decode_stream_from(
-                            zt.releasing_reader(zt.blob(t)),
-                            decoded,
-                            |chunk| {
-                                s.file
-                                    .write_all_at(chunk, pos)
-                                    .map_err(|e| format!("spill write: {e}"))?;
-                                pos += chunk.len() as u64;
-                                Stats::add(&stats.spilled_bytes, chunk.len() as u64);
-                                Stats::add(&stats.decompressed_bytes, chunk.len() as u64);
-                                // The last byte waits for the end check.
-                                s.advance(pos.min(decoded.saturating_sub(1)), None);
-                                Ok(())
-                            },
-                        );
-                        zt.release(zt.blob(t));
-                        s.advance(pos, Some(r.err().unwrap_or_default()));
-                    })
-                    .map_err(|e| self.fail(t, format!("cannot start the spill thread: {e}")))?;
-                Ok(spill)
+                zt.release(zt.blob(t));
+                // Bad data stays bad; a full disk may not be next time.
+                s.retry.store(disk, Release);
+                s.advance(pos, Some(r.err().unwrap_or_default()));
             })
-            .clone()
+            .map_err(|e| self.fail(t, format!("cannot start the spill thread: {e}")))?;
+        *slot = Some(spill.clone());
+        Ok(spill)
+    }
+}
+
+/// Bytes an unprivileged writer may still put in `dir`'s filesystem.
+fn free_bytes(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a valid C string and a zeroed struct the call fills.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0)
+        .then(|| (st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
+/// Ends a spill that its thread left unfinished (a panic), so its readers
+/// get an error instead of waiting forever.
+struct EndOnDrop<'a>(&'a Spill);
+
+impl Drop for EndOnDrop<'_> {
+    fn drop(&mut self) {
+        let mut g = self.0.progress.lock().unwrap_or_else(|e| e.into_inner());
+        if g.1.is_none() {
+            g.1 = Some("the spill thread stopped".into());
+            self.0.retry.store(true, Release);
+            self.0.cond.notify_all();
+        }
     }
 }
 
@@ -737,6 +790,8 @@ struct Spill {
     /// (bytes decoded so far, Some(error or "" when finished)).
     progress: Mutex<(u64, Option<String>)>,
     cond: Condvar,
+    /// It failed in a way the next read should try again.
+    retry: AtomicBool,
 }
 
 impl Spill {
