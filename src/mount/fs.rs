@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use super::data::{Bytes, Data, DataOptions};
 use super::sidecar;
@@ -55,6 +55,9 @@ pub struct ZtFs {
     sizes: Vec<OnceLock<u64>>,
     /// Contents of generated files, per open handle.
     handles: Mutex<HashMap<u64, Arc<[u8]>>>,
+    /// The render each open handle of a file shares (never changes, except
+    /// stats), while one is open: `index.json` of a big file is tens of MB.
+    shared: Mutex<HashMap<Ino, Weak<[u8]>>>,
     next_fh: AtomicU64,
 }
 
@@ -83,6 +86,7 @@ impl ZtFs {
             direct_io: opts.direct_io,
             sizes,
             handles: Mutex::new(HashMap::new()),
+            shared: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
         })
     }
@@ -241,7 +245,7 @@ impl ZtFs {
             }
             NodeKind::File(c) => {
                 let fh = self.next_fh.fetch_add(1, Relaxed);
-                let bytes: Arc<[u8]> = self.render(c).into();
+                let bytes = self.rendered(ino, c);
                 self.handles
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -258,12 +262,35 @@ impl ZtFs {
         }
     }
 
+    /// The text of generated file `ino`, shared with its other open handles.
+    fn rendered(&self, ino: Ino, c: &Content) -> Arc<[u8]> {
+        if *c == Content::Stats {
+            return self.render(c).into();
+        }
+        let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = shared.get(&ino).and_then(Weak::upgrade) {
+            return b;
+        }
+        let b: Arc<[u8]> = self.render(c).into();
+        shared.insert(ino, Arc::downgrade(&b));
+        b
+    }
+
     pub fn release(&self, fh: u64) {
-        if fh != 0 {
-            self.handles
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&fh);
+        if fh == 0 {
+            return;
+        }
+        let gone = self
+            .handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&fh);
+        // The last handle of a file: forget its render.
+        if let Some(b) = gone
+            && Arc::strong_count(&b) == 1
+        {
+            let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+            shared.retain(|_, w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), &*b));
         }
     }
 
@@ -300,5 +327,55 @@ impl ZtFs {
             self.data.file().bytes().len().div_ceil(4096) as u64,
             self.tree.len() as u64,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::writer::{Options, Writer};
+    use crate::format::{DType, ZtFile};
+    use crate::mount::data::{DataOptions, PROGRESSIVE_MIN};
+    use crate::mount::tree::{META_DIR, ROOT};
+
+    fn fs_of(dir: &std::path::Path) -> ZtFs {
+        let path = dir.join("t.zt");
+        let mut w = Writer::create(&path).unwrap();
+        let v = [1u8, 2, 3, 4];
+        w.add("w", DType::Uint8, &[4], &v, &Options::default())
+            .unwrap();
+        w.finish().unwrap();
+        let opts = FsOptions {
+            data: DataOptions {
+                cache_size: 8 << 20,
+                cache_dir: dir.to_path_buf(),
+                verify_raw: true,
+                progressive_min: PROGRESSIVE_MIN,
+            },
+            direct_io: true,
+        };
+        ZtFs::new(ZtFile::open(&path).unwrap(), opts).unwrap()
+    }
+
+    #[test]
+    fn open_handles_of_a_generated_file_share_one_render() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs_of(dir.path());
+        let meta = fs.lookup(ROOT, OsStr::new(META_DIR)).unwrap().ino;
+        let index = fs.lookup(meta, OsStr::new("index.json")).unwrap().ino;
+        let (a, _) = fs.open(index, false).unwrap();
+        let (b, _) = fs.open(index, false).unwrap();
+        let held = |fh| fs.handles.lock().unwrap()[&fh].clone();
+        assert!(Arc::ptr_eq(&held(a), &held(b)), "two renders for two opens");
+        assert_eq!(&*fs.read(index, a, 0, 1 << 20).unwrap(), &*held(a));
+        fs.release(a);
+        assert_eq!(fs.shared.lock().unwrap().len(), 1, "b still open");
+        fs.release(b);
+        assert!(fs.shared.lock().unwrap().is_empty(), "nothing left open");
+        // Stats change: each open renders its own.
+        let stats = fs.lookup(meta, OsStr::new("stats")).unwrap().ino;
+        let (c, _) = fs.open(stats, false).unwrap();
+        let (d, _) = fs.open(stats, false).unwrap();
+        assert!(!Arc::ptr_eq(&held(c), &held(d)));
     }
 }
