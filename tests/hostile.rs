@@ -764,6 +764,29 @@ mod cases {
         bad_t(Field, "field \"note\" appears twice", t_file(pairs))
     }
 
+    pub fn duplicate_nested_key() -> Case {
+        let mut pairs = t_entry();
+        let inner = Value::Map(vec![(text("a"), uint(1)), (text("a"), uint(2))]);
+        pairs.push(("meta", Value::Array(vec![inner])));
+        bad_t(
+            Field,
+            "field \"meta\": key \"a\" appears twice in a map",
+            t_file(pairs),
+        )
+    }
+
+    pub fn custom_keys_colliding_in_json() -> Case {
+        // The integer key 7 reads "$key:7" in a sidecar, like this text key.
+        let mut m: Vec<(Value, Value)> = t_entry().into_iter().map(|(k, v)| (text(k), v)).collect();
+        m.push((uint(7), uint(1)));
+        m.push((text("$key:7"), uint(2)));
+        bad_t(
+            Field,
+            "field \"$key:7\" appears twice",
+            file_with(&[(64, &blob16())], vec![Value::Map(m)]),
+        )
+    }
+
     pub fn malformed_crc32c() -> Case {
         bad_t(
             Field,
@@ -1171,6 +1194,8 @@ hostile!(
     duplicate_names,
     duplicate_key,
     duplicate_custom_key,
+    duplicate_nested_key,
+    custom_keys_colliding_in_json,
     malformed_crc32c,
     malformed_crc32c_too_long,
     malformed_crc32c_signed,

@@ -2,7 +2,11 @@
 //! it within fixed limits, and turns each map into typed [`RawEntry`] fields.
 //! Cross-tensor rules (placement, overlap, sizes) live in `catalog.rs`.
 
+use std::collections::HashSet;
+
 use ciborium::value::{Integer, Value};
+
+use super::cbor_json::key_to_string;
 
 use super::error::{Error, ErrorKind, Result};
 
@@ -230,6 +234,27 @@ pub fn kind_name(v: &Value) -> &'static str {
     }
 }
 
+/// Checks that no map inside `v` has two keys that read the same in JSON
+/// (one would silently hide the other in a sidecar); the repeated key if so.
+fn unique_keys(v: &Value) -> std::result::Result<(), String> {
+    match v {
+        Value::Map(pairs) => {
+            let mut seen = HashSet::new();
+            for (k, inner) in pairs {
+                let key = key_to_string(k);
+                unique_keys(inner)?;
+                if !seen.insert(key.clone()) {
+                    return Err(key);
+                }
+            }
+            Ok(())
+        }
+        Value::Array(items) => items.iter().try_for_each(unique_keys),
+        Value::Tag(_, inner) => unique_keys(inner),
+        _ => Ok(()),
+    }
+}
+
 fn parse_entry(item: Value, i: usize, file: &str) -> Result<RawEntry> {
     let Value::Map(pairs) = item else {
         return Err(Error::new(
@@ -251,8 +276,9 @@ fn parse_entry(item: Value, i: usize, file: &str) -> Result<RawEntry> {
 
     let mut known: [Option<Value>; 9] = Default::default();
     let mut custom = Vec::new();
-    // A set, not a scan of `custom`: an entry may have millions of keys.
-    let mut custom_text_keys = std::collections::HashSet::new();
+    // Keys as they will read in JSON sidecars, which must not collide; a
+    // set, not a scan of `custom`: an entry may have millions of keys.
+    let mut custom_keys = HashSet::new();
     for (k, v) in pairs {
         match k
             .as_text()
@@ -268,10 +294,17 @@ fn parse_entry(item: Value, i: usize, file: &str) -> Result<RawEntry> {
                 known[slot] = Some(v);
             }
             None => {
-                if let Some(t) = k.as_text()
-                    && !custom_text_keys.insert(t.to_string())
-                {
-                    return Err(ferr(format!("field \"{t}\" appears twice")));
+                let key = key_to_string(&k);
+                if let Err(inner) = unique_keys(&v) {
+                    return Err(ferr(format!(
+                        "field \"{key}\": key \"{inner}\" appears twice in a map"
+                    )));
+                }
+                if !custom_keys.insert(key) {
+                    return Err(ferr(format!(
+                        "field \"{}\" appears twice",
+                        key_to_string(&k)
+                    )));
                 }
                 custom.push((k, v))
             }
