@@ -71,9 +71,9 @@ impl Checksum {
 
     /// Checks `bytes` against this checksum.
     pub fn verify(&self, bytes: &[u8]) -> Verdict {
-        match self {
-            Checksum::Unknown(t) => Verdict::Unverifiable(t.clone()),
-            known => known.judge(compute(known.algorithm_or_crc(), bytes)),
+        match self.algorithm() {
+            Some(algo) => self.judge(compute(algo, bytes)),
+            None => Verdict::Unverifiable(self.to_string()),
         }
     }
 
@@ -95,13 +95,6 @@ impl Checksum {
             Checksum::Crc32c(_) => Some(Algorithm::Crc32c),
             Checksum::Sha256(_) => Some(Algorithm::Sha256),
             Checksum::Unknown(_) => None,
-        }
-    }
-
-    fn algorithm_or_crc(&self) -> Algorithm {
-        match self {
-            Checksum::Sha256(_) => Algorithm::Sha256,
-            _ => Algorithm::Crc32c,
         }
     }
 }

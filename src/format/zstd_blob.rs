@@ -139,18 +139,6 @@ pub fn decode_to_vec(src: &[u8], out: &mut Vec<u8>, expected: usize) -> Result<(
     Ok(())
 }
 
-/// Decodes `src` (one or more frames) filling `out` exactly.
-pub fn decode_into(src: &[u8], out: &mut [u8]) -> Result<(), String> {
-    let expected = out.len();
-    let n = decode_one_shot(src, out, expected)?;
-    if n != expected {
-        return Err(format!(
-            "zstd data decodes to only {n} bytes, expected {expected}"
-        ));
-    }
-    Ok(())
-}
-
 /// One-shot decode into `out` (its capacity is the declared size: a stream
 /// that would decode to more fails here instead of growing the buffer).
 fn decode_one_shot<C: zstd_safe::WriteBuf + ?Sized>(
@@ -549,8 +537,8 @@ mod tests {
             frames.last().map(|f| f.d_start + f.d_len),
             Some(data.len() as u64)
         );
-        let mut out = vec![0u8; data.len()];
-        decode_into(&blob, &mut out).unwrap();
+        let mut out = Vec::new();
+        decode_to_vec(&blob, &mut out, data.len()).unwrap();
         assert_eq!(out, data);
     }
 
@@ -588,15 +576,14 @@ mod tests {
     fn refuses_long_and_short_output() {
         let data = vec![7u8; 1000];
         let blob = zstd::bulk::compress(&data, 3).unwrap();
-        let mut short = vec![0u8; 999];
+        let mut out = Vec::new();
         assert!(
-            decode_into(&blob, &mut short)
+            decode_to_vec(&blob, &mut out, 999)
                 .unwrap_err()
                 .contains("more than")
         );
-        let mut long = vec![0u8; 1001];
         assert!(
-            decode_into(&blob, &mut long)
+            decode_to_vec(&blob, &mut out, 1001)
                 .unwrap_err()
                 .contains("only 1000")
         );
@@ -605,7 +592,7 @@ mod tests {
                 .unwrap_err()
                 .contains("more than")
         );
-        assert!(decode_into(b"garbage!", &mut [0u8; 4]).is_err());
+        assert!(decode_to_vec(b"garbage!", &mut out, 4).is_err());
     }
 
     /// Runs a DirectDecoder over `blob` into a buffer of `len`, stepping

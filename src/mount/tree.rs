@@ -255,18 +255,6 @@ impl Tree {
             _ => 0,
         }
     }
-
-    /// Path of `ino` from the mount root, for messages.
-    pub fn path_of(&self, mut ino: Ino) -> String {
-        let mut parts = Vec::new();
-        while ino != ROOT {
-            let Some(n) = self.node(ino) else { break };
-            parts.push(n.name.to_string());
-            ino = n.parent;
-        }
-        parts.reverse();
-        parts.join("/")
-    }
 }
 
 fn new_dir() -> NodeKind {
