@@ -1326,6 +1326,48 @@ fn many_custom_keys_are_checked_in_linear_time() {
     assert!(took < Duration::from_secs(20), "took {took:?}");
 }
 
+#[test]
+fn huge_indexes_are_refused_without_being_built() {
+    let dir = tempfile::tempdir().unwrap();
+    // One entry with a custom array of 2^21 + 1 one-byte items (2 MiB of
+    // CBOR, 64 MiB decoded), and an index that is a map of 2^21 pairs.
+    let mut pairs = t_entry();
+    pairs.push(("flags", Value::Array(vec![uint(0); (1 << 21) + 1])));
+    let big_entry = t_file(pairs);
+    let big_map = t_file_raw_index(&cbor(&Value::Map(
+        (0..1u64 << 21).map(|i| (uint(i), uint(0))).collect(),
+    )));
+    for (name, bytes, needle) in [
+        (
+            "entry",
+            big_entry,
+            "index entry 0 holds more than 2097152 CBOR items",
+        ),
+        (
+            "map",
+            big_map,
+            "index is a CBOR map, expected an array of maps",
+        ),
+    ] {
+        let path = dir.path().join(format!("{name}.zt"));
+        std::fs::write(&path, bytes).unwrap();
+        let (opened, largest, took) = measured(|| ZtFile::open(&path));
+        let e = opened.err().unwrap_or_else(|| panic!("{name}: opened"));
+        check_error(&e, ErrorKind::Index, needle).unwrap_or_else(|why| panic!("{name}: {why}"));
+        assert!(
+            largest < 1 << 20,
+            "{name}: allocated {largest} bytes at once"
+        );
+        assert!(took < Duration::from_secs(5), "{name}: took {took:?}");
+    }
+    // Just under the limit, the entry opens (a 2^20-frame table must).
+    let mut pairs = t_entry();
+    pairs.push(("flags", Value::Array(vec![uint(0); (1 << 21) - 16])));
+    let path = dir.path().join("under.zt");
+    std::fs::write(&path, t_file(pairs)).unwrap();
+    ZtFile::open(&path).unwrap();
+}
+
 /// zstd of `n` zero bytes, written a MiB at a time.
 fn zstd_zeros(n: usize) -> Vec<u8> {
     use std::io::Write;

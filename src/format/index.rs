@@ -105,6 +105,12 @@ pub fn parse(bytes: &[u8], file: &str) -> Result<Index> {
     // The usual case, an array: decode it entry by entry, so no tree of the
     // whole index is ever built (a 100 000-tensor index would be ~10^6 nodes).
     if cbor.first().is_some_and(|b| b >> 5 == 4) {
+        if let Some(i) = oversized_entry(cbor, MAX_ENTRY_ITEMS) {
+            return Err(err(
+                ErrorKind::Index,
+                format!("index entry {i} holds more than {MAX_ENTRY_ITEMS} CBOR items"),
+            ));
+        }
         let list: Entries =
             ciborium::de::from_reader_with_recursion_limit(&mut cursor, MAX_CBOR_DEPTH).map_err(
                 |e| {
@@ -124,28 +130,169 @@ pub fn parse(bytes: &[u8], file: &str) -> Result<Index> {
             data_end,
         });
     }
-    let value: Value = ciborium::de::from_reader_with_recursion_limit(&mut cursor, MAX_CBOR_DEPTH)
-        .map_err(|e| {
-            err(
-                ErrorKind::Index,
-                format!("index is not valid CBOR: {}", cbor_error(&e)),
-            )
-        })?;
-    check_trailing(cursor.position(), index_size, file)?;
-    let Value::Array(items) = value else {
-        return Err(err(
+    // Not an array: check it is CBOR without building it (a map of 10^8
+    // items would be gigabytes decoded), then say what it is.
+    ciborium::de::from_reader_with_recursion_limit::<serde::de::IgnoredAny, _>(
+        &mut cursor,
+        MAX_CBOR_DEPTH,
+    )
+    .map_err(|e| {
+        err(
             ErrorKind::Index,
-            format!(
-                "index is a CBOR {}, expected an array of maps",
-                kind_name(&value)
-            ),
-        ));
+            format!("index is not valid CBOR: {}", cbor_error(&e)),
+        )
+    })?;
+    check_trailing(cursor.position(), index_size, file)?;
+    Err(err(
+        ErrorKind::Index,
+        format!(
+            "index is a CBOR {}, expected an array of maps",
+            header_kind(cbor[0])
+        ),
+    ))
+}
+
+/// Most CBOR items one index entry may hold. Each becomes a 32-byte value
+/// while the entry is read, so this bounds that at 64 MiB; a frame table of
+/// 2^20 frames fits.
+const MAX_ENTRY_ITEMS: u64 = 1 << 21;
+
+/// The first entry of the index array holding more than `cap` items, by
+/// walking headers only. Malformed CBOR ends the walk: the decoder reports it.
+fn oversized_entry(cbor: &[u8], cap: u64) -> Option<usize> {
+    let (4, len, n) = header(cbor, 0)? else {
+        return None;
     };
-    let mut entries = Vec::with_capacity(items.len());
-    for (i, item) in items.into_iter().enumerate() {
-        entries.push(parse_entry(item, i, file)?);
+    let mut pos = n;
+    let mut i = 0usize;
+    loop {
+        if len.is_some_and(|l| i as u64 >= l) || (len.is_none() && cbor.get(pos) == Some(&0xff)) {
+            return None;
+        }
+        match skip_item(cbor, pos, cap) {
+            Walk::End(p) => pos = p,
+            Walk::TooMany => return Some(i),
+            Walk::Malformed => return None,
+        }
+        i += 1;
     }
-    Ok(Index { entries, data_end })
+}
+
+enum Walk {
+    End(usize),
+    TooMany,
+    Malformed,
+}
+
+/// Walks the item at `pos`, counting it and everything inside it.
+fn skip_item(b: &[u8], mut pos: usize, cap: u64) -> Walk {
+    // Items still to read in each open container; `None`: until a break.
+    let mut open: Vec<Option<u64>> = vec![Some(1)];
+    let mut items = 0u64;
+    loop {
+        while open.last() == Some(&Some(0)) {
+            open.pop();
+        }
+        let Some(&top) = open.last() else {
+            return Walk::End(pos);
+        };
+        let Some((major, arg, n)) = header(b, pos) else {
+            return Walk::Malformed;
+        };
+        pos += n;
+        if major == 7 && arg.is_none() {
+            // A break ends an indefinite container, nothing else.
+            if top.is_some() {
+                return Walk::Malformed;
+            }
+            open.pop();
+            continue;
+        }
+        if let Some(Some(left)) = open.last_mut() {
+            *left -= 1;
+        }
+        items += 1;
+        if items > cap {
+            return Walk::TooMany;
+        }
+        let child = match (major, arg) {
+            (2 | 3, Some(len)) => {
+                match usize::try_from(len).ok().and_then(|l| pos.checked_add(l)) {
+                    Some(end) if end <= b.len() => pos = end,
+                    _ => return Walk::Malformed,
+                }
+                continue;
+            }
+            // Chunks until a break, each a definite string of this type.
+            (2 | 3, None) => {
+                loop {
+                    match header(b, pos) {
+                        Some((7, None, k)) => {
+                            pos += k;
+                            break;
+                        }
+                        Some((m, Some(len), k)) if m == major => {
+                            match usize::try_from(len)
+                                .ok()
+                                .and_then(|l| (pos + k).checked_add(l))
+                            {
+                                Some(end) if end <= b.len() => pos = end,
+                                _ => return Walk::Malformed,
+                            }
+                        }
+                        _ => return Walk::Malformed,
+                    }
+                }
+                continue;
+            }
+            (4, len) => len,
+            (5, Some(pairs)) => match pairs.checked_mul(2) {
+                Some(k) => Some(k),
+                None => return Walk::Malformed,
+            },
+            (5, None) => None,
+            (6, _) => Some(1),
+            _ => continue,
+        };
+        if open.len() > MAX_CBOR_DEPTH {
+            return Walk::Malformed;
+        }
+        open.push(child);
+    }
+}
+
+/// One CBOR header at `pos`: (major type, argument or `None` for
+/// indefinite length or a break, header length with a float's payload).
+fn header(b: &[u8], pos: usize) -> Option<(u8, Option<u64>, usize)> {
+    let first = *b.get(pos)?;
+    let (major, ai) = (first >> 5, first & 31);
+    match ai {
+        0..=23 => Some((major, Some(u64::from(ai)), 1)),
+        24..=27 => {
+            let len = 1usize << (ai - 24);
+            let bytes = b.get(pos + 1..pos + 1 + len)?;
+            let arg = bytes.iter().fold(0u64, |a, &x| (a << 8) | u64::from(x));
+            Some((major, Some(arg), 1 + len))
+        }
+        31 if matches!(major, 2..=5 | 7) => Some((major, None, 1)),
+        _ => None,
+    }
+}
+
+/// What a CBOR item is, from its first byte (as [`kind_name`] names it).
+fn header_kind(first: u8) -> &'static str {
+    match (first >> 5, first & 31) {
+        (0 | 1, _) => "integer",
+        (2, _) => "byte string",
+        (3, _) => "text string",
+        (4, _) => "array",
+        (5, _) => "map",
+        (6, _) => "tag",
+        (7, 20 | 21) => "bool",
+        (7, 22 | 23) => "null",
+        (7, 25..=27) => "float",
+        _ => "unknown value",
+    }
 }
 
 fn check_trailing(used: u64, index_size: u64, file: &str) -> Result<()> {
@@ -405,4 +552,53 @@ pub fn as_u64(v: &Value) -> std::result::Result<u64, String> {
 /// Convenience for writers and tests.
 pub fn int(v: u64) -> Value {
     Value::Integer(Integer::from(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(b: &[u8]) -> (Option<u64>, bool) {
+        // Items counted exactly: the walk ends at `cap` items but not below.
+        let items = (1..64).find(|&cap| !matches!(skip_item(b, 0, cap), Walk::TooMany));
+        match skip_item(b, 0, 64) {
+            Walk::End(p) => (items, p == b.len()),
+            _ => (None, false),
+        }
+    }
+
+    #[test]
+    fn the_header_walk_counts_every_item_and_ends_where_the_item_ends() {
+        // [_ 1, (_ h'61'), {_ "a": 1}, 1(2), 1.5, true, null]
+        let indefinite = [
+            0x9f, 0x01, 0x5f, 0x41, 0x61, 0xff, 0xbf, 0x61, 0x61, 0x01, 0xff, 0xc1, 0x02, 0xfb,
+            0x3f, 0xf8, 0, 0, 0, 0, 0, 0, 0xf5, 0xf6, 0xff,
+        ];
+        assert_eq!(count(&indefinite), (Some(11), true));
+        let mut v = Vec::new();
+        let value = Value::Map(vec![
+            (
+                Value::Text("shape".into()),
+                Value::Array(vec![int(3), int(300)]),
+            ),
+            (int(7), Value::Bytes(vec![0; 300])),
+        ]);
+        ciborium::ser::into_writer(&value, &mut v).unwrap();
+        assert_eq!(count(&v), (Some(7), true));
+        // Cut short, a break out of place, a reserved length: malformed.
+        for bad in [&v[..v.len() - 1], &[0x81, 0xff][..], &[0x1c][..]] {
+            assert!(matches!(skip_item(bad, 0, 64), Walk::Malformed), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn only_an_entry_past_the_cap_is_reported() {
+        let entry = |n: usize| Value::Array(vec![int(0); n]);
+        let mut v = Vec::new();
+        ciborium::ser::into_writer(&Value::Array(vec![entry(3), entry(9), entry(2)]), &mut v)
+            .unwrap();
+        assert_eq!(oversized_entry(&v, 10), None);
+        assert_eq!(oversized_entry(&v, 9), Some(1));
+        assert_eq!(oversized_entry(&[0x9f, 0x80, 0x82, 1, 2, 0xff], 2), Some(1));
+    }
 }
