@@ -1424,6 +1424,46 @@ fn sparse_probes_stream_and_share_one_budget_per_file() {
 }
 
 #[test]
+fn framed_sparse_blobs_are_probed_by_their_last_frame_only() {
+    // Frames that declare their sizes (what `pack --zstd` writes): a CSR
+    // probe decodes one frame, a COO probe none, so five 256 MiB indptrs
+    // and a 2 GiB COO blob all fit the per-file budget.
+    let frame = zstd::bulk::compress(&vec![0u8; 1 << 20], 1).unwrap();
+    let csr = frame.repeat(256);
+    let coo = frame.repeat(2048);
+    let stride = |b: &[u8]| b.len().next_multiple_of(64) as u64;
+    let mut blobs: Vec<(u64, &[u8])> = Vec::new();
+    let mut entries = Vec::new();
+    let mut at = 64;
+    for n in ["c0", "c1", "c2", "c3", "c4"] {
+        let e = entry(
+            n,
+            at,
+            csr.len() as u64,
+            "uint8",
+            &[(1 << 25) - 1, 1],
+            "zstd",
+        );
+        entries.push(map(replace(e, "layout", text("sparsecsr"))));
+        blobs.push((at, &csr));
+        at += stride(&csr);
+    }
+    // Records of one u64 index and a float64 value: 16 bytes each.
+    let e = entry("coo", at, coo.len() as u64, "float64", &[1 << 30], "zstd");
+    entries.push(map(replace(e, "layout", text("sparsecoo"))));
+    blobs.push((at, &coo));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("framed.zt");
+    std::fs::write(&path, file_with(&blobs, entries)).unwrap();
+    let f = ZtFile::open(&path).unwrap();
+    for (n, nnz) in [("c0", 0), ("c4", 0), ("coo", 1 << 27)] {
+        let t = f.catalog().get(n).unwrap();
+        let layout = t.layout.as_ref().unwrap_or_else(|e| panic!("{n}: {e}"));
+        assert_eq!(layout.sparse.as_ref().map(|s| s.nnz), Some(nnz), "{n}");
+    }
+}
+
+#[test]
 fn missing_files_and_directories_are_io_errors() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing.zt");

@@ -540,6 +540,26 @@ fn spec_sparse(
     })
 }
 
+/// The compressed bytes to decode, and how far, to reach decoded offset
+/// `end`: from the frame holding byte `end - 8` when the blob's frames
+/// declare their sizes (a packed file: about one frame), else all of it.
+fn last_frames(blob: &[u8], end: u64) -> std::result::Result<(&[u8], u64), String> {
+    let Some(frames) = zstd_blob::scan_frames(blob)? else {
+        return Ok((blob, end));
+    };
+    let total = frames.last().map_or(0, |f| f.d_start + f.d_len);
+    let (Some(first), Some(last)) = (
+        frames.iter().find(|f| f.d_start + f.d_len > end - 8),
+        frames.iter().find(|f| f.d_start + f.d_len >= end),
+    ) else {
+        return Err(format!(
+            "zstd data decodes to only {total} bytes, needed {end}"
+        ));
+    };
+    let range = first.c_start as usize..(last.c_start + last.c_len) as usize;
+    Ok((&blob[range], end - first.d_start))
+}
+
 /// Takes `n` decoded bytes from the open-time budget, or says why not.
 fn spend(probe: &mut u64, n: u64, what: &str) -> std::result::Result<(), String> {
     if n > *probe {
@@ -580,8 +600,9 @@ fn reference_sparse(
                 blob[(header - 8) as usize..header as usize].to_vec()
             }
             Encoding::Zstd => {
-                spend(probe, header, "its indptr")?;
-                zstd_blob::decoded_tail8(blob, header)?.to_vec()
+                let (from, n) = last_frames(blob, header)?;
+                spend(probe, n, "its indptr")?;
+                zstd_blob::decoded_tail8(from, n)?.to_vec()
             }
         };
         let mut b = [0u8; 8];
@@ -648,17 +669,22 @@ fn reference_sparse(
         .ok_or_else(ovf)?;
     let total = match encoding {
         Encoding::Raw => blob.len() as u64,
-        Encoding::Zstd => match zstd_blob::decoded_len(blob, *probe)? {
-            Some(n) => {
-                *probe -= n;
-                n
-            }
-            None => {
-                let left = std::mem::take(probe);
-                return Err(format!(
-                    "learning its structure means decoding its records at open, more than what is left ({left} bytes) of the file's {SPARSE_PROBE_BUDGET}-byte budget for that"
-                ));
-            }
+        // Frames that declare their sizes give the total without decoding
+        // (each is checked when it is decoded to be served).
+        Encoding::Zstd => match zstd_blob::scan_frames(blob)? {
+            Some(frames) => frames.last().map_or(0, |f| f.d_start + f.d_len),
+            None => match zstd_blob::count_decoded(blob, *probe)? {
+                Some(n) => {
+                    *probe -= n;
+                    n
+                }
+                None => {
+                    let left = std::mem::take(probe);
+                    return Err(format!(
+                        "learning its structure means decoding its records at open, more than what is left ({left} bytes) of the file's {SPARSE_PROBE_BUDGET}-byte budget for that"
+                    ));
+                }
+            },
         },
     };
     if total % record != 0 {

@@ -469,11 +469,8 @@ pub fn decoded_tail8(src: &[u8], n: u64) -> Result<[u8; 8], String> {
     Ok(tail)
 }
 
-/// Counts the decoded bytes of `src`; `None` once past `cap`.
-pub fn decoded_len(src: &[u8], cap: u64) -> Result<Option<u64>, String> {
-    if let Some(frames) = scan_frames(src)? {
-        return Ok(Some(frames.last().map_or(0, |f| f.d_start + f.d_len)));
-    }
+/// Counts the decoded bytes of `src` by decoding it; `None` once past `cap`.
+pub fn count_decoded(src: &[u8], cap: u64) -> Result<Option<u64>, String> {
     let mut dec = decoder(src)?;
     let mut buf = vec![0u8; 1 << 16];
     let mut total = 0u64;
@@ -554,8 +551,8 @@ mod tests {
         assert_eq!(scan_frames(&blob).unwrap(), None);
         // Still counted right, by decoding.
         let n = MAX_FRAMES as u64 + 1;
-        assert_eq!(decoded_len(&blob, n).unwrap(), Some(n));
-        assert_eq!(decoded_len(&blob, n - 1).unwrap(), None);
+        assert_eq!(count_decoded(&blob, n).unwrap(), Some(n));
+        assert_eq!(count_decoded(&blob, n - 1).unwrap(), None);
     }
 
     #[test]
