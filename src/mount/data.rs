@@ -119,9 +119,6 @@ pub struct Data {
     /// Progressive decoder threads running, at most `max_decoders`.
     decoders: AtomicUsize,
     max_decoders: usize,
-    /// Held by the spill decoder at work: one at a time, so their zstd
-    /// windows (outside the cache, up to 128 MiB each) do not add up.
-    spilling: Arc<Mutex<()>>,
 }
 
 impl Data {
@@ -150,7 +147,6 @@ impl Data {
             opts,
             decoders: AtomicUsize::new(0),
             max_decoders: workers,
-            spilling: Arc::new(Mutex::new(())),
         }))
     }
 
@@ -620,16 +616,20 @@ impl Data {
         if let Some(s) = slot.as_ref().filter(|s| !s.retry.load(Acquire)) {
             return Ok(s.clone());
         }
+        // A failed spill's file (unlinked) goes once its readers are done,
+        // before the free space is asked: it may be what filled the disk.
+        *slot = None;
         let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
         let dir = &self.opts.cache_dir;
-        // The size comes from the index: ask the disk before trusting it.
+        // The size comes from the index: ask the disk before trusting it,
+        // and leave a quarter of what is free to everyone else.
         if let Some(free) = free_bytes(dir)
-            && decoded > free
+            && decoded > free - free / 4
         {
             return Err(self.fail(
                 t,
                 format!(
-                    "{decoded} decoded bytes are too big for the cache and for {} ({free} bytes free)",
+                    "{decoded} decoded bytes are too big for the cache and for {} ({free} bytes free; a spill may take three quarters)",
                     dir.display()
                 ),
             ));
@@ -659,12 +659,10 @@ impl Data {
             retry: AtomicBool::new(false),
         });
         let (zt, s, stats) = (self.zt.clone(), spill.clone(), self.stats.clone());
-        let spilling = self.spilling.clone();
         std::thread::Builder::new()
             .name("zt-spill".into())
             .spawn(move || {
                 let _ends = EndOnDrop(&s);
-                let _one = spilling.lock().unwrap_or_else(|e| e.into_inner());
                 let t = &zt.catalog().tensors[ti];
                 let (mut pos, mut disk) = (0u64, false);
                 Stats::add(&stats.decompressions, 1);

@@ -47,6 +47,9 @@ pub struct FsOptions {
     pub direct_io: bool,
 }
 
+/// An open generated file: its inode and the text it reads.
+type Held = (Ino, Arc<[u8]>);
+
 pub struct ZtFs {
     tree: Tree,
     data: Arc<Data>,
@@ -54,7 +57,7 @@ pub struct ZtFs {
     /// Sizes of generated files, computed on first stat.
     sizes: Vec<OnceLock<u64>>,
     /// Contents of generated files, per open handle.
-    handles: Mutex<HashMap<u64, Arc<[u8]>>>,
+    handles: Mutex<HashMap<u64, Held>>,
     /// The render each open handle of a file shares (never changes, except
     /// stats), while one is open: `index.json` of a big file is tens of MB.
     shared: Mutex<HashMap<Ino, Weak<[u8]>>>,
@@ -249,7 +252,7 @@ impl ZtFs {
                 self.handles
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert(fh, bytes);
+                    .insert(fh, (ino, bytes));
                 Ok((
                     fh,
                     if *c == Content::Stats {
@@ -267,13 +270,19 @@ impl ZtFs {
         if *c == Content::Stats {
             return self.render(c).into();
         }
-        let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        let shared = || self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = shared().get(&ino).and_then(Weak::upgrade) {
+            return b;
+        }
+        // Rendered unlocked: opens of other files need not wait for it.
+        let mine: Arc<[u8]> = self.render(c).into();
+        let mut shared = shared();
+        // Another open may have rendered it meanwhile: share that one.
         if let Some(b) = shared.get(&ino).and_then(Weak::upgrade) {
             return b;
         }
-        let b: Arc<[u8]> = self.render(c).into();
-        shared.insert(ino, Arc::downgrade(&b));
-        b
+        shared.insert(ino, Arc::downgrade(&mine));
+        mine
     }
 
     pub fn release(&self, fh: u64) {
@@ -285,12 +294,14 @@ impl ZtFs {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&fh);
-        // The last handle of a file: forget its render.
-        if let Some(b) = gone
-            && Arc::strong_count(&b) == 1
-        {
+        if let Some((ino, bytes)) = gone {
+            drop(bytes);
+            // Its last handle closed: forget the render (a `Weak` keeps the
+            // allocation). An open that shares it holds `shared` meanwhile.
             let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
-            shared.retain(|_, w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), &*b));
+            if shared.get(&ino).is_some_and(|w| w.strong_count() == 0) {
+                shared.remove(&ino);
+            }
         }
     }
 
@@ -311,7 +322,7 @@ impl ZtFs {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .get(&fh)
-                    .cloned();
+                    .map(|(_, b)| b.clone());
                 // A read without our open (e.g. after a restart) renders anew.
                 let bytes: Arc<[u8]> = held.unwrap_or_else(|| self.render(c).into());
                 let start = (off as usize).min(bytes.len());
@@ -365,7 +376,7 @@ mod tests {
         let index = fs.lookup(meta, OsStr::new("index.json")).unwrap().ino;
         let (a, _) = fs.open(index, false).unwrap();
         let (b, _) = fs.open(index, false).unwrap();
-        let held = |fh| fs.handles.lock().unwrap()[&fh].clone();
+        let held = |fh| fs.handles.lock().unwrap()[&fh].1.clone();
         assert!(Arc::ptr_eq(&held(a), &held(b)), "two renders for two opens");
         assert_eq!(&*fs.read(index, a, 0, 1 << 20).unwrap(), &*held(a));
         fs.release(a);
