@@ -787,6 +787,22 @@ mod cases {
         )
     }
 
+    pub fn custom_key_is_a_map() -> Case {
+        // A key that is a map whose key is a map, 40 deep: spelled as JSON,
+        // each level would double the escaping (2^40 bytes).
+        let mut key = text("k\"");
+        for _ in 0..40 {
+            key = Value::Map(vec![(key, uint(0))]);
+        }
+        let mut pairs = t_entry();
+        pairs.push(("meta", Value::Map(vec![(key, uint(1))])));
+        bad_t(
+            Field,
+            "field \"meta\": a map key is a CBOR map; keys must be scalars",
+            t_file(pairs),
+        )
+    }
+
     pub fn malformed_crc32c() -> Case {
         bad_t(
             Field,
@@ -1196,6 +1212,7 @@ hostile!(
     duplicate_custom_key,
     duplicate_nested_key,
     custom_keys_colliding_in_json,
+    custom_key_is_a_map,
     malformed_crc32c,
     malformed_crc32c_too_long,
     malformed_crc32c_signed,

@@ -381,17 +381,33 @@ pub fn kind_name(v: &Value) -> &'static str {
     }
 }
 
+/// A map key's spelling in JSON sidecars. Only scalars: a key that is a
+/// map or array is spelled as escaped JSON, which doubles at every level.
+fn spelled(k: &Value) -> std::result::Result<String, String> {
+    match k {
+        Value::Map(_) | Value::Array(_) | Value::Tag(..) => Err(format!(
+            "a map key is a CBOR {}; keys must be scalars",
+            kind_name(k)
+        )),
+        _ => Ok(key_to_string(k)),
+    }
+}
+
 /// Checks that no map inside `v` has two keys that read the same in JSON
-/// (one would silently hide the other in a sidecar); the repeated key if so.
+/// (one would silently hide the other in a sidecar), or a key that is not
+/// a scalar; says which.
 fn unique_keys(v: &Value) -> std::result::Result<(), String> {
     match v {
         Value::Map(pairs) => {
             let mut seen = HashSet::new();
             for (k, inner) in pairs {
-                let key = key_to_string(k);
+                let key = spelled(k)?;
                 unique_keys(inner)?;
-                if !seen.insert(key.clone()) {
-                    return Err(key);
+                if !seen.insert(key) {
+                    return Err(format!(
+                        "key \"{}\" appears twice in a map",
+                        key_to_string(k)
+                    ));
                 }
             }
             Ok(())
@@ -441,11 +457,9 @@ fn parse_entry(item: Value, i: usize, file: &str) -> Result<RawEntry> {
                 known[slot] = Some(v);
             }
             None => {
-                let key = key_to_string(&k);
-                if let Err(inner) = unique_keys(&v) {
-                    return Err(ferr(format!(
-                        "field \"{key}\": key \"{inner}\" appears twice in a map"
-                    )));
+                let key = spelled(&k).map_err(|why| ferr(format!("custom field: {why}")))?;
+                if let Err(why) = unique_keys(&v) {
+                    return Err(ferr(format!("field \"{key}\": {why}")));
                 }
                 if !custom_keys.insert(key) {
                     return Err(ferr(format!(
