@@ -188,25 +188,37 @@ pub fn decode_stream_from<R: std::io::BufRead>(
 ) -> Result<(), String> {
     let mut dec =
         zstd::stream::read::Decoder::with_buffer(src).map_err(|e| format!("zstd decoder: {e}"))?;
-    let mut buf = vec![0u8; 1 << 20];
+    read_exactly(&mut dec, expected, 1 << 20, &mut sink)?;
+    ensure_finished(&mut dec, expected)
+}
+
+/// Hands the first `n` decoded bytes of `dec` to `sink`, `chunk` at most
+/// at a time; an error if the stream ends before.
+fn read_exactly<R: std::io::BufRead>(
+    dec: &mut zstd::stream::read::Decoder<'_, R>,
+    n: u64,
+    chunk: usize,
+    mut sink: impl FnMut(&[u8]) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut buf = vec![0u8; chunk];
     let mut done = 0u64;
-    while done < expected {
-        let want = (expected - done).min(buf.len() as u64) as usize;
+    while done < n {
+        let want = (n - done).min(buf.len() as u64) as usize;
         match dec.read(&mut buf[..want]) {
             Ok(0) => {
                 return Err(format!(
-                    "zstd data decodes to only {done} bytes, expected {expected}"
+                    "zstd data decodes to only {done} bytes, expected {n}"
                 ));
             }
-            Ok(n) => {
-                sink(&buf[..n])?;
-                done += n as u64;
+            Ok(k) => {
+                sink(&buf[..k])?;
+                done += k as u64;
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(format!("zstd data is corrupt: {e}")),
         }
     }
-    ensure_finished(&mut dec, expected)
+    Ok(())
 }
 
 /// Whether the first frame of `src` carries a content checksum (checked by
@@ -439,33 +451,18 @@ pub fn decoded_tail8(src: &[u8], n: u64) -> Result<[u8; 8], String> {
     if n < 8 {
         return Err(format!("a sparse header of {n} bytes has no last entry"));
     }
-    let mut dec = decoder(src)?;
-    let mut buf = vec![0u8; 1 << 16];
     let mut tail = [0u8; 8];
-    let mut total = 0u64;
-    while total < n {
-        let want = (n - total).min(buf.len() as u64) as usize;
-        match dec.read(&mut buf[..want]) {
-            Ok(0) => {
-                return Err(format!(
-                    "zstd data decodes to only {total} bytes, needed {n}"
-                ));
-            }
-            Ok(k) => {
-                // Slide the last 8 bytes seen along.
-                let got = &buf[..k];
-                if k >= 8 {
-                    tail.copy_from_slice(&got[k - 8..]);
-                } else {
-                    tail.copy_within(k.., 0);
-                    tail[8 - k..].copy_from_slice(got);
-                }
-                total += k as u64;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("zstd data is corrupt: {e}")),
+    read_exactly(&mut decoder(src)?, n, 1 << 16, |got| {
+        // Slide the last 8 bytes seen along.
+        let k = got.len();
+        if k >= 8 {
+            tail.copy_from_slice(&got[k - 8..]);
+        } else {
+            tail.copy_within(k.., 0);
+            tail[8 - k..].copy_from_slice(got);
         }
-    }
+        Ok(())
+    })?;
     Ok(tail)
 }
 
