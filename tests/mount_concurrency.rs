@@ -374,6 +374,57 @@ fn tensor_larger_than_the_cache_spills_and_reads_right() {
     assert_eq!(std::fs::read_dir(&spill_dir).unwrap().count(), 0);
 }
 
+fn status_kib(pid: i32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = s.lines().find(|l| l.starts_with(field)).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_spill_decoder_holds_no_window_of_its_own() {
+    // 96 MiB in one zstd frame written with a 128 MiB window: the frame is
+    // one segment, so a zstd stream decoder would hold all 96 MiB as its
+    // window. Decoding into the spill file's mapping needs none; the
+    // daemon's peak memory while it spills stays far below the tensor.
+    let le = compressible(95, 96 * MIB);
+    let mut c = zstd::bulk::Compressor::new(1).unwrap();
+    c.set_parameter(zstd::zstd_safe::CParameter::WindowLog(27))
+        .unwrap();
+    let blob = c.compress(&le).unwrap();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let zt = m.scratch_path("test.zt");
+    let mut w = Writer::create(&zt).unwrap();
+    w.add_blob(&blob, zstd_fields("big", (le.len() / 4) as u64))
+        .unwrap();
+    w.finish().unwrap();
+    let spill_dir = m.scratch_path("spill");
+    std::fs::create_dir(&spill_dir).unwrap();
+    m.mount(
+        &zt,
+        &[
+            "--cache-size",
+            "8M",
+            "--cache-dir",
+            spill_dir.to_str().unwrap(),
+            "--threads",
+            "2",
+        ],
+    );
+    let pid = m.pid.unwrap();
+    let before = status_kib(pid, "VmRSS:");
+    assert!(std::fs::read(m.path("big")).unwrap() == le);
+    let peak = status_kib(pid, "VmHWM:");
+    let st = m.stats();
+    assert_eq!(st["spilled_tensors"], 1, "{st}");
+    assert_eq!(st["errors"], 0, "{st}");
+    assert!(
+        peak < before + 40 * 1024,
+        "daemon peak {peak} KiB, {before} KiB before the spill"
+    );
+}
+
 /// A tmpfs mounted for one test, unmounted however the test ends.
 struct Tmpfs(std::path::PathBuf);
 

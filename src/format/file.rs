@@ -163,17 +163,6 @@ impl ZtFile {
         }
     }
 
-    /// Reads `bytes` (a slice of this mapping) front to back, letting go of
-    /// every 8 MiB once consumed: for streaming a whole blob.
-    pub fn releasing_reader<'a>(&'a self, bytes: &'a [u8]) -> ReleasingReader<'a> {
-        ReleasingReader {
-            zt: self,
-            bytes,
-            pos: 0,
-            released: 0,
-        }
-    }
-
     fn err(&self, t: &Tensor, kind: ErrorKind, msg: impl Into<String>) -> Error {
         Error::new(kind, &self.label, Some(&t.name), msg)
     }
@@ -242,36 +231,6 @@ impl ZtFile {
             .iter()
             .map(|p| expose::from_blob(&blob, p, t.endian, 0, p.nbytes).into_owned())
             .collect())
-    }
-}
-
-/// See [`ZtFile::releasing_reader`].
-pub struct ReleasingReader<'a> {
-    zt: &'a ZtFile,
-    bytes: &'a [u8],
-    pos: usize,
-    released: usize,
-}
-
-impl std::io::Read for ReleasingReader<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = std::io::BufRead::fill_buf(self)?.len().min(buf.len());
-        buf[..n].copy_from_slice(&self.bytes[self.pos..self.pos + n]);
-        std::io::BufRead::consume(self, n);
-        Ok(n)
-    }
-}
-
-impl std::io::BufRead for ReleasingReader<'_> {
-    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
-        Ok(&self.bytes[self.pos..])
-    }
-    fn consume(&mut self, n: usize) {
-        self.pos = (self.pos + n).min(self.bytes.len());
-        if self.pos - self.released >= 8 << 20 || self.pos == self.bytes.len() {
-            self.zt.release(&self.bytes[self.released..self.pos]);
-            self.released = self.pos;
-        }
     }
 }
 

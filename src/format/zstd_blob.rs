@@ -175,15 +175,6 @@ thread_local! {
 pub fn decode_stream(
     src: &[u8],
     expected: u64,
-    sink: impl FnMut(&[u8]) -> Result<(), String>,
-) -> Result<(), String> {
-    decode_stream_from(src, expected, sink)
-}
-
-/// [`decode_stream`] over compressed bytes read through `src`.
-pub fn decode_stream_from<R: std::io::BufRead>(
-    src: R,
-    expected: u64,
     mut sink: impl FnMut(&[u8]) -> Result<(), String>,
 ) -> Result<(), String> {
     let mut dec =
@@ -228,6 +219,22 @@ pub fn frame_has_checksum(src: &[u8]) -> Option<bool> {
     const MAGIC: [u8; 4] = 0xFD2F_B528u32.to_le_bytes();
     match src {
         [a, b, c, d, descriptor, ..] if [*a, *b, *c, *d] == MAGIC => Some(descriptor & 0b100 != 0),
+        _ => None,
+    }
+}
+
+/// How far back the matches of the frame that starts `src` may reach, from
+/// its header: the window, or for a one-segment frame its content size.
+pub fn frame_window(src: &[u8]) -> Option<u64> {
+    const MAGIC: [u8; 4] = 0xFD2F_B528u32.to_le_bytes();
+    match src {
+        [a, b, c, d, descriptor, ..] if [*a, *b, *c, *d] == MAGIC && descriptor & 0x20 != 0 => {
+            first_frame_size(src)
+        }
+        [a, b, c, d, _, wd, ..] if [*a, *b, *c, *d] == MAGIC => {
+            let base = 1u64 << (10 + (wd >> 3));
+            Some(base + base / 8 * u64::from(wd & 7))
+        }
         _ => None,
     }
 }
@@ -519,6 +526,22 @@ mod tests {
             out.extend(zstd::bulk::compress(c, 3).unwrap());
         }
         out
+    }
+
+    #[test]
+    fn frame_window_reads_the_header() {
+        let data: Vec<u8> = (0..(6u32 << 20)).map(|i| (i % 251) as u8).collect();
+        // Level 3 on 6 MiB: a 2 MiB window, not one segment.
+        assert_eq!(
+            frame_window(&zstd::bulk::compress(&data, 3).unwrap()),
+            Some(2 << 20)
+        );
+        // A window as big as the input: one segment, its content size.
+        let mut c = zstd::bulk::Compressor::new(3).unwrap();
+        c.set_parameter(zstd::zstd_safe::CParameter::WindowLog(23))
+            .unwrap();
+        assert_eq!(frame_window(&c.compress(&data).unwrap()), Some(6 << 20));
+        assert_eq!(frame_window(b"not zstd"), None);
     }
 
     #[test]

@@ -7,15 +7,14 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{
-    AtomicBool, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
-};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use super::cache::{Buf, Cache};
 use super::filling::Writer;
 use super::guard::Guard;
 use super::prefetch::Prefetcher;
+use super::spill::Spill;
 use super::stats::Stats;
 use super::window::{self, MapWindow, Touched};
 use crate::format::index::as_u64;
@@ -114,7 +113,7 @@ pub struct Data {
     cache: Cache,
     stats: Arc<Stats>,
     states: Vec<TensorState>,
-    guard: Guard,
+    guard: Arc<Guard>,
     opts: DataOptions,
     /// Progressive decoder threads running, at most `max_decoders`.
     decoders: AtomicUsize,
@@ -143,7 +142,7 @@ impl Data {
             zt,
             stats,
             states,
-            guard,
+            guard: Arc::new(guard),
             opts,
             decoders: AtomicUsize::new(0),
             max_decoders: workers,
@@ -613,7 +612,7 @@ impl Data {
             .spill
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = slot.as_ref().filter(|s| !s.retry.load(Acquire)) {
+        if let Some(s) = slot.as_ref().filter(|s| !s.failed_for_now()) {
             return Ok(s.clone());
         }
         // A failed spill's file (unlinked) goes once its readers are done,
@@ -621,25 +620,9 @@ impl Data {
         *slot = None;
         let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
         let dir = &self.opts.cache_dir;
-        // The size comes from the index: ask the disk before trusting it,
-        // and leave a quarter of what is free to everyone else.
-        if let Some(free) = free_bytes(dir)
-            && decoded > free - free / 4
-        {
-            return Err(self.fail(
-                t,
-                format!(
-                    "{decoded} decoded bytes are too big for the cache and for {} ({free} bytes free; a spill may take three quarters)",
-                    dir.display()
-                ),
-            ));
-        }
-        let file = tempfile::tempfile_in(dir).map_err(|e| {
-            self.fail(
-                t,
-                format!("cannot create a spill file in {}: {e}", dir.display()),
-            )
-        })?;
+        let early = self.trusted_early(t, self.zt.blob(t), one_frame);
+        let spill = Spill::start(&self.zt, &self.guard, ti, decoded, dir, early, &self.stats)
+            .map_err(|why| self.fail(t, why))?;
         log::info!(
             "{}",
             self.fail(
@@ -650,71 +633,8 @@ impl Data {
                 )
             )
         );
-        Stats::add(&self.stats.spilled_tensors, 1);
-        let spill = Arc::new(Spill {
-            file,
-            early: self.trusted_early(t, self.zt.blob(t), one_frame),
-            progress: Mutex::new((0, None)),
-            cond: Condvar::new(),
-            retry: AtomicBool::new(false),
-        });
-        let (zt, s, stats) = (self.zt.clone(), spill.clone(), self.stats.clone());
-        std::thread::Builder::new()
-            .name("zt-spill".into())
-            .spawn(move || {
-                let _ends = EndOnDrop(&s);
-                let t = &zt.catalog().tensors[ti];
-                let (mut pos, mut disk) = (0u64, false);
-                Stats::add(&stats.decompressions, 1);
-                let r = zstd_blob::decode_stream_from(
-                    zt.releasing_reader(zt.blob(t)),
-                    decoded,
-                    |chunk| {
-                        s.file.write_all_at(chunk, pos).map_err(|e| {
-                            disk = true;
-                            format!("spill write: {e}")
-                        })?;
-                        pos += chunk.len() as u64;
-                        Stats::add(&stats.spilled_bytes, chunk.len() as u64);
-                        Stats::add(&stats.decompressed_bytes, chunk.len() as u64);
-                        // The last byte waits for the end check.
-                        s.advance(pos.min(decoded.saturating_sub(1)), None);
-                        Ok(())
-                    },
-                );
-                zt.release(zt.blob(t));
-                // Bad data stays bad; a full disk may not be next time.
-                s.retry.store(disk, Release);
-                s.advance(pos, Some(r.err().unwrap_or_default()));
-            })
-            .map_err(|e| self.fail(t, format!("cannot start the spill thread: {e}")))?;
         *slot = Some(spill.clone());
         Ok(spill)
-    }
-}
-
-/// Bytes an unprivileged writer may still put in `dir`'s filesystem.
-fn free_bytes(dir: &std::path::Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: a valid C string and a zeroed struct the call fills.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0)
-        .then(|| (st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
-}
-
-/// Ends a spill that its thread left unfinished (a panic), so its readers
-/// get an error instead of waiting forever.
-struct EndOnDrop<'a>(&'a Spill);
-
-impl Drop for EndOnDrop<'_> {
-    fn drop(&mut self) {
-        let mut g = self.0.progress.lock().unwrap_or_else(|e| e.into_inner());
-        if g.1.is_none() {
-            g.1 = Some("the spill thread stopped".into());
-            self.0.retry.store(true, Release);
-            self.0.cond.notify_all();
-        }
     }
 }
 
@@ -777,46 +697,4 @@ fn frame_at(frames: &[Frame], at: u64) -> usize {
     frames
         .partition_point(|f| f.d_start + f.d_len <= at)
         .min(frames.len().saturating_sub(1))
-}
-
-/// A tensor decoded into a temporary file by a background thread; readers
-/// wait only until their bytes are there, or until the whole stream has
-/// been checked if its bytes cannot be trusted before (`early`).
-struct Spill {
-    file: File,
-    early: bool,
-    /// (bytes decoded so far, Some(error or "" when finished)).
-    progress: Mutex<(u64, Option<String>)>,
-    cond: Condvar,
-    /// It failed in a way the next read should try again.
-    retry: AtomicBool,
-}
-
-impl Spill {
-    fn advance(&self, done: u64, end: Option<String>) {
-        let mut g = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-        g.0 = done;
-        if end.is_some() {
-            g.1 = end;
-        }
-        self.cond.notify_all();
-    }
-
-    fn read(&self, at: u64, out: &mut [u8]) -> Result<(), String> {
-        let need = at + out.len() as u64;
-        let mut g = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            match &g.1 {
-                Some(e) if !e.is_empty() => return Err(e.clone()),
-                Some(_) if g.0 >= need => break,
-                Some(_) => return Err(format!("spill ended at {} bytes, before {need}", g.0)),
-                None if self.early && g.0 >= need => break,
-                None => g = self.cond.wait(g).unwrap_or_else(|e| e.into_inner()),
-            }
-        }
-        drop(g);
-        self.file
-            .read_exact_at(out, at)
-            .map_err(|e| format!("spill read: {e}"))
-    }
 }

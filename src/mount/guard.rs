@@ -6,6 +6,10 @@
 //! and mtime against those seen at mount, and a SIGBUS inside the mapping is
 //! absorbed by mapping a zero page there; the access that hit it then fails
 //! the check and returns EIO instead of the zeros.
+//!
+//! The same handler watches the writable mappings of our own spill files
+//! ([`Watched`]): a page of one that fails to come in is blanked and the
+//! spill's writer told, instead of the daemon dying.
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -90,28 +94,94 @@ static MAP_BASE: AtomicUsize = AtomicUsize::new(0);
 static MAP_LEN: AtomicUsize = AtomicUsize::new(0);
 static SIGBUS_HITS: AtomicUsize = AtomicUsize::new(0);
 
+/// Most writable mappings of our own scratch files watched at once.
+pub const MAX_WATCHED: usize = 16;
+
+/// (base, len) of each watched mapping; len 0: a free slot.
+static WATCHED: [(AtomicUsize, AtomicUsize); MAX_WATCHED] =
+    [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_WATCHED];
+static WATCHED_HITS: AtomicUsize = AtomicUsize::new(0);
+
+/// A writable shared mapping of a scratch file of the mount's own (a
+/// spill), watched while this lives: a page of it that cannot be brought
+/// in (an I/O error, a disk that filled under a sparse file) raises SIGBUS,
+/// which the handler absorbs by mapping a blank page there, so the daemon
+/// lives on and the writer learns of it through [`Watched::hit`].
+pub struct Watched {
+    slot: usize,
+    hits_before: usize,
+}
+
+impl Watched {
+    /// Watches `[base, base+len)`; `None` when every slot is taken. Call
+    /// after [`Guard::new`] (which installs the handler), and drop before
+    /// unmapping.
+    pub fn new(base: *mut u8, len: usize) -> Option<Watched> {
+        let hits_before = WATCHED_HITS.load(SeqCst);
+        for (slot, (b, l)) in WATCHED.iter().enumerate() {
+            // The base claims the slot; the length, stored last, arms it.
+            if b.compare_exchange(0, base as usize, SeqCst, SeqCst).is_ok() {
+                l.store(len, SeqCst);
+                return Some(Watched { slot, hits_before });
+            }
+        }
+        None
+    }
+
+    /// Whether a SIGBUS was absorbed in any watched mapping since this one
+    /// began (any: the count is shared, so a hit elsewhere counts here too,
+    /// which errs on the safe side).
+    pub fn hit(&self) -> bool {
+        WATCHED_HITS.load(SeqCst) != self.hits_before
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        let (b, l) = &WATCHED[self.slot];
+        l.store(0, SeqCst);
+        b.store(0, SeqCst);
+    }
+}
+
+/// Maps a blank page over the page holding `addr`. Async-signal-safe.
+fn blank_page(addr: usize, prot: libc::c_int) -> bool {
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let at = addr & !(page - 1);
+    let p = unsafe {
+        libc::mmap(
+            at as *mut libc::c_void,
+            page,
+            prot,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    p != libc::MAP_FAILED
+}
+
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // Async-signal-safe work only: atomics and mmap(2).
     let addr = unsafe { (*info).si_addr() } as usize;
     let base = MAP_BASE.load(SeqCst);
     let len = MAP_LEN.load(SeqCst);
-    if base != 0 && addr >= base && addr < base + len {
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-        let at = addr & !(page - 1);
-        let p = unsafe {
-            libc::mmap(
-                at as *mut libc::c_void,
-                page,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                -1,
-                0,
-            )
-        };
-        if p != libc::MAP_FAILED {
-            SIGBUS_HITS.fetch_add(1, SeqCst);
+    // The watched mappings first: they come and go, and one may since sit
+    // where a mapping that was watched as the file's used to be.
+    for (b, l) in &WATCHED {
+        let (b, l) = (b.load(SeqCst), l.load(SeqCst));
+        if l != 0
+            && addr >= b
+            && addr < b + l
+            && blank_page(addr, libc::PROT_READ | libc::PROT_WRITE)
+        {
+            WATCHED_HITS.fetch_add(1, SeqCst);
             return;
         }
+    }
+    if base != 0 && addr >= base && addr < base + len && blank_page(addr, libc::PROT_READ) {
+        SIGBUS_HITS.fetch_add(1, SeqCst);
+        return;
     }
     // Not ours: die as SIGBUS would have killed us.
     unsafe {
@@ -123,6 +193,10 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut
 fn install_sigbus_handler(base: usize, len: usize) {
     MAP_BASE.store(base, SeqCst);
     MAP_LEN.store(len, SeqCst);
+    install_handler();
+}
+
+fn install_handler() {
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = on_sigbus as *const () as usize;
@@ -158,5 +232,30 @@ mod tests {
         assert!(why.contains("size 12288 -> 100"), "{why}");
         // Sticky: the file does not become trustworthy again.
         assert!(g.check().is_err());
+    }
+
+    #[test]
+    fn a_watched_page_that_cannot_come_in_is_blanked_and_reported() {
+        install_handler();
+        let dir = tempfile::tempdir().unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("spill"))
+            .unwrap();
+        file.set_len(3 * 4096).unwrap();
+        let mut map = unsafe { memmap2::MmapOptions::new().len(3 * 4096).map_mut(&file) }.unwrap();
+        let w = Watched::new(map.as_mut_ptr(), map.len()).unwrap();
+        map[0] = 1;
+        assert!(!w.hit());
+        file.set_len(4096).unwrap();
+        // Without the watch this write kills the process with SIGBUS.
+        unsafe { std::ptr::write_volatile(map.as_mut_ptr().add(8192 + 5), 7) };
+        assert!(w.hit());
+        assert_eq!(map[8192 + 5], 7, "the write lands on the blank page");
+        assert_eq!(map[0], 1, "the pages still there are untouched");
+        drop(w);
     }
 }

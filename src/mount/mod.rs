@@ -1,7 +1,7 @@
 //! The mount: tensor catalog -> filesystem tree -> kernel.
 //!
-//! `tree` lays out paths, `data` serves bytes (over `cache`, `window` and
-//! `guard`), `fs` answers filesystem calls without knowing fuser, and `fuse`
+//! `tree` lays out paths, `data` serves bytes (over `cache`, `spill`,
+//! `window` and `guard`), `fs` answers filesystem calls without knowing fuser, and `fuse`
 //! is the thin adapter the kernel talks to.
 
 pub mod cache;
@@ -12,6 +12,7 @@ pub mod fuse;
 pub mod guard;
 pub mod prefetch;
 pub mod sidecar;
+pub mod spill;
 pub mod stats;
 pub mod tree;
 pub mod window;

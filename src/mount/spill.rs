@@ -1,0 +1,294 @@
+//! Tensors too big for the cache: decoded once, by a thread of their own,
+//! into an unlinked file under `--cache-dir`, and read back from there.
+//!
+//! The decoder writes straight into a shared mapping of that file (zstd's
+//! stable-output mode: the decoded bytes are its window), so a spill costs
+//! a zstd context and a 1 MiB input buffer, not a window of its own of up
+//! to the frame's window size. What it mapped is let go of a few MiB behind
+//! it: the pages stay in the page cache, and the file has them.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering::Acquire, Ordering::Release};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use super::guard::{self, Guard, Watched};
+use super::stats::Stats;
+use crate::format::ZtFile;
+use crate::format::zstd_blob::{self, DirectDecoder};
+
+/// Spill decoders at work at once; a spill past that waits for a place
+/// before it starts (and its readers with it).
+const MAX_DECODERS: usize = guard::MAX_WATCHED;
+
+/// How far behind its output the decoder keeps the file mapped at most:
+/// the frame's window, up to the largest of zstd frames as usually written
+/// (8 MiB, level 19). A match from further back still reads right, through
+/// a page fault.
+const MAX_KEEP: usize = 8 << 20;
+
+/// Output faulted in ahead of the decoder at once, and let go of at once.
+const BATCH: usize = 4 << 20;
+
+/// Compressed bytes per step; readers hear of progress after each.
+const STEP: usize = 512 << 10;
+
+/// A tensor being (or done being) decoded into a spill file. Readers wait
+/// only until their bytes are there, or until the whole stream has been
+/// checked if its bytes cannot be trusted before that (`early` false).
+pub struct Spill {
+    file: File,
+    early: bool,
+    /// (bytes decoded so far, Some(error or "" when finished)).
+    progress: Mutex<(u64, Option<String>)>,
+    cond: Condvar,
+    /// It failed in a way the next read should try again (the disk).
+    retry: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Spill {
+    /// Starts decoding tensor `ti` of `zt` into a new file under `dir`,
+    /// once the disk has room for its `decoded` bytes.
+    pub fn start(
+        zt: &Arc<ZtFile>,
+        guard: &Arc<Guard>,
+        ti: usize,
+        decoded: u64,
+        dir: &Path,
+        early: bool,
+        stats: &Arc<Stats>,
+    ) -> Result<Arc<Spill>, String> {
+        // The size comes from the index: ask the disk before trusting it,
+        // and leave a quarter of what is free to everyone else.
+        if let Some(free) = free_bytes(dir)
+            && decoded > free - free / 4
+        {
+            return Err(format!(
+                "{decoded} decoded bytes are too big for the cache and for {} ({free} bytes free; a spill may take three quarters)",
+                dir.display()
+            ));
+        }
+        let file = tempfile::tempfile_in(dir)
+            .map_err(|e| format!("cannot create a spill file in {}: {e}", dir.display()))?;
+        let spill = Arc::new(Spill {
+            file,
+            early,
+            progress: Mutex::new((0, None)),
+            cond: Condvar::new(),
+            retry: AtomicBool::new(false),
+        });
+        let (zt, guard, s, stats) = (zt.clone(), guard.clone(), spill.clone(), stats.clone());
+        std::thread::Builder::new()
+            .name("zt-spill".into())
+            .spawn(move || {
+                let _ends = EndOnDrop(&s);
+                Stats::add(&stats.spilled_tensors, 1);
+                let r = s.decode(&zt, &guard, ti, decoded, &stats);
+                let t = &zt.catalog().tensors[ti];
+                // The plan and the trust check read the frame header
+                // through the mapping; let go of it.
+                zt.release(zt.blob(t));
+                let done = lock(&s.progress).0;
+                s.advance(done, Some(r.err().unwrap_or_default()));
+            })
+            .map_err(|e| format!("cannot start the spill thread: {e}"))?;
+        Ok(spill)
+    }
+
+    /// Whether it failed in a way that a new spill may not (a full disk).
+    pub fn failed_for_now(&self) -> bool {
+        self.retry.load(Acquire)
+    }
+
+    /// An error the next read should try again past.
+    fn disk(&self, why: String) -> String {
+        self.retry.store(true, Release);
+        why
+    }
+
+    fn decode(
+        &self,
+        zt: &ZtFile,
+        guard: &Guard,
+        ti: usize,
+        decoded: u64,
+        stats: &Stats,
+    ) -> Result<(), String> {
+        let _place = Place::take();
+        let t = &zt.catalog().tensors[ti];
+        let len = usize::try_from(decoded).map_err(|_| format!("{decoded} bytes do not fit"))?;
+        reserve(&self.file, decoded)
+            .map_err(|e| self.disk(format!("cannot reserve {decoded} bytes for the spill: {e}")))?;
+        // SAFETY: the file is ours alone (unlinked) and keeps its length
+        // while mapped; a page that fails to come in is caught (`watch`).
+        let mut map = unsafe { memmap2::MmapOptions::new().len(len).map_mut(&self.file) }
+            .map_err(|e| self.disk(format!("cannot map the spill file: {e}")))?;
+        let base = map.as_mut_ptr();
+        // Declared after `map`, so dropped (unwatched) before it is unmapped.
+        let watch = Watched::new(base, len)
+            .ok_or_else(|| self.disk("no free slot to watch the spill file".into()))?;
+        Stats::add(&stats.decompressions, 1);
+        // SAFETY: `map` is `len` writable bytes, outlives the decoder and is
+        // written by nothing else; readers go through the file.
+        let mut dec = unsafe { DirectDecoder::new(zt.blob_source(t), base, len) }?;
+        let keep = zstd_blob::frame_window(zt.blob(t))
+            .map_or(MAX_KEEP, |w| (w as usize).clamp(BATCH, MAX_KEEP));
+        let (mut ahead, mut behind) = (0usize, 0usize);
+        loop {
+            let at = dec.produced();
+            if at >= len {
+                break;
+            }
+            if at + BATCH / 2 >= ahead && ahead < len {
+                // Best effort: one call instead of a fault per page.
+                let n = BATCH.min(len - ahead);
+                advise(base, ahead, n, libc::MADV_POPULATE_WRITE);
+                ahead += n;
+            }
+            let stepped = dec.step(STEP);
+            // Bytes decoded from a file that changed are not published; and
+            // a change explains a failed step (a short read) best.
+            guard.check()?;
+            stepped?;
+            if watch.hit() {
+                return Err(self.disk("a page of the spill file could not be brought in".into()));
+            }
+            let now = dec.produced();
+            Stats::add(&stats.spilled_bytes, (now - at) as u64);
+            Stats::add(&stats.decompressed_bytes, (now - at) as u64);
+            if now > behind + keep + BATCH {
+                let to = page_floor(now - keep);
+                advise(base, behind, to - behind, libc::MADV_DONTNEED);
+                behind = to;
+            }
+            // The last byte waits for the end check.
+            self.advance((now as u64).min(decoded.saturating_sub(1)), None);
+        }
+        dec.finish()?;
+        if watch.hit() {
+            return Err(self.disk("a page of the spill file could not be brought in".into()));
+        }
+        self.advance(decoded, None);
+        Ok(())
+    }
+
+    fn advance(&self, done: u64, end: Option<String>) {
+        let mut g = lock(&self.progress);
+        g.0 = done;
+        if end.is_some() {
+            g.1 = end;
+        }
+        self.cond.notify_all();
+    }
+
+    /// Decoded bytes `[at, at+out.len())`, once they are there.
+    pub fn read(&self, at: u64, out: &mut [u8]) -> Result<(), String> {
+        let need = at + out.len() as u64;
+        let mut g = lock(&self.progress);
+        loop {
+            match &g.1 {
+                Some(e) if !e.is_empty() => return Err(e.clone()),
+                Some(_) if g.0 >= need => break,
+                Some(_) => return Err(format!("spill ended at {} bytes, before {need}", g.0)),
+                None if self.early && g.0 >= need => break,
+                None => g = self.cond.wait(g).unwrap_or_else(|e| e.into_inner()),
+            }
+        }
+        drop(g);
+        self.file
+            .read_exact_at(out, at)
+            .map_err(|e| format!("spill read: {e}"))
+    }
+}
+
+/// Gives the file `len` bytes of disk now, so a full disk is an error here
+/// and not a fault later. Where the filesystem cannot, the file is only
+/// sized (sparse); the watch catches what that risks.
+fn reserve(file: &File, len: u64) -> std::io::Result<()> {
+    let n =
+        i64::try_from(len).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    loop {
+        // SAFETY: a plain syscall on a file descriptor we own.
+        if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, n) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EOPNOTSUPP) => return file.set_len(len),
+            _ => return Err(e),
+        }
+    }
+}
+
+fn page_floor(n: usize) -> usize {
+    // SAFETY: a plain libc call.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+    n & !(page - 1)
+}
+
+/// madvise over `[base+from, base+from+len)`, rounded to whole pages.
+/// Best effort: a kernel without the advice simply faults as usual.
+fn advise(base: *mut u8, from: usize, len: usize, advice: libc::c_int) {
+    let start = page_floor(from);
+    let len = from + len - start;
+    // SAFETY: inside the spill mapping (`from + len <= its length`, and its
+    // base is page-aligned); neither advice changes what the file holds.
+    unsafe { libc::madvise(base.add(start).cast(), len, advice) };
+}
+
+/// Bytes an unprivileged writer may still put in `dir`'s filesystem.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a valid C string and a zeroed struct the call fills.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0)
+        .then(|| (st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
+/// A place among the spill decoders at work, given back however its
+/// thread ends.
+struct Place;
+
+static PLACES: Mutex<usize> = Mutex::new(0);
+static PLACE_FREED: Condvar = Condvar::new();
+
+impl Place {
+    fn take() -> Place {
+        let mut n = lock(&PLACES);
+        while *n >= MAX_DECODERS {
+            n = PLACE_FREED.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+        *n += 1;
+        Place
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        *lock(&PLACES) -= 1;
+        PLACE_FREED.notify_one();
+    }
+}
+
+/// Ends a spill that its thread left unfinished (a panic), so its readers
+/// get an error instead of waiting forever.
+struct EndOnDrop<'a>(&'a Spill);
+
+impl Drop for EndOnDrop<'_> {
+    fn drop(&mut self) {
+        let mut g = lock(&self.0.progress);
+        if g.1.is_none() {
+            g.1 = Some("the spill thread stopped".into());
+            self.0.retry.store(true, Release);
+            self.0.cond.notify_all();
+        }
+    }
+}
