@@ -395,6 +395,47 @@ fn dash_o_lists_and_flags_end_to_end() {
     }
 }
 
+#[test]
+fn an_index_over_its_memory_limit_is_refused_with_one_line() {
+    let _one_at_a_time = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    // 2000 tensors: about 3 MiB decoded by the mount's own estimate.
+    let zt = m.scratch_path("many.zt");
+    let mut w = Writer::create(&zt).unwrap();
+    for i in 0..2000 {
+        w.add(
+            &format!("t{i}"),
+            DType::Uint8,
+            &[4],
+            &[1, 2, 3, 4],
+            &Options::default(),
+        )
+        .unwrap();
+    }
+    w.finish().unwrap();
+    for args in [
+        &["--index-memory", "1M"][..],
+        &["-o", "index_memory=1M"][..],
+    ] {
+        let r = m.run(&zt, args);
+        let err = assert_clean_failure(&r, &format!("{args:?}"));
+        assert_eq!(r.status.code(), Some(1), "{args:?}");
+        assert!(
+            err.contains("many.zt")
+                && err.contains("the index would take about")
+                && err.contains("(2000 entries, ")
+                && err.contains("more than the 1 MiB allowed (--index-memory)"),
+            "{args:?}: {err}"
+        );
+        assert_not_mounted(&m, &format!("{args:?}"));
+    }
+    m.mount(&zt, &["--index-memory", "16M"]);
+    assert_eq!(std::fs::read_dir(&m.mp).unwrap().count(), 4000 + 1);
+    m.unmount_ok();
+}
+
 /// Kills a foreground daemon that a failing test left behind.
 struct Fg(Child);
 

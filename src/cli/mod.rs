@@ -54,6 +54,10 @@ struct MountCli {
     /// Bytes of decoded zstd data kept in memory (e.g. 512M, 2G). Default: 1/8 of RAM, 256M..4G.
     #[arg(long, value_name = "SIZE")]
     cache_size: Option<String>,
+    /// Most memory the file's index may take decoded (e.g. 2G); a file
+    /// needing more is refused. Default: 1G, about 750 000 tensors.
+    #[arg(long, value_name = "SIZE")]
+    index_memory: Option<String>,
     /// Where tensors too large for the cache are decoded to. Default: /var/tmp.
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
@@ -161,6 +165,9 @@ pub fn main() -> ExitCode {
         s.debug |= cli.debug;
         if let Some(v) = &cli.cache_size {
             s.cache_size = options::parse_size(v)?;
+        }
+        if let Some(v) = &cli.index_memory {
+            s.index_memory = options::parse_size(v)?;
         }
         if let Some(v) = &cli.cache_dir {
             s.cache_dir = v.clone();

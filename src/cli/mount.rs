@@ -41,7 +41,7 @@ pub fn run(file: &Path, mountpoint: &Path, s: Settings) -> ExitCode {
             s.cache_dir.display()
         ));
     }
-    let zt = match ZtFile::open(&file) {
+    let zt = match ZtFile::open_with(&file, s.index_memory) {
         Ok(zt) => zt,
         Err(e) => return fail(e),
     };

@@ -144,7 +144,12 @@ impl Catalog {
     /// Builds the catalog of the zTensor file whose whole contents are `bytes`.
     /// `file` names the file in error messages.
     pub fn parse(bytes: &[u8], file: &str) -> Result<Catalog> {
-        let idx = index::parse(bytes, file)?;
+        Catalog::parse_with(bytes, file, index::DEFAULT_INDEX_MEMORY)
+    }
+
+    /// [`Catalog::parse`] of an index allowed `index_memory` bytes decoded.
+    pub fn parse_with(bytes: &[u8], file: &str, index_memory: u64) -> Result<Catalog> {
+        let idx = index::parse(bytes, file, index_memory)?;
         let file_len = bytes.len() as u64;
         let mut tensors = Vec::with_capacity(idx.entries.len());
         let mut probe = SPARSE_PROBE_BUDGET;

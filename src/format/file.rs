@@ -23,6 +23,12 @@ pub struct ZtFile {
 impl ZtFile {
     /// Opens, maps and checks `path`.
     pub fn open(path: &Path) -> Result<ZtFile> {
+        ZtFile::open_with(path, super::index::DEFAULT_INDEX_MEMORY)
+    }
+
+    /// [`ZtFile::open`], refusing an index that would take more than
+    /// `index_memory` bytes decoded.
+    pub fn open_with(path: &Path, index_memory: u64) -> Result<ZtFile> {
         let label = path.display().to_string();
         let io = |what: &str, e: std::io::Error| {
             Error::new(ErrorKind::Io, &label, None, format!("{what}: {e}"))
@@ -40,7 +46,7 @@ impl ZtFile {
         // SAFETY: the map is read-only. A writer truncating the file under us
         // is handled by the mount (it checks the file before touching pages).
         let map = unsafe { Mmap::map(&file) }.map_err(|e| io("cannot mmap", e))?;
-        let catalog = Catalog::parse(&map, &label)?;
+        let catalog = Catalog::parse_with(&map, &label, index_memory)?;
         let zt = ZtFile {
             path: path.to_path_buf(),
             label,

@@ -65,8 +65,14 @@ pub struct Index {
     pub data_end: u64,
 }
 
-/// Reads the magic, the trailing size and the CBOR array of `bytes`.
-pub fn parse(bytes: &[u8], file: &str) -> Result<Index> {
+/// Most memory the decoded index may take unless the user says otherwise:
+/// about 750 000 tensors. Real models have up to about 100 000.
+pub const DEFAULT_INDEX_MEMORY: u64 = 1 << 30;
+
+/// Reads the magic, the trailing size and the CBOR array of `bytes`; an
+/// index that would take more than `memory_limit` bytes once decoded (an
+/// estimate from its headers, made before decoding) is refused.
+pub fn parse(bytes: &[u8], file: &str, memory_limit: u64) -> Result<Index> {
     let err = |kind, msg: String| Error::new(kind, file, None, msg);
     let len = bytes.len() as u64;
     if bytes.len() < 8 || &bytes[..8] != MAGIC {
@@ -105,10 +111,24 @@ pub fn parse(bytes: &[u8], file: &str) -> Result<Index> {
     // The usual case, an array: decode it entry by entry, so no tree of the
     // whole index is ever built (a 100 000-tensor index would be ~10^6 nodes).
     if cbor.first().is_some_and(|b| b >> 5 == 4) {
-        if let Some(i) = oversized_entry(cbor, MAX_ENTRY_ITEMS) {
+        let tally = tally(cbor, MAX_ENTRY_ITEMS);
+        if let Some(i) = tally.oversized {
             return Err(err(
                 ErrorKind::Index,
                 format!("index entry {i} holds more than {MAX_ENTRY_ITEMS} CBOR items"),
+            ));
+        }
+        if tally.memory() > memory_limit {
+            const MIB: u64 = 1 << 20;
+            return Err(err(
+                ErrorKind::Index,
+                format!(
+                    "the index would take about {} MiB of memory decoded ({} entries, {} CBOR items), more than the {} MiB allowed (--index-memory)",
+                    tally.memory().div_ceil(MIB),
+                    tally.entries,
+                    tally.items,
+                    memory_limit / MIB
+                ),
             ));
         }
         let list: Entries =
@@ -157,29 +177,73 @@ pub fn parse(bytes: &[u8], file: &str) -> Result<Index> {
 /// 2^20 frames fits.
 const MAX_ENTRY_ITEMS: u64 = 1 << 21;
 
-/// The first entry of the index array holding more than `cap` items, by
-/// walking headers only. Malformed CBOR ends the walk: the decoder reports it.
-fn oversized_entry(cbor: &[u8], cap: u64) -> Option<usize> {
-    let (4, len, n) = header(cbor, 0)? else {
-        return None;
+/// What a walk over the headers of the index array found.
+#[derive(Debug, Default, PartialEq)]
+struct Tally {
+    entries: u64,
+    items: u64,
+    /// Bytes of text and byte strings, which decoding copies.
+    string_bytes: u64,
+    /// The first entry holding more than the cap, if one does.
+    oversized: Option<usize>,
+}
+
+impl Tally {
+    /// Roughly what the index takes in memory once decoded, catalogued and
+    /// laid out as a tree: 1.3 KiB per tensor was measured for 100 000
+    /// tensors of ~15 items (BENCHMARKS.md), which this slightly exceeds.
+    fn memory(&self) -> u64 {
+        self.entries
+            .saturating_mul(ENTRY_COST)
+            .saturating_add(self.items.saturating_mul(ITEM_COST))
+            .saturating_add(self.string_bytes)
+    }
+}
+
+/// Memory of one tensor beyond its items: catalog entry, tree nodes, paths.
+const ENTRY_COST: u64 = 1024;
+/// Memory of one decoded CBOR item.
+const ITEM_COST: u64 = 32;
+
+/// Walks the headers of the index array's entries, counting, and stops at
+/// the first entry holding more than `cap` items. Malformed CBOR ends the
+/// walk: the decoder reports it.
+fn tally(cbor: &[u8], cap: u64) -> Tally {
+    let mut t = Tally::default();
+    let Some((4, len, n)) = header(cbor, 0) else {
+        return t;
     };
     let mut pos = n;
-    let mut i = 0usize;
     loop {
-        if len.is_some_and(|l| i as u64 >= l) || (len.is_none() && cbor.get(pos) == Some(&0xff)) {
-            return None;
+        if len.is_some_and(|l| t.entries >= l) || (len.is_none() && cbor.get(pos) == Some(&0xff)) {
+            return t;
         }
         match skip_item(cbor, pos, cap) {
-            Walk::End(p) => pos = p,
-            Walk::TooMany => return Some(i),
-            Walk::Malformed => return None,
+            Walk::End {
+                end,
+                items,
+                string_bytes,
+            } => {
+                pos = end;
+                t.items += items;
+                t.string_bytes += string_bytes;
+            }
+            Walk::TooMany => {
+                t.oversized = Some(t.entries as usize);
+                return t;
+            }
+            Walk::Malformed => return t,
         }
-        i += 1;
+        t.entries += 1;
     }
 }
 
 enum Walk {
-    End(usize),
+    End {
+        end: usize,
+        items: u64,
+        string_bytes: u64,
+    },
     TooMany,
     Malformed,
 }
@@ -189,12 +253,17 @@ fn skip_item(b: &[u8], mut pos: usize, cap: u64) -> Walk {
     // Items still to read in each open container; `None`: until a break.
     let mut open: Vec<Option<u64>> = vec![Some(1)];
     let mut items = 0u64;
+    let mut string_bytes = 0u64;
     loop {
         while open.last() == Some(&Some(0)) {
             open.pop();
         }
         let Some(&top) = open.last() else {
-            return Walk::End(pos);
+            return Walk::End {
+                end: pos,
+                items,
+                string_bytes,
+            };
         };
         let Some((major, arg, n)) = header(b, pos) else {
             return Walk::Malformed;
@@ -221,6 +290,7 @@ fn skip_item(b: &[u8], mut pos: usize, cap: u64) -> Walk {
                     Some(end) if end <= b.len() => pos = end,
                     _ => return Walk::Malformed,
                 }
+                string_bytes += len;
                 continue;
             }
             // Chunks until a break, each a definite string of this type.
@@ -239,6 +309,7 @@ fn skip_item(b: &[u8], mut pos: usize, cap: u64) -> Walk {
                                 Some(end) if end <= b.len() => pos = end,
                                 _ => return Walk::Malformed,
                             }
+                            string_bytes += len;
                         }
                         _ => return Walk::Malformed,
                     }
@@ -576,7 +647,10 @@ mod tests {
         // Items counted exactly: the walk ends at `cap` items but not below.
         let items = (1..64).find(|&cap| !matches!(skip_item(b, 0, cap), Walk::TooMany));
         match skip_item(b, 0, 64) {
-            Walk::End(p) => (items, p == b.len()),
+            Walk::End { end, items: n, .. } => {
+                assert_eq!(items, Some(n));
+                (items, end == b.len())
+            }
             _ => (None, false),
         }
     }
@@ -611,8 +685,16 @@ mod tests {
         let mut v = Vec::new();
         ciborium::ser::into_writer(&Value::Array(vec![entry(3), entry(9), entry(2)]), &mut v)
             .unwrap();
-        assert_eq!(oversized_entry(&v, 10), None);
-        assert_eq!(oversized_entry(&v, 9), Some(1));
-        assert_eq!(oversized_entry(&[0x9f, 0x80, 0x82, 1, 2, 0xff], 2), Some(1));
+        assert_eq!(
+            tally(&v, 10),
+            Tally {
+                entries: 3,
+                items: 17,
+                string_bytes: 0,
+                oversized: None
+            }
+        );
+        assert_eq!(tally(&v, 9).oversized, Some(1));
+        assert_eq!(tally(&[0x9f, 0x80, 0x82, 1, 2, 0xff], 2).oversized, Some(1));
     }
 }
