@@ -391,6 +391,9 @@ fn a_spill_decoder_holds_no_window_of_its_own() {
     c.set_parameter(zstd::zstd_safe::CParameter::WindowLog(27))
         .unwrap();
     let blob = c.compress(&le).unwrap();
+    // And 96 MiB of zeros, some 10 000 times smaller compressed: the
+    // decoder's steps must not map much more than they are meant to.
+    let zeros = vec![0u8; 96 * MIB];
     let Some(mut m) = Mount::scratch() else {
         return;
     };
@@ -398,6 +401,11 @@ fn a_spill_decoder_holds_no_window_of_its_own() {
     let mut w = Writer::create(&zt).unwrap();
     w.add_blob(&blob, zstd_fields("big", (le.len() / 4) as u64))
         .unwrap();
+    w.add_blob(
+        &zstd::bulk::compress(&zeros, 3).unwrap(),
+        zstd_fields("zeros", (zeros.len() / 4) as u64),
+    )
+    .unwrap();
     w.finish().unwrap();
     let spill_dir = m.scratch_path("spill");
     std::fs::create_dir(&spill_dir).unwrap();
@@ -415,9 +423,10 @@ fn a_spill_decoder_holds_no_window_of_its_own() {
     let pid = m.pid.unwrap();
     let before = status_kib(pid, "VmRSS:");
     assert!(std::fs::read(m.path("big")).unwrap() == le);
+    assert!(std::fs::read(m.path("zeros")).unwrap() == zeros);
     let peak = status_kib(pid, "VmHWM:");
     let st = m.stats();
-    assert_eq!(st["spilled_tensors"], 1, "{st}");
+    assert_eq!(st["spilled_tensors"], 2, "{st}");
     assert_eq!(st["errors"], 0, "{st}");
     assert!(
         peak < before + 40 * 1024,
@@ -667,6 +676,15 @@ fn a_whole_blob_is_served_early_only_when_it_cannot_fail_later() {
         assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
     }
     assert_eq!(small.stats()["spilled_tensors"], 1, "{}", small.stats());
+    // The failed spill gave its disk back: its file (unlinked, still open
+    // in the daemon) is empty.
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", small.pid.unwrap())).unwrap();
+    let spills: Vec<u64> = fds
+        .flatten()
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|p| p.starts_with(&spill_dir)))
+        .map(|e| std::fs::metadata(e.path()).unwrap().len())
+        .collect();
+    assert_eq!(spills, [0], "sizes of the spill files the daemon holds");
     drop(small);
 
     m.mount(&zt, &["--cache-size", "64M"]);

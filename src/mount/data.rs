@@ -404,7 +404,7 @@ impl Data {
             Plan::Spill { one_frame } => self
                 .spill(t, ti, *one_frame)?
                 .read(at, out)
-                .map_err(|why| self.fail(t, why)),
+                .map_err(|why| self.unit_error(t, why)),
         }
     }
 

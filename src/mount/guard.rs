@@ -146,7 +146,7 @@ impl Drop for Watched {
 
 /// Maps a blank page over the page holding `addr`. Async-signal-safe.
 fn blank_page(addr: usize, prot: libc::c_int) -> bool {
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let page = PAGE.load(SeqCst);
     let at = addr & !(page - 1);
     let p = unsafe {
         libc::mmap(
@@ -161,26 +161,39 @@ fn blank_page(addr: usize, prot: libc::c_int) -> bool {
     p != libc::MAP_FAILED
 }
 
+/// The page size, read once at install: `sysconf` is not on the list of
+/// calls a signal handler may make.
+static PAGE: AtomicUsize = AtomicUsize::new(4096);
+
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
-    // Async-signal-safe work only: atomics and mmap(2).
+    // Async-signal-safe work only: atomics and mmap(2); errno as it was.
+    let errno = unsafe { *libc::__errno_location() };
     let addr = unsafe { (*info).si_addr() } as usize;
     let base = MAP_BASE.load(SeqCst);
     let len = MAP_LEN.load(SeqCst);
+    let mine = |hits: &AtomicUsize| {
+        hits.fetch_add(1, SeqCst);
+        unsafe { *libc::__errno_location() = errno };
+    };
     // The watched mappings first: they come and go, and one may since sit
     // where a mapping that was watched as the file's used to be.
     for (b, l) in &WATCHED {
-        let (b, l) = (b.load(SeqCst), l.load(SeqCst));
-        if l != 0
+        // The length on both sides of the base: a slot freed and taken
+        // again in between gives a pair that never was, which is skipped.
+        let (l1, b, l2) = (l.load(SeqCst), b.load(SeqCst), l.load(SeqCst));
+        if l1 == l2
+            && l1 != 0
+            && b != 0
             && addr >= b
-            && addr < b + l
+            && addr < b + l1
             && blank_page(addr, libc::PROT_READ | libc::PROT_WRITE)
         {
-            WATCHED_HITS.fetch_add(1, SeqCst);
+            mine(&WATCHED_HITS);
             return;
         }
     }
     if base != 0 && addr >= base && addr < base + len && blank_page(addr, libc::PROT_READ) {
-        SIGBUS_HITS.fetch_add(1, SeqCst);
+        mine(&SIGBUS_HITS);
         return;
     }
     // Not ours: die as SIGBUS would have killed us.
@@ -197,6 +210,10 @@ fn install_sigbus_handler(base: usize, len: usize) {
 }
 
 fn install_handler() {
+    PAGE.store(
+        unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize,
+        SeqCst,
+    );
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = on_sigbus as *const () as usize;

@@ -32,8 +32,31 @@ const MAX_KEEP: usize = 8 << 20;
 /// Output faulted in ahead of the decoder at once, and let go of at once.
 const BATCH: usize = 4 << 20;
 
-/// Compressed bytes per step; readers hear of progress after each.
-const STEP: usize = 512 << 10;
+/// Compressed bytes per step: the first, and the bounds of the others,
+/// which aim at about [`BATCH`] of output at the ratio the last step saw.
+/// Small to start with: 512 bytes of a run of zeros decode to megabytes
+/// (a block of 128 KiB takes a few bytes). Readers hear of progress after
+/// each.
+const FIRST_STEP: usize = 512;
+const MIN_STEP: usize = 64;
+const MAX_STEP: usize = 512 << 10;
+
+/// Why a spill failed, and whether the next read should try again (the
+/// disk may have room then) or not (the data is bad).
+struct Failure {
+    why: String,
+    retry: bool,
+}
+
+impl Failure {
+    fn data(why: String) -> Failure {
+        Failure { why, retry: false }
+    }
+
+    fn disk(why: String) -> Failure {
+        Failure { why, retry: true }
+    }
+}
 
 /// A tensor being (or done being) decoded into a spill file. Readers wait
 /// only until their bytes are there, or until the whole stream has been
@@ -84,18 +107,29 @@ impl Spill {
             retry: AtomicBool::new(false),
         });
         let (zt, guard, s, stats) = (zt.clone(), guard.clone(), spill.clone(), stats.clone());
+        let dir = dir.to_path_buf();
         std::thread::Builder::new()
             .name("zt-spill".into())
             .spawn(move || {
                 let _ends = EndOnDrop(&s);
                 Stats::add(&stats.spilled_tensors, 1);
-                let r = s.decode(&zt, &guard, ti, decoded, &stats);
+                let r = s.decode(&zt, &guard, ti, decoded, &dir, &stats);
                 let t = &zt.catalog().tensors[ti];
                 // The plan and the trust check read the frame header
                 // through the mapping; let go of it.
                 zt.release(zt.blob(t));
                 let done = lock(&s.progress).0;
-                s.advance(done, Some(r.err().unwrap_or_default()));
+                match r {
+                    Ok(()) => s.advance(done, Some(String::new())),
+                    Err(f) => {
+                        // Give the disk back before anyone may try again:
+                        // the next spill asks for the free space. A reader
+                        // of bytes past the cut gets a short read, not zeros.
+                        let _ = s.file.set_len(0);
+                        s.retry.store(f.retry, Release);
+                        s.advance(done, Some(f.why));
+                    }
+                }
             })
             .map_err(|e| format!("cannot start the spill thread: {e}"))?;
         Ok(spill)
@@ -106,74 +140,102 @@ impl Spill {
         self.retry.load(Acquire)
     }
 
-    /// An error the next read should try again past.
-    fn disk(&self, why: String) -> String {
-        self.retry.store(true, Release);
-        why
-    }
-
     fn decode(
         &self,
         zt: &ZtFile,
         guard: &Guard,
         ti: usize,
         decoded: u64,
+        dir: &Path,
         stats: &Stats,
-    ) -> Result<(), String> {
+    ) -> Result<(), Failure> {
         let _place = Place::take();
         let t = &zt.catalog().tensors[ti];
-        let len = usize::try_from(decoded).map_err(|_| format!("{decoded} bytes do not fit"))?;
-        reserve(&self.file, decoded)
-            .map_err(|e| self.disk(format!("cannot reserve {decoded} bytes for the spill: {e}")))?;
+        let len = usize::try_from(decoded).map_err(|_| {
+            Failure::data(format!("{decoded} bytes do not fit in memory addresses"))
+        })?;
+        let dir = dir.display();
+        reserve(&self.file, decoded).map_err(|e| {
+            Failure::disk(format!(
+                "cannot reserve {decoded} bytes for a spill file in {dir}: {e}"
+            ))
+        })?;
         // SAFETY: the file is ours alone (unlinked) and keeps its length
         // while mapped; a page that fails to come in is caught (`watch`).
         let mut map = unsafe { memmap2::MmapOptions::new().len(len).map_mut(&self.file) }
-            .map_err(|e| self.disk(format!("cannot map the spill file: {e}")))?;
+            .map_err(|e| Failure::disk(format!("cannot map the spill file in {dir}: {e}")))?;
         let base = map.as_mut_ptr();
         // Declared after `map`, so dropped (unwatched) before it is unmapped.
         let watch = Watched::new(base, len)
-            .ok_or_else(|| self.disk("no free slot to watch the spill file".into()))?;
+            .ok_or_else(|| Failure::disk("no free slot to watch the spill file".into()))?;
+        let lost = || {
+            Failure::disk(format!(
+                "a page of a spill file in {dir} could not be read or written"
+            ))
+        };
         Stats::add(&stats.decompressions, 1);
         // SAFETY: `map` is `len` writable bytes, outlives the decoder and is
         // written by nothing else; readers go through the file.
-        let mut dec = unsafe { DirectDecoder::new(zt.blob_source(t), base, len) }?;
-        let keep = zstd_blob::frame_window(zt.blob(t))
-            .map_or(MAX_KEEP, |w| (w as usize).clamp(BATCH, MAX_KEEP));
-        let (mut ahead, mut behind) = (0usize, 0usize);
+        let mut dec =
+            unsafe { DirectDecoder::new(zt.blob_source(t), base, len) }.map_err(Failure::data)?;
+        // How far back matches reach; past `keep`, they fault pages back in,
+        // which then stay until released from the start again.
+        let window = zstd_blob::frame_window(zt.blob(t)).map_or(u64::MAX, |w| w);
+        let keep = window.clamp(BATCH as u64, MAX_KEEP as u64) as usize;
+        let (mut ahead, mut behind, mut step) = (0usize, 0usize, FIRST_STEP);
+        let mut releases = 0u32;
         loop {
             let at = dec.produced();
             if at >= len {
                 break;
             }
+            ahead = ahead.max(page_floor(at));
             if at + BATCH / 2 >= ahead && ahead < len {
                 // Best effort: one call instead of a fault per page.
                 let n = BATCH.min(len - ahead);
                 advise(base, ahead, n, libc::MADV_POPULATE_WRITE);
                 ahead += n;
             }
-            let stepped = dec.step(STEP);
-            // Bytes decoded from a file that changed are not published; and
-            // a change explains a failed step (a short read) best.
-            guard.check()?;
-            stepped?;
+            let took = dec.consumed();
+            let stepped = dec.step(step);
+            // Bytes decoded from a file that changed are not published; a
+            // change explains a failed step (a short read) best, and a lost
+            // page of ours (zeros in the window) explains bad data best.
+            guard.check().map_err(Failure::data)?;
             if watch.hit() {
-                return Err(self.disk("a page of the spill file could not be brought in".into()));
+                return Err(lost());
             }
+            stepped.map_err(Failure::data)?;
             let now = dec.produced();
             Stats::add(&stats.spilled_bytes, (now - at) as u64);
             Stats::add(&stats.decompressed_bytes, (now - at) as u64);
+            // About BATCH of output per step at the ratio just seen, so
+            // what is mapped at once stays near BATCH.
+            let (din, dout) = ((dec.consumed() - took) as u64, (now - at).max(1) as u64);
+            step = (din.saturating_mul(BATCH as u64) / dout).clamp(MIN_STEP as u64, MAX_STEP as u64)
+                as usize;
             if now > behind + keep + BATCH {
                 let to = page_floor(now - keep);
-                advise(base, behind, to - behind, libc::MADV_DONTNEED);
+                // Now and then from the start, for pages long matches
+                // brought back (each release walks what it covers).
+                releases += 1;
+                let from = if window > keep as u64 && releases.is_multiple_of(16) {
+                    0
+                } else {
+                    behind
+                };
+                advise(base, from, to - from, libc::MADV_DONTNEED);
                 behind = to;
             }
             // The last byte waits for the end check.
             self.advance((now as u64).min(decoded.saturating_sub(1)), None);
         }
-        dec.finish()?;
+        let end = dec.finish();
+        guard.check().map_err(Failure::data)?;
         if watch.hit() {
-            return Err(self.disk("a page of the spill file could not be brought in".into()));
+            return Err(lost());
         }
+        end.map_err(Failure::data)?;
         self.advance(decoded, None);
         Ok(())
     }
@@ -201,9 +263,15 @@ impl Spill {
             }
         }
         drop(g);
-        self.file
-            .read_exact_at(out, at)
-            .map_err(|e| format!("spill read: {e}"))
+        self.file.read_exact_at(out, at).map_err(|e| {
+            // The disk under the spill file: a new spill may do better. (A
+            // short read is a spill that failed meanwhile and was cut; it
+            // said itself whether to try again.)
+            if e.kind() != std::io::ErrorKind::UnexpectedEof {
+                self.retry.store(true, Release);
+            }
+            format!("cannot read the spill file: {e}")
+        })
     }
 }
 
@@ -221,7 +289,7 @@ fn reserve(file: &File, len: u64) -> std::io::Result<()> {
         let e = std::io::Error::last_os_error();
         match e.raw_os_error() {
             Some(libc::EINTR) => continue,
-            Some(libc::EOPNOTSUPP) => return file.set_len(len),
+            Some(libc::EOPNOTSUPP | libc::ENOSYS) => return file.set_len(len),
             _ => return Err(e),
         }
     }
