@@ -55,7 +55,7 @@ struct MountCli {
     #[arg(long, value_name = "SIZE")]
     cache_size: Option<String>,
     /// Most memory the file's index may take decoded (e.g. 2G); a file
-    /// needing more is refused. Default: 1G, about 750 000 tensors.
+    /// needing more is refused. Default: 1G, about 600 000 tensors.
     #[arg(long, value_name = "SIZE")]
     index_memory: Option<String>,
     /// Where tensors too large for the cache are decoded to. Default: /var/tmp.

@@ -66,7 +66,7 @@ pub struct Index {
 }
 
 /// Most memory the decoded index may take unless the user says otherwise:
-/// about 750 000 tensors. Real models have up to about 100 000.
+/// about 600 000 tensors. Real models have up to about 100 000.
 pub const DEFAULT_INDEX_MEMORY: u64 = 1 << 30;
 
 /// Reads the magic, the trailing size and the CBOR array of `bytes`; an
@@ -123,11 +123,15 @@ pub fn parse(bytes: &[u8], file: &str, memory_limit: u64) -> Result<Index> {
             return Err(err(
                 ErrorKind::Index,
                 format!(
-                    "the index would take about {} MiB of memory decoded ({} entries, {} CBOR items), more than the {} MiB allowed (--index-memory)",
+                    "the index would take about {} MiB of memory decoded ({} entries, {} CBOR items), more than the {} allowed (--index-memory)",
                     tally.memory().div_ceil(MIB),
                     tally.entries,
                     tally.items,
-                    memory_limit / MIB
+                    if memory_limit.is_multiple_of(MIB) {
+                        format!("{} MiB", memory_limit / MIB)
+                    } else {
+                        format!("{memory_limit} bytes")
+                    }
                 ),
             ));
         }
@@ -182,8 +186,9 @@ const MAX_ENTRY_ITEMS: u64 = 1 << 21;
 struct Tally {
     entries: u64,
     items: u64,
-    /// Bytes of text and byte strings, which decoding copies.
-    string_bytes: u64,
+    /// What strings and containers take on the heap besides their items
+    /// (see [`heap_cost`]).
+    heap_bytes: u64,
     /// The first entry holding more than the cap, if one does.
     oversized: Option<usize>,
 }
@@ -196,9 +201,24 @@ impl Tally {
         self.entries
             .saturating_mul(ENTRY_COST)
             .saturating_add(self.items.saturating_mul(ITEM_COST))
-            .saturating_add(self.string_bytes)
+            .saturating_add(self.heap_bytes)
     }
 }
+
+/// What a string takes decoded beyond its item: its bytes, at least a
+/// small allocation; in text, each `/` may make a directory in the tree
+/// (a node, its table and names: some hundreds of bytes).
+fn heap_cost(major: u8, bytes: &[u8]) -> u64 {
+    let own = (bytes.len() as u64).max(32);
+    if major != 3 {
+        return own;
+    }
+    let slashes = bytes.iter().filter(|&&c| c == b'/').count() as u64;
+    own.saturating_add(slashes.saturating_mul(DIR_COST))
+}
+
+/// Memory of a directory a `/` in a name may make.
+const DIR_COST: u64 = 512;
 
 /// Memory of one tensor beyond its items: catalog entry, tree nodes, paths.
 const ENTRY_COST: u64 = 1024;
@@ -222,11 +242,11 @@ fn tally(cbor: &[u8], cap: u64) -> Tally {
             Walk::End {
                 end,
                 items,
-                string_bytes,
+                heap_bytes,
             } => {
                 pos = end;
                 t.items += items;
-                t.string_bytes += string_bytes;
+                t.heap_bytes += heap_bytes;
             }
             Walk::TooMany => {
                 t.oversized = Some(t.entries as usize);
@@ -242,7 +262,7 @@ enum Walk {
     End {
         end: usize,
         items: u64,
-        string_bytes: u64,
+        heap_bytes: u64,
     },
     TooMany,
     Malformed,
@@ -253,7 +273,7 @@ fn skip_item(b: &[u8], mut pos: usize, cap: u64) -> Walk {
     // Items still to read in each open container; `None`: until a break.
     let mut open: Vec<Option<u64>> = vec![Some(1)];
     let mut items = 0u64;
-    let mut string_bytes = 0u64;
+    let mut heap_bytes = 0u64;
     loop {
         while open.last() == Some(&Some(0)) {
             open.pop();
@@ -262,7 +282,7 @@ fn skip_item(b: &[u8], mut pos: usize, cap: u64) -> Walk {
             return Walk::End {
                 end: pos,
                 items,
-                string_bytes,
+                heap_bytes,
             };
         };
         let Some((major, arg, n)) = header(b, pos) else {
@@ -287,10 +307,12 @@ fn skip_item(b: &[u8], mut pos: usize, cap: u64) -> Walk {
         let child = match (major, arg) {
             (2 | 3, Some(len)) => {
                 match usize::try_from(len).ok().and_then(|l| pos.checked_add(l)) {
-                    Some(end) if end <= b.len() => pos = end,
+                    Some(end) if end <= b.len() => {
+                        heap_bytes += heap_cost(major, &b[pos..end]);
+                        pos = end;
+                    }
                     _ => return Walk::Malformed,
                 }
-                string_bytes += len;
                 continue;
             }
             // Chunks until a break, each a definite string of this type.
@@ -306,10 +328,12 @@ fn skip_item(b: &[u8], mut pos: usize, cap: u64) -> Walk {
                                 .ok()
                                 .and_then(|l| (pos + k).checked_add(l))
                             {
-                                Some(end) if end <= b.len() => pos = end,
+                                Some(end) if end <= b.len() => {
+                                    heap_bytes += heap_cost(major, &b[pos + k..end]);
+                                    pos = end;
+                                }
                                 _ => return Walk::Malformed,
                             }
-                            string_bytes += len;
                         }
                         _ => return Walk::Malformed,
                     }
@@ -328,6 +352,8 @@ fn skip_item(b: &[u8], mut pos: usize, cap: u64) -> Walk {
         if open.len() > MAX_CBOR_DEPTH {
             return Walk::Malformed;
         }
+        // A container's items live in a heap block of its own.
+        heap_bytes += 32;
         open.push(child);
     }
 }
@@ -680,6 +706,22 @@ mod tests {
     }
 
     #[test]
+    fn the_estimate_counts_directories_small_strings_and_containers() {
+        // A name of 10 000 components makes 10 000 directories in the tree.
+        let name = "a/".repeat(10_000);
+        let entry = Value::Map(vec![(Value::Text("name".into()), Value::Text(name))]);
+        let mut v = Vec::new();
+        ciborium::ser::into_writer(&Value::Array(vec![entry]), &mut v).unwrap();
+        let t = tally(&v, 1 << 20);
+        assert!(t.memory() >= 10_000 * DIR_COST, "{t:?}");
+        // Tiny strings cost a small allocation each, not their length.
+        let tiny = Value::Array(vec![Value::Text("x".into()); 1000]);
+        let mut v = Vec::new();
+        ciborium::ser::into_writer(&Value::Array(vec![tiny]), &mut v).unwrap();
+        assert!(tally(&v, 1 << 20).memory() >= 1000 * (ITEM_COST + 32));
+    }
+
+    #[test]
     fn only_an_entry_past_the_cap_is_reported() {
         let entry = |n: usize| Value::Array(vec![int(0); n]);
         let mut v = Vec::new();
@@ -690,7 +732,7 @@ mod tests {
             Tally {
                 entries: 3,
                 items: 17,
-                string_bytes: 0,
+                heap_bytes: 3 * 32,
                 oversized: None
             }
         );

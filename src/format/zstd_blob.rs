@@ -256,6 +256,11 @@ pub struct DirectDecoder<'a> {
     out: sys::ZSTD_outBuffer,
     /// The last step that moved ended a frame (so the stream may end here).
     at_frame_end: bool,
+    /// zstd's hint for the next call's input: the rest of the next block
+    /// (or header) and nothing more.
+    hint: usize,
+    /// Reading the compressed bytes failed (not the data's fault).
+    input_failed: bool,
 }
 
 /// Where a [`DirectDecoder`]'s compressed bytes come from.
@@ -315,6 +320,8 @@ impl<'a> DirectDecoder<'a> {
                 pos: 0,
             },
             at_frame_end: true,
+            hint: 1,
+            input_failed: false,
         };
         // ZSTD_d_stableOutBuffer is experimental parameter 2 in zstd.h.
         me.param(sys::ZSTD_dParameter::ZSTD_d_experimentalParam2, 1)?;
@@ -359,6 +366,7 @@ impl<'a> DirectDecoder<'a> {
                     {
                         // Nothing of a failed read may pass for data later.
                         self.buf.clear();
+                        self.input_failed = true;
                         return Err(format!("cannot read the compressed data: {e}"));
                     }
                     self.buf_at = self.consumed;
@@ -398,6 +406,7 @@ impl<'a> DirectDecoder<'a> {
         self.consumed += input.pos;
         if input.pos > 0 || self.out.pos > before {
             self.at_frame_end = hint == 0;
+            self.hint = hint;
             return Ok(());
         }
         // No progress.
@@ -414,6 +423,28 @@ impl<'a> DirectDecoder<'a> {
         } else {
             Err("zstd data is corrupt: truncated frame".to_string())
         }
+    }
+
+    /// Decodes on until `out` more bytes are out, the output is full or the
+    /// input is used up, giving zstd at each call only the input it says
+    /// the next block needs: no call produces more than one block (128 KiB),
+    /// however well the data compresses (a block of zeros takes 4 bytes).
+    pub fn step_output(&mut self, out: usize) -> Result<(), String> {
+        let start = self.out.pos;
+        while self.out.pos - start < out
+            && self.out.pos < self.out.size
+            && self.consumed < self.total
+        {
+            // After a frame's end the hint is 0: a new frame's header next.
+            self.step(self.hint.max(1))?;
+        }
+        Ok(())
+    }
+
+    /// Whether a step failed because the compressed bytes could not be
+    /// read (an I/O error), not because of what they hold.
+    pub fn input_failed(&self) -> bool {
+        self.input_failed
     }
 
     /// After the last byte: the input must be used up, ending a frame.
@@ -526,6 +557,30 @@ mod tests {
             out.extend(zstd::bulk::compress(c, 3).unwrap());
         }
         out
+    }
+
+    #[test]
+    fn step_output_runs_past_its_goal_by_one_block_at_most() {
+        // 64 MiB of zeros compress to a few bytes per 128 KiB block: any
+        // fixed input step would decode megabytes at once.
+        let zeros = vec![0u8; 64 << 20];
+        let blob = zstd::bulk::compress(&zeros, 3).unwrap();
+        let mut out = vec![1u8; zeros.len()];
+        let mut dec =
+            unsafe { DirectDecoder::new(Source::Bytes(&blob), out.as_mut_ptr(), out.len()) }
+                .unwrap();
+        let mut steps = 0;
+        while dec.produced() < out.len() {
+            let before = dec.produced();
+            dec.step_output(1 << 20).unwrap();
+            let made = dec.produced() - before;
+            assert!(made > 0 && made <= (1 << 20) + (128 << 10), "{made}");
+            steps += 1;
+        }
+        dec.finish().unwrap();
+        assert!(steps >= 56, "{steps} steps");
+        drop(dec);
+        assert!(out == zeros);
     }
 
     #[test]

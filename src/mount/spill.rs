@@ -17,6 +17,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use super::guard::{self, Guard, Watched};
 use super::stats::Stats;
 use crate::format::ZtFile;
+use crate::format::file::page_size;
 use crate::format::zstd_blob::{self, DirectDecoder};
 
 /// Spill decoders at work at once; a spill past that waits for a place
@@ -32,15 +33,6 @@ const MAX_KEEP: usize = 8 << 20;
 /// Output faulted in ahead of the decoder at once, and let go of at once.
 const BATCH: usize = 4 << 20;
 
-/// Compressed bytes per step: the first, and the bounds of the others,
-/// which aim at about [`BATCH`] of output at the ratio the last step saw.
-/// Small to start with: 512 bytes of a run of zeros decode to megabytes
-/// (a block of 128 KiB takes a few bytes). Readers hear of progress after
-/// each.
-const FIRST_STEP: usize = 512;
-const MIN_STEP: usize = 64;
-const MAX_STEP: usize = 512 << 10;
-
 /// Why a spill failed, and whether the next read should try again (the
 /// disk may have room then) or not (the data is bad).
 struct Failure {
@@ -55,6 +47,14 @@ impl Failure {
 
     fn disk(why: String) -> Failure {
         Failure { why, retry: true }
+    }
+
+    /// A decoder's error: the data's, unless reading the `.zt` failed.
+    fn of(dec: &DirectDecoder, why: String) -> Failure {
+        Failure {
+            why,
+            retry: dec.input_failed(),
+        }
     }
 }
 
@@ -87,16 +87,8 @@ impl Spill {
         early: bool,
         stats: &Arc<Stats>,
     ) -> Result<Arc<Spill>, String> {
-        // The size comes from the index: ask the disk before trusting it,
-        // and leave a quarter of what is free to everyone else.
-        if let Some(free) = free_bytes(dir)
-            && decoded > free - free / 4
-        {
-            return Err(format!(
-                "{decoded} decoded bytes are too big for the cache and for {} ({free} bytes free; a spill may take three quarters)",
-                dir.display()
-            ));
-        }
+        // Early, and asked again when the space is reserved.
+        room(dir, decoded)?;
         let file = tempfile::tempfile_in(dir)
             .map_err(|e| format!("cannot create a spill file in {}: {e}", dir.display()))?;
         let spill = Arc::new(Spill {
@@ -154,12 +146,19 @@ impl Spill {
         let len = usize::try_from(decoded).map_err(|_| {
             Failure::data(format!("{decoded} bytes do not fit in memory addresses"))
         })?;
+        {
+            // Spills that waited for a place ask and reserve one at a time,
+            // or together they could take more than they were told.
+            let _one = lock(&RESERVING);
+            room(dir, decoded).map_err(Failure::disk)?;
+            reserve(&self.file, decoded).map_err(|e| {
+                Failure::disk(format!(
+                    "cannot reserve {decoded} bytes for a spill file in {}: {e}",
+                    dir.display()
+                ))
+            })?;
+        }
         let dir = dir.display();
-        reserve(&self.file, decoded).map_err(|e| {
-            Failure::disk(format!(
-                "cannot reserve {decoded} bytes for a spill file in {dir}: {e}"
-            ))
-        })?;
         // SAFETY: the file is ours alone (unlinked) and keeps its length
         // while mapped; a page that fails to come in is caught (`watch`).
         let mut map = unsafe { memmap2::MmapOptions::new().len(len).map_mut(&self.file) }
@@ -182,7 +181,7 @@ impl Spill {
         // which then stay until released from the start again.
         let window = zstd_blob::frame_window(zt.blob(t)).map_or(u64::MAX, |w| w);
         let keep = window.clamp(BATCH as u64, MAX_KEEP as u64) as usize;
-        let (mut ahead, mut behind, mut step) = (0usize, 0usize, FIRST_STEP);
+        let (mut ahead, mut behind) = (0usize, 0usize);
         let mut releases = 0u32;
         loop {
             let at = dec.produced();
@@ -196,8 +195,9 @@ impl Spill {
                 advise(base, ahead, n, libc::MADV_POPULATE_WRITE);
                 ahead += n;
             }
-            let took = dec.consumed();
-            let stepped = dec.step(step);
+            // About BATCH of output (a block more at most, however well
+            // the data compresses); readers hear of it after each.
+            let stepped = dec.step_output(BATCH);
             // Bytes decoded from a file that changed are not published; a
             // change explains a failed step (a short read) best, and a lost
             // page of ours (zeros in the window) explains bad data best.
@@ -205,15 +205,10 @@ impl Spill {
             if watch.hit() {
                 return Err(lost());
             }
-            stepped.map_err(Failure::data)?;
+            stepped.map_err(|e| Failure::of(&dec, e))?;
             let now = dec.produced();
             Stats::add(&stats.spilled_bytes, (now - at) as u64);
             Stats::add(&stats.decompressed_bytes, (now - at) as u64);
-            // About BATCH of output per step at the ratio just seen, so
-            // what is mapped at once stays near BATCH.
-            let (din, dout) = ((dec.consumed() - took) as u64, (now - at).max(1) as u64);
-            step = (din.saturating_mul(BATCH as u64) / dout).clamp(MIN_STEP as u64, MAX_STEP as u64)
-                as usize;
             if now > behind + keep + BATCH {
                 let to = page_floor(now - keep);
                 // Now and then from the start, for pages long matches
@@ -235,7 +230,7 @@ impl Spill {
         if watch.hit() {
             return Err(lost());
         }
-        end.map_err(Failure::data)?;
+        end.map_err(|e| Failure::of(&dec, e))?;
         self.advance(decoded, None);
         Ok(())
     }
@@ -267,7 +262,8 @@ impl Spill {
             // The disk under the spill file: a new spill may do better. (A
             // short read is a spill that failed meanwhile and was cut; it
             // said itself whether to try again.)
-            if e.kind() != std::io::ErrorKind::UnexpectedEof {
+            // A spill still running is left to finish; this read fails.
+            if e.kind() != std::io::ErrorKind::UnexpectedEof && lock(&self.progress).1.is_some() {
                 self.retry.store(true, Release);
             }
             format!("cannot read the spill file: {e}")
@@ -296,9 +292,7 @@ fn reserve(file: &File, len: u64) -> std::io::Result<()> {
 }
 
 fn page_floor(n: usize) -> usize {
-    // SAFETY: a plain libc call.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-    n & !(page - 1)
+    n & !(page_size() - 1)
 }
 
 /// madvise over `[base+from, base+from+len)`, rounded to whole pages.
@@ -309,6 +303,22 @@ fn advise(base: *mut u8, from: usize, len: usize, advice: libc::c_int) {
     // SAFETY: inside the spill mapping (`from + len <= its length`, and its
     // base is page-aligned); neither advice changes what the file holds.
     unsafe { libc::madvise(base.add(start).cast(), len, advice) };
+}
+
+/// Held while a spill checks the free space and reserves its share.
+static RESERVING: Mutex<()> = Mutex::new(());
+
+/// Whether `dir` has room for a spill of `decoded` bytes. The size comes
+/// from the index: ask the disk before trusting it, and leave a quarter of
+/// what is free to everyone else.
+fn room(dir: &Path, decoded: u64) -> Result<(), String> {
+    match free_bytes(dir) {
+        Some(free) if decoded > free - free / 4 => Err(format!(
+            "{decoded} decoded bytes are too big for the cache and for {} ({free} bytes free; a spill may take three quarters)",
+            dir.display()
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Bytes an unprivileged writer may still put in `dir`'s filesystem.
