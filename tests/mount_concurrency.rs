@@ -406,6 +406,14 @@ fn a_spill_decoder_holds_no_window_of_its_own() {
         zstd_fields("zeros", (zeros.len() / 4) as u64),
     )
     .unwrap();
+    // A small-window frame, then one with a 48 MiB window: the stream
+    // decoder takes the first and refuses the second; the spill goes again
+    // through the mapping.
+    let mixed = compressible(96, 52 * MIB);
+    let mut blob2 = zstd::bulk::compress(&mixed[..4 * MIB], 1).unwrap();
+    blob2.extend(c.compress(&mixed[4 * MIB..]).unwrap());
+    w.add_blob(&blob2, zstd_fields("mixed", (mixed.len() / 4) as u64))
+        .unwrap();
     w.finish().unwrap();
     let spill_dir = m.scratch_path("spill");
     std::fs::create_dir(&spill_dir).unwrap();
@@ -424,9 +432,10 @@ fn a_spill_decoder_holds_no_window_of_its_own() {
     let before = status_kib(pid, "VmRSS:");
     assert!(std::fs::read(m.path("big")).unwrap() == le);
     assert!(std::fs::read(m.path("zeros")).unwrap() == zeros);
+    assert!(std::fs::read(m.path("mixed")).unwrap() == mixed);
     let peak = status_kib(pid, "VmHWM:");
     let st = m.stats();
-    assert_eq!(st["spilled_tensors"], 2, "{st}");
+    assert_eq!(st["spilled_tensors"], 3, "{st}");
     assert_eq!(st["errors"], 0, "{st}");
     assert!(
         peak < before + 40 * 1024,

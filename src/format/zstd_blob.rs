@@ -183,6 +183,27 @@ pub fn decode_stream(
     ensure_finished(&mut dec, expected)
 }
 
+/// What zstd says of a frame whose window passes the decoder's limit
+/// (`ZSTD_error_frameParameter_windowTooLarge`).
+pub const WINDOW_TOO_LARGE: &str = "Frame requires too much memory for decoding";
+
+/// [`decode_stream`] over compressed bytes read through `src`, with a
+/// window of at most 2^`window_log_max` bytes: a frame that needs more
+/// fails with [`WINDOW_TOO_LARGE`] in its message.
+pub fn decode_stream_from<R: std::io::BufRead>(
+    src: R,
+    expected: u64,
+    window_log_max: u32,
+    mut sink: impl FnMut(&[u8]) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut dec =
+        zstd::stream::read::Decoder::with_buffer(src).map_err(|e| format!("zstd decoder: {e}"))?;
+    dec.window_log_max(window_log_max)
+        .map_err(|e| format!("zstd decoder: {e}"))?;
+    read_exactly(&mut dec, expected, 1 << 20, &mut sink)?;
+    ensure_finished(&mut dec, expected)
+}
+
 /// Hands the first `n` decoded bytes of `dec` to `sink`, `chunk` at most
 /// at a time; an error if the stream ends before.
 fn read_exactly<R: std::io::BufRead>(
