@@ -183,13 +183,9 @@ pub fn decode_stream(
     ensure_finished(&mut dec, expected)
 }
 
-/// What zstd says of a frame whose window passes the decoder's limit
-/// (`ZSTD_error_frameParameter_windowTooLarge`).
-pub const WINDOW_TOO_LARGE: &str = "Frame requires too much memory for decoding";
-
 /// [`decode_stream`] over compressed bytes read through `src`, with a
 /// window of at most 2^`window_log_max` bytes: a frame that needs more
-/// fails with [`WINDOW_TOO_LARGE`] in its message.
+/// fails.
 pub fn decode_stream_from<R: std::io::BufRead>(
     src: R,
     expected: u64,
@@ -387,7 +383,9 @@ impl<'a> DirectDecoder<'a> {
                     {
                         // Nothing of a failed read may pass for data later.
                         self.buf.clear();
-                        self.input_failed = true;
+                        // A short read is a file cut short (the mount's
+                        // guard says so); anything else is the disk.
+                        self.input_failed = e.kind() != std::io::ErrorKind::UnexpectedEof;
                         return Err(format!("cannot read the compressed data: {e}"));
                     }
                     self.buf_at = self.consumed;
@@ -452,10 +450,12 @@ impl<'a> DirectDecoder<'a> {
     /// however well the data compresses (a block of zeros takes 4 bytes).
     pub fn step_output(&mut self, out: usize) -> Result<(), String> {
         let start = self.out.pos;
-        while self.out.pos - start < out
-            && self.out.pos < self.out.size
-            && self.consumed < self.total
-        {
+        while self.out.pos - start < out && self.out.pos < self.out.size {
+            if self.consumed >= self.total {
+                // Input used up short of the output: `step` says how
+                // (it moves on if zstd still holds output, else fails).
+                return self.step(1);
+            }
             // After a frame's end the hint is 0: a new frame's header next.
             self.step(self.hint.max(1))?;
         }
@@ -578,6 +578,26 @@ mod tests {
             out.extend(zstd::bulk::compress(c, 3).unwrap());
         }
         out
+    }
+
+    #[test]
+    fn step_output_fails_on_a_stream_cut_short_instead_of_spinning() {
+        let data: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 253) as u8).collect();
+        let blob = zstd::bulk::compress(&data, 3).unwrap();
+        for cut in [blob.len() / 2, blob.len() - 1, 6] {
+            let mut out = vec![0u8; data.len()];
+            let mut dec = unsafe {
+                DirectDecoder::new(Source::Bytes(&blob[..cut]), out.as_mut_ptr(), out.len())
+            }
+            .unwrap();
+            let err = (0..10_000)
+                .find_map(|_| dec.step_output(1 << 20).err())
+                .unwrap_or_else(|| panic!("cut at {cut}: no error"));
+            assert!(
+                err.contains("truncated") || err.contains("only"),
+                "cut at {cut}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! Tensors too big for the cache: decoded once, by a thread of their own,
 //! into an unlinked file under `--cache-dir`, and read back from there.
 //!
-//! The decoder writes straight into a shared mapping of that file (zstd's
-//! stable-output mode: the decoded bytes are its window), so a spill costs
-//! a zstd context and a 1 MiB input buffer, not a window of its own of up
-//! to the frame's window size. What it mapped is let go of a few MiB behind
-//! it: the pages stay in the page cache, and the file has them.
+//! Frames with small windows (up to 8 MiB, as zstd writes them up to level
+//! 19) go through zstd's stream decoder and pwrite. Larger windows are
+//! decoded straight into a shared mapping of the file (zstd's stable-output
+//! mode: the decoded bytes are its window), so no window buffer is needed
+//! however large the frame says its window is; what it mapped is let go of
+//! a few MiB behind it (the pages stay in the page cache, the file has
+//! them).
 
 use std::cell::Cell;
 use std::fs::File;
@@ -88,11 +90,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Spill {
     /// Starts decoding tensor `ti` of `zt` into a new file under `dir`,
     /// once the disk has room for its `decoded` bytes.
+    /// `one_frame`: the blob is known to be one zstd frame.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         zt: &Arc<ZtFile>,
         guard: &Arc<Guard>,
         ti: usize,
         decoded: u64,
+        one_frame: bool,
         dir: &Path,
         early: bool,
         stats: &Arc<Stats>,
@@ -115,7 +120,7 @@ impl Spill {
             .spawn(move || {
                 let _ends = EndOnDrop(&s);
                 Stats::add(&stats.spilled_tensors, 1);
-                let r = s.decode(&zt, &guard, ti, decoded, &dir, &stats);
+                let r = s.decode(&zt, &guard, ti, decoded, one_frame, &dir, &stats);
                 let t = &zt.catalog().tensors[ti];
                 // The plan and the trust check read the frame header
                 // through the mapping; let go of it.
@@ -142,12 +147,14 @@ impl Spill {
         self.retry.load(Acquire)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn decode(
         &self,
         zt: &ZtFile,
         guard: &Guard,
         ti: usize,
         decoded: u64,
+        one_frame: bool,
         dir: &Path,
         stats: &Stats,
     ) -> Result<(), Failure> {
@@ -169,16 +176,32 @@ impl Spill {
             })?;
         }
         Stats::add(&stats.decompressions, 1);
-        let window = zstd_blob::frame_window(zt.blob(t)).map_or(u64::MAX, |w| w);
-        if window <= 1 << STREAM_WINDOW_LOG {
-            match self.decode_streamed(zt, guard, t, decoded, dir, stats) {
-                // A later frame wants a bigger window: go again, through
-                // the mapping (what is there already stays published).
-                Err(f) if f.why.contains(zstd_blob::WINDOW_TOO_LARGE) => {}
-                r => return r,
-            }
+        let blob = zt.blob(t);
+        let window = zstd_blob::frame_window(blob).map_or(u64::MAX, |w| w);
+        // The stream decoder only when every frame's window is small, read
+        // from the headers first: it must not stop part way for want of a
+        // window, as decoding again from the start would rewrite bytes
+        // readers may be reading (zstd uses its output ahead of what it has
+        // finished as scratch space). A frame past the one that declares
+        // the whole size is an error anyway.
+        let small = |w: Option<u64>| w.is_some_and(|w| w <= 1 << STREAM_WINDOW_LOG);
+        let stream = if one_frame {
+            small(Some(window))
+        } else {
+            zstd_blob::scan_frames(blob)
+                .ok()
+                .flatten()
+                .is_some_and(|frames| {
+                    frames
+                        .iter()
+                        .all(|f| small(zstd_blob::frame_window(&blob[f.c_start as usize..])))
+                })
+        };
+        if stream {
+            self.decode_streamed(zt, guard, t, decoded, dir, stats)
+        } else {
+            self.decode_mapped(zt, guard, t, len, dir, window, stats)
         }
-        self.decode_mapped(zt, guard, t, len, dir, window, stats)
     }
 
     /// Decodes with zstd's stream decoder (a window buffer of its own, at
@@ -325,9 +348,7 @@ impl Spill {
 
     fn advance(&self, done: u64, end: Option<String>) {
         let mut g = lock(&self.progress);
-        // Never back: a spill that starts again through the mapping writes
-        // the same bytes over what is already published.
-        g.0 = g.0.max(done);
+        g.0 = done;
         if end.is_some() {
             g.1 = end;
         }
