@@ -70,6 +70,30 @@ pub fn scan_frames(blob: &[u8]) -> Result<Option<Vec<Frame>>, String> {
     Ok(Some(frames))
 }
 
+/// The largest window of the frames of `blob` (see [`frame_window`]),
+/// skippable frames left out, walking frame and block headers only: no
+/// decoded sizes needed. `None` when the walk cannot tell (a bad header,
+/// more than [`MAX_FRAMES`] frames).
+pub fn max_window(blob: &[u8]) -> Option<u64> {
+    let (mut pos, mut frames, mut max) = (0usize, 0usize, 0u64);
+    while pos < blob.len() {
+        frames += 1;
+        if frames > MAX_FRAMES {
+            return None;
+        }
+        let rest = &blob[pos..];
+        let len = zstd_safe::find_frame_compressed_size(rest).ok()?;
+        let skippable = rest
+            .get(..4)
+            .is_some_and(|m| m[0] & 0xF0 == 0x50 && m[1..] == [0x2A, 0x4D, 0x18]);
+        if !skippable {
+            max = max.max(frame_window(rest)?);
+        }
+        pos = pos.checked_add(len).filter(|_| len > 0)?;
+    }
+    Some(max)
+}
+
 /// The decoded size the first frame of `src` declares, if it does.
 pub fn first_frame_size(src: &[u8]) -> Option<u64> {
     zstd_safe::get_frame_content_size(src).ok().flatten()
@@ -622,6 +646,22 @@ mod tests {
         assert!(steps >= 56, "{steps} steps");
         drop(dec);
         assert!(out == zeros);
+    }
+
+    #[test]
+    fn max_window_walks_every_frame_without_decoded_sizes() {
+        let data: Vec<u8> = (0..(6u32 << 20)).map(|i| (i % 251) as u8).collect();
+        let mut blob = zstd::bulk::compress(&data[..1 << 20], 3).unwrap();
+        // A skippable frame, then a frame written through a stream (no
+        // decoded size in its header) with an 8 MiB window.
+        blob.extend([0x50, 0x2A, 0x4D, 0x18, 3, 0, 0, 0, 1, 2, 3]);
+        let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+        enc.set_parameter(zstd::zstd_safe::CParameter::WindowLog(23))
+            .unwrap();
+        std::io::Write::write_all(&mut enc, &data).unwrap();
+        blob.extend(enc.finish().unwrap());
+        assert_eq!(max_window(&blob), Some(8 << 20));
+        assert_eq!(max_window(&blob[..blob.len() - 1]), None);
     }
 
     #[test]

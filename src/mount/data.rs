@@ -621,17 +621,8 @@ impl Data {
         let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
         let dir = &self.opts.cache_dir;
         let early = self.trusted_early(t, self.zt.blob(t), one_frame);
-        let spill = Spill::start(
-            &self.zt,
-            &self.guard,
-            ti,
-            decoded,
-            one_frame,
-            dir,
-            early,
-            &self.stats,
-        )
-        .map_err(|why| self.fail(t, why))?;
+        let spill = Spill::start(&self.zt, &self.guard, ti, decoded, dir, early, &self.stats)
+            .map_err(|why| self.fail(t, why))?;
         log::info!(
             "{}",
             self.fail(

@@ -90,14 +90,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Spill {
     /// Starts decoding tensor `ti` of `zt` into a new file under `dir`,
     /// once the disk has room for its `decoded` bytes.
-    /// `one_frame`: the blob is known to be one zstd frame.
-    #[allow(clippy::too_many_arguments)]
     pub fn start(
         zt: &Arc<ZtFile>,
         guard: &Arc<Guard>,
         ti: usize,
         decoded: u64,
-        one_frame: bool,
         dir: &Path,
         early: bool,
         stats: &Arc<Stats>,
@@ -120,7 +117,7 @@ impl Spill {
             .spawn(move || {
                 let _ends = EndOnDrop(&s);
                 Stats::add(&stats.spilled_tensors, 1);
-                let r = s.decode(&zt, &guard, ti, decoded, one_frame, &dir, &stats);
+                let r = s.decode(&zt, &guard, ti, decoded, &dir, &stats);
                 let t = &zt.catalog().tensors[ti];
                 // The plan and the trust check read the frame header
                 // through the mapping; let go of it.
@@ -147,14 +144,12 @@ impl Spill {
         self.retry.load(Acquire)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn decode(
         &self,
         zt: &ZtFile,
         guard: &Guard,
         ti: usize,
         decoded: u64,
-        one_frame: bool,
         dir: &Path,
         stats: &Stats,
     ) -> Result<(), Failure> {
@@ -176,27 +171,13 @@ impl Spill {
             })?;
         }
         Stats::add(&stats.decompressions, 1);
-        let blob = zt.blob(t);
-        let window = zstd_blob::frame_window(blob).map_or(u64::MAX, |w| w);
-        // The stream decoder only when every frame's window is small, read
-        // from the headers first: it must not stop part way for want of a
-        // window, as decoding again from the start would rewrite bytes
-        // readers may be reading (zstd uses its output ahead of what it has
-        // finished as scratch space). A frame past the one that declares
-        // the whole size is an error anyway.
-        let small = |w: Option<u64>| w.is_some_and(|w| w <= 1 << STREAM_WINDOW_LOG);
-        let stream = if one_frame {
-            small(Some(window))
-        } else {
-            zstd_blob::scan_frames(blob)
-                .ok()
-                .flatten()
-                .is_some_and(|frames| {
-                    frames
-                        .iter()
-                        .all(|f| small(zstd_blob::frame_window(&blob[f.c_start as usize..])))
-                })
-        };
+        // Every frame's window, read from the headers first: the stream
+        // decoder only when all are small, so it never stops part way for
+        // want of a window. (Going again from the start would rewrite bytes
+        // readers may be reading: zstd uses its output past what it has
+        // finished as scratch space.)
+        let window = zstd_blob::max_window(zt.blob(t)).unwrap_or(u64::MAX);
+        let stream = window <= 1 << STREAM_WINDOW_LOG;
         if stream {
             self.decode_streamed(zt, guard, t, decoded, dir, stats)
         } else {
