@@ -72,25 +72,62 @@ pub fn scan_frames(blob: &[u8]) -> Result<Option<Vec<Frame>>, String> {
 
 /// The largest window of the frames of `blob` (see [`frame_window`]),
 /// skippable frames left out, walking frame and block headers only: no
-/// decoded sizes needed. `None` when the walk cannot tell (a bad header,
-/// more than [`MAX_FRAMES`] frames).
-pub fn max_window(blob: &[u8]) -> Option<u64> {
-    let (mut pos, mut frames, mut max) = (0usize, 0usize, 0u64);
+/// decoded sizes needed. `None` when the walk cannot tell (a bad header, a
+/// reserved block type, more than [`MAX_FRAMES`] frames). `done` is handed
+/// each stretch of `blob` walked past, about 8 MiB at a time, so a caller
+/// walking a mapping can let go of it as it goes.
+pub fn max_window(blob: &[u8], mut done: impl FnMut(&[u8])) -> Option<u64> {
+    let (mut pos, mut frames, mut max, mut released) = (0usize, 0usize, 0u64, 0usize);
     while pos < blob.len() {
         frames += 1;
         if frames > MAX_FRAMES {
             return None;
         }
         let rest = &blob[pos..];
-        let len = zstd_safe::find_frame_compressed_size(rest).ok()?;
-        let skippable = rest
-            .get(..4)
-            .is_some_and(|m| m[0] & 0xF0 == 0x50 && m[1..] == [0x2A, 0x4D, 0x18]);
-        if !skippable {
-            max = max.max(frame_window(rest)?);
+        let magic = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?);
+        if magic & 0xFFFF_FFF0 == 0x184D_2A50 {
+            // A skippable frame: its length, then that many bytes.
+            let n = u32::from_le_bytes(rest.get(4..8)?.try_into().ok()?);
+            pos = pos.checked_add(8 + n as usize)?;
+            continue;
         }
-        pos = pos.checked_add(len).filter(|_| len > 0)?;
+        max = max.max(frame_window(rest)?);
+        let fhd = *rest.get(4)?;
+        let single = fhd & 0x20 != 0;
+        let fcs = match fhd >> 6 {
+            0 => usize::from(single),
+            1 => 2,
+            2 => 4,
+            _ => 8,
+        };
+        let did = [0, 1, 2, 4][usize::from(fhd & 3)];
+        pos += 5 + usize::from(!single) + did + fcs;
+        loop {
+            let h = blob.get(pos..pos + 3)?;
+            let h = u32::from(h[0]) | u32::from(h[1]) << 8 | u32::from(h[2]) << 16;
+            let size = (h >> 3) as usize;
+            let body = match (h >> 1) & 3 {
+                0 | 2 => size,
+                1 => 1,
+                _ => return None,
+            };
+            pos = pos.checked_add(3 + body)?;
+            if pos - released >= 8 << 20 {
+                done(&blob[released..pos.min(blob.len())]);
+                released = pos.min(blob.len());
+            }
+            if h & 1 == 1 {
+                break;
+            }
+        }
+        if fhd & 4 != 0 {
+            pos += 4;
+        }
     }
+    if pos != blob.len() {
+        return None;
+    }
+    done(&blob[released..]);
     Some(max)
 }
 
@@ -659,9 +696,20 @@ mod tests {
         enc.set_parameter(zstd::zstd_safe::CParameter::WindowLog(23))
             .unwrap();
         std::io::Write::write_all(&mut enc, &data).unwrap();
-        blob.extend(enc.finish().unwrap());
-        assert_eq!(max_window(&blob), Some(8 << 20));
-        assert_eq!(max_window(&blob[..blob.len() - 1]), None);
+        let streamed = enc.finish().unwrap();
+        let enc_len = streamed.len();
+        blob.extend(streamed);
+        let mut walked = 0;
+        assert_eq!(max_window(&blob, |b| walked += b.len()), Some(8 << 20));
+        assert_eq!(walked, blob.len(), "every byte handed back once");
+        assert_eq!(max_window(&blob[..blob.len() - 1], |_| {}), None);
+        // It agrees with zstd on where frames end.
+        let two = [frames_of(&data, 1 << 20), blob.clone()].concat();
+        assert_eq!(max_window(&two, |_| {}), Some(8 << 20));
+        assert_eq!(
+            zstd_safe::find_frame_compressed_size(&blob[blob.len() - enc_len..]),
+            Ok(enc_len)
+        );
     }
 
     #[test]

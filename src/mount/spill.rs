@@ -42,6 +42,9 @@ const STREAM_WINDOW_LOG: u32 = 23;
 /// a page fault.
 const MAX_KEEP: usize = 8 << 20;
 
+/// How far back each release of the mapped path reaches, at most.
+const RELEASE_BACK: usize = 256 << 20;
+
 /// Output faulted in ahead of the decoder at once, and let go of at once.
 const BATCH: usize = 4 << 20;
 
@@ -176,7 +179,9 @@ impl Spill {
         // want of a window. (Going again from the start would rewrite bytes
         // readers may be reading: zstd uses its output past what it has
         // finished as scratch space.)
-        let window = zstd_blob::max_window(zt.blob(t)).unwrap_or(u64::MAX);
+        // The walk reads the blob through the mapping: let go as it goes.
+        let window =
+            zstd_blob::max_window(zt.blob(t), |walked| zt.release(walked)).unwrap_or(u64::MAX);
         let stream = window <= 1 << STREAM_WINDOW_LOG;
         if stream {
             self.decode_streamed(zt, guard, t, decoded, dir, stats)
@@ -303,13 +308,16 @@ impl Spill {
             Stats::add(&stats.decompressed_bytes, (now - at) as u64);
             if now > behind + keep + BATCH {
                 let to = page_floor(now - keep);
-                // Now and then from the start, for pages long matches
-                // brought back (each release walks what it covers).
+                // Long matches bring pages back, at most a window behind:
+                // release that far back each time (each release walks the
+                // page tables it covers), and for a window too big for
+                // that, from the start now and then.
                 releases += 1;
-                let from = if window > keep as u64 && releases.is_multiple_of(16) {
+                let back = window.min(RELEASE_BACK as u64) as usize;
+                let from = if window > RELEASE_BACK as u64 && releases.is_multiple_of(16) {
                     0
                 } else {
-                    behind
+                    behind.min(page_floor(to.saturating_sub(back)))
                 };
                 advise(base, from, to - from, libc::MADV_DONTNEED);
                 behind = to;
