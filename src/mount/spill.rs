@@ -174,16 +174,15 @@ impl Spill {
             })?;
         }
         Stats::add(&stats.decompressions, 1);
-        // Every frame's window, read from the headers first: the stream
-        // decoder only when all are small, so it never stops part way for
-        // want of a window. (Going again from the start would rewrite bytes
-        // readers may be reading: zstd uses its output past what it has
-        // finished as scratch space.)
-        // The walk reads the blob through the mapping: let go as it goes.
+        // Every frame's window, read from the headers first (through the
+        // mapping, let go of as the walk goes): the stream decoder only
+        // when all are small, so it never stops part way for want of a
+        // window. Going again from the start would rewrite bytes readers
+        // may be reading (zstd uses its output past what it has finished
+        // as scratch space).
         let window =
             zstd_blob::max_window(zt.blob(t), |walked| zt.release(walked)).unwrap_or(u64::MAX);
-        let stream = window <= 1 << STREAM_WINDOW_LOG;
-        if stream {
+        if window <= 1 << STREAM_WINDOW_LOG {
             self.decode_streamed(zt, guard, t, decoded, dir, stats)
         } else {
             self.decode_mapped(zt, guard, t, len, dir, window, stats)
