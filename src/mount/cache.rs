@@ -9,12 +9,13 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use lru::LruCache;
 
 use super::filling::Filling;
+use super::lock;
 use super::stats::{Gauges, Stats};
 
 /// (tensor index, unit index within the tensor)
@@ -193,12 +194,6 @@ pub struct Cache {
     meter: Arc<Meter>,
     inner: Mutex<Inner>,
     stats: Arc<Stats>,
-}
-
-/// Poisoning only means another reader panicked mid-update of plain data;
-/// the structures stay usable, so keep serving.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Cache {

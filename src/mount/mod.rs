@@ -16,3 +16,9 @@ pub mod spill;
 pub mod stats;
 pub mod tree;
 pub mod window;
+
+/// Locks `m`. Poisoning only means another reader panicked mid-update of
+/// plain data; the structures stay usable, so keep serving.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

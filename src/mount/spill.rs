@@ -15,9 +15,10 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering::Acquire, Ordering::Release};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 
 use super::guard::{Guard, Watched};
+use super::lock;
 use super::stats::Stats;
 use crate::format::file::page_size;
 use crate::format::zstd_blob::{self, DirectDecoder};
@@ -84,10 +85,6 @@ pub struct Spill {
     cond: Condvar,
     /// It failed in a way the next read should try again (the disk).
     retry: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Spill {
