@@ -374,12 +374,6 @@ fn tensor_larger_than_the_cache_spills_and_reads_right() {
     assert_eq!(std::fs::read_dir(&spill_dir).unwrap().count(), 0);
 }
 
-fn status_kib(pid: i32, field: &str) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = s.lines().find(|l| l.starts_with(field)).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
 #[test]
 fn a_spill_decoder_holds_no_window_of_its_own() {
     // 96 MiB in one zstd frame written with a 128 MiB window: the frame is
@@ -429,11 +423,11 @@ fn a_spill_decoder_holds_no_window_of_its_own() {
         ],
     );
     let pid = m.pid.unwrap();
-    let before = status_kib(pid, "VmRSS:");
+    let before = support::status_kib(pid, "VmRSS:").unwrap();
     assert!(std::fs::read(m.path("big")).unwrap() == le);
     assert!(std::fs::read(m.path("zeros")).unwrap() == zeros);
     assert!(std::fs::read(m.path("mixed")).unwrap() == mixed);
-    let peak = status_kib(pid, "VmHWM:");
+    let peak = support::status_kib(pid, "VmHWM:").unwrap();
     let st = m.stats();
     assert_eq!(st["spilled_tensors"], 3, "{st}");
     assert_eq!(st["errors"], 0, "{st}");

@@ -70,18 +70,7 @@ fn rss_kib(pid: i32) -> u64 {
 }
 
 fn status_kib(pid: i32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with(field)).map(|l| {
-                l.split_whitespace()
-                    .nth(1)
-                    .unwrap_or("0")
-                    .parse()
-                    .unwrap_or(0)
-            })
-        })
-        .unwrap_or(0)
+    support::status_kib(pid, field).unwrap_or(0)
 }
 
 #[test]

@@ -166,6 +166,14 @@ pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// A `/proc/PID/status` field in KiB (`field` with its colon, e.g.
+/// `"VmRSS:"`), or `None` when the process or the field is not there.
+pub fn status_kib(pid: i32, field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Pids of ztensor-mount processes serving `mp` (found by command line;
 /// `-u` runs are left out).
 pub fn daemon_pids(mp: &Path) -> Vec<i32> {
