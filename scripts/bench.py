@@ -102,6 +102,54 @@ def resident_fraction(path, off, n):
         os.close(fd)
 
 
+def large_folio_share(path, off, n):
+    """Share of the cached pages of [off, off+n) of path that are part of a
+    large folio (/proc/kpageflags: compound head or tail), or None when
+    /proc/self/pagemap gives no frame numbers (not root)."""
+    start = off // PAGE * PAGE
+    length = off + n - start
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = _libc.mmap(None, length, 1, 1, fd, start)  # PROT_READ, MAP_SHARED
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise BenchError(f"mmap of {path}: errno {ctypes.get_errno()}")
+        try:
+            pages = length // PAGE
+            view = (ctypes.c_ubyte * length).from_address(addr)
+            for i in range(0, length, PAGE):
+                view[i]  # map every page (they are cached already)
+            with open("/proc/self/pagemap", "rb") as pm, open("/proc/kpageflags", "rb") as kf:
+                pm.seek(addr // PAGE * 8)
+                entries = np.frombuffer(pm.read(pages * 8), np.uint64)
+                pfns = entries & np.uint64((1 << 55) - 1)
+                if not pfns.any():
+                    return None
+                large = 0
+                for pfn in pfns:
+                    kf.seek(int(pfn) * 8)
+                    flags = int.from_bytes(kf.read(8), "little")
+                    large += bool(flags & ((1 << 15) | (1 << 16)))
+                return large / pages
+        finally:
+            _libc.munmap(addr, length)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def drop_inodes():
+    """Drops the kernel's unused dentries and inodes (not the page cache's
+    data): True when done, False without the right to."""
+    try:
+        run(["sync"])
+        with open("/proc/sys/vm/drop_caches", "w") as fh:
+            fh.write("2")
+        return True
+    except OSError:
+        return False
+
+
 class Hot:
     """Makes byte ranges of the backing files hot right before a timed sample.
 
@@ -586,6 +634,7 @@ class Bench:
         for mode, second_target in (("page-cache", 0.95), ("direct-io", 0.4)):
             self.raw_sequential(f.raw, self.mode_label(mode), self.mode_opts[mode], 0.4,
                                 second_target)
+        self.backing_second_read()
         # The same bytes with a crc32c checksum: the default mount verifies
         # it before the first byte (once per mount).
         t = f.tensor(f.raw_crc, "w")
@@ -599,6 +648,43 @@ class Bench:
                             f"{self.mode_label(self.default_mode)}", n, cold,
                             base, None, "dd bs=1M of the .zt range")
         self.raw_whole_reads()
+
+    def backing_second_read(self):
+        """What the kernel does with page cache it has just created, on the
+        backing disk: the tensor's range of the .zt dropped from the page
+        cache, read once from disk, then read again (the page-cache mode's
+        "second read"), against the same range hot. Printed with the share of
+        each page cache held in large folios, which is what differs."""
+        f = self.files
+        t = f.tensor(f.raw, "w")
+        off, n = t["offset"], t["nbytes"]
+        second, base = [], []
+        for _ in range(self.runs):
+            self.hot(f.raw, off, n)
+            base.append(dd(f.raw, off, n))
+            fd = os.open(f.raw, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, off, n, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+            dd(f.raw, off, n)  # from disk: new page cache, read once
+            second.append(dd(f.raw, off, n))
+        probe = min(64 * MiB, n)
+        zt_share = large_folio_share(f.raw, off, probe)
+        with self.mounter.mount(f.raw, self.mode_opts["page-cache"], tag="folios") as m:
+            dd(m.mp / "w", 0, probe)
+            mount_share = large_folio_share(m.mp / "w", 0, probe)
+        self.hot(f.raw, off, n)
+        if zt_share is None or mount_share is None:
+            self.note("large folios: not measured (/proc/kpageflags needs root)")
+        else:
+            self.note(f"large folios: after one read, {zt_share:.0%} of the .zt's page cache "
+                      f"(backing disk) and {mount_share:.0%} of a mounted file's "
+                      f"(--page-cache) are in large folios (first {probe // MiB} MiB, "
+                      f"/proc/kpageflags)")
+        self.throughput_row("backing disk: second read of the .zt range just read from disk "
+                            "(what page-cache mode's second read is held to)", n, second, base,
+                            None, "dd bs=1M of the .zt range, hot")
 
     def cold_sample(self, zt, off, n, read, tag):
         """read(path, offset) of tensor "w"'s bytes [off, off+n) of the .zt,
@@ -813,6 +899,7 @@ class Bench:
         log(f"{n} small tensors: mount, ls -l, RSS")
         f = self.files
         mount_s, ls_s, ls2_s, rss_m, rss_l, hwm, base_s = [], [], [], [], [], [], []
+        cold_base_s = []
         env = dict(os.environ, LC_ALL="C")
         basedir = None
         for i in range(self.runs):
@@ -838,6 +925,13 @@ class Bench:
             t0 = time.perf_counter()
             run(["ls", "-l", basedir], stdout=subprocess.DEVNULL, env=env)
             base_s.append(time.perf_counter() - t0)
+            # The fair match for a fresh mount, whose inodes the kernel has
+            # never built: the same directory with its inodes and dentries
+            # dropped first (its blocks stay in the page cache).
+            if drop_inodes():
+                t0 = time.perf_counter()
+                run(["ls", "-l", basedir], stdout=subprocess.DEVNULL, env=env)
+                cold_base_s.append(time.perf_counter() - t0)
         mt = median(mount_s)
         self.row(f"mount, {n} tensors (command + first stat)", mt, None, None, "<= 1 s",
                  mt <= 1.0, "s", dict(s=mount_s))
@@ -845,6 +939,16 @@ class Bench:
         base_what = "ls -l of the same names as empty files on the backing disk (cached)"
         self.row(f"ls -l, {n} tensors ({2 * n} entries), fresh mount", lt, bt, bt / lt,
                  "<= 2 s", lt <= 2.0, "s", dict(s=ls_s, baseline_s=base_s, baseline=base_what))
+        if cold_base_s:
+            cb = median(cold_base_s)
+            self.row("ls -l, fresh mount, against the backing disk's listing with its "
+                     "inodes dropped first", lt, cb, cb / lt, "-", None, "s",
+                     dict(s=ls_s, baseline_s=cold_base_s,
+                          baseline="ls -l of the same names on the backing disk, after "
+                                   "echo 2 > /proc/sys/vm/drop_caches"))
+        else:
+            self.note("ls -l with the backing disk's inodes dropped: not measured "
+                      "(/proc/sys/vm/drop_caches needs root)")
         l2 = median(ls2_s)
         self.row("ls -l again (dentries and attributes cached)", l2, bt, bt / l2, "-",
                  None, "s", dict(s=ls2_s, baseline_s=base_s, baseline=base_what))
