@@ -252,6 +252,52 @@ fn sigterm_sigint_and_sighup_each_unmount() {
 }
 
 #[test]
+fn dash_u_refuses_a_busy_mount_and_dash_u_dash_z_detaches_it() {
+    let _one_at_a_time = support::serial();
+    let Some((mut m, zt)) = scratch_with_file() else {
+        return;
+    };
+    m.mount(&zt, &["--direct-io"]);
+    let pid = m.pid.expect("daemon pid");
+    let f = std::fs::File::open(m.path("z")).unwrap();
+    let r = support::run_with_timeout(
+        Command::new(bin()).arg("-u").arg(&m.mp),
+        Duration::from_secs(10),
+    );
+    let err = assert_clean_failure(&r, "-u of a busy mount");
+    assert!(err.contains("busy") && err.contains("-u -z"), "{err}");
+    assert!(m.is_mounted(), "a refused -u unmounted it");
+    // fusermount3's spelling, flags before the path.
+    let r = support::run_with_timeout(
+        Command::new(bin()).args(["-u", "-z"]).arg(&m.mp),
+        Duration::from_secs(10),
+    );
+    assert!(r.ok(), "-u -z: {r:?}");
+    assert!(!m.is_mounted(), "still mounted after -u -z");
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; 4096];
+    f.read_exact_at(&mut buf, 4096).unwrap();
+    assert!(
+        buf == payload()[4096..8192],
+        "the detached file read wrong bytes"
+    );
+    drop(f);
+    assert!(
+        wait_until(Duration::from_secs(10), || !alive(pid)),
+        "daemon outlived its detached mount; log:\n{}",
+        m.log_text()
+    );
+    // -z without -u is a usage error, not a mount.
+    let r = support::run_with_timeout(
+        Command::new(bin()).arg("-z").arg(&zt).arg(&m.mp),
+        Duration::from_secs(10),
+    );
+    let err = assert_clean_failure(&r, "-z without -u");
+    assert!(err.contains("-u"), "{err}");
+    assert!(!m.is_mounted());
+}
+
+#[test]
 fn a_signal_while_a_file_is_open_detaches_then_the_daemon_exits() {
     let _one_at_a_time = support::serial();
     let Some((mut m, zt)) = scratch_with_file() else {

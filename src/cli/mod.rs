@@ -21,20 +21,22 @@ use crate::format::Algorithm;
 #[command(
     name = "ztensor-mount",
     version,
+    override_usage = "ztensor-mount [OPTIONS] FILE MOUNTPOINT\n       ztensor-mount -u [-z] MOUNTPOINT",
     after_help = "Other commands: ztensor-mount pack|info|cat --help"
 )]
 struct MountCli {
-    /// The .zt file to serve.
-    #[arg(required_unless_present = "unmount")]
-    file: Option<PathBuf>,
+    /// The .zt file to serve (with -u: the mount point).
+    file: PathBuf,
     /// An existing directory to mount on.
     #[arg(required_unless_present = "unmount")]
     mountpoint: Option<PathBuf>,
     /// Unmount MOUNTPOINT (also a mount whose daemon died) and exit.
-    #[arg(short = 'u', long = "unmount", value_name = "MOUNTPOINT", conflicts_with_all = ["file"])]
-    unmount: Option<PathBuf>,
+    // A flag taking the path as the positional, as in fusermount3, so that
+    // `-u -z MP` and `-uz MP` parse.
+    #[arg(short = 'u', long = "unmount", conflicts_with = "mountpoint")]
+    unmount: bool,
     /// With -u: detach a busy mount now; it goes away when its files close.
-    #[arg(short = 'z', long, requires = "unmount")]
+    #[arg(short = 'z', long)]
     lazy: bool,
     /// Stay attached and log to stderr.
     #[arg(short, long)]
@@ -143,8 +145,13 @@ pub fn main() -> ExitCode {
         return tool(ToolCli::parse());
     }
     let cli = MountCli::parse();
-    if let Some(mp) = &cli.unmount {
-        return mount::unmount(mp, cli.lazy);
+    if cli.lazy && !cli.unmount {
+        // clap's `requires` counts a flag's default as present.
+        eprintln!("ztensor-mount: -z/--lazy goes with -u: ztensor-mount -u -z MOUNTPOINT");
+        return ExitCode::from(2);
+    }
+    if cli.unmount {
+        return mount::unmount(&cli.file, cli.lazy);
     }
     let mut s = options::Settings::default();
     let applied = (|| -> Result<(), String> {
@@ -201,9 +208,9 @@ pub fn main() -> ExitCode {
         eprintln!("ztensor-mount: {e}");
         return ExitCode::from(2);
     }
-    match (&cli.file, &cli.mountpoint) {
-        (Some(f), Some(m)) => mount::run(f, m, s),
-        _ => ExitCode::from(2),
+    match &cli.mountpoint {
+        Some(m) => mount::run(&cli.file, m, s),
+        None => ExitCode::from(2),
     }
 }
 
@@ -244,5 +251,47 @@ fn tool(cli: ToolCli) -> ExitCode {
         }
         Tool::Info { file, json } => info::run(&file, json),
         Tool::Cat { file, tensor, part } => cat::run(&file, &tensor, part.as_deref()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MountCli;
+    use clap::Parser;
+
+    fn parse(args: &[&str]) -> Result<MountCli, clap::Error> {
+        MountCli::try_parse_from(std::iter::once("ztensor-mount").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn unmount_takes_its_flags_in_any_order_as_fusermount3_does() {
+        for (args, lazy) in [
+            (&["-u", "/mnt/m"][..], false),
+            (&["-u", "-z", "/mnt/m"], true),
+            (&["-uz", "/mnt/m"], true),
+            (&["-z", "-u", "/mnt/m"], true),
+            (&["-u", "/mnt/m", "-z"], true),
+            (&["--unmount", "--lazy", "/mnt/m"], true),
+        ] {
+            let cli = parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            assert!(cli.unmount, "{args:?}");
+            assert_eq!(cli.file.to_str(), Some("/mnt/m"), "{args:?}");
+            assert_eq!(cli.lazy, lazy, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn unmount_takes_one_path_and_a_mount_takes_two() {
+        assert!(parse(&["-u"]).is_err());
+        assert!(parse(&["-u", "a.zt", "/mnt/m"]).is_err());
+        assert!(parse(&["a.zt"]).is_err());
+        let cli = parse(&["a.zt", "/mnt/m"]).expect("a mount");
+        assert!(!cli.unmount);
+        assert_eq!(
+            cli.mountpoint
+                .and_then(|m| m.to_str().map(String::from))
+                .as_deref(),
+            Some("/mnt/m")
+        );
     }
 }

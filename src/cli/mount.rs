@@ -317,8 +317,8 @@ fn umount(mp: &Path, lazy: bool) -> std::io::Result<()> {
     }
 }
 
-/// `ztensor-mount -u [--lazy] MOUNTPOINT`: unmounts, also a mount whose
-/// daemon died; `--lazy` detaches a busy one.
+/// `ztensor-mount -u [-z] MOUNTPOINT`: unmounts, also a mount whose
+/// daemon died; `-z` (`--lazy`) detaches a busy one.
 pub fn unmount(mountpoint: &Path, lazy: bool) -> ExitCode {
     match umount(mountpoint, lazy) {
         Ok(()) => ExitCode::SUCCESS,
@@ -326,7 +326,7 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> ExitCode {
             let hint = match e.raw_os_error() {
                 Some(libc::EINVAL) => " (not a mount point)",
                 Some(libc::EBUSY) => {
-                    " (busy: close the files open there, or detach it now with -u --lazy)"
+                    " (busy: close the files open there, or detach it now with -u -z)"
                 }
                 _ => "",
             };
