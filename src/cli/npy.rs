@@ -66,10 +66,14 @@ pub fn open(path: &Path) -> Result<Npy, String> {
                 .map_err(|_| format!("{label}: bad shape {shape_txt}"))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let (endian, code) = match descr.split_at(1) {
-        ("<", c) | ("|", c) | ("=", c) => (Endian::Little, c),
-        (">", c) => (Endian::Big, c),
-        _ => (Endian::Little, descr),
+    // A byte-order mark, if any ('=' is native: this crate runs on
+    // little-endian hosts only). `descr` is any text the file holds.
+    let (endian, code) = if let Some(c) = descr.strip_prefix(['<', '|', '=']) {
+        (Endian::Little, c)
+    } else if let Some(c) = descr.strip_prefix('>') {
+        (Endian::Big, c)
+    } else {
+        (Endian::Little, descr)
     };
     let dtype = match code {
         "f8" => DType::Float64,

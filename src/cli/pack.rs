@@ -26,8 +26,6 @@ pub fn run(a: PackArgs) -> ExitCode {
         }
         Err(e) => {
             eprintln!("ztensor-mount pack: {e}");
-            // Leave no half-written file behind.
-            let _ = std::fs::remove_file(tmp_path(&a.out));
             ExitCode::from(1)
         }
     }
@@ -39,9 +37,22 @@ fn tmp_path(out: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
+/// Removes the half-written file unless the pack got to its rename, also
+/// when it ends by a panic.
+struct Partial(Option<PathBuf>);
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
 fn pack(a: &PackArgs) -> Result<usize, String> {
     let tmp = tmp_path(&a.out);
     let mut w = Writer::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    let mut partial = Partial(Some(tmp.clone()));
     let opts = Options {
         compression: match a.zstd {
             None => Compression::Raw,
@@ -87,6 +98,7 @@ fn pack(a: &PackArgs) -> Result<usize, String> {
     }
     w.finish().map_err(|e| format!("{}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, &a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
+    partial.0 = None;
     Ok(a.inputs.len())
 }
 

@@ -1,0 +1,195 @@
+//! `pack`, `info` and `cat` as a user runs them: `.npy` files in, a `.zt`
+//! out whose tensors read back as the same little-endian bytes; hostile
+//! `.npy` headers give one line, exit 1 and leave no half-written file.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use support::{bin, run_with_timeout};
+
+/// A version-1 `.npy` file: `header` is the dict text, padded here.
+fn write_npy(path: &Path, header: &str, data: &[u8]) {
+    let mut h = header.as_bytes().to_vec();
+    while !(10 + h.len() + 1).is_multiple_of(64) {
+        h.push(b' ');
+    }
+    h.push(b'\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(h.len() as u16).to_le_bytes());
+    out.extend_from_slice(&h);
+    out.extend_from_slice(data);
+    std::fs::write(path, out).unwrap();
+}
+
+fn cat(zt: &Path, tensor: &str) -> Vec<u8> {
+    let out = Command::new(bin())
+        .args(["cat"])
+        .arg(zt)
+        .arg(tensor)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cat {tensor}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+#[test]
+fn packed_arrays_read_back_as_little_endian_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let values: Vec<i32> = (0..5000).map(|i| i * 7919 - 1_000_000).collect();
+    let le: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let be: Vec<u8> = values.iter().flat_map(|v| v.to_be_bytes()).collect();
+    let f: Vec<u8> = (0..300)
+        .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
+        .collect();
+    let a = dir.path().join("a.npy");
+    let b = dir.path().join("b.npy");
+    let c = dir.path().join("c.npy");
+    write_npy(
+        &a,
+        "{'descr': '<i4', 'fortran_order': False, 'shape': (50, 100), }",
+        &le,
+    );
+    write_npy(
+        &b,
+        "{'descr': '>i4', 'fortran_order': False, 'shape': (5000,), }",
+        &be,
+    );
+    write_npy(
+        &c,
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (300,), }",
+        &f,
+    );
+    for extra in [
+        &[][..],
+        &["--zstd"],
+        &["--zstd", "--frame-size", "4K", "--big-endian"],
+    ] {
+        let zt = dir.path().join("out.zt");
+        let r = run_with_timeout(
+            Command::new(bin())
+                .arg("pack")
+                .arg(&zt)
+                .arg(format!("a={}", a.display()))
+                .arg(format!("b={}", b.display()))
+                .arg(format!("half/c={}", c.display()))
+                .args(extra),
+            Duration::from_secs(30),
+        );
+        assert!(r.ok(), "pack {extra:?}: {r:?}");
+        assert_eq!(cat(&zt, "a"), le, "{extra:?}");
+        assert_eq!(cat(&zt, "b"), le, "{extra:?}");
+        assert_eq!(cat(&zt, "half/c"), f, "{extra:?}");
+        let r = run_with_timeout(
+            Command::new(bin()).args(["info", "--json"]).arg(&zt),
+            Duration::from_secs(30),
+        );
+        assert!(r.ok(), "info: {r:?}");
+        let info: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+        let a_info = &info[0];
+        assert_eq!(a_info["name"], "a");
+        assert_eq!(a_info["dtype"], "int32");
+        assert_eq!(a_info["shape"], serde_json::json!([50, 100]));
+        let endian = if extra.contains(&"--big-endian") {
+            "big"
+        } else {
+            "little"
+        };
+        assert_eq!(a_info["data_endianness"], endian, "{extra:?}");
+        let encoding = if extra.is_empty() { "raw" } else { "zstd" };
+        assert_eq!(a_info["encoding"], encoding, "{extra:?}");
+        assert!(!dir.path().join("out.zt.partial").exists());
+        std::fs::remove_file(&zt).unwrap();
+    }
+}
+
+#[test]
+fn hostile_npy_headers_fail_with_one_line_and_leave_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.npy");
+    write_npy(
+        &good,
+        "{'descr': '<u2', 'fortran_order': False, 'shape': (4,), }",
+        &[0; 8],
+    );
+    let cases: &[(&str, &[u8])] = &[
+        (
+            "{'descr': '', 'fortran_order': False, 'shape': (1,), }",
+            &[0; 4],
+        ),
+        (
+            "{'descr': '\u{e9}f4', 'fortran_order': False, 'shape': (1,), }",
+            &[0; 4],
+        ),
+        (
+            "{'descr': '>', 'fortran_order': False, 'shape': (1,), }",
+            &[0; 4],
+        ),
+        (
+            "{'descr': '<c8', 'fortran_order': False, 'shape': (1,), }",
+            &[0; 8],
+        ),
+        (
+            "{'descr': '<f4', 'fortran_order': True, 'shape': (1,), }",
+            &[0; 4],
+        ),
+        (
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (x,), }",
+            &[0; 4],
+        ),
+        (
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }",
+            &[0; 4],
+        ),
+        (
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 16), }",
+            &[0; 4],
+        ),
+        ("{'fortran_order': False, 'shape': (1,), }", &[0; 4]),
+    ];
+    for (i, (header, data)) in cases.iter().enumerate() {
+        let bad = dir.path().join(format!("bad{i}.npy"));
+        write_npy(&bad, header, data);
+        let zt = dir.path().join(format!("out{i}.zt"));
+        let r = run_with_timeout(
+            Command::new(bin())
+                .arg("pack")
+                .arg(&zt)
+                .arg(format!("g={}", good.display()))
+                .arg(format!("x={}", bad.display())),
+            Duration::from_secs(30),
+        );
+        let err = r.stderr.trim_end();
+        assert_eq!(r.status.code(), Some(1), "{header}: {r:?}");
+        assert_eq!(err.lines().count(), 1, "{header}: {err:?}");
+        assert!(err.starts_with("ztensor-mount pack: "), "{header}: {err:?}");
+        assert!(!err.contains("panicked"), "{header}: {err:?}");
+        assert!(!zt.exists(), "{header}: wrote {}", zt.display());
+        let mut partial = zt.into_os_string();
+        partial.push(".partial");
+        assert!(!Path::new(&partial).exists(), "{header}: left {partial:?}");
+    }
+    // Not .npy at all.
+    for (name, bytes) in [
+        ("empty.npy", &b""[..]),
+        ("text.npy", b"hello world, not numpy"),
+    ] {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        let r = run_with_timeout(
+            Command::new(bin())
+                .arg("pack")
+                .arg(dir.path().join("o.zt"))
+                .arg(format!("x={}", p.display())),
+            Duration::from_secs(30),
+        );
+        assert_eq!(r.status.code(), Some(1), "{name}: {r:?}");
+        assert!(r.stderr.contains("not a .npy file"), "{name}: {r:?}");
+    }
+}
