@@ -16,6 +16,9 @@ pub struct ZtFile {
     path: PathBuf,
     label: String,
     file: File,
+    /// The file's metadata taken before it was mapped: what the bytes
+    /// served must still be (see `mount::guard`).
+    opened: std::fs::Metadata,
     map: Mmap,
     catalog: Catalog,
 }
@@ -51,6 +54,7 @@ impl ZtFile {
             path: path.to_path_buf(),
             label,
             file,
+            opened: meta,
             map,
             catalog,
         };
@@ -77,6 +81,11 @@ impl ZtFile {
     /// The name used in messages.
     pub fn label(&self) -> &str {
         &self.label
+    }
+
+    /// The file's metadata as it was before it was mapped and its index read.
+    pub fn opened(&self) -> &std::fs::Metadata {
+        &self.opened
     }
 
     pub fn file(&self) -> &File {

@@ -4,7 +4,6 @@
 //! file. Every failed check becomes an error string the caller logs and
 //! turns into EIO.
 
-use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -125,10 +124,11 @@ impl Data {
         let bytes = zt.bytes();
         let guard = Guard::new(
             zt.label(),
-            File::open(zt.path())?,
+            zt.file().try_clone()?,
+            zt.opened(),
             bytes.as_ptr(),
             bytes.len(),
-        )?;
+        );
         let states = (0..zt.catalog().len())
             .map(|_| TensorState::default())
             .collect();

@@ -23,13 +23,18 @@ struct Stamp {
     mtime_nsec: i64,
 }
 
+impl From<&std::fs::Metadata> for Stamp {
+    fn from(m: &std::fs::Metadata) -> Stamp {
+        Stamp {
+            len: m.len(),
+            mtime: m.mtime(),
+            mtime_nsec: m.mtime_nsec(),
+        }
+    }
+}
+
 fn stamp(f: &File) -> std::io::Result<Stamp> {
-    let m = f.metadata()?;
-    Ok(Stamp {
-        len: m.len(),
-        mtime: m.mtime(),
-        mtime_nsec: m.mtime_nsec(),
-    })
+    Ok(Stamp::from(&f.metadata()?))
 }
 
 pub struct Guard {
@@ -40,17 +45,25 @@ pub struct Guard {
 }
 
 impl Guard {
-    /// Watches `file` (a second handle on the mounted file) and the mapping
-    /// `[base, base+len)` of it.
-    pub fn new(label: &str, file: File, base: *const u8, len: usize) -> std::io::Result<Guard> {
-        let orig = stamp(&file)?;
+    /// Watches `file` (a handle on the mounted file's inode: a dup of the
+    /// one that was mapped, not a new open by path, which a rename could have
+    /// pointed elsewhere) and the mapping `[base, base+len)` of it. `opened`
+    /// is the metadata taken before the file was mapped and its index read:
+    /// a write in between already counts as a change.
+    pub fn new(
+        label: &str,
+        file: File,
+        opened: &std::fs::Metadata,
+        base: *const u8,
+        len: usize,
+    ) -> Guard {
         install_sigbus_handler(base as usize, len);
-        Ok(Guard {
+        Guard {
             label: label.to_string(),
             file,
-            orig,
+            orig: Stamp::from(opened),
             broken: OnceLock::new(),
-        })
+        }
     }
 
     /// Ok while the file is as it was at mount. Once it changed, stays failed.
@@ -228,12 +241,47 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_write_before_the_guard_exists_counts_from_the_open() {
+        // The mount opens and maps the file, reads its index, then builds the
+        // guard: a write in between must not become the guard's baseline.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![1u8; 4096]).unwrap();
+        let f = File::open(&path).unwrap();
+        let opened = f.metadata().unwrap();
+        let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+        {
+            use std::os::unix::fs::FileExt;
+            let w = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            w.write_all_at(&[2u8; 16], 64).unwrap();
+            let later = opened.modified().unwrap() + std::time::Duration::from_secs(1);
+            w.set_modified(later).unwrap();
+        }
+        let g = Guard::new(
+            "f",
+            f.try_clone().unwrap(),
+            &opened,
+            map.as_ptr(),
+            map.len(),
+        );
+        let err = g.check().unwrap_err();
+        assert!(err.contains("modified since mount"), "{err}");
+        // A guard whose baseline is now sees no change (it may still fail on
+        // the process-wide SIGBUS count the other test raises).
+        let now = f.metadata().unwrap();
+        let g = Guard::new("f", f, &now, map.as_ptr(), map.len());
+        assert!(!g.check().is_err_and(|e| e.contains("modified")));
+    }
+
+    #[test]
     fn a_vanished_page_reads_as_zero_and_fails_the_check() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, vec![0xABu8; 3 * 4096]).unwrap();
         let map = unsafe { memmap2::Mmap::map(&File::open(&path).unwrap()) }.unwrap();
-        let g = Guard::new("f", File::open(&path).unwrap(), map.as_ptr(), map.len()).unwrap();
+        let f = File::open(&path).unwrap();
+        let opened = f.metadata().unwrap();
+        let g = Guard::new("f", f, &opened, map.as_ptr(), map.len());
         assert!(g.check().is_ok());
         assert_eq!(map[8192], 0xAB);
         std::fs::OpenOptions::new()
