@@ -13,6 +13,7 @@ use serde_json::Value as Json;
 use support::{Mount, Rng, compressible};
 use ztensor_mount::format::writer::{Compression, Options, Writer};
 use ztensor_mount::format::{DType, Endian};
+use ztensor_mount::mount::cache::ENTRY_COST;
 
 const MIB: usize = 1 << 20;
 
@@ -331,12 +332,54 @@ fn readers_of_one_cold_tensor_decode_each_frame_once() {
     // tensors are opened through the page cache, by the kernel: never by a
     // second decode (the two counts above).
     assert_eq!(st["cache_entries"], 8, "{st}");
-    assert_eq!(st["cache_bytes"], 8 * FRAME as u64, "{st}");
+    // Each unit counts its bytes and its entry, and the frame list (8
+    // frames of 32 bytes) is held in the cache too.
+    assert_eq!(
+        st["cache_bytes"],
+        8 * (FRAME as u64 + ENTRY_COST) + 8 * 32,
+        "{st}"
+    );
     // Warm: reading it all again decodes nothing.
     assert!(std::fs::read(m.path("cold")).unwrap() == *le);
     let st = m.stats();
     assert_eq!(st["decompressions"], 8, "{st}");
     assert_eq!(st["errors"], 0, "{st}");
+}
+
+#[test]
+fn a_blob_of_tiny_frames_costs_no_memory_outside_the_cache() {
+    // 16 384 frames of 16 bytes: their list (32 bytes a frame, 512 KiB)
+    // cannot have a quarter of a 1 MiB cache, so the tensor is decoded as
+    // one stream; one of 64 frames keeps its list and is served by frame.
+    let tiny = T {
+        name: "tiny".into(),
+        dtype: DType::Uint32,
+        le: compressible(21, 256 << 10),
+        opts: zstd(16, Endian::Little),
+    };
+    let few = T {
+        name: "few".into(),
+        dtype: DType::Uint32,
+        le: compressible(22, 256 << 10),
+        opts: zstd(4 << 10, Endian::Big),
+    };
+    let ts = [tiny, few];
+    let Some(m) = Mount::with(&["--cache-size", "1M", "--direct-io"], |p| write(p, &ts)) else {
+        return;
+    };
+    assert!(m.read("tiny") == ts[0].le, "tiny read wrong");
+    assert!(m.read("few") == ts[1].le, "few read wrong");
+    let st = m.stats();
+    assert_eq!(st["errors"], 0, "{st}");
+    // One decode for the stream, one per frame for the other.
+    assert_eq!(st["decompressions"], 1 + 64, "{st}");
+    assert!(st["cache_peak_bytes"].as_u64().unwrap() <= 1 << 20, "{st}");
+    let log = m.log_text();
+    assert!(
+        log.contains("\"tiny\"") && log.contains("16384 zstd frames") && log.contains("one stream"),
+        "{log}"
+    );
+    assert!(!log.contains("\"few\": the list"), "{log}");
 }
 
 #[test]

@@ -29,11 +29,25 @@ pub const MAX_FRAMES: usize = 1 << 20;
 /// must then be decoded as one stream). Cheap: it reads frame headers only.
 pub fn scan_frames(blob: &[u8]) -> Result<Option<Vec<Frame>>, String> {
     let mut frames = Vec::new();
+    Ok(walk_frames(blob, |f| frames.push(f))?.then_some(frames))
+}
+
+/// How many frames [`scan_frames`] would list, without the list: a caller
+/// can see what the list would cost before it is built.
+pub fn count_frames(blob: &[u8]) -> Result<Option<usize>, String> {
+    let mut n = 0;
+    Ok(walk_frames(blob, |_| n += 1)?.then_some(n))
+}
+
+/// Hands each frame of `blob` to `each`; false when the frames cannot be
+/// listed (see [`scan_frames`]).
+fn walk_frames(blob: &[u8], mut each: impl FnMut(Frame)) -> Result<bool, String> {
     let mut pos = 0usize;
     let mut d_start = 0u64;
+    let mut count = 0usize;
     while pos < blob.len() {
-        if frames.len() == MAX_FRAMES {
-            return Ok(None);
+        if count == MAX_FRAMES {
+            return Ok(false);
         }
         let rest = &blob[pos..];
         let c_len = zstd_safe::find_frame_compressed_size(rest).map_err(|code| {
@@ -49,25 +63,26 @@ pub fn scan_frames(blob: &[u8]) -> Result<Option<Vec<Frame>>, String> {
         }
         let d_len = match zstd_safe::get_frame_content_size(rest) {
             Ok(Some(n)) => n,
-            Ok(None) => return Ok(None),
+            Ok(None) => return Ok(false),
             Err(_) => {
                 return Err(format!(
                     "zstd data is corrupt: frame at blob byte {pos} has a bad header"
                 ));
             }
         };
-        frames.push(Frame {
+        each(Frame {
             c_start: pos as u64,
             c_len: c_len as u64,
             d_start,
             d_len,
         });
+        count += 1;
         d_start = d_start
             .checked_add(d_len)
             .ok_or_else(|| "zstd frames declare more than 2^64 bytes".to_string())?;
         pos += c_len;
     }
-    Ok(Some(frames))
+    Ok(true)
 }
 
 /// The largest window of the frames of `blob` (see [`frame_window`]),

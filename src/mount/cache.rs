@@ -38,6 +38,11 @@ struct Meter {
 /// Smallest buffer worth keeping for reuse.
 const SPARE_MIN: usize = 64 << 10;
 
+/// What a cached unit costs beyond its bytes (its LRU node, hash slot and
+/// `Buf`), counted with them: a file of empty frames must not grow the
+/// cache past its limit one uncounted entry at a time.
+pub const ENTRY_COST: u64 = 256;
+
 impl Meter {
     fn release(&self, n: u64) {
         self.used.fetch_sub(n, Relaxed);
@@ -74,6 +79,12 @@ impl Meter {
         let mut spare = lock(&self.spare);
         let i = spare.iter().position(|b| b.capacity() as u64 == len)?;
         Some(spare.swap_remove(i))
+    }
+
+    /// Returns a buffer [`Meter::take_spare`] handed out (still counted).
+    fn put_back(&self, v: Vec<u8>) {
+        lock(&self.spare).push(v);
+        self.notify();
     }
 
     /// Frees one kept buffer. False if none was kept.
@@ -145,10 +156,13 @@ impl Drop for Buf {
     fn drop(&mut self) {
         let counted = self.len() as u64;
         match std::mem::replace(&mut self.store, Store::Done(Vec::new())) {
-            Store::Done(v) => self.meter.recycle(v, counted),
+            Store::Done(v) => {
+                self.meter.recycle(v, counted);
+                self.meter.release(ENTRY_COST);
+            }
             Store::Filling(f) => {
                 drop(f);
-                self.meter.release(counted);
+                self.meter.release(counted + ENTRY_COST);
             }
         }
     }
@@ -192,6 +206,8 @@ struct Inner {
 pub struct Cache {
     limit: u64,
     meter: Arc<Meter>,
+    /// Bytes counted for the mount's lifetime by [`Cache::hold`].
+    held: AtomicU64,
     inner: Mutex<Inner>,
     stats: Arc<Stats>,
 }
@@ -208,6 +224,7 @@ impl Cache {
                 spare: Mutex::new(Vec::new()),
                 spare_limit: (limit / 8).min(64 << 20),
             }),
+            held: AtomicU64::new(0),
             inner: Mutex::new(Inner {
                 lru: LruCache::unbounded(),
                 inflight: HashMap::new(),
@@ -218,6 +235,27 @@ impl Cache {
 
     pub fn limit(&self) -> u64 {
         self.limit
+    }
+
+    /// Counts `n` bytes that live as long as the mount (the frame lists of
+    /// tensors served frame by frame) against the limit, evicting cached
+    /// units to make room. At most a quarter of the limit is held this way:
+    /// false past that, or when what is cached is all in use; the caller
+    /// then does without.
+    pub fn hold(&self, n: u64) -> bool {
+        let mut inner = lock(&self.inner);
+        let held = self.held.load(Relaxed);
+        if held.saturating_add(n) > self.limit / 4 || !self.make_room(&mut inner, n) {
+            return false;
+        }
+        self.held.fetch_add(n, Relaxed);
+        true
+    }
+
+    /// Gives back `n` bytes of [`Cache::hold`].
+    pub fn unhold(&self, n: u64) {
+        self.held.fetch_sub(n, Relaxed);
+        self.meter.release(n);
     }
 
     /// The cached unit `key`, decoding it with `decode` if needed. `decode`
@@ -260,7 +298,7 @@ impl Cache {
             })),
             Err(e) => {
                 drop(data);
-                self.meter.release(len);
+                self.meter.release(len + ENTRY_COST);
                 Err(e)
             }
         };
@@ -291,7 +329,7 @@ impl Cache {
                 }))
             }
             Err(e) => {
-                self.meter.release(len);
+                self.meter.release(len + ENTRY_COST);
                 Err(format!("cannot map {len} bytes for decoding: {e}"))
             }
         };
@@ -313,7 +351,7 @@ impl Cache {
     /// Finds `key` (cached, or waits for the decode under way) or reserves
     /// `len` bytes for the caller to decode it.
     fn claim(&self, key: Key, len: u64) -> Claim {
-        if len > self.limit {
+        if len.saturating_add(ENTRY_COST) > self.limit {
             return Claim::Found(Err(format!(
                 "unit of {len} bytes exceeds the cache limit of {} bytes",
                 self.limit
@@ -355,35 +393,67 @@ impl Cache {
         outcome
     }
 
-    /// Reserves `len` bytes, evicting as needed: `Some(Some(buffer))` when a
-    /// kept buffer of that size (already counted) is handed over,
-    /// `Some(None)` when `len` more bytes are now counted, `None` if not
-    /// possible now.
+    /// Reserves a unit of `len` bytes and its [`ENTRY_COST`], evicting as
+    /// needed: `Some(Some(buffer))` when a kept buffer of that size (its
+    /// bytes already counted) is handed over, `Some(None)` when all of it is
+    /// newly counted, `None` if not possible now.
     fn reserve(&self, inner: &mut Inner, len: u64) -> Option<Option<Vec<u8>>> {
         loop {
+            // An eviction may just have kept a buffer of this size.
             if let Some(v) = self.meter.take_spare(len) {
-                return Some(Some(v));
+                // Taken out first, so that making room frees other kept
+                // buffers, not this one.
+                if self.make_room(inner, ENTRY_COST) {
+                    return Some(Some(v));
+                }
+                self.meter.put_back(v);
+                return None;
             }
             let used = self.meter.used.load(Relaxed);
-            if used + len <= self.limit {
-                // Only reservations add to `used`, and they hold `inner`.
-                let now = self.meter.used.fetch_add(len, Relaxed) + len;
-                self.meter.peak.fetch_max(now, Relaxed);
+            if used + len + ENTRY_COST <= self.limit {
+                self.count(len + ENTRY_COST);
                 return Some(None);
             }
-            // Kept buffers go before cached data.
-            if self.meter.free_spare() {
-                continue;
+            if !self.evict_one(inner) {
+                return None;
             }
-            match inner.lru.pop_lru() {
-                // Dropping frees it now (or keeps it for reuse) unless a
-                // reader still copies from it.
-                Some((_, victim)) => {
-                    Stats::add(&self.stats.evictions, 1);
-                    drop(victim);
-                }
-                None => return None,
+        }
+    }
+
+    /// Counts `n` more bytes, evicting as needed; false if not possible now.
+    fn make_room(&self, inner: &mut Inner, n: u64) -> bool {
+        loop {
+            if self.meter.used.load(Relaxed).saturating_add(n) <= self.limit {
+                self.count(n);
+                return true;
             }
+            if !self.evict_one(inner) {
+                return false;
+            }
+        }
+    }
+
+    /// Adds to `used`. Only reservations add, and they hold `inner`, so
+    /// what they checked still holds (releases only lower it).
+    fn count(&self, n: u64) {
+        let now = self.meter.used.fetch_add(n, Relaxed) + n;
+        self.meter.peak.fetch_max(now, Relaxed);
+    }
+
+    /// Frees a kept buffer, or else drops the least recently used unit
+    /// (freed now, or kept for reuse, unless a reader still copies from
+    /// it). False when there is nothing left to let go of.
+    fn evict_one(&self, inner: &mut Inner) -> bool {
+        if self.meter.free_spare() {
+            return true;
+        }
+        match inner.lru.pop_lru() {
+            Some((_, victim)) => {
+                Stats::add(&self.stats.evictions, 1);
+                drop(victim);
+                true
+            }
+            None => false,
         }
     }
 
@@ -438,18 +508,62 @@ mod tests {
 
     #[test]
     fn stays_within_limit_and_evicts_lru() {
-        let c = Cache::new(100, Arc::default());
+        let limit = 100 + 2 * ENTRY_COST;
+        let c = Cache::new(limit, Arc::default());
         for k in 0..10u32 {
             let b = c.get((0, k), 40, |d| {
                 d.resize(40, k as u8);
                 Ok(())
             });
             assert_eq!(b.unwrap().ready()[0], k as u8);
-            assert!(c.gauges().cache_bytes <= 100);
+            assert!(c.gauges().cache_bytes <= limit);
         }
         assert_eq!(c.gauges().cache_entries, 2);
-        assert!(c.gauges().cache_peak_bytes <= 100);
-        assert!(c.get((0, 0), 101, |_| Ok(())).is_err());
+        assert!(c.gauges().cache_peak_bytes <= limit);
+        assert!(c.get((0, 0), limit - ENTRY_COST + 1, |_| Ok(())).is_err());
+    }
+
+    #[test]
+    fn empty_units_count_too() {
+        // A file of empty frames: each unit costs its entry, so the cache
+        // keeps as many as fit and evicts the rest.
+        let limit = 10 * ENTRY_COST;
+        let c = Cache::new(limit, Arc::default());
+        for k in 0..10_000u32 {
+            assert!(c.get((0, k), 0, |_| Ok(())).unwrap().is_empty());
+        }
+        let g = c.gauges();
+        assert_eq!(g.cache_entries, 10);
+        assert_eq!(g.cache_bytes, limit);
+    }
+
+    #[test]
+    fn held_bytes_count_and_stop_at_a_quarter() {
+        let c = Cache::new(4000 + 4 * ENTRY_COST, Arc::default());
+        let fill = |d: &mut Vec<u8>| -> Result<(), String> {
+            d.resize(1000, 3);
+            Ok(())
+        };
+        for k in 0..4 {
+            c.get((0, k), 1000, fill).unwrap();
+        }
+        assert_eq!(c.gauges().cache_entries, 4);
+        // Holding evicts cached units to make room...
+        assert!(c.hold(600));
+        assert_eq!(c.gauges().cache_entries, 3);
+        assert!(c.gauges().cache_bytes <= c.limit());
+        // ...up to a quarter of the limit in all.
+        assert!(!c.hold(c.limit() / 4 - 600 + 1));
+        assert!(c.hold(c.limit() / 4 - 600));
+        c.unhold(c.limit() / 4);
+        assert_eq!(c.gauges().cache_bytes, 3 * (1000 + ENTRY_COST));
+        // A held unit that pins everything: no room, no hold.
+        let pinned: Vec<_> = (10..14)
+            .map(|k| c.get((1, k), 1000, fill).unwrap())
+            .collect();
+        assert!(!c.hold(500));
+        drop(pinned);
+        assert!(c.hold(500));
     }
 
     #[test]
@@ -502,7 +616,7 @@ mod tests {
         };
         let b = get((3, 0)).unwrap();
         // Counted in full from the start.
-        assert_eq!(c.gauges().cache_bytes, 100_000);
+        assert_eq!(c.gauges().cache_bytes, 100_000 + ENTRY_COST);
         assert_eq!(b.range(40_000, 10_000).unwrap(), &[7u8; 10_000][..]);
         assert!(b.range(40_000, 20_000).unwrap_err().contains("corrupt"));
         // The same unit again, while cached: no second decoder.
@@ -525,7 +639,8 @@ mod tests {
     fn freed_buffers_are_reused_within_the_bound() {
         const U: u64 = 256 << 10;
         // Room for 16 units; keeps at most 512 KiB of freed buffers.
-        let c = Cache::new(4 << 20, Arc::default());
+        let limit = 16 * (U + ENTRY_COST);
+        let c = Cache::new(limit, Arc::default());
         let fill = |d: &mut Vec<u8>| -> Result<(), String> {
             assert!(d.is_empty() && d.capacity() >= U as usize);
             d.resize(U as usize, 1);
@@ -540,7 +655,7 @@ mod tests {
         for k in 1..40 {
             let b = c.get((0, k), U, fill).unwrap();
             reused += usize::from(b.ready().as_ptr() as usize == addr);
-            assert!(c.gauges().cache_bytes <= 4 << 20);
+            assert!(c.gauges().cache_bytes <= limit);
         }
         assert!(reused >= 1);
         assert_eq!(c.gauges().cache_entries, 16);
@@ -550,12 +665,13 @@ mod tests {
             Ok(())
         });
         assert_eq!(big.unwrap().ready().len(), 2 * U as usize);
-        assert!(c.gauges().cache_bytes <= 4 << 20);
+        assert!(c.gauges().cache_bytes <= limit);
     }
 
     #[test]
     fn pinned_buffers_count_and_failed_decodes_release() {
-        let c = Cache::new(100, Arc::default());
+        let limit = 100 + 2 * ENTRY_COST;
+        let c = Cache::new(limit, Arc::default());
         let fill = |n: usize| {
             move |d: &mut Vec<u8>| -> Result<(), String> {
                 d.resize(n, 0);
@@ -566,10 +682,10 @@ mod tests {
         // Evicting the held entry does not free it: the next unit must wait,
         // so try one that fits beside it.
         let b = c.get((0, 1), 40, fill(40)).unwrap();
-        assert_eq!(c.gauges().cache_bytes, 100);
+        assert_eq!(c.gauges().cache_bytes, limit);
         drop(b);
         assert!(c.get((0, 2), 30, |_| Err("bad".into())).is_err());
-        assert!(c.gauges().cache_bytes <= 100);
+        assert!(c.gauges().cache_bytes <= limit);
         drop(held);
     }
 }

@@ -295,8 +295,12 @@ impl Data {
             .get_or_init(|| {
                 let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
                 let limit = self.cache.limit();
+                // A frame list is kept while the file is mounted: it is
+                // counted in the cache (`Cache::hold`), and a tensor whose
+                // list does not fit there is decoded as one stream.
                 if let Some(frames) = frame_table(t, decoded)
                     && frames.iter().all(|f| f.d_len <= limit / 4)
+                    && self.cache.hold(list_cost(frames.len()))
                 {
                     return Ok(Plan::Frames(frames));
                 }
@@ -309,29 +313,60 @@ impl Data {
                     self.guard.check()?;
                     return Ok(whole_or_spill(decoded, limit, true));
                 }
-                let frames = zstd_blob::scan_frames(blob).map_err(|why| self.fail(t, why));
-                // The walk touched a page per block header across the blob.
+                // Counted before the list is built: a blob of a million
+                // tiny frames gets no list it cannot keep.
+                let count = zstd_blob::count_frames(blob).map_err(|why| self.fail(t, why));
+                let held = match count {
+                    Ok(Some(n)) if n > 1 => {
+                        let cost = list_cost(n);
+                        let held = self.cache.hold(cost).then_some(cost);
+                        if held.is_none() {
+                            log::info!(
+                                "{}",
+                                self.fail(t, format!("the list of its {n} zstd frames ({cost} bytes) does not fit in a quarter of the cache: decoded as one stream"))
+                            );
+                        }
+                        held
+                    }
+                    _ => None,
+                };
+                let frames = match (&count, held) {
+                    (Ok(Some(1)), _) | (_, Some(_)) => {
+                        zstd_blob::scan_frames(blob).map_err(|why| self.fail(t, why))
+                    }
+                    _ => Ok(None),
+                };
+                // The walks touched a page per block header across the blob.
                 self.zt.release(self.zt.blob(t));
-                self.guard.check()?;
-                let frames = frames?;
-                let one_frame = frames.as_ref().is_some_and(|f| f.len() == 1);
-                if let Some(frames) = frames {
-                    let total = frames.last().map_or(0, |f| f.d_start + f.d_len);
-                    if total != decoded {
-                        return Err(self.fail(
-                            t,
-                            if total > decoded {
-                                format!("zstd data decodes to more than the expected {decoded} bytes (its frame headers declare {total})")
-                            } else {
-                                format!("zstd data decodes to only {total} bytes, expected {decoded} (per its frame headers)")
-                            },
-                        ));
+                let plan = (|| {
+                    self.guard.check()?;
+                    count?;
+                    let frames = frames?;
+                    let one_frame = frames.as_ref().is_some_and(|f| f.len() == 1);
+                    if let Some(frames) = frames {
+                        let total = frames.last().map_or(0, |f| f.d_start + f.d_len);
+                        if total != decoded {
+                            return Err(self.fail(
+                                t,
+                                if total > decoded {
+                                    format!("zstd data decodes to more than the expected {decoded} bytes (its frame headers declare {total})")
+                                } else {
+                                    format!("zstd data decodes to only {total} bytes, expected {decoded} (per its frame headers)")
+                                },
+                            ));
+                        }
+                        if frames.len() > 1 && frames.iter().all(|f| f.d_len <= limit / 4) {
+                            return Ok(Plan::Frames(frames));
+                        }
                     }
-                    if frames.len() > 1 && frames.iter().all(|f| f.d_len <= limit / 4) {
-                        return Ok(Plan::Frames(frames));
-                    }
+                    Ok(whole_or_spill(decoded, limit, one_frame))
+                })();
+                if let Some(cost) = held
+                    && !matches!(plan, Ok(Plan::Frames(_)))
+                {
+                    self.cache.unhold(cost);
                 }
-                Ok(whole_or_spill(decoded, limit, one_frame))
+                plan
             })
             .as_ref()
             .map_err(Clone::clone)
@@ -640,6 +675,11 @@ impl Data {
 
 /// The frame table our writer records, when present and consistent: no
 /// walk over the blob (a 1 GiB tensor has 1024 frames to find otherwise).
+/// Memory a kept frame list of `n` frames takes.
+fn list_cost(n: usize) -> u64 {
+    (n * std::mem::size_of::<Frame>()) as u64
+}
+
 fn frame_table(t: &Tensor, decoded: u64) -> Option<Vec<Frame>> {
     let size = as_u64(t.custom(FRAME_SIZE_KEY)?).ok()?;
     let Value::Array(items) = t.custom(FRAMES_KEY)? else {
