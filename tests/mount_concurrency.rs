@@ -383,6 +383,51 @@ fn a_blob_of_tiny_frames_costs_no_memory_outside_the_cache() {
 }
 
 #[test]
+fn a_second_pass_over_an_evicted_tensor_is_read_ahead_too() {
+    // 64 frames of 64 KiB under a 1 MiB cache: the second pass finds the
+    // first pass's frames evicted. One reader, 64 KiB at a time, with the
+    // kernel's readahead off for its file: the daemon sees frames 0, 1, 2...
+    // and decodes the next ones ahead, which the reader then finds (hits).
+    const FRAME: usize = 64 << 10;
+    let t = T {
+        name: "seq".into(),
+        dtype: DType::Uint8,
+        le: compressible(31, 64 * FRAME),
+        opts: zstd(FRAME, Endian::Little),
+    };
+    let Some(m) = Mount::with(&["--cache-size", "1M", "--direct-io"], |p| {
+        write(p, std::slice::from_ref(&t))
+    }) else {
+        return;
+    };
+    let f = std::fs::File::open(m.path("seq")).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    let pass = || {
+        // Nothing of the file in the kernel's page cache, no readahead.
+        unsafe {
+            libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED);
+            libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_RANDOM);
+        }
+        let before = m.stat_u64("cache_hits");
+        for k in 0..64 {
+            let got = pread(&f, (k * FRAME) as u64, FRAME);
+            assert!(got == t.le[k * FRAME..(k + 1) * FRAME], "frame {k}");
+        }
+        m.stat_u64("cache_hits") - before
+    };
+    let first = pass();
+    let second = pass();
+    assert!(
+        first >= 16,
+        "first pass: {first} frames found decoded ahead"
+    );
+    assert!(
+        second >= 16,
+        "second pass: {second} frames found decoded ahead (first: {first})"
+    );
+}
+
+#[test]
 fn tensor_larger_than_the_cache_spills_and_reads_right() {
     // One 3 MiB frame cannot live in a 1 MiB cache: it is decoded once into
     // a spill file in --cache-dir while readers wait for their bytes.

@@ -471,23 +471,32 @@ impl Data {
         // Never let read-ahead take more than a quarter of the cache.
         let depth = (self.cache.limit() / 4 / biggest).min(PREFETCH_DEPTH) as usize;
         let last = (k + depth).min(frames.len() - 1);
-        // Frames queued by an earlier read are not queued again.
-        let queued = st.ahead.fetch_max(last, Relaxed);
-        let first = if queued >= k { queued + 1 } else { k + 1 };
+        // Frames queued by the previous read of this pass are not queued
+        // again. A mark outside this reader's window is another pass's (an
+        // earlier full read, another reader): start from here.
+        let mark = st.ahead.load(Relaxed);
+        let first = if (k..=last).contains(&mark) {
+            mark + 1
+        } else {
+            k + 1
+        };
+        let mut reached = first.saturating_sub(1);
         for j in first..=last {
-            if self.cache.has((ti as u32, j as u32)) {
-                continue;
-            }
-            let me = self.me.clone();
-            let queued = self.prefetcher.submit(Box::new(move || {
-                if let Some(data) = me.upgrade() {
-                    data.prefetch(ti, j);
+            if !self.cache.has((ti as u32, j as u32)) {
+                let me = self.me.clone();
+                let queued = self.prefetcher.submit(Box::new(move || {
+                    if let Some(data) = me.upgrade() {
+                        data.prefetch(ti, j);
+                    }
+                }));
+                // A full queue: the next read tries these again.
+                if !queued {
+                    break;
                 }
-            }));
-            if !queued {
-                break;
             }
+            reached = j;
         }
+        st.ahead.store(reached, Relaxed);
     }
 
     fn prefetch(&self, ti: usize, k: usize) {
