@@ -170,6 +170,28 @@ impl Drop for Buf {
 
 type Outcome = Result<Arc<Buf>, String>;
 
+/// A claim whose decode has not ended: if the decoder unwinds, gives back
+/// its reservation and fails the claim, so that readers waiting for it get
+/// an error instead of waiting for ever, and the next one tries again.
+struct Unsettled<'a> {
+    cache: &'a Cache,
+    key: Key,
+    flight: &'a Flight,
+    charge: u64,
+}
+
+impl Drop for Unsettled<'_> {
+    fn drop(&mut self) {
+        self.cache.meter.release(self.charge);
+        let mut inner = lock(&self.cache.inner);
+        inner.inflight.remove(&self.key);
+        drop(inner);
+        self.flight.finish(Err(
+            "the decoder stopped without an answer (a bug)".to_string()
+        ));
+    }
+}
+
 enum Claim {
     Found(Outcome),
     /// The caller decodes; into this kept buffer if one had the right size.
@@ -271,6 +293,12 @@ impl Cache {
             Claim::Found(outcome) => return outcome,
             Claim::Mine(flight, kept) => (flight, kept),
         };
+        let unsettled = Unsettled {
+            cache: self,
+            key,
+            flight: &flight,
+            charge: len + ENTRY_COST,
+        };
         let fresh = kept.is_none();
         let mut data = kept.unwrap_or_default();
         let outcome = match data.try_reserve_exact(len as usize) {
@@ -302,6 +330,7 @@ impl Cache {
                 Err(e)
             }
         };
+        std::mem::forget(unsettled);
         self.settle(key, &flight, outcome)
     }
 
@@ -521,6 +550,33 @@ mod tests {
         assert_eq!(c.gauges().cache_entries, 2);
         assert!(c.gauges().cache_peak_bytes <= limit);
         assert!(c.get((0, 0), limit - ENTRY_COST + 1, |_| Ok(())).is_err());
+    }
+
+    #[test]
+    fn a_decoder_that_panics_fails_its_waiters_and_gives_back_its_room() {
+        let c = Arc::new(Cache::new(1 << 20, Arc::default()));
+        let started = Arc::new(std::sync::Barrier::new(2));
+        let (c2, s2) = (c.clone(), started.clone());
+        let decoder = std::thread::spawn(move || {
+            c2.get((0, 0), 1000, |_| {
+                s2.wait();
+                std::thread::sleep(Duration::from_millis(50));
+                panic!("decoder bug");
+            })
+        });
+        started.wait();
+        // Waits for the decode under way, then gets its failure.
+        let waited = c.get((0, 0), 1000, |_| unreachable!("the claim is taken"));
+        assert!(waited.is_err_and(|e| e.contains("bug")));
+        assert!(decoder.join().is_err());
+        assert_eq!(c.gauges().cache_bytes, 0);
+        assert_eq!(c.gauges().inflight_decodes, 0);
+        // The next reader decodes it.
+        let b = c.get((0, 0), 1000, |d| {
+            d.resize(1000, 5);
+            Ok(())
+        });
+        assert_eq!(b.unwrap().ready()[999], 5);
     }
 
     #[test]
