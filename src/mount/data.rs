@@ -563,17 +563,17 @@ impl Data {
         // A thread at low priority faults the buffer in ahead of the decoder,
         // wherever that runs: the decoder is the bound, and on two cores it
         // must not share its core with the faulting. It holds the buffer
-        // weakly, so an evicted unit is not kept counted for it.
+        // weakly between pieces, so an evicted unit is let go of at once.
         let weak = Arc::downgrade(&buf);
         let _ = std::thread::Builder::new()
             .name("zt-populate".into())
             .spawn(move || {
                 lower_priority();
-                if let Some(b) = weak.upgrade()
+                let mut at = 0;
+                while let Some(b) = weak.upgrade()
                     && let Some(f) = b.filling()
-                {
-                    f.populate();
-                }
+                    && f.populate_step(&mut at)
+                {}
             });
         if self.decoders.fetch_add(1, Relaxed) < self.max_decoders
             && let Some(me) = self.me.upgrade()

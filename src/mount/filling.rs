@@ -83,25 +83,26 @@ impl Filling {
         }
     }
 
-    /// Faults the buffer in ahead of its writer, a few MiB at a time, on the
+    /// Faults the next piece of the buffer in ahead of its writer, on the
     /// calling thread (another than the writer's): first touches of new
-    /// memory took a third of a decoder's time. Stops once the writer is
-    /// done; best effort (a kernel before 5.14 just says no).
-    pub fn populate(&self) {
+    /// memory took a third of a decoder's time. `at` is where the last call
+    /// ended (start at 0). False once there is nothing more to do: the end
+    /// reached, the writer done, or the kernel saying no (before 5.14).
+    /// One piece (2 MiB) per call, so the caller need not keep the buffer
+    /// alive in between.
+    pub fn populate_step(&self, at: &mut usize) -> bool {
         const CHUNK: usize = 2 << 20;
-        let mut at = 0;
-        while at < self.len {
-            if self.end.lock().map_or(true, |g| g.is_some()) {
-                return;
-            }
-            // Never behind the writer: what it passed is there already.
-            at = at.max(self.filled.load(Ordering::Acquire) / CHUNK * CHUNK);
-            let n = CHUNK.min(self.len - at);
-            if self.map.advise_range(Advice::PopulateWrite, at, n).is_err() {
-                return;
-            }
-            at += n;
+        if *at >= self.len || self.end.lock().map_or(true, |g| g.is_some()) {
+            return false;
         }
+        // Never behind the writer: what it passed is there already.
+        *at = (*at).max(self.filled.load(Ordering::Acquire) / CHUNK * CHUNK);
+        let n = CHUNK.min(self.len.saturating_sub(*at));
+        if n == 0 || self.map.advise_range(Advice::PopulateWrite, *at, n).is_err() {
+            return false;
+        }
+        *at += n;
+        true
     }
 
     /// The writer's handle; there is only ever one.
