@@ -366,14 +366,23 @@ fn csr_entry(offsets: &[(&str, u64)], size: u64) -> Vec<(&'static str, Value)> {
 
 const CSR_OFFSETS: [(&str, u64); 3] = [("indptr", 0), ("indices", 24), ("values", 40)];
 
-fn csr_file(pairs: Vec<(&'static str, Value)>) -> Vec<u8> {
-    let blob: Vec<u8> = [
+fn csr_blob() -> Vec<u8> {
+    [
         le_u64s(&[0, 1, 2]),
         le_u64s(&[0, 2]),
         sample(ztensor_mount::format::DType::Float32, 2),
     ]
-    .concat();
-    file_with(&[(64, &blob)], vec![map(pairs)])
+    .concat()
+}
+
+fn csr_file(pairs: Vec<(&'static str, Value)>) -> Vec<u8> {
+    file_with(&[(64, &csr_blob())], vec![map(pairs)])
+}
+
+/// The CSR entry as the faulty tensor "bad", next to a healthy "ok".
+fn csr_bad_file(pairs: Vec<(&'static str, Value)>) -> Vec<u8> {
+    let pairs = replace(replace(pairs, "name", text("bad")), "offset", uint(128));
+    with_ok_neighbour(&csr_blob(), pairs)
 }
 
 /// A healthy uint8 tensor "ok" at 64 next to a faulty tensor "bad" at 128.
@@ -930,54 +939,63 @@ mod cases {
         )
     }
 
-    pub fn sparse_missing_nnz() -> Case {
-        bad_t(
-            Field,
+    // Sparse metadata in another convention than this project's (the spec
+    // leaves all but `sparse_format` to the writer): that tensor is listed
+    // as unsupported, its neighbours are served.
+    pub fn data_sparse_missing_nnz() -> Case {
+        read_fails(
+            Outcome::ReadUnsupported,
             "layout \"sparse\" needs the field \"nnz\"",
-            csr_file(without(csr_entry(&CSR_OFFSETS, 48), "nnz")),
+            "bad",
+            csr_bad_file(without(csr_entry(&CSR_OFFSETS, 48), "nnz")),
         )
     }
 
-    pub fn sparse_missing_offsets() -> Case {
-        bad_t(
-            Field,
+    pub fn data_sparse_missing_offsets() -> Case {
+        read_fails(
+            Outcome::ReadUnsupported,
             "layout \"sparse\" needs the field \"sparse_offsets\"",
-            csr_file(without(csr_entry(&CSR_OFFSETS, 48), "sparse_offsets")),
+            "bad",
+            csr_bad_file(without(csr_entry(&CSR_OFFSETS, 48), "sparse_offsets")),
         )
     }
 
-    pub fn sparse_offsets_wrong_part() -> Case {
+    pub fn data_sparse_offsets_wrong_part() -> Case {
         let offsets = [("indptr", 0), ("idx", 24), ("values", 40)];
-        bad_t(
-            Field,
+        read_fails(
+            Outcome::ReadUnsupported,
             "field \"sparse_offsets\" lacks the part \"indices\"",
-            csr_file(csr_entry(&offsets, 48)),
+            "bad",
+            csr_bad_file(csr_entry(&offsets, 48)),
         )
     }
 
-    pub fn sparse_overlapping_parts() -> Case {
+    pub fn data_sparse_overlapping_parts() -> Case {
         // indptr is 24 bytes from 0; indices start at 16.
         let offsets = [("indptr", 0), ("indices", 16), ("values", 40)];
-        bad_t(
-            Size,
+        read_fails(
+            Outcome::ReadUnsupported,
             "sparse parts indptr and indices overlap",
-            csr_file(csr_entry(&offsets, 48)),
+            "bad",
+            csr_bad_file(csr_entry(&offsets, 48)),
         )
     }
 
-    pub fn sparse_raw_size_mismatch() -> Case {
-        bad_t(
-            Size,
+    pub fn data_sparse_raw_size_mismatch() -> Case {
+        read_fails(
+            Outcome::ReadUnsupported,
             "raw sparse blob is 40 bytes but its parts end at 48",
-            csr_file(csr_entry(&CSR_OFFSETS, 40)),
+            "bad",
+            csr_bad_file(csr_entry(&CSR_OFFSETS, 40)),
         )
     }
 
-    pub fn sparse_csr_not_2d() -> Case {
-        bad_t(
-            Field,
+    pub fn data_sparse_csr_not_2d() -> Case {
+        read_fails(
+            Outcome::ReadUnsupported,
             "a CSR tensor needs a 2-d shape, got [6]",
-            csr_file(replace(csr_entry(&CSR_OFFSETS, 48), "shape", shape(&[6]))),
+            "bad",
+            csr_bad_file(replace(csr_entry(&CSR_OFFSETS, 48), "shape", shape(&[6]))),
         )
     }
 
@@ -1227,12 +1245,12 @@ hostile!(
     huge_byte_string_length,
     huge_text_string_length,
     sparse_missing_format,
-    sparse_missing_nnz,
-    sparse_missing_offsets,
-    sparse_offsets_wrong_part,
-    sparse_overlapping_parts,
-    sparse_raw_size_mismatch,
-    sparse_csr_not_2d,
+    data_sparse_missing_nnz,
+    data_sparse_missing_offsets,
+    data_sparse_offsets_wrong_part,
+    data_sparse_overlapping_parts,
+    data_sparse_raw_size_mismatch,
+    data_sparse_csr_not_2d,
     data_zstd_garbage,
     data_zstd_bomb,
     data_zstd_too_short,
@@ -1607,4 +1625,55 @@ fn committed_corpus_gives_the_expected_errors() {
             "{name}: committed and regenerated differ; {hint}"
         );
     }
+}
+
+#[test]
+fn shapes_count_elements_only_for_dense_tensors_of_known_dtypes() {
+    // A sparse [2^32, 2^32] matrix is legitimate, and an unsupported dtype
+    // of any shape gets a sidecar: neither refuses the file.
+    use ztensor_mount::format::DType;
+    use ztensor_mount::format::writer::{Options, Writer};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big_shapes.zt");
+    let mut w = Writer::create(&path).unwrap();
+    let values: Vec<u8> = [1.5f32, -2.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let big = 1u64 << 32;
+    w.add_coo(
+        "coo",
+        DType::Float32,
+        &[big, big],
+        &[7, big - 1, 3, 0],
+        &values,
+        &Options::default(),
+    )
+    .unwrap();
+    let blob = [0u8; 64];
+    let mut fields = entry("c64", 0, 64, "complex64", &[1 << 40, 1 << 40], "raw");
+    fields.retain(|(k, _)| !matches!(*k, "offset" | "size"));
+    let fields = fields
+        .into_iter()
+        .map(|(k, v)| (Value::Text(k.into()), v))
+        .collect();
+    w.add_blob(&blob, fields).unwrap();
+    w.finish().unwrap();
+    let f = ZtFile::open(&path).unwrap_or_else(|e| panic!("refused: {e}"));
+    let coo = f.catalog().get("coo").expect("coo listed");
+    let parts = f.read_all(coo).unwrap();
+    assert_eq!(parts[1], values, "values");
+    let idx: Vec<u8> = [7, big - 1, 3, 0]
+        .iter()
+        .flat_map(|v: &u64| v.to_le_bytes())
+        .collect();
+    assert_eq!(parts[0], idx, "indices");
+    let c64 = f.catalog().get("c64").expect("c64 listed");
+    assert!(
+        c64.layout
+            .as_ref()
+            .is_err_and(|why| why.contains("complex64")),
+        "{:?}",
+        c64.layout.as_ref().err()
+    );
 }

@@ -273,19 +273,8 @@ fn check_entry(
             ),
         ));
     }
-    let numel = raw
-        .shape
-        .iter()
-        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-        .ok_or_else(|| {
-            e(
-                ErrorKind::Size,
-                format!("shape {:?} has more than 2^64 elements", raw.shape),
-            )
-        })?;
-
     let dtype = DType::from_name(&raw.dtype);
-    let layout = match describe(&raw, dtype, numel, endian, bytes, probe) {
+    let layout = match describe(&raw, dtype, endian, bytes, probe) {
         Ok(layout) => Ok(layout),
         Err(Problem::File(kind, msg)) => return Err(e(kind, msg)),
         Err(Problem::Tensor(why)) => Err(why),
@@ -326,7 +315,6 @@ fn field_err(msg: String) -> Problem {
 fn describe(
     raw: &RawEntry,
     dtype: Option<DType>,
-    numel: u64,
     endian: Endian,
     bytes: &[u8],
     probe: &mut u64,
@@ -344,6 +332,15 @@ fn describe(
     };
     match raw.layout.as_str() {
         "dense" => {
+            // Only a dense tensor has as many elements as its shape says: a
+            // sparse one may be [2^32, 2^32].
+            let numel = raw
+                .shape
+                .iter()
+                .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+                .ok_or_else(|| {
+                    size_err(format!("shape {:?} has more than 2^64 elements", raw.shape))
+                })?;
             let nbytes = numel.checked_mul(dtype.size()).ok_or_else(|| {
                 size_err(format!(
                     "shape {:?} of {dtype} is more than 2^64 bytes",
@@ -407,6 +404,20 @@ fn spec_sparse(
             ));
         }
     };
+    // The rest is this project's convention (README); the spec leaves it to
+    // the writer. A tensor described some other way is left unserved, and
+    // the file with it.
+    our_sparse(raw, dtype, encoding, format).map_err(|p| match p {
+        Problem::File(_, why) | Problem::Tensor(why) => Problem::Tensor(why),
+    })
+}
+
+fn our_sparse(
+    raw: &RawEntry,
+    dtype: DType,
+    encoding: Encoding,
+    format: SparseFormat,
+) -> std::result::Result<Layout, Problem> {
     let nnz = match raw.custom("nnz") {
         Some(v) => as_u64(v).map_err(|why| field_err(format!("field \"nnz\" {why}")))?,
         None => {

@@ -98,7 +98,12 @@ impl Filling {
         // Never behind the writer: what it passed is there already.
         *at = (*at).max(self.filled.load(Ordering::Acquire) / CHUNK * CHUNK);
         let n = CHUNK.min(self.len.saturating_sub(*at));
-        if n == 0 || self.map.advise_range(Advice::PopulateWrite, *at, n).is_err() {
+        if n == 0
+            || self
+                .map
+                .advise_range(Advice::PopulateWrite, *at, n)
+                .is_err()
+        {
             return false;
         }
         *at += n;
