@@ -252,6 +252,44 @@ fn sigterm_sigint_and_sighup_each_unmount() {
 }
 
 #[test]
+fn a_mountpoint_with_a_space_and_a_tab_is_tuned_and_unmounted_like_any() {
+    // /proc/self/mountinfo escapes such paths (\040, \011): the daemon must
+    // still find its mount's device, for its readahead and for aborting the
+    // connection when a signal finds files open.
+    let _one_at_a_time = support::serial();
+    let Some((mut m, zt)) = scratch_with_file() else {
+        return;
+    };
+    let mp = m.scratch_path("my model\tdir");
+    std::fs::create_dir(&mp).unwrap();
+    m.mp = mp;
+    m.mount(&zt, &[]);
+    assert!(m.read("w") == payload());
+    if unsafe { libc::geteuid() } == 0 {
+        use std::os::unix::fs::MetadataExt;
+        let dev = std::fs::metadata(&m.mp).unwrap().dev();
+        let (major, minor) = (libc::major(dev), libc::minor(dev));
+        let ra = std::fs::read_to_string(format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb"))
+            .unwrap();
+        assert_eq!(ra.trim(), "4096", "log:\n{}", m.log_text());
+    }
+    let pid = m.pid.expect("daemon pid");
+    let f = std::fs::File::open(m.path("w")).unwrap();
+    signal(pid, libc::SIGTERM);
+    assert!(
+        wait_until(Duration::from_secs(10), || !alive(pid) && !m.is_mounted()),
+        "log:\n{}",
+        m.log_text()
+    );
+    assert!(
+        m.log_text().contains("aborting the connection"),
+        "{}",
+        m.log_text()
+    );
+    drop(f);
+}
+
+#[test]
 fn dash_u_refuses_a_busy_mount_and_dash_u_dash_z_detaches_it() {
     let _one_at_a_time = support::serial();
     let Some((mut m, zt)) = scratch_with_file() else {

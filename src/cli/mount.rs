@@ -245,12 +245,40 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
 /// The mount's device ("0:53") from /proc/self/mountinfo: a stat of the
 /// mountpoint would wait for the very daemon that is not serving yet.
 fn mount_dev(mountpoint: &Path) -> Option<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let want = mountpoint.to_string_lossy();
-    info.lines().rev().find_map(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        (f.len() > 4 && f[4] == want).then(|| f[2].to_string())
+    let info = std::fs::read("/proc/self/mountinfo").ok()?;
+    find_dev(&info, mountpoint.as_os_str().as_encoded_bytes())
+}
+
+/// The device of the last mount on `mountpoint` in mountinfo text, whose
+/// paths escape space, tab, newline and backslash as octal (`\040`).
+fn find_dev(info: &[u8], mountpoint: &[u8]) -> Option<String> {
+    info.split(|&b| b == b'\n').rev().find_map(|l| {
+        let f: Vec<&[u8]> = l.split(|&b| b == b' ').collect();
+        (f.len() > 4 && unescape_octal(f[4]) == mountpoint)
+            .then(|| String::from_utf8_lossy(f[2]).into_owned())
     })
+}
+
+fn unescape_octal(field: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        let digits = field
+            .get(i + 1..i + 4)
+            .filter(|d| field[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match digits {
+            Some(d) => {
+                let v = d.iter().fold(0u32, |a, c| a * 8 + u32::from(c - b'0'));
+                out.push(v as u8);
+                i += 4;
+            }
+            None => {
+                out.push(field[i]);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// Raises the mount's own readahead (the kernel's default is 128 KiB).
@@ -261,7 +289,9 @@ fn tune_bdi(dev: &str, kb: u32) {
     let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
     match std::fs::write(&path, kb.to_string()) {
         Ok(()) => log::debug!("{path} = {kb}"),
-        Err(e) => log::debug!("cannot set {path}: {e}"),
+        // Only root may write it: other users' mounts keep the kernel's
+        // readahead (128 KiB), which matters only in page-cache mode.
+        Err(e) => log::info!("readahead stays at the kernel's default: cannot set {path}: {e}"),
     }
 }
 
@@ -335,5 +365,24 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> ExitCode {
                 mountpoint.display()
             ))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_paths_are_unescaped() {
+        let info = b"22 1 0:21 / /proc rw - proc proc rw\n\
+            90 30 0:53 / /mnt/my\\040model\\011x\\134y rw - fuse.ztensor-mount z ro\n\
+            91 30 0:54 / /mnt/my rw - fuse.ztensor-mount z ro\n";
+        assert_eq!(
+            find_dev(info, b"/mnt/my model\tx\\y").as_deref(),
+            Some("0:53")
+        );
+        assert_eq!(find_dev(info, b"/mnt/my").as_deref(), Some("0:54"));
+        assert_eq!(find_dev(info, b"/mnt/my\\040model"), None);
+        assert_eq!(unescape_octal(b"a\\09b\\"), b"a\\09b\\".to_vec());
     }
 }

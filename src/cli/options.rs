@@ -121,8 +121,12 @@ pub fn apply_o(s: &mut Settings, list: &str) -> Result<(), String> {
         let need = || val.ok_or_else(|| format!("-o {key} needs a value ({key}=...)"));
         match key.replace('-', "_").as_str() {
             "ro" | "rw" | "dev" | "nodev" | "suid" | "nosuid" | "exec" | "noexec" | "auto"
-            | "noauto" | "user" | "nouser" | "users" | "defaults" | "_netdev" | "nofail"
-            | "atime" | "noatime" | "relatime" => {}
+            | "noauto" | "user" | "nouser" | "users" | "owner" | "group" | "defaults"
+            | "_netdev" | "nofail" | "sync" | "async" | "dirsync" | "silent" | "loud"
+            | "symfollow" | "nosymfollow" | "lazytime" | "nolazytime" => {}
+            // Access times: files keep the .zt's mtime, and nothing is written.
+            "atime" | "noatime" | "relatime" | "norelatime" | "strictatime" | "nostrictatime"
+            | "diratime" | "nodiratime" => {}
             k if k.starts_with("x_") || key.starts_with("x-") || k.starts_with("comment") => {}
             "allow_other" => s.allow_other = true,
             "allow_root" => s.allow_root = true,
@@ -193,5 +197,17 @@ mod tests {
             assert!(e.contains("4K to 16M"), "{bad}: {e}");
         }
         assert_eq!(s.max_read, 2 << 20);
+    }
+
+    #[test]
+    fn generic_flags_an_fstab_line_may_carry_are_accepted() {
+        let before = format!("{:?}", Settings::default());
+        let mut s = Settings::default();
+        apply_o(
+            &mut s,
+            "defaults,nodiratime,strictatime,norelatime,lazytime,noexec,nofail,_netdev,users,owner",
+        )
+        .unwrap();
+        assert_eq!(format!("{s:?}"), before, "they change nothing");
     }
 }
