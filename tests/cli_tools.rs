@@ -193,3 +193,105 @@ fn hostile_npy_headers_fail_with_one_line_and_leave_nothing() {
         assert!(r.stderr.contains("not a .npy file"), "{name}: {r:?}");
     }
 }
+
+#[test]
+fn cat_streams_big_endian_and_sparse_zstd_tensors_in_bounded_memory() {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    use ztensor_mount::format::writer::{Compression, Options, Writer};
+    use ztensor_mount::format::{DType, Endian};
+    let dir = tempfile::tempdir().unwrap();
+    let zt = dir.path().join("big.zt");
+    let be = Options {
+        compression: Compression::zstd(),
+        endian: Endian::Big,
+        ..Options::default()
+    };
+    let mut w = Writer::create(&zt).unwrap();
+    // 1 GiB of zeros: a few KiB compressed, more than the limit below decoded.
+    const N: u64 = 1 << 30;
+    w.add_from(
+        "zeros",
+        DType::Float32,
+        &[N / 4],
+        &mut std::io::repeat(0).take(N),
+        &be,
+    )
+    .unwrap();
+    let values: Vec<u8> = (0..1000u32)
+        .flat_map(|v| (v as f32).to_le_bytes())
+        .collect();
+    let indptr: Vec<u64> = (0..=10).map(|r| r * 100).collect();
+    let indices: Vec<u64> = (0..1000).map(|i| (i * 7) % 50).collect();
+    w.add_csr(
+        "m",
+        DType::Float32,
+        [10, 50],
+        &indptr,
+        &indices,
+        &values,
+        &be,
+    )
+    .unwrap();
+    w.finish().unwrap();
+    let le64 = |v: &[u64]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    assert_eq!(cat_part(&zt, "m", "indptr"), le64(&indptr));
+    assert_eq!(cat_part(&zt, "m", "indices"), le64(&indices));
+    assert_eq!(cat_part(&zt, "m", "values"), values);
+    // Under a 512 MiB address-space limit: decoding it whole cannot work.
+    let mut child = Command::new(bin());
+    child.arg("cat").arg(&zt).arg("zeros");
+    unsafe {
+        child.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 512 << 20,
+                rlim_max: 512 << 20,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = child
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let (mut total, mut buf) = (0u64, vec![0u8; 1 << 20]);
+    loop {
+        let n = out.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        assert!(
+            buf[..n].iter().all(|&b| b == 0),
+            "non-zero byte near {total}"
+        );
+        total += n as u64;
+    }
+    let res = child.wait_with_output().unwrap();
+    assert!(
+        res.status.success(),
+        "cat under 512 MiB: {}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    assert_eq!(total, N);
+}
+
+fn cat_part(zt: &Path, tensor: &str, part: &str) -> Vec<u8> {
+    let out = Command::new(bin())
+        .args(["cat"])
+        .arg(zt)
+        .arg(tensor)
+        .args(["--part", part])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cat {tensor} --part {part}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}

@@ -5,7 +5,9 @@ use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
-use crate::format::{Encoding, ZtFile, expose, zstd_blob};
+use crate::format::catalog::PartMap;
+use crate::format::dtype::swap_elements;
+use crate::format::{Encoding, Endian, ZtFile, expose, zstd_blob};
 
 pub fn run(path: &Path, name: &str, part: Option<&str>) -> ExitCode {
     match cat(path, name, part) {
@@ -57,6 +59,34 @@ fn cat(path: &Path, name: &str, part_name: Option<&str>) -> Result<(), String> {
             zstd_blob::decode_stream(zt.blob(t), layout.decoded_size, |c| w(&mut out, c))
                 .map_err(|why| format!("{label}: tensor {name:?}: {why}"))?;
         }
+        // Any other run of elements in a zstd blob (big-endian, or a part of
+        // a sparse tensor): streamed too, swapped on the way out.
+        (Encoding::Zstd, _) if let PartMap::Contiguous { start } = part.map => {
+            let es = part.dtype.size() as usize;
+            let swap = t.endian == Endian::Big && es > 1;
+            let end = start.saturating_add(part.nbytes);
+            let (mut pos, mut carry) = (0u64, Vec::new());
+            zstd_blob::decode_stream(zt.blob(t), layout.decoded_size, |c| {
+                let at = pos;
+                pos += c.len() as u64;
+                let lo = start.saturating_sub(at).min(c.len() as u64) as usize;
+                let hi = end.saturating_sub(at).min(c.len() as u64) as usize;
+                if lo >= hi {
+                    return Ok(());
+                }
+                if !swap {
+                    return w(&mut out, &c[lo..hi]);
+                }
+                // Elements may straddle chunks: keep the partial one.
+                carry.extend_from_slice(&c[lo..hi]);
+                let whole = carry.len() / es * es;
+                swap_elements(&mut carry[..whole], es);
+                w(&mut out, &carry[..whole])?;
+                carry.drain(..whole);
+                Ok(())
+            })
+            .map_err(|why| format!("{label}: tensor {name:?}: {why}"))?;
+        }
         (Encoding::Raw, _) => {
             let blob = zt.blob(t);
             let mut off = 0;
@@ -66,6 +96,9 @@ fn cat(path: &Path, name: &str, part_name: Option<&str>) -> Result<(), String> {
                 off += chunk.len() as u64;
             }
         }
+        // The reference crate's COO records, whose index part is their
+        // transpose: decoded whole. Their size was found by decoding them at
+        // open, at most 1 GiB per file.
         _ => {
             let blob = zt.decoded(t).map_err(|e| e.to_string())?;
             w(
