@@ -1677,3 +1677,20 @@ fn shapes_count_elements_only_for_dense_tensors_of_known_dtypes() {
         c64.layout.as_ref().err()
     );
 }
+
+#[test]
+fn an_index_may_start_with_the_self_described_cbor_tag() {
+    let mut index = vec![0xd9, 0xd9, 0xf7];
+    index.extend(cbor(&Value::Array(vec![map(t_entry())])));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("self_described.zt");
+    std::fs::write(&path, t_file_raw_index(&index)).unwrap();
+    let f = ZtFile::open(&path).unwrap_or_else(|e| panic!("refused: {e}"));
+    let t = f.catalog().get("t").expect("t listed");
+    assert_eq!(f.read_all(t).unwrap(), vec![blob16()]);
+    // Any other tag there is still refused.
+    let mut index = vec![0xc6];
+    index.extend(cbor(&Value::Array(vec![map(t_entry())])));
+    std::fs::write(&path, t_file_raw_index(&index)).unwrap();
+    assert!(ZtFile::open(&path).is_err());
+}

@@ -107,6 +107,12 @@ pub fn parse(bytes: &[u8], file: &str, memory_limit: u64) -> Result<Index> {
     }
     let data_end = len - 8 - index_size;
     let cbor = &bytes[data_end as usize..bytes.len() - 8];
+    // RFC 8949's "self-described CBOR" tag (55799) only says that CBOR
+    // follows: a writer may put it first.
+    let (cbor, tag_len) = match cbor.strip_prefix(&[0xd9, 0xd9, 0xf7]) {
+        Some(rest) => (rest, 3),
+        None => (cbor, 0),
+    };
     let mut cursor = std::io::Cursor::new(cbor);
     // The usual case, an array: decode it entry by entry, so no tree of the
     // whole index is ever built (a 100 000-tensor index would be ~10^6 nodes).
@@ -144,7 +150,7 @@ pub fn parse(bytes: &[u8], file: &str, memory_limit: u64) -> Result<Index> {
                     )
                 },
             )?;
-        check_trailing(cursor.position(), index_size, file)?;
+        check_trailing(tag_len + cursor.position(), index_size, file)?;
         if let Some(mut e) = list.first_err {
             e.file = file.to_string();
             return Err(e);
@@ -166,7 +172,7 @@ pub fn parse(bytes: &[u8], file: &str, memory_limit: u64) -> Result<Index> {
             format!("index is not valid CBOR: {}", cbor_error(&e)),
         )
     })?;
-    check_trailing(cursor.position(), index_size, file)?;
+    check_trailing(tag_len + cursor.position(), index_size, file)?;
     Err(err(
         ErrorKind::Index,
         format!(
