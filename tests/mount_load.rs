@@ -140,8 +140,16 @@ fn sixty_four_readers_random_ranges() {
     assert!(reads.load(Relaxed) > 100, "too few reads to mean anything");
     assert_eq!(s["errors"], 0);
     assert!(s["cache_peak_bytes"].as_u64().unwrap() <= CACHE);
-    // Idle again: nothing decoding, the cache within its limit.
-    assert_eq!(s["inflight_decodes"], 0);
+    // Idle again: nothing decoding (read-ahead queued by the last reads may
+    // still be finishing), the cache within its limit.
+    let idle = support::wait_until(Duration::from_secs(5), || {
+        m.stat_u64("inflight_decodes") == 0
+    });
+    assert!(
+        idle,
+        "decodes still in flight 5 s after the readers stopped: {}",
+        m.stats()
+    );
     assert!(
         peak_rss <= (CACHE >> 10) + 64 * 1024 + base_rss,
         "RSS {peak_rss} KiB over cache + 64 MiB"

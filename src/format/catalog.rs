@@ -82,6 +82,19 @@ impl Part {
             PartMap::CooRecordValues { record, value_at } => e * record + value_at,
         }
     }
+
+    /// From exposed element `e`, how many of the next (at most `max`)
+    /// elements sit at one stride from each other in the decoded blob, and
+    /// that stride: they can be read as one span.
+    pub fn run_from(&self, e: u64, max: u64) -> (u64, u64) {
+        let es = self.dtype.size();
+        match self.map {
+            PartMap::Contiguous { .. } => (max, es),
+            // One coordinate of consecutive records, up to the next one.
+            PartMap::CooRecordIndices { nnz, record } => ((nnz - e % nnz).min(max), record),
+            PartMap::CooRecordValues { record, .. } => (max, record),
+        }
+    }
 }
 
 /// What the reader can serve of a supported tensor.
