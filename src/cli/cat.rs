@@ -61,28 +61,19 @@ fn cat(path: &Path, name: &str, part_name: Option<&str>) -> Result<(), String> {
         }
         // Any other run of elements in a zstd blob (big-endian, or a part of
         // a sparse tensor): streamed too, swapped on the way out.
-        (Encoding::Zstd, _) if let PartMap::Contiguous { start } = part.map => {
-            let es = part.dtype.size() as usize;
-            let swap = t.endian == Endian::Big && es > 1;
+        (Encoding::Zstd, _) if matches!(part.map, PartMap::Contiguous { .. }) => {
+            let start = part.source_of(0);
             let end = start.saturating_add(part.nbytes);
-            let (mut pos, mut carry) = (0u64, Vec::new());
+            let mut swap = Swapper::new(part.dtype.size() as usize, t.endian);
+            let mut pos = 0u64;
             zstd_blob::decode_stream(zt.blob(t), layout.decoded_size, |c| {
                 let at = pos;
                 pos += c.len() as u64;
                 let lo = start.saturating_sub(at).min(c.len() as u64) as usize;
                 let hi = end.saturating_sub(at).min(c.len() as u64) as usize;
-                if lo >= hi {
-                    return Ok(());
+                if lo < hi {
+                    swap.push(&c[lo..hi], |b| w(&mut out, b))?;
                 }
-                if !swap {
-                    return w(&mut out, &c[lo..hi]);
-                }
-                // Elements may straddle chunks: keep the partial one.
-                carry.extend_from_slice(&c[lo..hi]);
-                let whole = carry.len() / es * es;
-                swap_elements(&mut carry[..whole], es);
-                w(&mut out, &carry[..whole])?;
-                carry.drain(..whole);
                 Ok(())
             })
             .map_err(|why| format!("{label}: tensor {name:?}: {why}"))?;
@@ -108,4 +99,63 @@ fn cat(path: &Path, name: &str, part_name: Option<&str>) -> Result<(), String> {
         }
     }
     out.flush().map_err(|e| format!("stdout: {e}"))
+}
+
+/// Little-endian elements out of a stream of chunks that may split them.
+struct Swapper {
+    es: usize,
+    swap: bool,
+    carry: Vec<u8>,
+}
+
+impl Swapper {
+    fn new(es: usize, endian: Endian) -> Swapper {
+        Swapper {
+            es,
+            swap: endian == Endian::Big && es > 1,
+            carry: Vec::new(),
+        }
+    }
+
+    /// Hands `out` the whole elements so far, keeping a partial one back.
+    fn push<E>(
+        &mut self,
+        bytes: &[u8],
+        mut out: impl FnMut(&[u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        if !self.swap {
+            return out(bytes);
+        }
+        self.carry.extend_from_slice(bytes);
+        let whole = self.carry.len() / self.es * self.es;
+        swap_elements(&mut self.carry[..whole], self.es);
+        out(&self.carry[..whole])?;
+        self.carry.drain(..whole);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn elements_split_across_chunks_come_out_whole_and_swapped() {
+        let elems: Vec<u64> = (0..1000).map(|i| i * 0x0102_0304_0506_0708).collect();
+        let be: Vec<u8> = elems.iter().flat_map(|v| v.to_be_bytes()).collect();
+        let le: Vec<u8> = elems.iter().flat_map(|v| v.to_le_bytes()).collect();
+        for chunk in [1, 3, 7, 8, 13, 64, 999] {
+            let mut s = Swapper::new(8, Endian::Big);
+            let mut got = Vec::new();
+            for c in be.chunks(chunk) {
+                s.push(c, |b| -> Result<(), ()> {
+                    assert_eq!(b.len() % 8, 0, "a partial element went out");
+                    got.extend_from_slice(b);
+                    Ok(())
+                })
+                .unwrap();
+            }
+            assert!(got == le, "chunks of {chunk}");
+        }
+    }
 }

@@ -335,16 +335,28 @@ fn umount(mp: &Path, lazy: bool) -> std::io::Result<()> {
     if e.raw_os_error() != Some(libc::EPERM) {
         return Err(e);
     }
-    let st = std::process::Command::new("fusermount3")
+    let out = std::process::Command::new("fusermount3")
         .arg(if lazy { "-uz" } else { "-u" })
         .arg(mp)
-        .stderr(std::process::Stdio::null())
-        .status()?;
-    if st.success() {
-        Ok(())
-    } else {
-        Err(std::io::Error::other(format!("fusermount3 failed ({st})")))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .output()?;
+    if out.status.success() {
+        return Ok(());
     }
+    // Its one line, as an errno where it names one, so callers (and their
+    // hints) see the same errors as from umount2.
+    let said = String::from_utf8_lossy(&out.stderr);
+    let said = said.lines().next().unwrap_or("").trim();
+    Err(if said.contains("Device or resource busy") {
+        std::io::Error::from_raw_os_error(libc::EBUSY)
+    } else if said.contains("Invalid argument") || said.contains("not found in") {
+        std::io::Error::from_raw_os_error(libc::EINVAL)
+    } else if said.is_empty() {
+        std::io::Error::other(format!("fusermount3 failed ({})", out.status))
+    } else {
+        std::io::Error::other(format!("fusermount3: {said}"))
+    })
 }
 
 /// `ztensor-mount -u [-z] MOUNTPOINT`: unmounts, also a mount whose

@@ -48,14 +48,20 @@ pub fn gather<E>(
         PartMap::Contiguous { start } => fetch(start + first * es, &mut buf)?,
         _ => {
             // Elements of records: one fetch per span of records (at most
-            // SPAN bytes), not one per element.
+            // SPAN bytes), not one per element; one per element where the
+            // records are so long that a span would copy mostly other bytes.
             const SPAN: u64 = 4 << 20;
+            const MAX_STRIDE: u64 = 4 << 10;
             let n = last - first;
             let mut span = Vec::new();
             let mut i = 0;
             while i < n {
                 let (run, stride) = part.run_from(first + i, n - i);
-                let run = run.min((SPAN / stride).max(1)).max(1);
+                let run = if stride > MAX_STRIDE {
+                    1
+                } else {
+                    run.min(SPAN / stride).max(1)
+                };
                 span.resize(((run - 1) * stride + es) as usize, 0);
                 fetch(part.source_of(first + i), &mut span)?;
                 for j in 0..run {

@@ -32,6 +32,18 @@ pub fn scan_frames(blob: &[u8]) -> Result<Option<Vec<Frame>>, String> {
     Ok(walk_frames(blob, |f| frames.push(f))?.then_some(frames))
 }
 
+/// [`scan_frames`] into a list allocated for `n` frames (what
+/// [`count_frames`] said), so it takes no more than was counted.
+pub fn scan_frames_sized(blob: &[u8], n: usize) -> Result<Option<Vec<Frame>>, String> {
+    let mut frames = Vec::with_capacity(n.min(MAX_FRAMES));
+    let whole = walk_frames(blob, |f| {
+        if frames.len() < frames.capacity() {
+            frames.push(f);
+        }
+    })?;
+    Ok((whole && frames.len() == n).then_some(frames))
+}
+
 /// How many frames [`scan_frames`] would list, without the list: a caller
 /// can see what the list would cost before it is built.
 pub fn count_frames(blob: &[u8]) -> Result<Option<usize>, String> {

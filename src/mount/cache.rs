@@ -261,17 +261,25 @@ impl Cache {
 
     /// Counts `n` bytes that live as long as the mount (the frame lists of
     /// tensors served frame by frame) against the limit, evicting cached
-    /// units to make room. At most a quarter of the limit is held this way:
-    /// false past that, or when what is cached is all in use; the caller
-    /// then does without.
+    /// units to make room, and waiting for room while all is in use. At
+    /// most a quarter of the limit is held this way: false past that, and
+    /// the caller does without.
     pub fn hold(&self, n: u64) -> bool {
-        let mut inner = lock(&self.inner);
-        let held = self.held.load(Relaxed);
-        if held.saturating_add(n) > self.limit / 4 || !self.make_room(&mut inner, n) {
-            return false;
+        loop {
+            let mut inner = lock(&self.inner);
+            if self.held.load(Relaxed).saturating_add(n) > self.limit / 4 {
+                return false;
+            }
+            if self.make_room(&mut inner, n) {
+                self.held.fetch_add(n, Relaxed);
+                return true;
+            }
+            // Everything left is in use: wait for a reader or a decode to
+            // let go, as a decode's reservation does (a plan is made once).
+            drop(inner);
+            let g = lock(&self.meter.lock);
+            let _ = self.meter.freed.wait_timeout(g, Duration::from_millis(20));
         }
-        self.held.fetch_add(n, Relaxed);
-        true
     }
 
     /// Gives back `n` bytes of [`Cache::hold`].
@@ -560,7 +568,8 @@ mod tests {
         let decoder = std::thread::spawn(move || {
             c2.get((0, 0), 1000, |_| {
                 s2.wait();
-                std::thread::sleep(Duration::from_millis(50));
+                // Time for the other reader to find the claim in flight.
+                std::thread::sleep(Duration::from_millis(500));
                 panic!("decoder bug");
             })
         });
@@ -613,13 +622,18 @@ mod tests {
         assert!(c.hold(c.limit() / 4 - 600));
         c.unhold(c.limit() / 4);
         assert_eq!(c.gauges().cache_bytes, 3 * (1000 + ENTRY_COST));
-        // A held unit that pins everything: no room, no hold.
+        // Units in use that fill the cache: a hold waits for one to go.
         let pinned: Vec<_> = (10..14)
             .map(|k| c.get((1, k), 1000, fill).unwrap())
             .collect();
-        assert!(!c.hold(500));
+        let c = Arc::new(c);
+        let c2 = c.clone();
+        let holder = std::thread::spawn(move || c2.hold(500));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!holder.is_finished(), "held with no room");
         drop(pinned);
-        assert!(c.hold(500));
+        assert!(holder.join().unwrap());
+        assert!(c.gauges().cache_bytes <= c.limit());
     }
 
     #[test]

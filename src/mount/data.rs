@@ -331,8 +331,9 @@ impl Data {
                     _ => None,
                 };
                 let frames = match (&count, held) {
-                    (Ok(Some(1)), _) | (_, Some(_)) => {
-                        zstd_blob::scan_frames(blob).map_err(|why| self.fail(t, why))
+                    (Ok(Some(n)), _) if *n == 1 || held.is_some() => {
+                        // Exactly as long as counted.
+                        zstd_blob::scan_frames_sized(blob, *n).map_err(|why| self.fail(t, why))
                     }
                     _ => Ok(None),
                 };
@@ -462,6 +463,9 @@ impl Data {
         let st = &self.states[ti];
         let prev = st.last_frame.swap(k, Relaxed);
         if prev != k && prev.wrapping_add(1) != k {
+            // A jump: what was queued ahead of the old position says
+            // nothing about this one (a new pass starts at frame 0).
+            st.ahead.store(k, Relaxed);
             return;
         }
         let Some(Ok(Plan::Frames(frames))) = st.plan.get() else {
@@ -682,13 +686,13 @@ impl Data {
     }
 }
 
-/// The frame table our writer records, when present and consistent: no
-/// walk over the blob (a 1 GiB tensor has 1024 frames to find otherwise).
 /// Memory a kept frame list of `n` frames takes.
 fn list_cost(n: usize) -> u64 {
     (n * std::mem::size_of::<Frame>()) as u64
 }
 
+/// The frame table our writer records, when present and consistent: no
+/// walk over the blob (a 1 GiB tensor has 1024 frames to find otherwise).
 fn frame_table(t: &Tensor, decoded: u64) -> Option<Vec<Frame>> {
     let size = as_u64(t.custom(FRAME_SIZE_KEY)?).ok()?;
     let Value::Array(items) = t.custom(FRAMES_KEY)? else {

@@ -240,8 +240,17 @@ fn install_handler() {
 mod tests {
     use super::*;
 
+    /// `Guard::new` registers its mapping process-wide: tests that make
+    /// guards take turns, or one could move the mapping another's
+    /// deliberate SIGBUS is in, and the handler would re-raise it.
+    fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        static M: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        M.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     #[test]
     fn a_write_before_the_guard_exists_counts_from_the_open() {
+        let _turn = one_at_a_time();
         // The mount opens and maps the file, reads its index, then builds the
         // guard: a write in between must not become the guard's baseline.
         let dir = tempfile::tempdir().unwrap();
@@ -275,6 +284,7 @@ mod tests {
 
     #[test]
     fn a_vanished_page_reads_as_zero_and_fails_the_check() {
+        let _turn = one_at_a_time();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, vec![0xABu8; 3 * 4096]).unwrap();
