@@ -720,9 +720,74 @@ fn nested_and_unicode_names() {
     assert_eq!(std::fs::metadata(m.path("model")).unwrap().nlink(), 3);
     assert_eq!(walk(&m.mp), expected_files(&index));
     // Lookups of missing names fail cleanly.
-    for missing in ["model/nope", "model/layers/2", "emoji", "model/embed/x"] {
-        assert!(std::fs::metadata(m.path(missing)).is_err(), "{missing}");
+    for (missing, errno) in [
+        ("model/nope", libc::ENOENT),
+        ("model/layers/2", libc::ENOENT),
+        ("emoji", libc::ENOENT),
+        ("model/embed/x", libc::ENOTDIR),
+    ] {
+        let e = std::fs::metadata(m.path(missing)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(errno), "{missing}: {e}");
     }
+}
+
+#[test]
+fn a_sparse_tensors_directory_holds_only_its_parts() {
+    // A later tensor named into a sparse tensor's directory gets a
+    // directory of its own (sp~N), as one named under a file does.
+    let Some(m) = Mount::with(&[], |p| {
+        let mut w = Writer::create(p).unwrap();
+        let values: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        w.add_csr(
+            "sp",
+            DType::Float32,
+            [2, 3],
+            &[0, 1, 2],
+            &[0, 2],
+            &values,
+            &Options::default(),
+        )
+        .unwrap();
+        for name in ["sp/extra", "sp/values"] {
+            w.add(name, DType::Uint8, &[3], &[7, 8, 9], &Options::default())
+                .unwrap();
+        }
+        w.finish().unwrap();
+    }) else {
+        return;
+    };
+    let index = m.index();
+    assert_eq!(
+        names_in(&m.path("sp")),
+        set(&[
+            "indptr",
+            "indptr.json",
+            "indices",
+            "indices.json",
+            "values",
+            "values.json"
+        ])
+    );
+    for name in ["sp/extra", "sp/values"] {
+        let path = path_of(&index, name);
+        assert!(
+            path.starts_with("sp~") && path.ends_with(&name[2..]),
+            "{name} at {path}"
+        );
+        let why = entry(&index, name)["path_escaped_because"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        assert!(why.contains("sparse tensor's directory"), "{name}: {why}");
+        assert_eq!(m.read(&path), vec![7, 8, 9], "{name}");
+    }
+    assert_eq!(
+        m.read("sp/values"),
+        [1.0f32, 2.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>()
+    );
 }
 
 #[test]

@@ -57,6 +57,8 @@ pub struct Placement {
 pub struct Tree {
     nodes: Vec<Node>,
     pub placements: Vec<Placement>,
+    /// Directories that are a sparse tensor's parts: nothing else goes in.
+    sealed: std::collections::HashSet<Ino>,
 }
 
 impl Tree {
@@ -70,6 +72,7 @@ impl Tree {
                 kind: new_dir(),
             }],
             placements: Vec::with_capacity(catalog.len()),
+            sealed: Default::default(),
         };
         let meta = tree.add(ROOT, META_DIR.to_string(), new_dir());
         tree.add(meta, "index.json".into(), NodeKind::File(Content::Index));
@@ -137,10 +140,14 @@ impl Tree {
                 why.push(format!("{META_DIR} is reserved"));
             }
             match self.child(dir, &c) {
-                Some(ino) if self.is_dir(ino) => dir = ino,
-                Some(_) => {
+                Some(ino) if self.is_dir(ino) && !self.sealed.contains(&ino) => dir = ino,
+                Some(ino) => {
                     let free = self.free_name(dir, &c, ti, &[]);
-                    why.push(format!("{c:?} is already a file"));
+                    why.push(if self.is_dir(ino) {
+                        format!("{c:?} is a sparse tensor's directory of parts")
+                    } else {
+                        format!("{c:?} is already a file")
+                    });
                     dir = self.add(dir, free.clone(), new_dir());
                     c = free;
                 }
@@ -183,6 +190,7 @@ impl Tree {
             }
             Some((true, names)) => {
                 let sdir = self.add(dir, leaf.clone(), new_dir());
+                self.sealed.insert(sdir);
                 for (part, pname) in names.into_iter().enumerate() {
                     self.add(
                         sdir,
