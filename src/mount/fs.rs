@@ -61,6 +61,8 @@ pub struct ZtFs {
     /// The render each open handle of a file shares (never changes, except
     /// stats), while one is open: `index.json` of a big file is tens of MB.
     shared: Mutex<HashMap<Ino, Weak<[u8]>>>,
+    /// Held while index.json is rendered for an open.
+    index_render: Mutex<()>,
     next_fh: AtomicU64,
 }
 
@@ -90,6 +92,7 @@ impl ZtFs {
             sizes,
             handles: Mutex::new(HashMap::new()),
             shared: Mutex::new(HashMap::new()),
+            index_render: Mutex::new(()),
             next_fh: AtomicU64::new(1),
         })
     }
@@ -143,7 +146,12 @@ impl ZtFs {
             Content::Part { tensor, part } => self.part(*tensor, *part).map_or(0, |p| p.nbytes),
             // Changes all the time: read it with direct I/O, like /proc.
             Content::Stats => 0,
-            _ => *self.sizes[(ino - 1) as usize].get_or_init(|| self.render(c).len() as u64),
+            // Counted, not kept: the text is made when a file is opened.
+            _ => *self.sizes[(ino - 1) as usize].get_or_init(|| {
+                let mut n = sidecar::Counter::default();
+                self.render_to(c, &mut n);
+                n.0
+            }),
         }
     }
 
@@ -162,32 +170,44 @@ impl ZtFs {
 
     /// Text of a generated file.
     fn render(&self, c: &Content) -> Vec<u8> {
+        let mut out = if *c == Content::Index {
+            Vec::with_capacity(self.data.file().catalog().tensors.len() * 400 + 200)
+        } else {
+            Vec::new()
+        };
+        self.render_to(c, &mut out);
+        out
+    }
+
+    /// [`ZtFs::render`] into `w`.
+    fn render_to(&self, c: &Content, w: &mut impl std::io::Write) {
         let cat = self.data.file().catalog();
         match c {
-            Content::Sidecar { tensor, part: None } => sidecar::render(&sidecar::tensor_sidecar(
-                &cat.tensors[*tensor],
-                &self.tree.placements[*tensor],
-            )),
+            Content::Sidecar { tensor, part: None } => sidecar::render_to(
+                w,
+                &sidecar::tensor_sidecar(&cat.tensors[*tensor], &self.tree.placements[*tensor]),
+            ),
             Content::Sidecar {
                 tensor,
                 part: Some(p),
             } => {
                 let t = &cat.tensors[*tensor];
-                match t.layout.as_ref().ok().and_then(|l| l.parts.get(*p)) {
-                    Some(part) => sidecar::render(&sidecar::part_sidecar(
-                        t,
-                        part,
-                        &self.tree.placements[*tensor].path,
-                    )),
-                    None => Vec::new(),
+                if let Some(part) = t.layout.as_ref().ok().and_then(|l| l.parts.get(*p)) {
+                    sidecar::render_to(
+                        w,
+                        &sidecar::part_sidecar(t, part, &self.tree.placements[*tensor].path),
+                    )
                 }
             }
-            Content::Index => sidecar::index(
+            Content::Index => sidecar::index_to(
+                w,
                 self.data.file().label(),
                 cat.tensors.iter().zip(&self.tree.placements),
             ),
-            Content::Stats => self.data.stats().render(&self.data.cache().gauges()),
-            Content::Part { .. } => Vec::new(),
+            Content::Stats => {
+                let _ = w.write_all(&self.data.stats().render(&self.data.cache().gauges()));
+            }
+            Content::Part { .. } => {}
         }
     }
 
@@ -274,7 +294,14 @@ impl ZtFs {
         if let Some(b) = shared().get(&ino).and_then(Weak::upgrade) {
             return b;
         }
-        // Rendered unlocked: opens of other files need not wait for it.
+        // index.json can be hundreds of MB: first opens at once wait for one
+        // render instead of each making its own. Sidecars are small and
+        // rendered unlocked, so opens of other files never wait for them.
+        let _one = (*c == Content::Index)
+            .then(|| self.index_render.lock().unwrap_or_else(|e| e.into_inner()));
+        if let Some(b) = shared().get(&ino).and_then(Weak::upgrade) {
+            return b;
+        }
         let mine: Arc<[u8]> = self.render(c).into();
         let mut shared = shared();
         // Another open may have rendered it meanwhile: share that one.
@@ -323,8 +350,9 @@ impl ZtFs {
                     .unwrap_or_else(|e| e.into_inner())
                     .get(&fh)
                     .map(|(_, b)| b.clone());
-                // A read without our open (e.g. after a restart) renders anew.
-                let bytes: Arc<[u8]> = held.unwrap_or_else(|| self.render(c).into());
+                // A read without our open (e.g. after a restart) shares the
+                // text of the open handles, or renders it anew.
+                let bytes: Arc<[u8]> = held.unwrap_or_else(|| self.rendered(ino, c));
                 let start = (off as usize).min(bytes.len());
                 let end = start.saturating_add(size as usize).min(bytes.len());
                 Ok(Bytes::Owned(bytes[start..end].to_vec()))
@@ -388,5 +416,35 @@ mod tests {
         let (c, _) = fs.open(stats, false).unwrap();
         let (d, _) = fs.open(stats, false).unwrap();
         assert!(!Arc::ptr_eq(&held(c), &held(d)));
+    }
+
+    #[test]
+    fn first_opens_at_once_share_one_text_and_sizes_match_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs_of(dir.path());
+        let meta = fs.lookup(ROOT, OsStr::new(META_DIR)).unwrap().ino;
+        let index = fs.lookup(meta, OsStr::new("index.json")).unwrap().ino;
+        let texts: Vec<Arc<[u8]>> = std::thread::scope(|s| {
+            let opens: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| fs.open(index, false).unwrap().0))
+                .collect();
+            let fhs: Vec<u64> = opens.into_iter().map(|h| h.join().unwrap()).collect();
+            let held = fs.handles.lock().unwrap();
+            fhs.iter().map(|fh| held[fh].1.clone()).collect()
+        });
+        assert!(
+            texts.iter().all(|t| Arc::ptr_eq(t, &texts[0])),
+            "several renders"
+        );
+        // The size a stat gives (counted, never kept) is the text's length,
+        // for index.json and for sidecars.
+        let w_json = fs.lookup(ROOT, OsStr::new("w.json")).unwrap().ino;
+        for ino in [index, w_json] {
+            let size = fs.getattr(ino).unwrap().size;
+            let (fh, _) = fs.open(ino, false).unwrap();
+            let text = fs.read(ino, fh, 0, 1 << 24).unwrap();
+            assert_eq!(size, text.len() as u64);
+            assert!(serde_json::from_slice::<serde_json::Value>(&text).is_ok());
+        }
     }
 }

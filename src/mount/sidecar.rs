@@ -2,6 +2,8 @@
 //! and in `.ztensor/index.json`. Serialized straight from borrowed fields:
 //! `ls -l` of a 100 000-tensor mount renders every sidecar once for its size.
 
+use std::io::Write;
+
 use serde::Serialize;
 use serde::ser::SerializeMap;
 
@@ -126,9 +128,15 @@ pub fn part_sidecar<'a>(t: &'a Tensor, p: &'a Part, dir: &str) -> PartSidecar<'a
 
 /// Pretty JSON text with a final newline.
 pub fn render(v: &impl Serialize) -> Vec<u8> {
-    let mut out = serde_json::to_vec_pretty(v).unwrap_or_default();
-    out.push(b'\n');
+    let mut out = Vec::new();
+    render_to(&mut out, v);
     out
+}
+
+/// [`render`] into `w` (a [`Counter`] to learn the length without the text).
+pub fn render_to(w: &mut impl Write, v: &impl Serialize) {
+    let _ = serde_json::to_writer_pretty(&mut *w, v);
+    let _ = w.write_all(b"\n");
 }
 
 /// `.ztensor/index.json`: one tensor per line, written as it goes so that
@@ -137,17 +145,41 @@ pub fn index<'a>(
     file: &str,
     tensors: impl ExactSizeIterator<Item = (&'a Tensor, &'a Placement)>,
 ) -> Vec<u8> {
+    let mut out = Vec::with_capacity(tensors.len() * 400 + 200);
+    index_to(&mut out, file, tensors);
+    out
+}
+
+/// [`index`] into `w`.
+pub fn index_to<'a>(
+    w: &mut impl Write,
+    file: &str,
+    tensors: impl ExactSizeIterator<Item = (&'a Tensor, &'a Placement)>,
+) {
     let n = tensors.len();
-    let mut out = Vec::with_capacity(n * 400 + 200);
-    out.extend_from_slice(b"{\"file\":");
-    let _ = serde_json::to_writer(&mut out, file);
-    out.extend_from_slice(
+    let _ = w.write_all(b"{\"file\":");
+    let _ = serde_json::to_writer(&mut *w, file);
+    let _ = w.write_all(
         format!(",\"format\":\"zTensor v0.1.0\",\"tensor_count\":{n},\"tensors\":[\n").as_bytes(),
     );
     for (i, (t, p)) in tensors.enumerate() {
-        let _ = serde_json::to_writer(&mut out, &tensor_sidecar(t, p));
-        out.extend_from_slice(if i + 1 < n { b",\n" } else { b"\n" });
+        let _ = serde_json::to_writer(&mut *w, &tensor_sidecar(t, p));
+        let _ = w.write_all(if i + 1 < n { b",\n" } else { b"\n" });
     }
-    out.extend_from_slice(b"]}\n");
-    out
+    let _ = w.write_all(b"]}\n");
+}
+
+/// A writer that only counts: the size of a generated file without
+/// keeping its text (index.json of 600 000 tensors is some 300 MB).
+#[derive(Default)]
+pub struct Counter(pub u64);
+
+impl Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len() as u64;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
