@@ -211,6 +211,18 @@ pub fn daemon_pids(mp: &Path) -> Vec<i32> {
     pids
 }
 
+/// When `pid` started, in clock ticks since boot (0 if unknown).
+fn start_time(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // Fields after the command: state is field 3, starttime 22.
+            let rest = s.rsplit_once(')')?.1;
+            rest.split_whitespace().nth(19)?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
 fn is_zombie(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| {
@@ -288,7 +300,10 @@ impl Mount {
             .args(args);
         let r = run_with_timeout(&mut cmd, Duration::from_secs(20));
         if r.ok() {
-            self.pid = daemon_pids(&self.mp).first().copied();
+            // The newest: a daemon unmounted just before may still be exiting.
+            self.pid = daemon_pids(&self.mp)
+                .into_iter()
+                .max_by_key(|&p| start_time(p));
         }
         r
     }
