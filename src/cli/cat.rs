@@ -141,7 +141,9 @@ mod tests {
 
     #[test]
     fn elements_split_across_chunks_come_out_whole_and_swapped() {
-        let elems: Vec<u64> = (0..1000).map(|i| i * 0x0102_0304_0506_0708).collect();
+        let elems: Vec<u64> = (0..1000u64)
+            .map(|i| i.wrapping_mul(0x0102_0304_0506_0708))
+            .collect();
         let be: Vec<u8> = elems.iter().flat_map(|v| v.to_be_bytes()).collect();
         let le: Vec<u8> = elems.iter().flat_map(|v| v.to_le_bytes()).collect();
         for chunk in [1, 3, 7, 8, 13, 64, 999] {
