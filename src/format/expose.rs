@@ -50,7 +50,7 @@ pub fn gather<E>(
             // Elements of records: one fetch per span of records (at most
             // SPAN bytes), not one per element; one per element where the
             // records are so long that a span would copy mostly other bytes.
-            const SPAN: u64 = 4 << 20;
+            const SPAN: u64 = 1 << 20;
             const MAX_STRIDE: u64 = 4 << 10;
             let n = last - first;
             let mut span = Vec::new();

@@ -48,7 +48,10 @@ pub struct FsOptions {
 }
 
 /// An open generated file: its inode and the text it reads.
-type Held = (Ino, Arc<[u8]>);
+/// A `Vec`, not `[u8]`: made at its counted size and shared as is, with
+/// no copy into a new allocation (index.json can be hundreds of MB).
+type Text = Arc<Vec<u8>>;
+type Held = (Ino, Text);
 
 pub struct ZtFs {
     tree: Tree,
@@ -60,10 +63,13 @@ pub struct ZtFs {
     handles: Mutex<HashMap<u64, Held>>,
     /// The render each open handle of a file shares (never changes, except
     /// stats), while one is open: `index.json` of a big file is tens of MB.
-    shared: Mutex<HashMap<Ino, Weak<[u8]>>>,
+    shared: Mutex<HashMap<Ino, Weak<Vec<u8>>>>,
     /// Held while index.json is rendered for an open.
     index_render: Mutex<()>,
     next_fh: AtomicU64,
+    /// Renders made, for the tests.
+    #[cfg(test)]
+    renders: AtomicU64,
 }
 
 impl ZtFs {
@@ -94,6 +100,8 @@ impl ZtFs {
             shared: Mutex::new(HashMap::new()),
             index_render: Mutex::new(()),
             next_fh: AtomicU64::new(1),
+            #[cfg(test)]
+            renders: AtomicU64::new(0),
         })
     }
 
@@ -168,14 +176,16 @@ impl ZtFs {
             .get(pi)
     }
 
-    /// Text of a generated file.
-    fn render(&self, c: &Content) -> Vec<u8> {
-        let mut out = if *c == Content::Index {
-            Vec::with_capacity(self.data.file().catalog().tensors.len() * 400 + 200)
-        } else {
-            Vec::new()
+    /// Text of generated file `ino`, in a buffer of exactly its size.
+    fn render(&self, ino: Ino, c: &Content) -> Vec<u8> {
+        let size = match c {
+            Content::Stats => 0,
+            _ => self.size_of(ino, c) as usize,
         };
+        let mut out = Vec::with_capacity(size);
         self.render_to(c, &mut out);
+        #[cfg(test)]
+        self.renders.fetch_add(1, Relaxed);
         out
     }
 
@@ -286,9 +296,9 @@ impl ZtFs {
     }
 
     /// The text of generated file `ino`, shared with its other open handles.
-    fn rendered(&self, ino: Ino, c: &Content) -> Arc<[u8]> {
+    fn rendered(&self, ino: Ino, c: &Content) -> Text {
         if *c == Content::Stats {
-            return self.render(c).into();
+            return Arc::new(self.render(ino, c));
         }
         let shared = || self.shared.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(b) = shared().get(&ino).and_then(Weak::upgrade) {
@@ -302,7 +312,7 @@ impl ZtFs {
         if let Some(b) = shared().get(&ino).and_then(Weak::upgrade) {
             return b;
         }
-        let mine: Arc<[u8]> = self.render(c).into();
+        let mine = Arc::new(self.render(ino, c));
         let mut shared = shared();
         // Another open may have rendered it meanwhile: share that one.
         if let Some(b) = shared.get(&ino).and_then(Weak::upgrade) {
@@ -352,7 +362,7 @@ impl ZtFs {
                     .map(|(_, b)| b.clone());
                 // A read without our open (e.g. after a restart) shares the
                 // text of the open handles, or renders it anew.
-                let bytes: Arc<[u8]> = held.unwrap_or_else(|| self.rendered(ino, c));
+                let bytes = held.unwrap_or_else(|| self.rendered(ino, c));
                 let start = (off as usize).min(bytes.len());
                 let end = start.saturating_add(size as usize).min(bytes.len());
                 Ok(Bytes::Owned(bytes[start..end].to_vec()))
@@ -378,11 +388,26 @@ mod tests {
     use crate::mount::tree::{META_DIR, ROOT};
 
     fn fs_of(dir: &std::path::Path) -> ZtFs {
+        fs_with(dir, 0)
+    }
+
+    /// "w" and `more` tensors of one byte.
+    fn fs_with(dir: &std::path::Path, more: usize) -> ZtFs {
         let path = dir.join("t.zt");
         let mut w = Writer::create(&path).unwrap();
         let v = [1u8, 2, 3, 4];
         w.add("w", DType::Uint8, &[4], &v, &Options::default())
             .unwrap();
+        for i in 0..more {
+            w.add(
+                &format!("t{i}"),
+                DType::Uint8,
+                &[1],
+                &[7],
+                &Options::default(),
+            )
+            .unwrap();
+        }
         w.finish().unwrap();
         let opts = FsOptions {
             data: DataOptions {
@@ -421,21 +446,29 @@ mod tests {
     #[test]
     fn first_opens_at_once_share_one_text_and_sizes_match_it() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = fs_of(dir.path());
+        // Enough tensors that a render takes a while: opens overlap.
+        let fs = fs_with(dir.path(), 20_000);
         let meta = fs.lookup(ROOT, OsStr::new(META_DIR)).unwrap().ino;
         let index = fs.lookup(meta, OsStr::new("index.json")).unwrap().ino;
-        let texts: Vec<Arc<[u8]>> = std::thread::scope(|s| {
+        let before = fs.renders.load(Relaxed);
+        let start = std::sync::Barrier::new(8);
+        let texts: Vec<Text> = std::thread::scope(|s| {
             let opens: Vec<_> = (0..8)
-                .map(|_| s.spawn(|| fs.open(index, false).unwrap().0))
+                .map(|_| {
+                    s.spawn(|| {
+                        start.wait();
+                        fs.open(index, false).unwrap().0
+                    })
+                })
                 .collect();
             let fhs: Vec<u64> = opens.into_iter().map(|h| h.join().unwrap()).collect();
             let held = fs.handles.lock().unwrap();
             fhs.iter().map(|fh| held[fh].1.clone()).collect()
         });
-        assert!(
-            texts.iter().all(|t| Arc::ptr_eq(t, &texts[0])),
-            "several renders"
-        );
+        assert!(texts.iter().all(|t| Arc::ptr_eq(t, &texts[0])));
+        assert_eq!(fs.renders.load(Relaxed) - before, 1, "renders for 8 opens");
+        // Made at its counted size: no spare capacity.
+        assert_eq!(texts[0].capacity(), texts[0].len());
         // The size a stat gives (counted, never kept) is the text's length,
         // for index.json and for sidecars.
         let w_json = fs.lookup(ROOT, OsStr::new("w.json")).unwrap().ino;
