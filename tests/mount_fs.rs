@@ -748,7 +748,9 @@ fn a_sparse_tensors_directory_holds_only_its_parts() {
             &Options::default(),
         )
         .unwrap();
-        for name in ["sp/extra", "sp/values"] {
+        w.add("a", DType::Uint8, &[3], &[7, 8, 9], &Options::default())
+            .unwrap();
+        for name in ["sp/extra", "sp/values", "a/b", "a/c"] {
             w.add(name, DType::Uint8, &[3], &[7, 8, 9], &Options::default())
                 .unwrap();
         }
@@ -768,19 +770,29 @@ fn a_sparse_tensors_directory_holds_only_its_parts() {
             "values.json"
         ])
     );
-    for name in ["sp/extra", "sp/values"] {
+    for name in ["sp/extra", "sp/values", "a/b", "a/c"] {
         let path = path_of(&index, name);
+        let (head, tail) = name.split_once('/').unwrap();
         assert!(
-            path.starts_with("sp~") && path.ends_with(&name[2..]),
+            path.starts_with(&format!("{head}~")) && path.ends_with(&format!("/{tail}")),
             "{name} at {path}"
         );
         let why = entry(&index, name)["path_escaped_because"]
             .as_str()
             .unwrap_or("")
             .to_string();
-        assert!(why.contains("sparse tensor's directory"), "{name}: {why}");
+        let want = if head == "sp" {
+            "sparse tensor's directory"
+        } else {
+            "already a file"
+        };
+        assert!(why.contains(want), "{name}: {why}");
         assert_eq!(m.read(&path), vec![7, 8, 9], "{name}");
     }
+    // Siblings under one taken name share the one directory made for it.
+    let dir_of = |n: &str| path_of(&index, n).rsplit_once('/').unwrap().0.to_string();
+    assert_eq!(dir_of("sp/extra"), dir_of("sp/values"));
+    assert_eq!(dir_of("a/b"), dir_of("a/c"));
     assert_eq!(
         m.read("sp/values"),
         [1.0f32, 2.0]

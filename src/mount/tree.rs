@@ -57,8 +57,12 @@ pub struct Placement {
 pub struct Tree {
     nodes: Vec<Node>,
     pub placements: Vec<Placement>,
-    /// Directories that are a sparse tensor's parts: nothing else goes in.
+    /// Directories that are a sparse tensor's parts, and `.ztensor`:
+    /// nothing else goes in.
     sealed: std::collections::HashSet<Ino>,
+    /// (directory, name) -> the directory made instead, for names that were
+    /// taken: every later tensor under the same name goes there too.
+    moved: HashMap<(Ino, String), Ino>,
 }
 
 impl Tree {
@@ -73,8 +77,10 @@ impl Tree {
             }],
             placements: Vec::with_capacity(catalog.len()),
             sealed: Default::default(),
+            moved: HashMap::default(),
         };
         let meta = tree.add(ROOT, META_DIR.to_string(), new_dir());
+        tree.sealed.insert(meta);
         tree.add(meta, "index.json".into(), NodeKind::File(Content::Index));
         tree.add(meta, "stats".into(), NodeKind::File(Content::Stats));
         for (ti, t) in catalog.tensors.iter().enumerate() {
@@ -133,23 +139,30 @@ impl Tree {
         // gets a suffix so this tensor gets a directory of its own.
         let mut dir = ROOT;
         let mut path = String::new();
-        for (depth, c) in dirs.iter().enumerate() {
+        for c in &dirs {
             let mut c = c.clone();
-            if depth == 0 && c == META_DIR {
-                c = self.free_name(dir, &c, ti, &[]);
-                why.push(format!("{META_DIR} is reserved"));
-            }
             match self.child(dir, &c) {
                 Some(ino) if self.is_dir(ino) && !self.sealed.contains(&ino) => dir = ino,
                 Some(ino) => {
-                    let free = self.free_name(dir, &c, ti, &[]);
-                    why.push(if self.is_dir(ino) {
+                    why.push(if dir == ROOT && c == META_DIR {
+                        format!("{META_DIR} is reserved")
+                    } else if self.is_dir(ino) {
                         format!("{c:?} is a sparse tensor's directory of parts")
                     } else {
                         format!("{c:?} is already a file")
                     });
-                    dir = self.add(dir, free.clone(), new_dir());
-                    c = free;
+                    let key = (dir, c.clone());
+                    let moved = match self.moved.get(&key) {
+                        Some(&d) => d,
+                        None => {
+                            let free = self.free_name(dir, &c, ti, &[]);
+                            let d = self.add(dir, free, new_dir());
+                            self.moved.insert(key, d);
+                            d
+                        }
+                    };
+                    c = self.node(moved).map_or(c, |n| n.name.to_string());
+                    dir = moved;
                 }
                 None => dir = self.add(dir, c.clone(), new_dir()),
             }
