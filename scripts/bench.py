@@ -80,40 +80,42 @@ _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 PAGE = os.sysconf("SC_PAGESIZE")
 
 
-def resident_fraction(path, off, n):
-    """Share of the pages of [off, off+n) of path in the page cache (mincore)."""
+@contextlib.contextmanager
+def mapped(path, off, n):
+    """A read-only shared mapping of the pages holding [off, off+n) of
+    path: (address, length)."""
     start = off // PAGE * PAGE
     length = off + n - start
-    if length <= 0:
-        return 1.0
     fd = os.open(path, os.O_RDONLY)
     try:
         addr = _libc.mmap(None, length, 1, 1, fd, start)  # PROT_READ, MAP_SHARED
         if addr in (None, ctypes.c_void_p(-1).value):
             raise BenchError(f"mmap of {path}: errno {ctypes.get_errno()}")
         try:
-            vec = (ctypes.c_ubyte * ((length + PAGE - 1) // PAGE))()
-            if _libc.mincore(addr, length, vec) != 0:
-                raise BenchError(f"mincore of {path}: errno {ctypes.get_errno()}")
-            return float((np.frombuffer(vec, np.uint8) & 1).mean())
+            yield addr, length
         finally:
             _libc.munmap(addr, length)
     finally:
         os.close(fd)
 
 
+def resident_fraction(path, off, n):
+    """Share of the pages of [off, off+n) of path in the page cache (mincore)."""
+    if off + n - off // PAGE * PAGE <= 0:
+        return 1.0
+    with mapped(path, off, n) as (addr, length):
+        vec = (ctypes.c_ubyte * ((length + PAGE - 1) // PAGE))()
+        if _libc.mincore(addr, length, vec) != 0:
+            raise BenchError(f"mincore of {path}: errno {ctypes.get_errno()}")
+        return float((np.frombuffer(vec, np.uint8) & 1).mean())
+
+
 def large_folio_share(path, off, n):
     """Share of the cached pages of [off, off+n) of path that are part of a
     large folio (/proc/kpageflags: compound head or tail), or None when
     /proc/self/pagemap gives no frame numbers (not root)."""
-    start = off // PAGE * PAGE
-    length = off + n - start
-    fd = os.open(path, os.O_RDONLY)
     try:
-        addr = _libc.mmap(None, length, 1, 1, fd, start)  # PROT_READ, MAP_SHARED
-        if addr in (None, ctypes.c_void_p(-1).value):
-            raise BenchError(f"mmap of {path}: errno {ctypes.get_errno()}")
-        try:
+        with mapped(path, off, n) as (addr, length):
             pages = length // PAGE
             view = (ctypes.c_ubyte * length).from_address(addr)
             for i in range(0, length, PAGE):
@@ -130,12 +132,8 @@ def large_folio_share(path, off, n):
                     flags = int.from_bytes(kf.read(8), "little")
                     large += bool(flags & ((1 << 15) | (1 << 16)))
                 return large / pages
-        finally:
-            _libc.munmap(addr, length)
     except OSError:
         return None
-    finally:
-        os.close(fd)
 
 
 def drop_inodes():

@@ -25,15 +25,24 @@ fn write_npy(path: &Path, header: &str, data: &[u8]) {
 }
 
 fn cat(zt: &Path, tensor: &str) -> Vec<u8> {
+    cat_with(zt, tensor, &[])
+}
+
+fn cat_part(zt: &Path, tensor: &str, part: &str) -> Vec<u8> {
+    cat_with(zt, tensor, &["--part", part])
+}
+
+fn cat_with(zt: &Path, tensor: &str, args: &[&str]) -> Vec<u8> {
     let out = Command::new(bin())
-        .args(["cat"])
+        .arg("cat")
         .arg(zt)
         .arg(tensor)
+        .args(args)
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "cat {tensor}: {}",
+        "cat {tensor} {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     out.stdout
@@ -278,20 +287,4 @@ fn cat_streams_big_endian_and_sparse_zstd_tensors_in_bounded_memory() {
         String::from_utf8_lossy(&res.stderr)
     );
     assert_eq!(total, N);
-}
-
-fn cat_part(zt: &Path, tensor: &str, part: &str) -> Vec<u8> {
-    let out = Command::new(bin())
-        .args(["cat"])
-        .arg(zt)
-        .arg(tensor)
-        .args(["--part", part])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "cat {tensor} --part {part}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
 }
