@@ -32,6 +32,9 @@ pub enum NodeKind {
     Dir {
         entries: Vec<(Arc<str>, Ino)>,
         lookup: HashMap<Arc<str>, Ino, BuildHasherDefault<Fnv>>,
+        /// How many entries are directories: a stat gives 2 + this as the
+        /// link count without a walk over 10^5 entries.
+        subdirs: u32,
     },
     File(Content),
 }
@@ -98,9 +101,16 @@ impl Tree {
     fn add(&mut self, parent: Ino, name: String, kind: NodeKind) -> Ino {
         let name: Arc<str> = name.into();
         let ino = self.nodes.len() as Ino + 1;
-        if let NodeKind::Dir { entries, lookup } = &mut self.nodes[(parent - 1) as usize].kind {
+        let is_dir = matches!(kind, NodeKind::Dir { .. });
+        if let NodeKind::Dir {
+            entries,
+            lookup,
+            subdirs,
+        } = &mut self.nodes[(parent - 1) as usize].kind
+        {
             entries.push((name.clone(), ino));
             lookup.insert(name.clone(), ino);
+            *subdirs += u32::from(is_dir);
         }
         self.nodes.push(Node { parent, name, kind });
         ino
@@ -270,9 +280,7 @@ impl Tree {
     /// Number of subdirectories of `ino` (for nlink).
     pub fn subdirs(&self, ino: Ino) -> usize {
         match self.node(ino).map(|n| &n.kind) {
-            Some(NodeKind::Dir { entries, .. }) => {
-                entries.iter().filter(|(_, i)| self.is_dir(*i)).count()
-            }
+            Some(NodeKind::Dir { subdirs, .. }) => *subdirs as usize,
             _ => 0,
         }
     }
@@ -282,6 +290,7 @@ fn new_dir() -> NodeKind {
     NodeKind::Dir {
         entries: Vec::new(),
         lookup: HashMap::default(),
+        subdirs: 0,
     }
 }
 
