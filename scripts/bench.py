@@ -114,26 +114,28 @@ def large_folio_share(path, off, n):
     """Share of the cached pages of [off, off+n) of path that are part of a
     large folio (/proc/kpageflags: compound head or tail), or None when
     /proc/self/pagemap gives no frame numbers (not root)."""
-    try:
-        with mapped(path, off, n) as (addr, length):
-            pages = length // PAGE
-            view = (ctypes.c_ubyte * length).from_address(addr)
-            for i in range(0, length, PAGE):
-                view[i]  # map every page (they are cached already)
-            with open("/proc/self/pagemap", "rb") as pm, open("/proc/kpageflags", "rb") as kf:
-                pm.seek(addr // PAGE * 8)
-                entries = np.frombuffer(pm.read(pages * 8), np.uint64)
-                pfns = entries & np.uint64((1 << 55) - 1)
-                if not pfns.any():
-                    return None
-                large = 0
-                for pfn in pfns:
-                    kf.seek(int(pfn) * 8)
-                    flags = int.from_bytes(kf.read(8), "little")
-                    large += bool(flags & ((1 << 15) | (1 << 16)))
-                return large / pages
-    except OSError:
-        return None
+    with mapped(path, off, n) as (addr, length):
+        pages = length // PAGE
+        view = (ctypes.c_ubyte * length).from_address(addr)
+        for i in range(0, length, PAGE):
+            view[i]  # map every page (they are cached already)
+        try:
+            pm = open("/proc/self/pagemap", "rb")
+            kf = open("/proc/kpageflags", "rb")
+        except OSError:
+            return None
+        with pm, kf:
+            pm.seek(addr // PAGE * 8)
+            entries = np.frombuffer(pm.read(pages * 8), np.uint64)
+            pfns = entries & np.uint64((1 << 55) - 1)
+            if not pfns.any():
+                return None
+            large = 0
+            for pfn in pfns:
+                kf.seek(int(pfn) * 8)
+                flags = int.from_bytes(kf.read(8), "little")
+                large += bool(flags & ((1 << 15) | (1 << 16)))
+            return large / pages
 
 
 def drop_inodes():

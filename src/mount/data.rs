@@ -300,9 +300,19 @@ impl Data {
                 // list does not fit there is decoded as one stream.
                 if let Some(frames) = frame_table(t, decoded)
                     && frames.iter().all(|f| f.d_len <= limit / 4)
-                    && self.cache.hold(list_cost(frames.len()))
                 {
-                    return Ok(Plan::Frames(frames));
+                    let cost = list_cost(frames.len());
+                    if self.cache.hold(cost) {
+                        return Ok(Plan::Frames(frames));
+                    }
+                    // The table agreed with the tensor's size; no walk
+                    // over the blob would make its list fit better.
+                    log::info!(
+                        "{}",
+                        self.fail(t, format!("the list of its {} zstd frames ({cost} bytes) does not fit in a quarter of the cache: decoded as one stream", frames.len()))
+                    );
+                    self.guard.check()?;
+                    return Ok(whole_or_spill(decoded, limit, frames.len() == 1));
                 }
                 // One frame that says it holds the whole tensor: nothing to
                 // walk (a walk touches every block header of the blob). The

@@ -176,17 +176,30 @@ impl ZtFs {
             .get(pi)
     }
 
-    /// Text of generated file `ino`, in a buffer of exactly its size.
-    fn render(&self, ino: Ino, c: &Content) -> Vec<u8> {
+    /// Text of generated file `ino`, in a buffer of exactly its size;
+    /// ENOMEM, not an abort, when that much memory cannot be had (a
+    /// hostile index can make index.json many times its own size).
+    fn render(&self, ino: Ino, c: &Content) -> Result<Vec<u8>, Errno> {
         let size = match c {
             Content::Stats => 0,
-            _ => self.size_of(ino, c) as usize,
+            _ => self.size_of(ino, c),
         };
-        let mut out = Vec::with_capacity(size);
+        let mut out = Vec::new();
+        if usize::try_from(size)
+            .ok()
+            .and_then(|n| out.try_reserve_exact(n).ok())
+            .is_none()
+        {
+            log::error!(
+                "{}: cannot allocate {size} bytes for a generated file (inode {ino})",
+                self.data.file().label()
+            );
+            return Err(libc::ENOMEM);
+        }
         self.render_to(c, &mut out);
         #[cfg(test)]
         self.renders.fetch_add(1, Relaxed);
-        out
+        Ok(out)
     }
 
     /// [`ZtFs::render`] into `w`.
@@ -278,7 +291,7 @@ impl ZtFs {
             }
             NodeKind::File(c) => {
                 let fh = self.next_fh.fetch_add(1, Relaxed);
-                let bytes = self.rendered(ino, c);
+                let bytes = self.rendered(ino, c)?;
                 self.handles
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -296,13 +309,13 @@ impl ZtFs {
     }
 
     /// The text of generated file `ino`, shared with its other open handles.
-    fn rendered(&self, ino: Ino, c: &Content) -> Text {
+    fn rendered(&self, ino: Ino, c: &Content) -> Result<Text, Errno> {
         if *c == Content::Stats {
-            return Arc::new(self.render(ino, c));
+            return self.render(ino, c).map(Arc::new);
         }
         let shared = || self.shared.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(b) = shared().get(&ino).and_then(Weak::upgrade) {
-            return b;
+            return Ok(b);
         }
         // index.json can be hundreds of MB: first opens at once wait for one
         // render instead of each making its own. Sidecars are small and
@@ -310,16 +323,16 @@ impl ZtFs {
         let _one = (*c == Content::Index)
             .then(|| self.index_render.lock().unwrap_or_else(|e| e.into_inner()));
         if let Some(b) = shared().get(&ino).and_then(Weak::upgrade) {
-            return b;
+            return Ok(b);
         }
-        let mine = Arc::new(self.render(ino, c));
+        let mine = Arc::new(self.render(ino, c)?);
         let mut shared = shared();
         // Another open may have rendered it meanwhile: share that one.
         if let Some(b) = shared.get(&ino).and_then(Weak::upgrade) {
-            return b;
+            return Ok(b);
         }
         shared.insert(ino, Arc::downgrade(&mine));
-        mine
+        Ok(mine)
     }
 
     pub fn release(&self, fh: u64) {
@@ -362,7 +375,10 @@ impl ZtFs {
                     .map(|(_, b)| b.clone());
                 // A read without our open (e.g. after a restart) shares the
                 // text of the open handles, or renders it anew.
-                let bytes = held.unwrap_or_else(|| self.rendered(ino, c));
+                let bytes = match held {
+                    Some(b) => b,
+                    None => self.rendered(ino, c)?,
+                };
                 let start = (off as usize).min(bytes.len());
                 let end = start.saturating_add(size as usize).min(bytes.len());
                 Ok(Bytes::Owned(bytes[start..end].to_vec()))
@@ -441,6 +457,18 @@ mod tests {
         let (c, _) = fs.open(stats, false).unwrap();
         let (d, _) = fs.open(stats, false).unwrap();
         assert!(!Arc::ptr_eq(&held(c), &held(d)));
+    }
+
+    #[test]
+    fn a_text_too_big_to_allocate_is_enomem_not_an_abort() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs_of(dir.path());
+        // Found without a stat, which would count its size.
+        let w_json = fs.tree.lookup(ROOT, "w.json").unwrap();
+        // As if its counted size were beyond any allocation.
+        fs.sizes[(w_json - 1) as usize].set(u64::MAX).unwrap();
+        assert_eq!(fs.open(w_json, false).unwrap_err(), libc::ENOMEM);
+        assert!(matches!(fs.read(w_json, 12345, 0, 10), Err(libc::ENOMEM)));
     }
 
     #[test]

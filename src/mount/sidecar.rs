@@ -139,18 +139,8 @@ pub fn render_to(w: &mut impl Write, v: &impl Serialize) {
     let _ = w.write_all(b"\n");
 }
 
-/// `.ztensor/index.json`: one tensor per line, written as it goes so that
-/// only the text (not a JSON tree of every tensor) is ever in memory.
-pub fn index<'a>(
-    file: &str,
-    tensors: impl ExactSizeIterator<Item = (&'a Tensor, &'a Placement)>,
-) -> Vec<u8> {
-    let mut out = Vec::with_capacity(tensors.len() * 400 + 200);
-    index_to(&mut out, file, tensors);
-    out
-}
-
-/// [`index`] into `w`.
+/// `.ztensor/index.json` into `w`: one tensor per line, written as it goes
+/// so that only the text (not a JSON tree of every tensor) is ever made.
 pub fn index_to<'a>(
     w: &mut impl Write,
     file: &str,
