@@ -53,10 +53,21 @@ pub fn count_frames(blob: &[u8]) -> Result<Option<usize>, String> {
 
 /// Hands each frame of `blob` to `each`; false when the frames cannot be
 /// listed (see [`scan_frames`]).
+///
+/// Frames are listed only when every data frame but the last declares the
+/// same decoded size, as this project's writer and pzstd write them. A frame
+/// is placed by the sizes the frames before it declare, and a frame header
+/// that lies is found out only when that frame is decoded: with equal sizes
+/// a damaged size breaks the pattern and the blob goes back to one stream,
+/// which fails at the damage, instead of later frames being served from
+/// the wrong place.
 fn walk_frames(blob: &[u8], mut each: impl FnMut(Frame)) -> Result<bool, String> {
     let mut pos = 0usize;
     let mut d_start = 0u64;
     let mut count = 0usize;
+    // The first data frame's size, and the latest one's (not the last
+    // once another follows).
+    let (mut first, mut latest) = (None, None);
     while pos < blob.len() {
         if count == MAX_FRAMES {
             return Ok(false);
@@ -82,6 +93,13 @@ fn walk_frames(blob: &[u8], mut each: impl FnMut(Frame)) -> Result<bool, String>
                 ));
             }
         };
+        if !is_skippable(rest) {
+            if latest.is_some() && latest != first {
+                return Ok(false);
+            }
+            first = first.or(Some(d_len));
+            latest = Some(d_len);
+        }
         each(Frame {
             c_start: pos as u64,
             c_len: c_len as u64,
@@ -95,6 +113,13 @@ fn walk_frames(blob: &[u8], mut each: impl FnMut(Frame)) -> Result<bool, String>
         pos += c_len;
     }
     Ok(true)
+}
+
+/// Whether `rest` starts with a skippable frame (no data, any length).
+fn is_skippable(rest: &[u8]) -> bool {
+    rest.get(..4)
+        .and_then(|m| m.try_into().ok())
+        .is_some_and(|m| u32::from_le_bytes(m) & 0xFFFF_FFF0 == 0x184D_2A50)
 }
 
 /// The largest window of the frames of `blob` (see [`frame_window`]),
@@ -768,6 +793,55 @@ mod tests {
         let mut out = Vec::new();
         decode_to_vec(&blob, &mut out, data.len()).unwrap();
         assert_eq!(out, data);
+    }
+
+    #[test]
+    fn frames_of_unequal_sizes_are_decoded_as_one_stream() {
+        let data: Vec<u8> = (0..3000u32).flat_map(|i| i.to_le_bytes()).collect();
+        let part = |r: std::ops::Range<usize>| zstd::bulk::compress(&data[r], 1).unwrap();
+        // Equal frames, a shorter last one, skippable frames anywhere: listed.
+        let skip = [0x50, 0x2A, 0x4D, 0x18, 3, 0, 0, 0, 1, 2, 3];
+        let blob = [
+            &skip[..],
+            &part(0..4000),
+            &skip,
+            &part(4000..8000),
+            &part(8000..12000),
+        ]
+        .concat();
+        let frames = scan_frames(&blob).unwrap().unwrap();
+        let data_frames: Vec<_> = frames.iter().filter(|f| f.d_len > 0).collect();
+        assert_eq!(data_frames.len(), 3);
+        assert_eq!(data_frames[1].d_start, 4000);
+        let blob = [part(0..4000), part(4000..6000)].concat();
+        assert_eq!(scan_frames(&blob).unwrap().map(|f| f.len()), Some(2));
+        // A shorter frame before the last: its successors' places would
+        // rest on what it declares. One stream.
+        let blob = [part(0..3996), part(3996..8000), part(8000..12000)].concat();
+        assert_eq!(scan_frames(&blob).unwrap(), None);
+        assert_eq!(count_frames(&blob).unwrap(), None);
+        let mut out = Vec::new();
+        decode_to_vec(&blob, &mut out, data.len()).unwrap();
+        assert_eq!(out, data);
+        // The review's case: frame 0 claims 4 bytes fewer, frame 2 4 more,
+        // the total unchanged. Listed, frame 1 would be served 4 bytes off.
+        let mut f0 = part(0..4000);
+        let mut f2 = part(8000..12000);
+        assert_eq!(
+            zstd_safe::get_frame_content_size(&f0).ok(),
+            Some(Some(4000))
+        );
+        let fcs = |f: &mut Vec<u8>, n: u16| {
+            // Frame header descriptor: 2-byte content size at byte 5 or 6.
+            let at = if f[4] & 0x20 != 0 { 5 } else { 6 };
+            assert_eq!(f[4] >> 6, 1, "expected a 2-byte content size field");
+            f[at..at + 2].copy_from_slice(&(n - 256).to_le_bytes());
+        };
+        fcs(&mut f0, 3996);
+        fcs(&mut f2, 4004);
+        let blob = [f0, part(4000..8000), f2].concat();
+        assert_eq!(scan_frames(&blob).unwrap(), None);
+        assert!(decode_to_vec(&blob, &mut Vec::new(), data.len()).is_err());
     }
 
     #[test]
