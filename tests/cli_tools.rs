@@ -75,20 +75,22 @@ fn packed_arrays_read_back_as_little_endian_bytes() {
         "{'descr': '<f4', 'fortran_order': False, 'shape': (300,), }",
         &f,
     );
+    // Flags go before the inputs: `--zstd` must not take `a=...` as its level.
     for extra in [
         &[][..],
         &["--zstd"],
-        &["--zstd", "--frame-size", "4K", "--big-endian"],
+        &["--zstd=9", "--frame-size", "4K"],
+        &["--big-endian", "--checksum", "sha256"],
     ] {
         let zt = dir.path().join("out.zt");
         let r = run_with_timeout(
             Command::new(bin())
                 .arg("pack")
                 .arg(&zt)
+                .args(extra)
                 .arg(format!("a={}", a.display()))
                 .arg(format!("b={}", b.display()))
-                .arg(format!("half/c={}", c.display()))
-                .args(extra),
+                .arg(format!("half/c={}", c.display())),
             Duration::from_secs(30),
         );
         assert!(r.ok(), "pack {extra:?}: {r:?}");
@@ -111,10 +113,33 @@ fn packed_arrays_read_back_as_little_endian_bytes() {
             "little"
         };
         assert_eq!(a_info["data_endianness"], endian, "{extra:?}");
-        let encoding = if extra.is_empty() { "raw" } else { "zstd" };
+        let zstd = extra.iter().any(|x| x.starts_with("--zstd"));
+        let encoding = if zstd { "zstd" } else { "raw" };
         assert_eq!(a_info["encoding"], encoding, "{extra:?}");
         assert!(!dir.path().join("out.zt.partial").exists());
         std::fs::remove_file(&zt).unwrap();
+    }
+    // What a reader would refuse, or read wrong, is not written.
+    let a_in = format!("a={}", a.display());
+    let nameless = format!("={}", a.display());
+    let twice = format!("c={}", c.display());
+    for (args, code, why) in [
+        (vec![nameless.as_str()], 1, "a tensor name is empty"),
+        (vec![&a_in, &twice, &twice], 1, "c: the name is used twice"),
+        (
+            vec!["--zstd", "--big-endian", &a_in],
+            2,
+            "cannot be used with",
+        ),
+    ] {
+        let zt = dir.path().join("refused.zt");
+        let r = run_with_timeout(
+            Command::new(bin()).arg("pack").arg(&zt).args(&args),
+            Duration::from_secs(30),
+        );
+        assert_eq!(r.status.code(), Some(code), "{args:?}: {r:?}");
+        assert!(r.stderr.contains(why), "{args:?}: {r:?}");
+        assert!(!zt.exists() && !dir.path().join("refused.zt.partial").exists());
     }
 }
 
@@ -217,16 +242,17 @@ fn cat_streams_big_endian_and_sparse_zstd_tensors_in_bounded_memory() {
         ..Options::default()
     };
     let mut w = Writer::create(&zt).unwrap();
-    // 1 GiB of zeros: a few KiB compressed, more than the limit below decoded.
+    // 1 GiB of the bytes 1,2,3,4 over and over (a swap shows in every
+    // element): a few KiB compressed, more than the limit below decoded.
     const N: u64 = 1 << 30;
-    w.add_from(
-        "zeros",
-        DType::Float32,
-        &[N / 4],
-        &mut std::io::repeat(0).take(N),
-        &be,
-    )
-    .unwrap();
+    const PAT: [u8; 4] = [1, 2, 3, 4];
+    let mut input = Cycle {
+        pat: PAT.repeat(1 << 18),
+        at: 0,
+    }
+    .take(N);
+    w.add_from("pattern", DType::Float32, &[N / 4], &mut input, &be)
+        .unwrap();
     let values: Vec<u8> = (0..1000u32)
         .flat_map(|v| (v as f32).to_le_bytes())
         .collect();
@@ -249,7 +275,7 @@ fn cat_streams_big_endian_and_sparse_zstd_tensors_in_bounded_memory() {
     assert_eq!(cat_part(&zt, "m", "values"), values);
     // Under a 512 MiB address-space limit: decoding it whole cannot work.
     let mut child = Command::new(bin());
-    child.arg("cat").arg(&zt).arg("zeros");
+    child.arg("cat").arg(&zt).arg("pattern");
     unsafe {
         child.pre_exec(|| {
             let lim = libc::rlimit {
@@ -269,14 +295,17 @@ fn cat_streams_big_endian_and_sparse_zstd_tensors_in_bounded_memory() {
         .unwrap();
     let mut out = child.stdout.take().unwrap();
     let (mut total, mut buf) = (0u64, vec![0u8; 1 << 20]);
+    let want = PAT.repeat((1 << 18) + 1);
     loop {
         let n = out.read(&mut buf).unwrap();
         if n == 0 {
             break;
         }
+        // Reads end on any byte: the pattern's phase is the offset's.
+        let phase = (total % 4) as usize;
         assert!(
-            buf[..n].iter().all(|&b| b == 0),
-            "non-zero byte near {total}"
+            buf[..n] == want[phase..phase + n],
+            "wrong byte near {total}"
         );
         total += n as u64;
     }
@@ -287,4 +316,19 @@ fn cat_streams_big_endian_and_sparse_zstd_tensors_in_bounded_memory() {
         String::from_utf8_lossy(&res.stderr)
     );
     assert_eq!(total, N);
+}
+
+/// Reads its pattern (a whole number of elements long) over and over.
+struct Cycle {
+    pat: Vec<u8>,
+    at: usize,
+}
+
+impl std::io::Read for Cycle {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(self.pat.len() - self.at);
+        buf[..n].copy_from_slice(&self.pat[self.at..self.at + n]);
+        self.at = (self.at + n) % self.pat.len();
+        Ok(n)
+    }
 }

@@ -106,8 +106,14 @@ enum Tool {
         /// NAME=PATH.npy, optionally NAME=PATH.npy:DTYPE to relabel the elements (e.g. :bfloat16 for uint16 data).
         #[arg(required = true)]
         inputs: Vec<String>,
-        /// Compress with zstd (default level 3).
-        #[arg(long, value_name = "LEVEL", num_args = 0..=1, default_missing_value = "3")]
+        /// Compress with zstd, at level 3 or --zstd=LEVEL.
+        #[arg(
+            long,
+            value_name = "LEVEL",
+            num_args = 0..=1,
+            require_equals = true,
+            default_missing_value = "3"
+        )]
         zstd: Option<i32>,
         /// Decoded bytes per zstd frame (0: one frame per tensor). Default 1M.
         #[arg(long, value_name = "SIZE")]
@@ -115,8 +121,10 @@ enum Tool {
         /// Add a checksum to every tensor.
         #[arg(long, value_name = "ALGO", value_parser = ["crc32c", "sha256"])]
         checksum: Option<String>,
-        /// Store multi-byte elements big-endian.
-        #[arg(long)]
+        /// Store multi-byte elements big-endian (raw tensors only: the
+        /// reference package reads zstd tensors as little-endian whatever
+        /// their data_endianness says).
+        #[arg(long, conflicts_with = "zstd")]
         big_endian: bool,
     },
     /// List the tensors of a .zt file.

@@ -94,7 +94,7 @@ fn pack(a: &PackArgs) -> Result<usize, String> {
             }),
         };
         w.add_from(name, dtype, &arr.shape, &mut input, &opts)
-            .map_err(|e| format!("{name}: {e}"))?;
+            .map_err(|e| format!("{path}: {e}"))?;
     }
     w.finish().map_err(|e| format!("{}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, &a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;

@@ -3,6 +3,7 @@
 //! independent frames (each declares its decoded size), which any zstd decoder
 //! reads as one stream and which lets a reader jump to the frame it needs.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
 use std::path::Path;
@@ -46,7 +47,10 @@ impl Compression {
 #[derive(Debug, Clone)]
 pub struct Options {
     pub compression: Compression,
-    /// Byte order on disk; input is always little-endian.
+    /// Byte order on disk; input is always little-endian. With zstd it is
+    /// the decoded bytes' order, as this reader takes `data_endianness`; the
+    /// reference package applies that field to raw blobs only, so `pack`
+    /// writes zstd tensors little-endian.
     pub endian: Endian,
     pub checksum: Option<Algorithm>,
     /// Extra metadata fields, written after the spec's fields.
@@ -68,6 +72,8 @@ pub struct Writer<W: Write> {
     out: W,
     pos: u64,
     entries: Vec<Value>,
+    /// Names taken so far: a reader refuses a file that repeats one.
+    names: HashSet<String>,
 }
 
 impl Writer<BufWriter<File>> {
@@ -87,7 +93,22 @@ impl<W: Write> Writer<W> {
             out,
             pos: MAGIC.len() as u64,
             entries: Vec::new(),
+            names: HashSet::new(),
         })
+    }
+
+    /// Takes `name` for a new tensor, or says why a reader would refuse it.
+    fn claim(&mut self, name: &str) -> io::Result<()> {
+        if name.is_empty() {
+            return Err(invalid("a tensor name is empty".into()));
+        }
+        if name.contains('\0') {
+            return Err(invalid(format!("{name:?}: a tensor name holds a NUL")));
+        }
+        if !self.names.insert(name.to_owned()) {
+            return Err(invalid(format!("{name}: the name is used twice")));
+        }
+        Ok(())
     }
 
     /// Adds a dense tensor from little-endian element bytes in memory.
@@ -116,6 +137,7 @@ impl<W: Write> Writer<W> {
             .iter()
             .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
             .ok_or_else(|| invalid(format!("{name}: shape {shape:?} is too large")))?;
+        self.claim(name)?;
         let mut blob = self.begin(dtype.size() as usize, nbytes, opts)?;
         let mut buf = vec![0u8; blob.chunk];
         let mut left = nbytes;
@@ -124,7 +146,9 @@ impl<W: Write> Writer<W> {
             input.read_exact(&mut buf[..n]).map_err(|e| {
                 io::Error::new(
                     e.kind(),
-                    format!("{name}: input ended {left} bytes early: {e}"),
+                    format!(
+                        "{name}: input holds fewer than the {nbytes} bytes of shape {shape:?}: {e}"
+                    ),
                 )
             })?;
             blob.push(&mut self.out, &mut buf[..n])?;
@@ -183,7 +207,10 @@ impl<W: Write> Writer<W> {
         opts: &Options,
     ) -> io::Result<()> {
         let nnz = values.len() as u64 / dtype.size();
-        if indices.len() as u64 != nnz * shape.len() as u64 || shape.is_empty() {
+        if indices.len() as u64 != nnz * shape.len() as u64
+            || shape.is_empty()
+            || !(values.len() as u64).is_multiple_of(dtype.size())
+        {
             return Err(invalid(format!("{name}: COO parts do not match the shape")));
         }
         let parts = vec![
@@ -204,6 +231,7 @@ impl<W: Write> Writer<W> {
         parts: Vec<(&str, DType, Vec<u8>)>,
         opts: &Options,
     ) -> io::Result<()> {
+        self.claim(name)?;
         let total = parts.iter().map(|p| p.2.len() as u64).sum();
         let mut blob = self.begin(1, total, opts)?;
         let mut offsets = Vec::new();
