@@ -376,8 +376,10 @@ fn our_dense_files_read_right_in_the_reference_reader() {
         // A typed read too, where the reference crate decodes the values.
         let ints: Vec<i32> = r.read_typed_tensor_data("int32").unwrap();
         let want: Vec<i32> = sample(DType::Int32, n)
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .as_chunks::<4>()
+            .0
+            .iter()
+            .map(|c| i32::from_le_bytes(*c))
             .collect();
         assert_eq!(ints, want, "{label}");
     }

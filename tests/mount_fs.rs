@@ -459,15 +459,19 @@ fn sparse_csr_and_coo_parts() {
         for c in &cases {
             let idx: Vec<u64> = c.parts[c.parts.len() - 2]
                 .3
-                .chunks_exact(8)
-                .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+                .as_chunks::<8>()
+                .0
+                .iter()
+                .map(|b| u64::from_le_bytes(*b))
                 .collect();
             let vals = &c.parts.last().unwrap().3;
             if c.format == "csr" {
                 let indptr: Vec<u64> = c.parts[0]
                     .3
-                    .chunks_exact(8)
-                    .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+                    .as_chunks::<8>()
+                    .0
+                    .iter()
+                    .map(|b| u64::from_le_bytes(*b))
                     .collect();
                 let shape = [c.shape[0], c.shape[1]];
                 w.add_csr(c.name, c.dtype, shape, &indptr, &idx, vals, &c.opts)
