@@ -11,16 +11,14 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-bash scripts/setup.sh
-as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+source scripts/setup.sh
 missing=()
 command -v zstd >/dev/null 2>&1 || missing+=(zstd)
 command -v fincore >/dev/null 2>&1 || missing+=(util-linux)
 command -v pgrep >/dev/null 2>&1 || missing+=(procps)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "bench: installing ${missing[*]}"
-  as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  apt_install "${missing[@]}"
 fi
 cargo build --release --quiet --bins --example bench_many
 exec "$root/.venv/bin/python" "$root/scripts/bench.py" "$@"

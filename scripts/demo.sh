@@ -5,7 +5,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-bash scripts/setup.sh
+source scripts/setup.sh
 cargo build --release --quiet
 bin="$root/target/release/ztensor-mount"
 mnt=${1:-/tmp/ztensor-demo}

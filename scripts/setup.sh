@@ -1,12 +1,28 @@
 #!/usr/bin/env bash
 # Installs what ztensor-mount needs on a Debian machine, idempotently:
-# fuse3 (fusermount3 and the kernel device), and a Python venv in .venv with
-# numpy and the reference Python package for the interop tests.
-# Sourced by demo.sh and test.sh; safe to run alone.
+# fuse3 (fusermount3 and the kernel device), a C compiler (zstd-sys builds
+# libzstd from source), a Rust toolchain when cargo is missing (rustup, into
+# ~/.cargo), and a Python venv in .venv with numpy and the reference Python
+# package for the interop tests.
+# Sourced by demo.sh and test.sh, so that a Rust installed here is on their
+# PATH; also safe to run alone.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+min_rust=1.88
+# What a fresh install gets: the version CI and the benchmarks use. A newer
+# clippy brings new lints, which `-D warnings` in test.sh turns into errors.
+rust_pin=1.95.0
 
-as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+as_root() {
+  if [ "$(id -u)" = 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    echo "setup: '$*' needs root, and sudo is not installed; run this as root" >&2
+    exit 1
+  fi
+}
 
 apt_updated=
 apt_install() {
@@ -21,10 +37,45 @@ fi
 if [ ! -e /dev/fuse ]; then
   echo "setup: /dev/fuse is missing (in a container, run it with --device /dev/fuse)" >&2
 fi
+if ! command -v cc >/dev/null 2>&1 || ! echo 'int main(void) { return 0; }' \
+    | cc -x c - -o /dev/null >/dev/null 2>&1; then
+  echo "setup: installing gcc and libc6-dev (zstd-sys compiles libzstd)"
+  apt_install gcc libc6-dev
+fi
+
+# Rust: rustup's own cargo first, as its installer would arrange.
+cargo_bin="${CARGO_HOME:-$HOME/.cargo}/bin"
+case ":$PATH:" in
+  *":$cargo_bin:"*) ;;
+  *) if [ -x "$cargo_bin/cargo" ]; then export PATH="$cargo_bin:$PATH"; fi ;;
+esac
 if ! command -v cargo >/dev/null 2>&1; then
-  echo "setup: cargo not found; install Rust 1.88 or newer (https://rustup.rs)" >&2
+  echo "setup: installing Rust $rust_pin (rustup, minimal profile with rustfmt and clippy) into ~/.cargo"
+  if ! command -v curl >/dev/null 2>&1; then apt_install curl ca-certificates; fi
+  tmp=$(mktemp -d)
+  curl --proto '=https' --tlsv1.2 -sSf -o "$tmp/rustup-init" \
+    "https://static.rust-lang.org/rustup/dist/$(uname -m)-unknown-linux-gnu/rustup-init"
+  chmod +x "$tmp/rustup-init"
+  "$tmp/rustup-init" -y -q --no-modify-path --profile minimal --default-toolchain "$rust_pin" \
+    -c rustfmt -c clippy >/dev/null
+  rm -rf "$tmp"
+  export PATH="$cargo_bin:$PATH"
+fi
+rust_version=$(rustc --version | awk '{print $2}')
+if ! printf '%s\n' "$min_rust" "$rust_version" | sort -V -C; then
+  echo "setup: rustc $rust_version is older than $min_rust, which ztensor-mount needs;" \
+       "update it (rustup update stable) or remove it so that this script installs one" >&2
   exit 1
 fi
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  if command -v rustup >/dev/null 2>&1; then
+    echo "setup: adding rustfmt and clippy (rustup component add)"
+    rustup component add rustfmt clippy >/dev/null
+  else
+    echo "setup: cargo fmt or cargo clippy is missing; scripts/test.sh needs both" >&2
+  fi
+fi
+
 if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
   echo "setup: installing python3-venv"
   apt_install python3-venv

@@ -4,7 +4,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-bash scripts/setup.sh
+source scripts/setup.sh
 export ZT_PYTHON="$root/.venv/bin/python"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
