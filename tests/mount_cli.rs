@@ -336,6 +336,40 @@ fn dash_u_refuses_a_busy_mount_and_dash_u_dash_z_detaches_it() {
 }
 
 #[test]
+fn a_signal_to_a_detached_daemon_leaves_a_newer_mount_at_its_path_alone() {
+    let _one_at_a_time = support::serial();
+    let Some((mut m, zt)) = scratch_with_file() else {
+        return;
+    };
+    m.mount(&zt, &["--direct-io"]);
+    let old = m.pid.expect("daemon pid");
+    let f = std::fs::File::open(m.path("z")).unwrap();
+    let r = support::run_with_timeout(
+        Command::new(bin()).args(["-u", "-z"]).arg(&m.mp),
+        Duration::from_secs(10),
+    );
+    assert!(r.ok(), "-u -z: {r:?}");
+    // The detached daemon lives on for its open file; a new mount takes
+    // the path.
+    m.mount(&zt, &[]);
+    let new = m.pid.expect("new daemon pid");
+    assert_ne!(old, new);
+    signal(old, libc::SIGTERM);
+    assert!(
+        wait_until(Duration::from_secs(10), || !alive(old)),
+        "the detached daemon outlived SIGTERM; log:\n{}",
+        m.log_text()
+    );
+    assert!(
+        m.is_mounted() && alive(new),
+        "the old daemon's signal took down the new mount; log:\n{}",
+        m.log_text()
+    );
+    assert!(std::fs::read(m.path("z")).unwrap() == payload());
+    drop(f);
+}
+
+#[test]
 fn a_signal_while_a_file_is_open_detaches_then_the_daemon_exits() {
     let _one_at_a_time = support::serial();
     let Some((mut m, zt)) = scratch_with_file() else {
@@ -379,6 +413,15 @@ fn dash_u_unmounts_and_rejects_what_is_not_mounted() {
     };
     m.mount(&zt, &[]);
     let pid = m.pid.expect("daemon pid");
+    // The type findmnt -t and umount -t go by, on both mount paths
+    // (mount(2) as root here, fusermount3 otherwise).
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mp = m.mp.to_str().unwrap().to_owned();
+    let line = info
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(mp.as_str()))
+        .expect("the mount in mountinfo");
+    assert!(line.contains(" - fuse.ztensor-mount "), "{line}");
     m.unmount_ok();
     assert!(
         wait_until(Duration::from_secs(5), || !alive(pid)),
@@ -414,6 +457,13 @@ fn dash_u_clears_the_mount_of_a_killed_daemon() {
         matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)),
         "{e}"
     );
+    // Mounting over it says what it is and how to clear it.
+    let r = support::run_with_timeout(
+        Command::new(bin()).arg(&zt).arg(&m.mp),
+        Duration::from_secs(10),
+    );
+    let err = assert_clean_failure(&r, "a mount over a dead mount");
+    assert!(err.contains("daemon died") && err.contains("-u"), "{err}");
     // -u of a dead mount works.
     m.unmount_ok();
     // And the mountpoint can be used again.

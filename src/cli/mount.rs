@@ -52,8 +52,18 @@ pub fn run(file: &Path, mountpoint: &Path, s: Settings) -> ExitCode {
 }
 
 fn check_mountpoint(p: &Path) -> Result<PathBuf, String> {
-    let abs = std::fs::canonicalize(p).map_err(|e| format!("mountpoint {}: {e}", p.display()))?;
-    let meta = std::fs::metadata(&abs).map_err(|e| format!("mountpoint {}: {e}", abs.display()))?;
+    let why = |p: &Path, e: std::io::Error| {
+        let hint = match e.raw_os_error() {
+            Some(libc::ENOTCONN | libc::ECONNABORTED) => format!(
+                " (a mount whose daemon died: ztensor-mount -u {})",
+                p.display()
+            ),
+            _ => String::new(),
+        };
+        format!("mountpoint {}: {e}{hint}", p.display())
+    };
+    let abs = std::fs::canonicalize(p).map_err(|e| why(p, e))?;
+    let meta = std::fs::metadata(&abs).map_err(|e| why(&abs, e))?;
     if !meta.is_dir() {
         return Err(format!("mountpoint {}: not a directory", abs.display()));
     }
@@ -182,6 +192,10 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
     let mut mount_options = vec![
         MountOption::FSName(label.clone()),
         MountOption::Subtype("ztensor-mount".into()),
+        // fuser's own mount(2) path leaves Subtype to fusermount3 and mounts
+        // plain "fuse"; the kernel takes the subtype as an option, so the
+        // type reads fuse.ztensor-mount either way (findmnt -t, umount -t).
+        MountOption::CUSTOM("subtype=ztensor-mount".into()),
         MountOption::RO,
         MountOption::NoDev,
         MountOption::NoSuid,
@@ -300,15 +314,29 @@ fn tune_bdi(dev: &str, kb: u32) {
 /// seconds to finish before the connection is aborted: the daemon always
 /// exits and no reader is left hanging.
 fn stop(mp: &Path, dev: Option<&str>) {
-    match umount(mp, false) {
-        Ok(()) => return,
-        Err(e) => log::info!("{}: {e}; detaching it", mp.display()),
-    }
-    if let Err(e) = umount(mp, true) {
-        log::error!("cannot detach {}: {e}", mp.display());
+    // Unmounts go by path: if this mount was detached (-u -z) and another
+    // now sits at the path, that one is not ours to take down.
+    if dev.is_some() && mount_dev(mp).as_deref() != dev {
+        log::info!(
+            "{} is no longer this daemon's mount (detached); not unmounting it",
+            mp.display()
+        );
+    } else {
+        match umount(mp, false) {
+            Ok(()) => return,
+            Err(e) => log::info!("{}: {e}; detaching it", mp.display()),
+        }
+        if let Err(e) = umount(mp, true) {
+            log::error!("cannot detach {}: {e}", mp.display());
+        }
     }
     std::thread::sleep(std::time::Duration::from_secs(2));
-    // Still here: some reader holds a file open. Abort the connection.
+    // Still here: some reader holds a file open.
+    abort_and_exit(mp, dev);
+}
+
+/// Aborts the connection (readers get ENOTCONN, none hang) and exits.
+fn abort_and_exit(mp: &Path, dev: Option<&str>) -> ! {
     if let Some(minor) = dev.and_then(|d| d.split(':').nth(1)) {
         let abort = format!("/sys/fs/fuse/connections/{minor}/abort");
         log::warn!(
