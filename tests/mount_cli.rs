@@ -216,6 +216,51 @@ fn unusable_cache_dir_or_log_file_fails_clearly() {
     let err = assert_clean_failure(&r, "bad log file");
     assert!(err.contains("/nonexistent/dir/zt.log"), "{err}");
     assert_not_mounted(&m, "bad log file");
+    // FIFOs nobody writes or reads: refused at once, not waited on.
+    let fifo = m.scratch_path("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let r = support::run_with_timeout(
+        Command::new(bin())
+            .arg(&zt)
+            .arg(&m.mp)
+            .arg("--log-file")
+            .arg(&fifo),
+        Duration::from_secs(10),
+    );
+    let err = assert_clean_failure(&r, "a FIFO as log file");
+    assert!(err.contains("log file") && err.contains("fifo"), "{err}");
+    assert_not_mounted(&m, "a FIFO as log file");
+    for args in [&[][..], &["info"], &["cat"]] {
+        let mut cmd = Command::new(bin());
+        cmd.args(args).arg(&fifo);
+        if args.is_empty() {
+            cmd.arg(&m.mp);
+        } else if args == ["cat"] {
+            cmd.arg("w");
+        }
+        let r = support::run_with_timeout(&mut cmd, Duration::from_secs(10));
+        assert_eq!(r.status.code(), Some(1), "{args:?}: {r:?}");
+        let err = r.stderr.trim_end();
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains("not a regular file"), "{args:?}: {err}");
+    }
+    assert_not_mounted(&m, "a FIFO as the .zt");
+    // Empty paths are usage errors, not the current directory.
+    for (o, why) in [
+        ("cache_dir=", "is empty"),
+        ("log_file=", "is empty"),
+        ("allow_other,allow_root", "cannot be used together"),
+        ("read_ahead_kb=4294967295", "at most"),
+    ] {
+        let r = support::run_with_timeout(
+            Command::new(bin()).arg(&zt).arg(&m.mp).args(["-o", o]),
+            Duration::from_secs(10),
+        );
+        assert_eq!(r.status.code(), Some(2), "-o {o}: {r:?}");
+        assert!(r.stderr.contains(why), "-o {o}: {r:?}");
+    }
+    assert_not_mounted(&m, "empty paths");
 }
 
 #[test]
@@ -422,6 +467,11 @@ fn dash_u_unmounts_and_rejects_what_is_not_mounted() {
         .find(|l| l.split(' ').nth(4) == Some(mp.as_str()))
         .expect("the mount in mountinfo");
     assert!(line.contains(" - fuse.ztensor-mount "), "{line}");
+    // A daemon keeps no directory of its caller busy.
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap(),
+        Path::new("/")
+    );
     m.unmount_ok();
     assert!(
         wait_until(Duration::from_secs(5), || !alive(pid)),

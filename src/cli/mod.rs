@@ -199,6 +199,26 @@ pub fn main() -> ExitCode {
         if cli.log_file.is_some() {
             s.log_file = cli.log_file.clone();
         }
+        // Absolute before the daemon leaves the caller's directory.
+        for (key, p) in [
+            ("cache_dir", Some(&mut s.cache_dir)),
+            ("log_file", s.log_file.as_mut()),
+        ] {
+            let Some(p) = p else { continue };
+            if p.as_os_str().is_empty() {
+                return Err(format!("{key} is empty"));
+            }
+            *p = std::path::absolute(&*p).map_err(|e| format!("{key} {}: {e}", p.display()))?;
+        }
+        if s.allow_other && s.allow_root {
+            return Err("allow_other and allow_root cannot be used together".into());
+        }
+        if s.read_ahead_kb > MAX_READ_AHEAD_KB {
+            return Err(format!(
+                "read_ahead_kb must be at most {MAX_READ_AHEAD_KB} (1 GiB), not {}",
+                s.read_ahead_kb
+            ));
+        }
         if s.cache_size < 1 << 20 {
             return Err("cache size must be at least 1M".into());
         }
@@ -221,6 +241,9 @@ pub fn main() -> ExitCode {
         None => ExitCode::from(2),
     }
 }
+
+/// The largest readahead `-o read_ahead_kb` sets on the mount's bdi.
+const MAX_READ_AHEAD_KB: u32 = 1 << 20;
 
 fn tool(cli: ToolCli) -> ExitCode {
     // `info | head`: end quietly on a closed pipe, as other Unix tools do.

@@ -92,6 +92,9 @@ fn daemonize(zt: ZtFile, mountpoint: &Path, s: &Settings) -> ExitCode {
         0 => {
             drop(rd);
             unsafe { libc::setsid() };
+            // As daemons do: hold no directory of the caller's busy (paths
+            // were made absolute before the fork).
+            let _ = std::env::set_current_dir("/");
             match &s.log_file {
                 Some(p) => {
                     if let Err(e) = logging::to_file(p, s.debug) {

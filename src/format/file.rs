@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -36,7 +37,13 @@ impl ZtFile {
         let io = |what: &str, e: std::io::Error| {
             Error::new(ErrorKind::Io, &label, None, format!("{what}: {e}"))
         };
-        let file = File::open(path).map_err(|e| io("cannot open", e))?;
+        // Non-blocking, so that a FIFO is refused below instead of waiting
+        // for a writer forever (the flag means nothing to a regular file).
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| io("cannot open", e))?;
         let meta = file.metadata().map_err(|e| io("cannot stat", e))?;
         if !meta.is_file() {
             return Err(Error::new(
