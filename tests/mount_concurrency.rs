@@ -610,6 +610,55 @@ fn a_spill_that_does_not_fit_fails_until_there_is_room() {
 }
 
 #[test]
+fn finished_spills_nobody_reads_make_room_for_new_ones() {
+    // Five 3 MiB single-frame tensors, a 1 MiB cache, a 10 MiB tmpfs for
+    // spills: each spill may take 3/4 of what is free, so kept for good
+    // they would run the directory out of room by the third; idle ones go
+    // instead, and every tensor reads right, twice.
+    let ts: Vec<T> = (0..5)
+        .map(|i| T {
+            name: format!("t{i}"),
+            dtype: DType::Float32,
+            le: compressible(60 + i, 3 * MIB),
+            opts: zstd(0, Endian::Little),
+        })
+        .collect();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let zt = m.scratch_path("test.zt");
+    write(&zt, &ts);
+    let dir = m.scratch_path("small");
+    let _tmpfs = match Tmpfs::mount(&dir, "10m") {
+        Ok(t) => t,
+        Err(why) => {
+            support::require("a tmpfs for --cache-dir", Err(why));
+            return;
+        }
+    };
+    let dir_arg = dir.to_str().unwrap().to_string();
+    m.mount(&zt, &["--cache-size", "1M", "--cache-dir", &dir_arg]);
+    for round in 0..2 {
+        for t in &ts {
+            let got = std::fs::read(m.path(&t.name));
+            assert!(
+                got.as_ref().is_ok_and(|g| *g == t.le),
+                "round {round}, {}: {:?}; log:\n{}",
+                t.name,
+                got.err(),
+                m.log_text()
+            );
+        }
+    }
+    assert!(
+        m.log_text().contains("dropped its spill"),
+        "{}",
+        m.log_text()
+    );
+    m.unmount_ok();
+}
+
+#[test]
 fn a_big_single_frame_is_served_while_it_decodes() {
     // 24 MiB in one zstd frame (no frame table to jump with): decoded once,
     // front to back, on its own thread while readers take what is there.

@@ -5,7 +5,7 @@
 //! turns into EIO.
 
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
@@ -13,7 +13,7 @@ use super::cache::{Buf, Cache};
 use super::filling::Writer;
 use super::guard::Guard;
 use super::prefetch::Prefetcher;
-use super::spill::Spill;
+use super::spill::{self, Spill};
 use super::stats::Stats;
 use super::window::{self, MapWindow, Touched};
 use crate::format::index::as_u64;
@@ -678,6 +678,9 @@ impl Data {
         *slot = None;
         let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
         let dir = &self.opts.cache_dir;
+        if spill::room(dir, decoded).is_err() {
+            self.drop_idle_spills(ti, dir, decoded);
+        }
         let early = self.trusted_early(t, self.zt.blob(t), one_frame);
         let spill = Spill::start(&self.zt, &self.guard, ti, decoded, dir, early, &self.stats)
             .map_err(|why| self.fail(t, why))?;
@@ -693,6 +696,36 @@ impl Data {
         );
         *slot = Some(spill.clone());
         Ok(spill)
+    }
+}
+
+impl Data {
+    /// Spills stay while mounted, so that a tensor is decoded once. When a
+    /// new one does not fit, finished spills that no reader holds go first
+    /// (until it fits), so that spills read once cannot fill the disk and
+    /// fail every later one. Other tensors' slots are only tried, never
+    /// waited on: their holders may be waiting for this one.
+    fn drop_idle_spills(&self, keep: usize, dir: &Path, decoded: u64) {
+        for (i, state) in self.states.iter().enumerate() {
+            if i == keep {
+                continue;
+            }
+            let Ok(mut slot) = state.spill.try_lock() else {
+                continue;
+            };
+            if slot.as_ref().is_some_and(|s| Arc::strong_count(s) == 1) {
+                let idle = slot.take();
+                drop(slot);
+                drop(idle);
+                log::info!(
+                    "{}: dropped its spill to make room for another",
+                    self.zt.catalog().tensors[i].name
+                );
+                if spill::room(dir, decoded).is_ok() {
+                    return;
+                }
+            }
+        }
     }
 }
 

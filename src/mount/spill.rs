@@ -434,7 +434,7 @@ static RESERVING: Mutex<()> = Mutex::new(());
 /// Whether `dir` has room for a spill of `decoded` bytes. The size comes
 /// from the index: ask the disk before trusting it, and leave a quarter of
 /// what is free to everyone else.
-fn room(dir: &Path, decoded: u64) -> Result<(), String> {
+pub(crate) fn room(dir: &Path, decoded: u64) -> Result<(), String> {
     match free_bytes(dir) {
         Some(free) if decoded > free - free / 4 => Err(format!(
             "{decoded} decoded bytes are too big for the cache and for {} ({free} bytes free; a spill may take three quarters)",
