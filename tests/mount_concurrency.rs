@@ -417,12 +417,9 @@ fn a_second_pass_over_an_evicted_tensor_is_read_ahead_too() {
     };
     let first = pass();
     let second = pass();
+    assert!(first >= 8, "first pass: {first} frames found decoded ahead");
     assert!(
-        first >= 16,
-        "first pass: {first} frames found decoded ahead"
-    );
-    assert!(
-        second >= 16,
+        second >= 8,
         "second pass: {second} frames found decoded ahead (first: {first})"
     );
 }

@@ -274,10 +274,41 @@ fn all_dense() -> Vec<Dense> {
 
 #[test]
 fn every_dtype_encoding_and_byte_order_reads_back() {
+    every_dtype_reads_back_in(&[], true);
+}
+
+#[test]
+fn every_dtype_reads_back_through_the_page_cache() {
+    every_dtype_reads_back_in(&["--page-cache"], false);
+}
+
+/// Every tensor of [`all_dense`] read back in the mode `args` choose.
+/// Raw tensors come from the daemon on every read with direct I/O, and
+/// from the page cache on a second read otherwise (checked, so a mode
+/// that silently did not take effect fails here).
+fn every_dtype_reads_back_in(args: &[&str], direct_io: bool) {
     let tensors = all_dense();
-    let Some(m) = Mount::with(&[], |p| write_dense(p, &tensors)) else {
+    let Some(m) = Mount::with(args, |p| write_dense(p, &tensors)) else {
         return;
     };
+    let raw = tensors
+        .iter()
+        .find(|t| matches!(t.opts.compression, Compression::Raw) && t.le.len() >= 64)
+        .expect("a raw tensor");
+    let served = || m.stat_u64("bytes_served");
+    assert!(m.read(&raw.name) == raw.le);
+    let before = served();
+    assert!(m.read(&raw.name) == raw.le);
+    let again = served() - before;
+    if direct_io {
+        assert_eq!(
+            again,
+            raw.le.len() as u64,
+            "{args:?}: the daemon served the re-read"
+        );
+    } else {
+        assert_eq!(again, 0, "{args:?}: a re-read came from the page cache");
+    }
     let zt = std::fs::read(m.scratch_path("test.zt")).unwrap();
     let index = m.index();
     assert_eq!(index["tensor_count"], json!(tensors.len()));

@@ -384,15 +384,18 @@ fn numpy_memmap_of_raw_and_zstd_tensors() {
         return;
     };
     const N: usize = 300_000;
-    let Some(m) = Mount::with(&[], |p| write_memmap_file(p, N)) else {
-        return;
-    };
-    let paths: Vec<_> = ["raw", "zstd", "zstd_be_one_frame"]
-        .iter()
-        .map(|t| m.path(t))
-        .collect();
-    run_python(&py, &m, MEMMAP, &json!({ "n": N, "paths": paths }));
-    assert_eq!(m.stat_u64("errors"), 0);
+    // Both ways tensor data reaches readers (raw tensors differ).
+    for args in [&[][..], &["--page-cache"]] {
+        let Some(m) = Mount::with(args, |p| write_memmap_file(p, N)) else {
+            return;
+        };
+        let paths: Vec<_> = ["raw", "zstd", "zstd_be_one_frame"]
+            .iter()
+            .map(|t| m.path(t))
+            .collect();
+        run_python(&py, &m, MEMMAP, &json!({ "n": N, "paths": paths }));
+        assert_eq!(m.stat_u64("errors"), 0, "{args:?}");
+    }
 }
 
 #[test]
