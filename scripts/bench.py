@@ -1127,7 +1127,8 @@ class Bench:
         def fmt(cells):
             return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
 
-        print(f"ztensor-mount benchmark ({self.mode}; median of {self.runs}; "
+        print(f"ztensor-mount benchmark ({self.mode}; median of {self.runs}; raw, memmap "
+              f"and zstd baselines of {2 * self.runs}, taken around each round; "
               f"{mach['nproc']} cores, {mach['ram_gib']} GiB, Linux {mach['kernel']}, "
               f"max_pages_limit {mach['max_pages_limit']}, zstd {mach['zstd']}; "
               f"commit {mach['commit']}; {elapsed:.0f} s)")
