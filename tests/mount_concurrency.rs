@@ -17,6 +17,7 @@ use ztensor_mount::mount::cache::ENTRY_COST;
 
 const MIB: usize = 1 << 20;
 
+#[derive(Clone)]
 struct T {
     name: String,
     dtype: DType,
@@ -578,11 +579,28 @@ fn a_spill_that_does_not_fit_fails_until_there_is_room() {
         le: compressible(78, 3 * MIB),
         opts: zstd(0, Endian::Little),
     };
+    // The same with a damaged middle: it fails first for want of room,
+    // then for its data, and the log must give both reasons.
+    let damaged = T {
+        name: "damaged".into(),
+        ..t.clone()
+    };
     let Some(mut m) = Mount::scratch() else {
         return;
     };
     let zt = m.scratch_path("test.zt");
-    write(&zt, std::slice::from_ref(&t));
+    write(&zt, &[t.clone(), damaged]);
+    let (off, size) = {
+        let f = ztensor_mount::format::ZtFile::open(&zt).unwrap();
+        let d = &f.catalog().tensors[1];
+        (d.offset, d.size)
+    };
+    let bytes = std::fs::read(&zt).unwrap();
+    let (at, len) = compressed_block_near(&bytes[off as usize..(off + size) as usize], size / 2);
+    let file = std::fs::OpenOptions::new().write(true).open(&zt).unwrap();
+    file.write_all_at(&vec![0xA5; len - 8], off + at + 8)
+        .unwrap();
+    drop(file);
     let dir = m.scratch_path("small");
     let tmpfs = match Tmpfs::mount(&dir, "1m") {
         Ok(t) => t,
@@ -600,9 +618,23 @@ fn a_spill_that_does_not_fit_fails_until_there_is_room() {
         log.contains("big") && log.contains("too big for the cache and for"),
         "log:\n{log}"
     );
+    let e = std::fs::read(m.path("damaged")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
     tmpfs.resize("8m");
     assert!(std::fs::read(m.path("big")).unwrap() == t.le);
     assert_eq!(m.stats()["spilled_tensors"], 1, "{}", m.stats());
+    let e = std::fs::read(m.path("damaged")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    let log = m.log_text();
+    let damaged: Vec<_> = log
+        .lines()
+        .filter(|l| l.contains("ERROR") && l.contains("\"damaged\""))
+        .collect();
+    assert!(
+        damaged.iter().any(|l| l.contains("too big for the cache"))
+            && damaged.iter().any(|l| l.contains("corrupt")),
+        "both reasons at error level:\n{log}"
+    );
     m.unmount_ok();
 }
 

@@ -93,10 +93,13 @@ struct TensorState {
     /// Not a `OnceLock`: a spill that could not start or failed for want
     /// of disk is tried again by the next read.
     spill: Mutex<Option<Arc<Spill>>>,
-    /// Set once the tensor's first error is in the log. A `OnceLock`, not
-    /// a flag: a reader failing at the same time waits for that line, so
-    /// no EIO reaches anyone before the log says why.
-    logged: OnceLock<()>,
+    /// The last reason logged at error level for this tensor (a hash) and
+    /// how many were: a new reason is logged again (a spill that failed for
+    /// want of disk may fail later for another cause), up to
+    /// [`LOGGED_REASONS`], repeats go to the debug log. Logged under the
+    /// lock: a reader failing at the same time waits for that line, so no
+    /// EIO reaches anyone before the log says why.
+    logged: Mutex<(u64, u8)>,
     /// The frame most recently read, to tell sequential readers.
     last_frame: AtomicUsize,
     /// The furthest frame queued for read-ahead.
@@ -169,14 +172,26 @@ impl Data {
             Ok(b) => Stats::add(&self.stats.bytes_served, b.len() as u64),
             Err(why) => {
                 Stats::add(&self.stats.errors, 1);
-                // One error line per tensor; later ones at debug level.
-                let mut first = false;
-                self.states[ti].logged.get_or_init(|| {
-                    log::error!("{why}");
-                    first = true;
-                });
-                if !first {
+                if self.guard.broken() == Some(why.as_str()) {
+                    // The guard logged it, once for the whole file.
                     log::debug!("{why}");
+                } else {
+                    let h = {
+                        use std::hash::{Hash, Hasher};
+                        let mut h = std::collections::hash_map::DefaultHasher::new();
+                        why.hash(&mut h);
+                        h.finish()
+                    };
+                    let mut last = self.states[ti]
+                        .logged
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
+                    if last.0 != h && last.1 < LOGGED_REASONS {
+                        *last = (h, last.1 + 1);
+                        log::error!("{why}");
+                    } else {
+                        log::debug!("{why}");
+                    }
                 }
             }
         }
@@ -728,6 +743,9 @@ impl Data {
         }
     }
 }
+
+/// Most reasons one tensor's reads log at error level while mounted.
+const LOGGED_REASONS: u8 = 8;
 
 /// Memory a kept frame list of `n` frames takes.
 fn list_cost(n: usize) -> u64 {

@@ -67,6 +67,11 @@ impl Guard {
     }
 
     /// Ok while the file is as it was at mount. Once it changed, stays failed.
+    /// Why the file is no longer served, once [`Guard::check`] found it.
+    pub fn broken(&self) -> Option<&str> {
+        self.broken.get().map(String::as_str)
+    }
+
     pub fn check(&self) -> Result<(), String> {
         if let Some(why) = self.broken.get() {
             return Err(why.clone());
@@ -83,9 +88,11 @@ impl Guard {
                     self.label
                 )
             }
+            // The faulted page now reads as zeros, so nothing is served
+            // from here on, whatever the cause.
             Ok(_) if SIGBUS_HITS.load(SeqCst) > 0 => {
                 format!(
-                    "{}: pages of the file vanished under the mount (SIGBUS)",
+                    "{}: reading the file through its mapping failed (SIGBUS) while its size and time are unchanged: a disk error, or a change that kept both; refusing to serve its bytes until it is mounted again",
                     self.label
                 )
             }
