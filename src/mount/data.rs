@@ -311,23 +311,23 @@ impl Data {
                 let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
                 let limit = self.cache.limit();
                 // A frame list is kept while the file is mounted: it is
-                // counted in the cache (`Cache::hold`), and a tensor whose
-                // list does not fit there is decoded as one stream.
-                if let Some(frames) = frame_table(t, decoded)
-                    && frames.iter().all(|f| f.d_len <= limit / 4)
+                // counted in the cache (`Cache::hold`) before it is built,
+                // and a tensor whose list does not fit there is decoded as
+                // one stream. A table that cannot be held, or that does not
+                // agree with the blob, leaves it to the walk below, which
+                // counts the frames there are.
+                if let Some((size, items)) = frame_table(t)
+                    && (2..=zstd_blob::MAX_FRAMES).contains(&items.len())
+                    && size <= limit / 4
                 {
-                    let cost = list_cost(frames.len());
+                    let cost = list_cost(items.len());
                     if self.cache.hold(cost) {
-                        return Ok(Plan::Frames(frames));
+                        let sizes: Option<Vec<u64>> = items.iter().map(|v| as_u64(v).ok()).collect();
+                        match sizes.and_then(|s| zstd_blob::frames_from_table(size, &s, t.size, decoded)) {
+                            Some(frames) => return Ok(Plan::Frames(frames)),
+                            None => self.cache.unhold(cost),
+                        }
                     }
-                    // The table agreed with the tensor's size; no walk
-                    // over the blob would make its list fit better.
-                    log::info!(
-                        "{}",
-                        self.fail(t, format!("the list of its {} zstd frames ({cost} bytes) does not fit in a quarter of the cache: decoded as one stream", frames.len()))
-                    );
-                    self.guard.check()?;
-                    return Ok(whole_or_spill(decoded, limit, frames.len() == 1));
                 }
                 // One frame that says it holds the whole tensor: nothing to
                 // walk (a walk touches every block header of the blob). The
@@ -752,15 +752,15 @@ fn list_cost(n: usize) -> u64 {
     (n * std::mem::size_of::<Frame>()) as u64
 }
 
-/// The frame table our writer records, when present and consistent: no
-/// walk over the blob (a 1 GiB tensor has 1024 frames to find otherwise).
-fn frame_table(t: &Tensor, decoded: u64) -> Option<Vec<Frame>> {
+/// The frame table our writer records (decoded bytes per frame, and each
+/// frame's compressed size), when present: no walk over the blob (a 1 GiB
+/// tensor has 1024 frames to find otherwise). Checked when it is built.
+fn frame_table(t: &Tensor) -> Option<(u64, &[Value])> {
     let size = as_u64(t.custom(FRAME_SIZE_KEY)?).ok()?;
     let Value::Array(items) = t.custom(FRAMES_KEY)? else {
         return None;
     };
-    let sizes: Vec<u64> = items.iter().map(as_u64).collect::<Result<_, _>>().ok()?;
-    zstd_blob::frames_from_table(size, &sizes, t.size, decoded)
+    Some((size, items))
 }
 
 /// Makes the calling thread yield to the others (nice 10). Best effort.
