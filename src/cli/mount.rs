@@ -7,7 +7,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use fuser::{Config, MountOption, SessionACL};
 
@@ -152,15 +152,24 @@ fn block_exit_signals() -> libc::sigset_t {
     }
 }
 
-/// Mounts and serves until unmounted or signalled. `ready` gets "ready" once
-/// the kernel has initialised the mount, or the reason it failed.
-fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> ExitCode {
-    let ready = Mutex::new(ready);
-    let report = |msg: &str| {
-        if let Some(mut f) = ready.lock().unwrap_or_else(|e| e.into_inner()).take() {
+/// Says "ready", or why not, to the waiting command: once, whoever is first.
+#[derive(Clone)]
+struct Reporter(Arc<Mutex<Option<File>>>);
+
+impl Reporter {
+    fn report(&self, msg: &str) {
+        if let Some(mut f) = self.0.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = f.write_all(msg.as_bytes());
         }
-    };
+    }
+}
+
+/// Mounts and serves until unmounted or signalled. `ready` gets "ready" once
+/// the mount has answered a request, or the reason it failed.
+fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> ExitCode {
+    let waiting = ready.is_some();
+    let reporter = Reporter(Arc::new(Mutex::new(ready)));
+    let report = |msg: &str| reporter.report(msg);
     let sigset = block_exit_signals();
     // Decoded frames are large and short-lived: have malloc give each its
     // own mapping and return it on free, so freed frames never linger in
@@ -245,15 +254,34 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
             stop(&mp, dev.as_deref());
         }
     });
-    // The mount exists; the kernel's first request waits for run() below.
-    report("ready\n");
+    // The mount exists, but its requests wait for run() below, which may
+    // still fail to start its threads (a pids limit, say). Ready is when a
+    // stat of the mountpoint has been answered by them.
+    if waiting {
+        let (r, mp) = (reporter.clone(), mountpoint.to_path_buf());
+        std::thread::spawn(move || match std::fs::metadata(&mp) {
+            Ok(_) => r.report("ready\n"),
+            Err(e) => r.report(&format!(
+                "the mount on {} does not answer: {e}",
+                mp.display()
+            )),
+        });
+    }
     match session.run() {
         Ok(()) => {
             log::info!("unmounted {}", mountpoint.display());
+            report(&format!(
+                "the mount on {} ended before it was ready",
+                mountpoint.display()
+            ));
             ExitCode::SUCCESS
         }
         Err(e) => {
             log::error!("session ended: {e}");
+            report(&format!(
+                "cannot serve {label} on {}: {e}",
+                mountpoint.display()
+            ));
             ExitCode::from(1)
         }
     }
