@@ -332,3 +332,42 @@ impl std::io::Read for Cycle {
         Ok(n)
     }
 }
+
+#[test]
+fn cat_refuses_to_decode_a_huge_reference_coo_tensor_whole() {
+    use ciborium::value::Value;
+    use ztensor_mount::format::writer::Writer;
+    // Reference-form COO records (one u64 index, one uint8 value: 9 bytes)
+    // in 512 frames of 9 MiB of zeros, each declaring its size: 4.5 GiB
+    // decoded from a few hundred KiB, which cat would have to hold whole.
+    let frame = zstd::bulk::compress(&vec![0u8; 9 << 20], 1).unwrap();
+    let blob = frame.repeat(512);
+    let dir = tempfile::tempdir().unwrap();
+    let zt = dir.path().join("coo.zt");
+    let mut w = Writer::create(&zt).unwrap();
+    let t = |s: &str| Value::Text(s.into());
+    w.add_blob(
+        &blob,
+        vec![
+            (t("name"), t("t")),
+            (t("dtype"), t("uint8")),
+            (t("shape"), Value::Array(vec![Value::Integer(1000.into())])),
+            (t("encoding"), t("zstd")),
+            (t("layout"), t("sparsecoo")),
+            (t("data_endianness"), t("little")),
+        ],
+    )
+    .unwrap();
+    w.finish().unwrap();
+    let r = run_with_timeout(
+        Command::new(bin())
+            .arg("cat")
+            .arg(&zt)
+            .args(["t", "--part", "values"]),
+        Duration::from_secs(60),
+    );
+    assert_eq!(r.status.code(), Some(1), "{r:?}");
+    let err = r.stderr.trim_end();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("\"t\"") && err.contains("at most"), "{err}");
+}

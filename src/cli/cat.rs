@@ -88,9 +88,16 @@ fn cat(path: &Path, name: &str, part_name: Option<&str>) -> Result<(), String> {
             }
         }
         // The reference crate's COO records, whose index part is their
-        // transpose: decoded whole. Their size was found by decoding them at
-        // open, at most 1 GiB per file.
+        // transpose: decoded whole, so only up to a bound (frames that
+        // declare their sizes can declare any size; the mount reads such a
+        // tensor a span of records at a time instead).
         _ => {
+            if layout.decoded_size > WHOLE_MAX {
+                return Err(format!(
+                    "{label}: tensor {name:?}: its records are {} bytes decoded; cat decodes this form whole, at most {WHOLE_MAX} bytes (read it through the mount)",
+                    layout.decoded_size
+                ));
+            }
             let blob = zt.decoded(t).map_err(|e| e.to_string())?;
             w(
                 &mut out,
@@ -100,6 +107,10 @@ fn cat(path: &Path, name: &str, part_name: Option<&str>) -> Result<(), String> {
     }
     out.flush().map_err(|e| format!("stdout: {e}"))
 }
+
+/// Most decoded bytes `cat` holds at once, for the one form it decodes
+/// whole.
+const WHOLE_MAX: u64 = 1 << 30;
 
 /// Little-endian elements out of a stream of chunks that may split them.
 struct Swapper {

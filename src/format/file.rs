@@ -216,6 +216,18 @@ impl ZtFile {
             Encoding::Zstd => {
                 self.check(t)?;
                 let mut out = Vec::new();
+                // The size is the index's: an allocation that fails is an
+                // error, not an abort.
+                usize::try_from(layout.decoded_size)
+                    .ok()
+                    .and_then(|n| out.try_reserve_exact(n).ok())
+                    .ok_or_else(|| {
+                        self.err(
+                            t,
+                            ErrorKind::Data,
+                            format!("cannot allocate {} decoded bytes", layout.decoded_size),
+                        )
+                    })?;
                 zstd_blob::decode_stream(self.blob(t), layout.decoded_size, |chunk| {
                     out.extend_from_slice(chunk);
                     Ok(())
