@@ -766,3 +766,121 @@ fn a_remount_right_after_unmount_survives_the_old_daemon() {
         m.log_text()
     );
 }
+
+/// Root, for tests that act as another user or call mount(8); a failure
+/// under CI like any missing requirement.
+fn require_root() -> bool {
+    support::require(
+        "root",
+        if unsafe { libc::geteuid() } == 0 {
+            Ok(())
+        } else {
+            Err("not running as root".into())
+        },
+    )
+}
+
+/// `prog args...` as the unprivileged user nobody (65534).
+fn as_nobody(prog: &Path, args: &[&std::ffi::OsStr]) -> Run {
+    support::run_with_timeout(
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(prog)
+            .args(args),
+        Duration::from_secs(20),
+    )
+}
+
+#[test]
+fn other_users_are_kept_out_unless_allowed() {
+    let _one_at_a_time = support::serial();
+    let Some((mut m, zt)) = scratch_with_file() else {
+        return;
+    };
+    if !require_root() {
+        return;
+    }
+    // The scratch directory is private; another user must reach the
+    // mountpoint, and run a copy of the binary (the build may sit under a
+    // private home).
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(m.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let own_bin = m.scratch_path("ztensor-mount");
+    std::fs::copy(bin(), &own_bin).unwrap();
+    let w = m.path("w");
+    let want = m.scratch_path("w.bytes");
+    std::fs::write(&want, payload()).unwrap();
+    for (args, others_read) in [
+        (&[][..], false),
+        (&["--allow-root"], false),
+        (&["--allow-other"], true),
+    ] {
+        m.mount(&zt, args);
+        let r = as_nobody(Path::new("cmp"), &[w.as_os_str(), want.as_os_str()]);
+        assert_eq!(r.ok(), others_read, "{args:?}: {r:?}");
+        if !others_read {
+            assert!(r.stderr.contains("Permission denied"), "{args:?}: {r:?}");
+        }
+        // The owner (root here) reads in every case.
+        assert!(m.read("w") == payload(), "{args:?}");
+        if args.is_empty() {
+            // Another user's -u goes through fusermount3, which refuses it.
+            let r = as_nobody(&own_bin, &["-u".as_ref(), m.mp.as_os_str()]);
+            let err = assert_clean_failure(&r, "-u by another user");
+            assert!(err.contains("mounted by another user"), "{err}");
+            assert!(m.is_mounted());
+        }
+        m.unmount_ok();
+    }
+}
+
+#[test]
+fn auto_unmount_clears_the_mount_when_the_daemon_is_killed() {
+    let _one_at_a_time = support::serial();
+    let Some((mut m, zt)) = scratch_with_file() else {
+        return;
+    };
+    m.mount(&zt, &["--auto-unmount"]);
+    let pid = m.pid.expect("daemon pid");
+    assert!(m.read("w") == payload());
+    signal(pid, libc::SIGKILL);
+    assert!(
+        wait_until(Duration::from_secs(10), || !m.is_mounted()),
+        "a killed daemon's mount stayed despite --auto-unmount"
+    );
+}
+
+#[test]
+fn mount_8_takes_an_fstab_line() {
+    let _one_at_a_time = support::serial();
+    let Some((m, zt)) = scratch_with_file() else {
+        return;
+    };
+    if !require_root() {
+        return;
+    }
+    // `mount -t fuse PROG#SRC`: the form that needs no ztensor-mount on
+    // the default PATH; mount.fuse3 calls `PROG SRC DIR -o OPTIONS`.
+    let r = support::run_with_timeout(
+        Command::new("mount")
+            .args(["-t", "fuse"])
+            .arg(format!("{}#{}", bin(), zt.display()))
+            .arg(&m.mp)
+            .args([
+                "-o",
+                "ro,nosuid,nodev,noatime,allow_other,cache_size=64M,x-systemd.automount,nofail",
+            ]),
+        Duration::from_secs(20),
+    );
+    assert!(r.ok(), "mount(8): {r:?}");
+    assert!(m.is_mounted());
+    assert!(m.read("w") == payload());
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mp = m.mp.to_str().unwrap();
+    assert!(
+        info.lines()
+            .any(|l| l.split(' ').nth(4) == Some(mp) && l.contains(" - fuse.ztensor-mount ")),
+        "{info}"
+    );
+    m.unmount_ok();
+}

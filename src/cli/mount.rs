@@ -399,7 +399,15 @@ fn umount(mp: &Path, lazy: bool) -> std::io::Result<()> {
         .arg(mp)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .output()?;
+        .output()
+        .map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "fusermount3 (which unmounts for users other than root; package fuse3): {e}"
+                ),
+            )
+        })?;
     if out.status.success() {
         return Ok(());
     }
@@ -410,7 +418,16 @@ fn umount(mp: &Path, lazy: bool) -> std::io::Result<()> {
     Err(if said.contains("Device or resource busy") {
         std::io::Error::from_raw_os_error(libc::EBUSY)
     } else if said.contains("Invalid argument") || said.contains("not found in") {
-        std::io::Error::from_raw_os_error(libc::EINVAL)
+        // fusermount3 says the same of a mount that is not the caller's.
+        let abs: PathBuf = std::path::absolute(mp)
+            .unwrap_or_else(|_| mp.to_path_buf())
+            .components()
+            .collect();
+        if mount_dev(&abs).is_some() {
+            std::io::Error::from_raw_os_error(libc::EPERM)
+        } else {
+            std::io::Error::from_raw_os_error(libc::EINVAL)
+        }
     } else if said.is_empty() {
         std::io::Error::other(format!("fusermount3 failed ({})", out.status))
     } else {
@@ -426,6 +443,7 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> ExitCode {
         Err(e) => {
             let hint = match e.raw_os_error() {
                 Some(libc::EINVAL) => " (not a mount point)",
+                Some(libc::EPERM) => " (mounted by another user, or not a FUSE mount)",
                 Some(libc::EBUSY) => {
                     " (busy: close the files open there, or detach it now with -u -z)"
                 }
