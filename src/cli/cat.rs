@@ -50,7 +50,8 @@ fn cat(path: &Path, name: &str, part_name: Option<&str>) -> Result<(), String> {
     zt.check(t).map_err(|e| e.to_string())?;
     let mut out = std::io::stdout().lock();
     let w = |out: &mut std::io::StdoutLock, b: &[u8]| {
-        out.write_all(b).map_err(|e| format!("stdout: {e}"))
+        out.write_all(b)
+            .map_err(|e| format!("{label}: tensor {name:?}: writing stdout: {e}"))
     };
     let direct = expose::direct_range(part, t.endian, 0, part.nbytes);
     match (layout.encoding, direct) {
@@ -105,7 +106,8 @@ fn cat(path: &Path, name: &str, part_name: Option<&str>) -> Result<(), String> {
             )?;
         }
     }
-    out.flush().map_err(|e| format!("stdout: {e}"))
+    out.flush()
+        .map_err(|e| format!("{label}: tensor {name:?}: writing stdout: {e}"))
 }
 
 /// Most decoded bytes `cat` holds at once, for the one form it decodes

@@ -71,6 +71,9 @@ fn check_mountpoint(p: &Path) -> Result<PathBuf, String> {
         && let Ok(pm) = std::fs::metadata(parent)
         && (pm.dev() != meta.dev() || pm.ino() == meta.ino())
         && abs != Path::new("/")
+        // systemd's x-systemd.automount puts an autofs trigger there first
+        // and mounts on top of it when the path is used.
+        && mount_at(&abs).is_none_or(|(_, fstype)| fstype != "autofs")
     {
         return Err(format!(
             "mountpoint {}: already a mount point (unmount it first: ztensor-mount -u {})",
@@ -290,17 +293,28 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
 /// The mount's device ("0:53") from /proc/self/mountinfo: a stat of the
 /// mountpoint would wait for the very daemon that is not serving yet.
 fn mount_dev(mountpoint: &Path) -> Option<String> {
-    let info = std::fs::read("/proc/self/mountinfo").ok()?;
-    find_dev(&info, mountpoint.as_os_str().as_encoded_bytes())
+    mount_at(mountpoint).map(|(dev, _)| dev)
 }
 
-/// The device of the last mount on `mountpoint` in mountinfo text, whose
-/// paths escape space, tab, newline and backslash as octal (`\040`).
-fn find_dev(info: &[u8], mountpoint: &[u8]) -> Option<String> {
+/// The device and type of the last mount on `mountpoint`.
+fn mount_at(mountpoint: &Path) -> Option<(String, String)> {
+    let info = std::fs::read("/proc/self/mountinfo").ok()?;
+    find_mount(&info, mountpoint.as_os_str().as_encoded_bytes())
+}
+
+/// The device and type of the last mount on `mountpoint` in mountinfo
+/// text, whose paths escape space, tab, newline and backslash as octal
+/// (`\040`).
+fn find_mount(info: &[u8], mountpoint: &[u8]) -> Option<(String, String)> {
     info.split(|&b| b == b'\n').rev().find_map(|l| {
         let f: Vec<&[u8]> = l.split(|&b| b == b' ').collect();
-        (f.len() > 4 && unescape_octal(f[4]) == mountpoint)
-            .then(|| String::from_utf8_lossy(f[2]).into_owned())
+        let fstype = f.iter().skip_while(|x| **x != b"-").nth(1)?;
+        (f.len() > 4 && unescape_octal(f[4]) == mountpoint).then(|| {
+            (
+                String::from_utf8_lossy(f[2]).into_owned(),
+                String::from_utf8_lossy(fstype).into_owned(),
+            )
+        })
     })
 }
 
@@ -466,12 +480,14 @@ mod tests {
         let info = b"22 1 0:21 / /proc rw - proc proc rw\n\
             90 30 0:53 / /mnt/my\\040model\\011x\\134y rw - fuse.ztensor-mount z ro\n\
             91 30 0:54 / /mnt/my rw - fuse.ztensor-mount z ro\n";
+        let dev = |mp: &[u8]| find_mount(info, mp).map(|(d, _)| d);
+        assert_eq!(dev(b"/mnt/my model\tx\\y").as_deref(), Some("0:53"));
+        assert_eq!(dev(b"/mnt/my").as_deref(), Some("0:54"));
+        assert_eq!(dev(b"/mnt/my\\040model"), None);
         assert_eq!(
-            find_dev(info, b"/mnt/my model\tx\\y").as_deref(),
-            Some("0:53")
+            find_mount(info, b"/proc").map(|(_, t)| t).as_deref(),
+            Some("proc")
         );
-        assert_eq!(find_dev(info, b"/mnt/my").as_deref(), Some("0:54"));
-        assert_eq!(find_dev(info, b"/mnt/my\\040model"), None);
         assert_eq!(unescape_octal(b"a\\09b\\"), b"a\\09b\\".to_vec());
     }
 }
