@@ -7,6 +7,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use fuser::{Config, MountOption, SessionACL};
@@ -115,17 +116,85 @@ fn daemonize(zt: ZtFile, mountpoint: &Path, s: &Settings) -> ExitCode {
         }
         _child => {
             drop(wr);
-            let mut msg = String::new();
-            let _ = File::from(rd).read_to_string(&mut msg);
-            match msg.trim() {
-                "ready" => ExitCode::SUCCESS,
-                "" => fail(
+            let mut rd = File::from(rd);
+            let msg = read_line(&mut rd);
+            match msg.trim().split_once(' ') {
+                // Mounted; live once all the daemon's serving threads have
+                // started (starting one can still fail, a pids limit say)
+                // and a stat is answered. The stat is made here, not by the
+                // daemon: a daemon thread waiting on its own mount could
+                // keep it from ever exiting.
+                Some(("mounted", dev)) => {
+                    let not_served = |why: &dyn std::fmt::Display| {
+                        format!(
+                            "the mount on {} is not served: {why} (see syslog or --log-file)",
+                            mountpoint.display()
+                        )
+                    };
+                    match read_line(&mut rd).trim() {
+                        "serving" => match std::fs::metadata(mountpoint) {
+                            Ok(_) => ExitCode::SUCCESS,
+                            Err(e) => not_live(mountpoint, dev, &mut rd, not_served(&e)),
+                        },
+                        "" => not_live(mountpoint, dev, &mut rd, not_served(&"the daemon exited")),
+                        why => not_live(mountpoint, dev, &mut rd, why.to_string()),
+                    }
+                }
+                _ if msg.trim().is_empty() => fail(
                     "the mount daemon exited before the mount was ready (see syslog or --log-file)",
                 ),
-                why => fail(why),
+                _ => fail(msg.trim()),
             }
         }
     }
+}
+
+/// The mount exists but is not served: says why (the daemon's own reason
+/// when it gives one in time), and takes the mount down (lazily) if it is
+/// still the one the daemon made.
+fn not_live(mountpoint: &Path, dev: &str, rd: &mut File, why: String) -> ExitCode {
+    let more = read_rest(rd, 2000);
+    if mount_dev(mountpoint).as_deref() == Some(dev) {
+        let _ = umount(mountpoint, true);
+    }
+    fail(match more.trim() {
+        "" => why,
+        more => more.to_string(),
+    })
+}
+
+/// One line from the daemon, or what it wrote before closing the pipe.
+fn read_line(rd: &mut File) -> String {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while let Ok(1) = rd.read(&mut byte) {
+        if byte[0] == b'\n' {
+            break;
+        }
+        buf.push(byte[0]);
+    }
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// What more the daemon says within `ms` milliseconds (its reason, when
+/// it failed after mounting).
+fn read_rest(rd: &mut File, ms: i32) -> String {
+    use std::os::fd::AsRawFd;
+    let mut out = Vec::new();
+    let mut pfd = libc::pollfd {
+        fd: rd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    while unsafe { libc::poll(&mut pfd, 1, ms) } > 0 {
+        let mut buf = [0u8; 512];
+        match rd.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn detach_stdio() {
@@ -155,24 +224,17 @@ fn block_exit_signals() -> libc::sigset_t {
     }
 }
 
-/// Says "ready", or why not, to the waiting command: once, whoever is first.
-#[derive(Clone)]
-struct Reporter(Arc<Mutex<Option<File>>>);
-
-impl Reporter {
-    fn report(&self, msg: &str) {
-        if let Some(mut f) = self.0.lock().unwrap_or_else(|e| e.into_inner()).take() {
+/// Mounts and serves until unmounted or signalled. `ready` gets "mounted
+/// DEV" once the mount exists, then the reason if serving it fails; or the
+/// reason it could not mount. (Written to a command that may have gone:
+/// SIGPIPE is ignored, as Rust sets it.)
+fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> ExitCode {
+    let ready = Mutex::new(ready);
+    let report = |msg: &str| {
+        if let Some(f) = ready.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
             let _ = f.write_all(msg.as_bytes());
         }
-    }
-}
-
-/// Mounts and serves until unmounted or signalled. `ready` gets "ready" once
-/// the mount has answered a request, or the reason it failed.
-fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> ExitCode {
-    let waiting = ready.is_some();
-    let reporter = Reporter(Arc::new(Mutex::new(ready)));
-    let report = |msg: &str| reporter.report(msg);
+    };
     let sigset = block_exit_signals();
     // Decoded frames are large and short-lived: have malloc give each its
     // own mapping and return it on free, so freed frames never linger in
@@ -250,33 +312,60 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
     );
 
     let mp = mountpoint.to_path_buf();
-    std::thread::spawn(move || {
-        let mut sig: libc::c_int = 0;
-        if unsafe { libc::sigwait(&sigset, &mut sig) } == 0 {
-            log::info!("signal {sig}: unmounting {}", mp.display());
-            stop(&mp, dev.as_deref());
-        }
-    });
-    // The mount exists, but its requests wait for run() below, which may
-    // still fail to start its threads (a pids limit, say). Ready is when a
-    // stat of the mountpoint has been answered by them.
-    if waiting {
-        let (r, mp) = (reporter.clone(), mountpoint.to_path_buf());
-        std::thread::spawn(move || match std::fs::metadata(&mp) {
-            Ok(_) => r.report("ready\n"),
-            Err(e) => r.report(&format!(
-                "the mount on {} does not answer: {e}",
-                mp.display()
-            )),
+    let dev_seen = dev.clone().unwrap_or_else(|| "-".into());
+    let waiter = std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut sig: libc::c_int = 0;
+            if unsafe { libc::sigwait(&sigset, &mut sig) } == 0 {
+                log::info!("signal {sig}: unmounting {}", mp.display());
+                stop(&mp, dev.as_deref());
+            }
         });
+    if let Err(e) = waiter {
+        // Dropping the session unmounts.
+        let msg = format!("{label}: cannot start a thread: {e}");
+        report(&msg);
+        return fail(msg);
     }
-    match session.run() {
+    report(&format!("mounted {dev_seen}\n"));
+    // "serving" once run() below has started every worker: it returns an
+    // error if one cannot start, with the others already answering.
+    let ended = Arc::new(AtomicBool::new(false));
+    let pipe = ready
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .and_then(|f| f.try_clone().ok());
+    if let Some(mut pipe) = pipe {
+        let (n, ended) = (s.threads, ended.clone());
+        let watcher = std::thread::Builder::new()
+            .name("ready".into())
+            .spawn(move || {
+                // Without /proc to count them, or if they take implausibly
+                // long, say so anyway rather than keep the command waiting.
+                let start = std::time::Instant::now();
+                while !ended.load(Relaxed) {
+                    if workers().is_none_or(|w| w >= n)
+                        || start.elapsed() > std::time::Duration::from_secs(10)
+                    {
+                        let _ = pipe.write_all(b"serving\n");
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+            });
+        if let Err(e) = watcher {
+            let msg = format!("{label}: cannot start a thread: {e}");
+            report(&msg);
+            return fail(msg);
+        }
+    }
+    let run = session.run();
+    ended.store(true, Relaxed);
+    match run {
         Ok(()) => {
             log::info!("unmounted {}", mountpoint.display());
-            report(&format!(
-                "the mount on {} ended before it was ready",
-                mountpoint.display()
-            ));
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -288,6 +377,19 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
             ExitCode::from(1)
         }
     }
+}
+
+/// How many of fuser's worker threads ("fuser-N") this process has.
+fn workers() -> Option<usize> {
+    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+    Some(
+        tasks
+            .flatten()
+            .filter(|t| {
+                std::fs::read(t.path().join("comm")).is_ok_and(|c| c.starts_with(b"fuser-"))
+            })
+            .count(),
+    )
 }
 
 /// The mount's device ("0:53") from /proc/self/mountinfo: a stat of the
