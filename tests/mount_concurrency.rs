@@ -644,7 +644,7 @@ fn finished_spills_nobody_reads_make_room_for_new_ones() {
     // spills: each spill may take 3/4 of what is free, so kept for good
     // they would run the directory out of room by the third; idle ones go
     // instead, and every tensor reads right, twice.
-    let ts: Vec<T> = (0..5)
+    let mut ts: Vec<T> = (0..5)
         .map(|i| T {
             name: format!("t{i}"),
             dtype: DType::Float32,
@@ -652,6 +652,13 @@ fn finished_spills_nobody_reads_make_room_for_new_ones() {
             opts: zstd(0, Endian::Little),
         })
         .collect();
+    // Too big for the directory even empty: it takes no spill from others.
+    ts.push(T {
+        name: "huge".into(),
+        dtype: DType::Float32,
+        le: compressible(70, 12 * MIB),
+        opts: zstd(0, Endian::Little),
+    });
     let Some(mut m) = Mount::scratch() else {
         return;
     };
@@ -667,8 +674,9 @@ fn finished_spills_nobody_reads_make_room_for_new_ones() {
     };
     let dir_arg = dir.to_str().unwrap().to_string();
     m.mount(&zt, &["--cache-size", "1M", "--cache-dir", &dir_arg]);
+    let (huge, ts) = ts.split_last().unwrap();
     for round in 0..2 {
-        for t in &ts {
+        for t in ts {
             let got = std::fs::read(m.path(&t.name));
             assert!(
                 got.as_ref().is_ok_and(|g| *g == t.le),
@@ -679,9 +687,15 @@ fn finished_spills_nobody_reads_make_room_for_new_ones() {
             );
         }
     }
-    assert!(
-        m.log_text().contains("dropped its spill"),
-        "{}",
+    let drops = || m.log_text().matches("dropped its spill").count();
+    let before = drops();
+    assert!(before > 0, "{}", m.log_text());
+    let e = std::fs::read(m.path(&huge.name)).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert_eq!(
+        drops(),
+        before,
+        "spills dropped for nothing:\n{}",
         m.log_text()
     );
     m.unmount_ok();

@@ -31,25 +31,16 @@ pub fn to_stderr(debug: bool) {
 
 pub fn to_file(path: &Path, debug: bool) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
-    // Non-blocking open: a FIFO nobody reads fails (ENXIO) instead of
-    // hanging the daemon and the command waiting for it; then blocking
-    // writes, so a slow reader of a FIFO loses no lines.
+    // Non-blocking: a FIFO nobody reads fails to open (ENXIO) instead of
+    // hanging the daemon and the command waiting for it, and a reader that
+    // stops reading loses lines instead of stalling every request that
+    // logs (and a signal's unmount, which logs first). A regular file is
+    // written as ever.
     let f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)?;
-    {
-        use std::os::fd::AsRawFd;
-        let fd = f.as_raw_fd();
-        // SAFETY: fcntl on an fd this function owns.
-        unsafe {
-            let fl = libc::fcntl(fd, libc::F_GETFL);
-            if fl >= 0 {
-                libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
-            }
-        }
-    }
     let mut b = builder(debug);
     b.target(env_logger::Target::Pipe(Box::new(f)));
     b.format(|buf, r| {

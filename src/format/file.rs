@@ -39,11 +39,19 @@ impl ZtFile {
         };
         // Non-blocking, so that a FIFO is refused below instead of waiting
         // for a writer forever (the flag means nothing to a regular file).
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(path)
-            .map_err(|e| io("cannot open", e))?;
+        // A file another process holds a write lease on answers EWOULDBLOCK
+        // then: that one is opened again, waiting for the lease to break.
+        let open = |flags| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(flags)
+                .open(path)
+        };
+        let file = match open(libc::O_NONBLOCK) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => open(0),
+            other => other,
+        }
+        .map_err(|e| io("cannot open", e))?;
         let meta = file.metadata().map_err(|e| io("cannot stat", e))?;
         if !meta.is_file() {
             return Err(Error::new(

@@ -267,7 +267,8 @@ impl<W: Write> Writer<W> {
 
     /// Low level: writes `blob` as-is at the next aligned offset and an index
     /// entry made of `fields` plus `offset` and `size`. For tests that need
-    /// files no well-behaved writer makes.
+    /// files no well-behaved writer makes: nothing is checked, names
+    /// included.
     pub fn add_blob(&mut self, blob: &[u8], fields: Vec<(Value, Value)>) -> io::Result<u64> {
         let offset = self.pad()?;
         self.out.write_all(blob)?;

@@ -721,14 +721,28 @@ impl Data {
     /// fail every later one. Other tensors' slots are only tried, never
     /// waited on: their holders may be waiting for this one.
     fn drop_idle_spills(&self, keep: usize, dir: &Path, decoded: u64) {
+        let idle =
+            |i: usize, s: &Arc<Spill>| i != keep && Arc::strong_count(s) == 1 && s.complete();
+        // First whether dropping them all would make room at all: a tensor
+        // that cannot fit anyway takes nothing from the others.
+        let mut freeable = 0u64;
         for (i, state) in self.states.iter().enumerate() {
-            if i == keep {
-                continue;
+            if let Ok(slot) = state.spill.try_lock()
+                && slot.as_ref().is_some_and(|s| idle(i, s))
+            {
+                let t = &self.zt.catalog().tensors[i];
+                freeable += t.layout.as_ref().map_or(0, |l| l.decoded_size);
             }
+        }
+        let free = spill::free_bytes(dir).unwrap_or(0);
+        if decoded > (free.saturating_add(freeable) / 4).saturating_mul(3) {
+            return;
+        }
+        for (i, state) in self.states.iter().enumerate() {
             let Ok(mut slot) = state.spill.try_lock() else {
                 continue;
             };
-            if slot.as_ref().is_some_and(|s| Arc::strong_count(s) == 1) {
+            if slot.as_ref().is_some_and(|s| idle(i, s)) {
                 let idle = slot.take();
                 drop(slot);
                 drop(idle);

@@ -66,12 +66,12 @@ impl Guard {
         }
     }
 
-    /// Ok while the file is as it was at mount. Once it changed, stays failed.
     /// Why the file is no longer served, once [`Guard::check`] found it.
     pub fn broken(&self) -> Option<&str> {
         self.broken.get().map(String::as_str)
     }
 
+    /// Ok while the file is as it was at mount. Once it changed, stays failed.
     pub fn check(&self) -> Result<(), String> {
         if let Some(why) = self.broken.get() {
             return Err(why.clone());

@@ -139,6 +139,12 @@ impl Spill {
         Ok(spill)
     }
 
+    /// Whether it has decoded all of its tensor, without error: what it
+    /// holds on disk.
+    pub fn complete(&self) -> bool {
+        matches!(&lock(&self.progress).1, Some(why) if why.is_empty())
+    }
+
     /// Whether it failed in a way that a new spill may not (a full disk).
     pub fn failed_for_now(&self) -> bool {
         self.retry.load(Acquire)
@@ -445,7 +451,7 @@ pub(crate) fn room(dir: &Path, decoded: u64) -> Result<(), String> {
 }
 
 /// Bytes an unprivileged writer may still put in `dir`'s filesystem.
-fn free_bytes(dir: &Path) -> Option<u64> {
+pub(crate) fn free_bytes(dir: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
     // SAFETY: a valid C string and a zeroed struct the call fills.
