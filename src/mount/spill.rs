@@ -361,11 +361,25 @@ impl Spill {
         }
         drop(g);
         self.file.read_exact_at(out, at).map_err(|e| {
-            // The disk under the spill file: a new spill may do better. (A
-            // short read is a spill that failed meanwhile and was cut; it
-            // said itself whether to try again.)
-            // A spill still running is left to finish; this read fails.
-            if e.kind() != std::io::ErrorKind::UnexpectedEof && lock(&self.progress).1.is_some() {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                // A spill that failed meanwhile and was cut: it records its
+                // reason (and whether to try again) right after the cut,
+                // and that reason is the one to give.
+                let mut g = lock(&self.progress);
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+                while g.1.is_none() && std::time::Instant::now() < until {
+                    let wait = std::time::Duration::from_millis(100);
+                    g = self
+                        .cond
+                        .wait_timeout(g, wait)
+                        .map_or_else(|e| e.into_inner().0, |r| r.0);
+                }
+                if let Some(why) = g.1.as_ref().filter(|why| !why.is_empty()) {
+                    return why.clone();
+                }
+            } else if lock(&self.progress).1.is_some() {
+                // The disk under the spill file: a new spill may do better.
+                // A spill still running is left to finish; this read fails.
                 self.retry.store(true, Release);
             }
             format!("cannot read the spill file: {e}")
