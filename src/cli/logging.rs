@@ -41,8 +41,13 @@ pub fn to_file(path: &Path, debug: bool) -> std::io::Result<()> {
         .append(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)?;
+    let to: Box<dyn Write + Send> = if f.metadata()?.is_file() {
+        Box::new(f)
+    } else {
+        Box::new(Records(f))
+    };
     let mut b = builder(debug);
-    b.target(env_logger::Target::Pipe(Box::new(f)));
+    b.target(env_logger::Target::Pipe(to));
     b.format(|buf, r| {
         writeln!(
             buf,
@@ -55,6 +60,29 @@ pub fn to_file(path: &Path, debug: bool) -> std::io::Result<()> {
     });
     let _ = b.try_init();
     Ok(())
+}
+
+/// A FIFO's (or other non-file's) writer: one write(2) per record, cut to
+/// PIPE_BUF bytes, which a pipe takes whole or not at all, so a reader that
+/// falls behind loses whole lines and never gets parts of two glued.
+struct Records(std::fs::File);
+
+impl Write for Records {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        const PIPE_BUF: usize = 4096;
+        if buf.len() <= PIPE_BUF {
+            let _ = self.0.write(buf);
+        } else {
+            let mut cut = buf[..PIPE_BUF - 1].to_vec();
+            cut.push(b'\n');
+            let _ = self.0.write(&cut);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 struct Syslog;

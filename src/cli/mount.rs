@@ -8,7 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use fuser::{Config, MountOption, SessionACL};
 
@@ -132,8 +132,17 @@ fn daemonize(zt: ZtFile, mountpoint: &Path, s: &Settings) -> ExitCode {
                         )
                     };
                     match read_line(&mut rd).trim() {
+                        // The stat is answered by this mount, not by the
+                        // directory under it once it went away.
                         "serving" => match std::fs::metadata(mountpoint) {
-                            Ok(_) => ExitCode::SUCCESS,
+                            Ok(_)
+                                if dev == "-" || mount_dev(mountpoint).as_deref() == Some(dev) =>
+                            {
+                                ExitCode::SUCCESS
+                            }
+                            Ok(_) => {
+                                not_live(mountpoint, dev, &mut rd, not_served(&"it went away"))
+                            }
                             Err(e) => not_live(mountpoint, dev, &mut rd, not_served(&e)),
                         },
                         "" => not_live(mountpoint, dev, &mut rd, not_served(&"the daemon exited")),
@@ -229,12 +238,9 @@ fn block_exit_signals() -> libc::sigset_t {
 /// reason it could not mount. (Written to a command that may have gone:
 /// SIGPIPE is ignored, as Rust sets it.)
 fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> ExitCode {
-    let ready = Mutex::new(ready);
-    let report = |msg: &str| {
-        if let Some(f) = ready.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-            let _ = f.write_all(msg.as_bytes());
-        }
-    };
+    let waiting = ready.is_some();
+    let ready = Arc::new(Mutex::new(ready));
+    let report = |msg: &str| tell(&ready, msg);
     let sigset = block_exit_signals();
     // Decoded frames are large and short-lived: have malloc give each its
     // own mapping and return it on free, so freed frames never linger in
@@ -264,7 +270,18 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
     };
     let uid = s.uid.unwrap_or_else(|| unsafe { libc::getuid() });
     let gid = s.gid.unwrap_or_else(|| unsafe { libc::getgid() });
-    let adapter = Adapter::new(fs, uid, gid, time, s.max_read);
+    // Set once mounted: the session is over for good (and the daemon may
+    // exit at once) when that device is no longer at the mountpoint.
+    let mounted: Arc<OnceLock<String>> = Arc::default();
+    let unmounted = {
+        let (mounted, mp) = (mounted.clone(), mountpoint.to_path_buf());
+        Box::new(move || {
+            mounted
+                .get()
+                .is_none_or(|dev| mount_dev(&mp).as_deref() != Some(dev.as_str()))
+        })
+    };
+    let adapter = Adapter::new(fs, uid, gid, time, s.max_read, unmounted);
 
     let mut mount_options = vec![
         MountOption::FSName(label.clone()),
@@ -304,6 +321,7 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
     };
     let dev = mount_dev(mountpoint);
     if let Some(dev) = &dev {
+        let _ = mounted.set(dev.clone());
         tune_bdi(dev, s.read_ahead_kb);
     }
     log::info!(
@@ -332,13 +350,8 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
     // "serving" once run() below has started every worker: it returns an
     // error if one cannot start, with the others already answering.
     let ended = Arc::new(AtomicBool::new(false));
-    let pipe = ready
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_ref()
-        .and_then(|f| f.try_clone().ok());
-    if let Some(mut pipe) = pipe {
-        let (n, ended) = (s.threads, ended.clone());
+    if waiting {
+        let (n, ended, pipe) = (s.threads, ended.clone(), ready.clone());
         let watcher = std::thread::Builder::new()
             .name("ready".into())
             .spawn(move || {
@@ -349,7 +362,7 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
                     if workers().is_none_or(|w| w >= n)
                         || start.elapsed() > std::time::Duration::from_secs(10)
                     {
-                        let _ = pipe.write_all(b"serving\n");
+                        tell(&pipe, "serving\n");
                         return;
                     }
                     std::thread::sleep(std::time::Duration::from_millis(2));
@@ -376,6 +389,13 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
             ));
             ExitCode::from(1)
         }
+    }
+}
+
+/// Writes `msg` to the waiting command, if there is one.
+fn tell(ready: &Mutex<Option<File>>, msg: &str) {
+    if let Some(f) = ready.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        let _ = f.write_all(msg.as_bytes());
     }
 }
 

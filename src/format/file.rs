@@ -40,16 +40,26 @@ impl ZtFile {
         // Non-blocking, so that a FIFO is refused below instead of waiting
         // for a writer forever (the flag means nothing to a regular file).
         // A file another process holds a write lease on answers EWOULDBLOCK
-        // then: that one is opened again, waiting for the lease to break.
-        let open = |flags| {
+        // then, and the lease is being broken: try again for a while (the
+        // kernel's lease-break-time is 45 s), never blocking, so a path
+        // swapped for a FIFO meanwhile is still refused.
+        let open = || {
             std::fs::OpenOptions::new()
                 .read(true)
-                .custom_flags(flags)
+                .custom_flags(libc::O_NONBLOCK)
                 .open(path)
         };
-        let file = match open(libc::O_NONBLOCK) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => open(0),
-            other => other,
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let file = loop {
+            match open() {
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        && std::time::Instant::now() < until =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                other => break other,
+            }
         }
         .map_err(|e| io("cannot open", e))?;
         let meta = file.metadata().map_err(|e| io("cannot stat", e))?;

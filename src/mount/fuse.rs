@@ -23,16 +23,27 @@ pub struct Adapter {
     time: SystemTime,
     /// Largest read the kernel may send (bytes).
     max_read: u32,
+    /// Whether the kernel has let go of the mount, asked when the session
+    /// ends (see `destroy`).
+    unmounted: Box<dyn Fn() -> bool + Send + Sync>,
 }
 
 impl Adapter {
-    pub fn new(fs: ZtFs, uid: u32, gid: u32, time: SystemTime, max_read: u32) -> Adapter {
+    pub fn new(
+        fs: ZtFs,
+        uid: u32,
+        gid: u32,
+        time: SystemTime,
+        max_read: u32,
+        unmounted: Box<dyn Fn() -> bool + Send + Sync>,
+    ) -> Adapter {
         Adapter {
             fs,
             uid,
             gid,
             time,
             max_read,
+            unmounted,
         }
     }
 
@@ -69,15 +80,20 @@ fn err(e: i32) -> Errno {
 }
 
 impl Filesystem for Adapter {
-    /// The session is over: every worker has stopped and the kernel has let
-    /// go of the mount. Exit here, before fuser 0.18 drops its mount handle:
-    /// that drop unmounts the mountpoint *path* again (its "still mounted?"
-    /// test is inverted, fixed upstream after 0.18.0), which would take down
-    /// a new mount made there in the meantime.
+    /// The session is over. When the kernel has let go of the mount (it was
+    /// unmounted), exit here, before fuser 0.18 drops its mount handle: that
+    /// drop unmounts the mountpoint *path* again (its "still mounted?" test
+    /// is inverted, fixed upstream after 0.18.0), which would take down a
+    /// new mount made there in the meantime. When the mount is still up, the
+    /// session failed (a worker could not start): return, so that the drop
+    /// unmounts it and the caller reports the error.
     fn destroy(&mut self) {
-        log::info!("unmounted; the session is over, exiting");
-        log::logger().flush();
-        std::process::exit(0);
+        if (self.unmounted)() {
+            log::info!("unmounted; the session is over, exiting");
+            log::logger().flush();
+            std::process::exit(0);
+        }
+        log::info!("the session ended with the mount still up; unmounting it");
     }
 
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
