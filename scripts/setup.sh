@@ -34,6 +34,13 @@ if ! command -v fusermount3 >/dev/null 2>&1; then
   echo "setup: installing fuse3"
   apt_install fuse3
 fi
+# fusermount3 (unmounting for users other than root, --auto-unmount) reads
+# /etc/mtab; systemd makes it a link to the kernel's table at boot, and a
+# chroot or container may lack it.
+if [ ! -e /etc/mtab ]; then
+  echo "setup: linking /etc/mtab to /proc/self/mounts (fusermount3 reads it)"
+  as_root ln -s ../proc/self/mounts /etc/mtab
+fi
 if [ ! -e /dev/fuse ]; then
   echo "setup: /dev/fuse is missing (in a container, run it with --device /dev/fuse)" >&2
 fi
