@@ -590,17 +590,7 @@ fn a_spill_that_does_not_fit_fails_until_there_is_room() {
     };
     let zt = m.scratch_path("test.zt");
     write(&zt, &[t.clone(), damaged]);
-    let (off, size) = {
-        let f = ztensor_mount::format::ZtFile::open(&zt).unwrap();
-        let d = &f.catalog().tensors[1];
-        (d.offset, d.size)
-    };
-    let bytes = std::fs::read(&zt).unwrap();
-    let (at, len) = compressed_block_near(&bytes[off as usize..(off + size) as usize], size / 2);
-    let file = std::fs::OpenOptions::new().write(true).open(&zt).unwrap();
-    file.write_all_at(&vec![0xA5; len - 8], off + at + 8)
-        .unwrap();
-    drop(file);
+    garble_middle_block(&zt, 1);
     let dir = m.scratch_path("small");
     let tmpfs = match Tmpfs::mount(&dir, "1m") {
         Ok(t) => t,
@@ -726,20 +716,7 @@ fn a_big_single_frame_is_served_while_it_decodes() {
     };
     let zt = m.scratch_path("test.zt");
     write(&zt, &ts);
-    // Garble the contents of a compressed block in the middle of the second
-    // blob, leaving the block headers whole (a damaged header would be found
-    // before any byte is served, by the walk over the headers).
-    let (off, size) = {
-        let f = ztensor_mount::format::ZtFile::open(&zt).unwrap();
-        let t = &f.catalog().tensors[1];
-        (t.offset, t.size)
-    };
-    let bytes = std::fs::read(&zt).unwrap();
-    let (at, len) = compressed_block_near(&bytes[off as usize..(off + size) as usize], size / 2);
-    let file = std::fs::OpenOptions::new().write(true).open(&zt).unwrap();
-    file.write_all_at(&vec![0xA5; len - 8], off + at + 8)
-        .unwrap();
-    drop(file);
+    garble_middle_block(&zt, 1);
     m.mount(&zt, &["--cache-size", "64M"]);
 
     let failed = random_readers(&[(m.path("one"), le.clone())], 6, 16, 3 * MIB as u64, 1);
@@ -768,6 +745,22 @@ fn a_big_single_frame_is_served_while_it_decodes() {
     assert!(std::fs::read(m.path("one")).unwrap() == *le);
     let st = m.stats();
     assert!(st["cache_peak_bytes"].as_u64().unwrap() <= 64 << 20, "{st}");
+}
+
+/// Garbles the contents of a compressed block in the middle of tensor
+/// `ti`'s zstd blob, leaving the block headers whole (a damaged header
+/// would be found before any byte is served, by the walk over the headers).
+fn garble_middle_block(zt: &std::path::Path, ti: usize) {
+    let (off, size) = {
+        let f = ztensor_mount::format::ZtFile::open(zt).unwrap();
+        let t = &f.catalog().tensors[ti];
+        (t.offset, t.size)
+    };
+    let bytes = std::fs::read(zt).unwrap();
+    let (at, len) = compressed_block_near(&bytes[off as usize..(off + size) as usize], size / 2);
+    let file = std::fs::OpenOptions::new().write(true).open(zt).unwrap();
+    file.write_all_at(&vec![0xA5; len - 8], off + at + 8)
+        .unwrap();
 }
 
 /// (offset, length) of the contents of the first compressed block at or
