@@ -340,11 +340,14 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
                 stop(&mp, dev.as_deref());
             }
         });
-    if let Err(e) = waiter {
-        // Dropping the session unmounts.
+    // Dropping the session (on return) unmounts.
+    let no_thread = |e: std::io::Error| {
         let msg = format!("{label}: cannot start a thread: {e}");
         report(&msg);
-        return fail(msg);
+        fail(msg)
+    };
+    if let Err(e) = waiter {
+        return no_thread(e);
     }
     report(&format!("mounted {dev_seen}\n"));
     // "serving" once run() below has started every worker: it returns an
@@ -369,9 +372,7 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
                 }
             });
         if let Err(e) = watcher {
-            let msg = format!("{label}: cannot start a thread: {e}");
-            report(&msg);
-            return fail(msg);
+            return no_thread(e);
         }
     }
     let run = session.run();
