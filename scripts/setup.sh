@@ -3,7 +3,7 @@
 # fuse3 (fusermount3 and the kernel device), a C compiler (zstd-sys builds
 # libzstd from source), a Rust toolchain when cargo is missing (rustup, into
 # ~/.cargo), and a Python venv in .venv with numpy and the reference Python
-# package for the interop tests.
+# packages for the interop tests.
 # Sourced by demo.sh and test.sh, so that a Rust installed here is on their
 # PATH; also safe to run alone.
 set -euo pipefail
@@ -88,8 +88,21 @@ if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
   apt_install python3-venv
 fi
 venv="$root/.venv"
-if ! "$venv/bin/python" -c 'import numpy, ztensor' >/dev/null 2>&1; then
-  echo "setup: creating $venv (numpy, ztensor==0.1.4)"
+# The venv holds numpy and the reference package of each zTensor version:
+# ztensor 0.1.4 (v0.1) in the venv itself; ztensor 1.x (v1) and 2.x (v2)
+# each in a folder of its own under .venv/ztensor/, put first on
+# PYTHONPATH by the tests that use it (one package name, three versions).
+if ! "$venv/bin/python" -c 'import numpy, ml_dtypes, zstandard, ztensor' >/dev/null 2>&1; then
+  echo "setup: creating $venv (numpy, ml_dtypes, zstandard, ztensor==0.1.4)"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check numpy 'ztensor==0.1.4'
+  "$venv/bin/pip" install -q --disable-pip-version-check numpy ml_dtypes zstandard 'ztensor==0.1.4'
 fi
+for spec in '1:ztensor>=1,<2' '2:ztensor>=2,<3'; do
+  dir="$venv/ztensor/${spec%%:*}"
+  if ! PYTHONPATH="$dir" "$venv/bin/python" -c \
+      'import sys, ztensor; sys.exit(not ztensor.__file__.startswith(sys.argv[1]))' "$dir" \
+      >/dev/null 2>&1; then
+    echo "setup: installing ${spec#*:} into $dir"
+    "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --target "$dir" "${spec#*:}"
+  fi
+done

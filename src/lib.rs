@@ -1,8 +1,13 @@
-//! ztensor-mount: serve a zTensor file as a read-only directory.
+//! ztensor-mount: serve a tensor file as a read-only directory.
 //!
-//! Data flows one way: file bytes -> index -> tensor catalog (`format`) ->
-//! filesystem tree -> kernel (`mount`).
+//! Data flows one way: file bytes (`source`) -> a format module (`formats`)
+//! -> the common catalog (`catalog`) -> filesystem tree and kernel
+//! (`mount`). Encodings shared by formats live in `codec`.
 
+pub mod catalog;
 pub mod cli;
-pub mod format;
+pub mod codec;
+pub mod error;
+pub mod formats;
 pub mod mount;
+pub mod source;

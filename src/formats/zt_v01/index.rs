@@ -6,9 +6,9 @@ use std::collections::HashSet;
 
 use ciborium::value::{Integer, Value};
 
-use super::cbor_json::key_to_string;
+use crate::formats::cbor_json::key_to_string;
 
-use super::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result};
 
 pub const MAGIC: &[u8; 8] = b"ZTEN0001";
 pub const ALIGNMENT: u64 = 64;

@@ -6,7 +6,7 @@ use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::ptr::NonNull;
 
-use zstd::zstd_safe;
+use ::zstd::zstd_safe;
 use zstd_safe::zstd_sys as sys;
 
 /// One zstd frame inside a blob: where its compressed bytes are and which

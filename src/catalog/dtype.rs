@@ -1,6 +1,7 @@
-//! The zTensor v0.1 element types and what each one looks like to numpy.
+//! Element types of exposed files, whatever the format, and what each one
+//! looks like to numpy. Names are TensorStore's where it has one.
 
-/// One of the 13 element types of zTensor v0.1.
+/// The element type of an exposed file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
     Float64,
@@ -16,10 +17,20 @@ pub enum DType {
     Uint16,
     Uint8,
     Bool,
+    Float8E4M3Fn,
+    Float8E5M2,
+    Float8E4M3Fnuz,
+    Float8E5M2Fnuz,
+    Float8E8M0Fnu,
+    /// OCP MXFP4: two 4-bit elements per byte, low nibble first.
+    Float4E2M1FnX2,
+    Complex64,
+    Complex128,
 }
 
 impl DType {
-    pub const ALL: [DType; 13] = [
+    /// The 13 element types of zTensor v0.1 (and v1).
+    pub const V01: [DType; 13] = [
         DType::Float64,
         DType::Float32,
         DType::Float16,
@@ -35,12 +46,43 @@ impl DType {
         DType::Bool,
     ];
 
-    /// Parses the name used in the index (`"float32"`, ...).
+    pub const ALL: [DType; 21] = [
+        DType::Float64,
+        DType::Float32,
+        DType::Float16,
+        DType::BFloat16,
+        DType::Int64,
+        DType::Int32,
+        DType::Int16,
+        DType::Int8,
+        DType::Uint64,
+        DType::Uint32,
+        DType::Uint16,
+        DType::Uint8,
+        DType::Bool,
+        DType::Float8E4M3Fn,
+        DType::Float8E5M2,
+        DType::Float8E4M3Fnuz,
+        DType::Float8E5M2Fnuz,
+        DType::Float8E8M0Fnu,
+        DType::Float4E2M1FnX2,
+        DType::Complex64,
+        DType::Complex128,
+    ];
+
+    /// Parses a name [`DType::name`] gives.
     pub fn from_name(name: &str) -> Option<DType> {
         DType::ALL.into_iter().find(|d| d.name() == name)
     }
 
-    /// The name used in the index.
+    /// One of zTensor v0.1's 13 names (`"float32"`, ...).
+    pub fn from_v01_name(name: &str) -> Option<DType> {
+        DType::V01.into_iter().find(|d| d.name() == name)
+    }
+
+    /// Our name for it: zTensor v0.1's for its 13 types, TensorStore's
+    /// for the rest (`float4_e2m1fn_x2`: two per byte, as ml_dtypes and
+    /// PyTorch name the packed pair).
     pub fn name(self) -> &'static str {
         match self {
             DType::Float64 => "float64",
@@ -56,16 +98,43 @@ impl DType {
             DType::Uint16 => "uint16",
             DType::Uint8 => "uint8",
             DType::Bool => "bool",
+            DType::Float8E4M3Fn => "float8_e4m3fn",
+            DType::Float8E5M2 => "float8_e5m2",
+            DType::Float8E4M3Fnuz => "float8_e4m3fnuz",
+            DType::Float8E5M2Fnuz => "float8_e5m2fnuz",
+            DType::Float8E8M0Fnu => "float8_e8m0fnu",
+            DType::Float4E2M1FnX2 => "float4_e2m1fn_x2",
+            DType::Complex64 => "complex64",
+            DType::Complex128 => "complex128",
         }
     }
 
-    /// Bytes per element.
+    /// Bytes per stored unit: an element, or for packed 4-bit types the
+    /// byte that holds two.
     pub fn size(self) -> u64 {
         match self {
-            DType::Float64 | DType::Int64 | DType::Uint64 => 8,
+            DType::Complex128 => 16,
+            DType::Float64 | DType::Int64 | DType::Uint64 | DType::Complex64 => 8,
             DType::Float32 | DType::Int32 | DType::Uint32 => 4,
             DType::Float16 | DType::BFloat16 | DType::Int16 | DType::Uint16 => 2,
-            DType::Int8 | DType::Uint8 | DType::Bool => 1,
+            _ => 1,
+        }
+    }
+
+    /// Bytes that are reversed together to change byte order: a complex
+    /// number's real and imaginary halves each.
+    pub fn swap_unit(self) -> u64 {
+        match self {
+            DType::Complex64 | DType::Complex128 => self.size() / 2,
+            _ => self.size(),
+        }
+    }
+
+    /// Bytes that `count` elements take (`None` on overflow).
+    pub fn nbytes(self, count: u64) -> Option<u64> {
+        match self {
+            DType::Float4E2M1FnX2 => Some(count.div_ceil(2)),
+            _ => count.checked_mul(self.size()),
         }
     }
 
@@ -87,6 +156,14 @@ impl DType {
             DType::Uint16 => "<u2",
             DType::Uint8 => "|u1",
             DType::Bool => "|b1",
+            DType::Float8E4M3Fn
+            | DType::Float8E5M2
+            | DType::Float8E4M3Fnuz
+            | DType::Float8E5M2Fnuz
+            | DType::Float8E8M0Fnu
+            | DType::Float4E2M1FnX2 => "|u1",
+            DType::Complex64 => "<c8",
+            DType::Complex128 => "<c16",
         }
     }
 
@@ -97,6 +174,19 @@ impl DType {
                 "numpy has no bfloat16: read as '<u2' and widen with \
                  (a.astype('<u4') << 16).view('<f4'), or use \
                  torch.from_file(path, dtype=torch.bfloat16) or ml_dtypes.bfloat16",
+            ),
+            DType::Float8E4M3Fn
+            | DType::Float8E5M2
+            | DType::Float8E4M3Fnuz
+            | DType::Float8E5M2Fnuz
+            | DType::Float8E8M0Fnu => Some(
+                "numpy has no 8-bit floats: read as '|u1' and view as the \
+                 ml_dtypes type of the same name (a.view(ml_dtypes.float8_e4m3fn))",
+            ),
+            DType::Float4E2M1FnX2 => Some(
+                "two 4-bit floats per byte, low nibble first; the file holds \
+                 ceil(n/2) bytes for n elements: read as '|u1' and unpack \
+                 (ml_dtypes.float4_e2m1fn)",
             ),
             _ => None,
         }
@@ -159,7 +249,8 @@ mod tests {
         for d in DType::ALL {
             assert_eq!(DType::from_name(d.name()), Some(d));
         }
-        assert_eq!(DType::from_name("complex64"), None);
+        assert_eq!(DType::from_v01_name("complex64"), None);
+        assert_eq!(DType::from_v01_name("float32"), Some(DType::Float32));
     }
 
     #[test]

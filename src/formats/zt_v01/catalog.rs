@@ -5,11 +5,10 @@
 
 use ciborium::value::Value;
 
-use super::checksum::Checksum;
-use super::dtype::{DType, Endian};
-use super::error::{Error, ErrorKind, Result};
 use super::index::{self, ALIGNMENT, RawEntry, as_u64};
-use super::zstd_blob;
+use crate::catalog::{Checksum, DType, Endian, JsonMap, Part, PartMap};
+use crate::codec::zstd as zstd_blob;
+use crate::error::{Error, ErrorKind, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Encoding {
@@ -47,54 +46,6 @@ pub struct Sparse {
     pub format: SparseFormat,
     pub form: SparseForm,
     pub nnz: u64,
-}
-
-/// Where the bytes of one exposed element come from in the decoded blob.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PartMap {
-    /// Elements stored one after the other from `start`.
-    Contiguous { start: u64 },
-    /// Reference COO: records of `ndim` u64 indices then one value. Exposed
-    /// as an `[ndim, nnz]` index array, element (d, k) at `k*record + 8*d`.
-    CooRecordIndices { nnz: u64, record: u64 },
-    /// Reference COO values: element k at `k*record + value_at`.
-    CooRecordValues { record: u64, value_at: u64 },
-}
-
-/// One file's worth of a tensor: a dense tensor has one part (named ""),
-/// a sparse one has `indptr`/`indices`/`values`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Part {
-    pub name: &'static str,
-    pub dtype: DType,
-    pub shape: Vec<u64>,
-    /// Exposed size in bytes.
-    pub nbytes: u64,
-    pub map: PartMap,
-}
-
-impl Part {
-    /// Offset in the decoded blob of exposed element `e`.
-    pub fn source_of(&self, e: u64) -> u64 {
-        match self.map {
-            PartMap::Contiguous { start } => start + e * self.dtype.size(),
-            PartMap::CooRecordIndices { nnz, record } => (e % nnz) * record + 8 * (e / nnz),
-            PartMap::CooRecordValues { record, value_at } => e * record + value_at,
-        }
-    }
-
-    /// From exposed element `e`, how many of the next (at most `max`)
-    /// elements sit at one stride from each other in the decoded blob, and
-    /// that stride: they can be read as one span.
-    pub fn run_from(&self, e: u64, max: u64) -> (u64, u64) {
-        let es = self.dtype.size();
-        match self.map {
-            PartMap::Contiguous { .. } => (max, es),
-            // One coordinate of consecutive records, up to the next one.
-            PartMap::CooRecordIndices { nnz, record } => ((nnz - e % nnz).min(max), record),
-            PartMap::CooRecordValues { record, .. } => (max, record),
-        }
-    }
 }
 
 /// What the reader can serve of a supported tensor.
@@ -286,9 +237,16 @@ fn check_entry(
             ),
         ));
     }
-    let dtype = DType::from_name(&raw.dtype);
+    let dtype = DType::from_v01_name(&raw.dtype);
     let layout = match describe(&raw, dtype, endian, bytes, probe) {
-        Ok(layout) => Ok(layout),
+        Ok(mut layout) => {
+            // One blob per tensor, at the tensor's index.
+            for p in &mut layout.parts {
+                p.blob = i;
+                p.order = endian;
+            }
+            Ok(layout)
+        }
         Err(Problem::File(kind, msg)) => return Err(e(kind, msg)),
         Err(Problem::Tensor(why)) => Err(why),
     };
@@ -370,13 +328,7 @@ fn describe(
                 encoding,
                 decoded_size: nbytes,
                 sparse: None,
-                parts: vec![Part {
-                    name: "",
-                    dtype,
-                    shape: raw.shape.clone(),
-                    nbytes,
-                    map: PartMap::Contiguous { start: 0 },
-                }],
+                parts: vec![part("", dtype, raw.shape.clone(), nbytes, PartMap::Contiguous { start: 0 })],
             })
         }
         "sparse" => spec_sparse(raw, dtype, encoding),
@@ -441,7 +393,7 @@ fn our_sparse(
     };
     let index_dtype = match raw.custom("index_dtype") {
         None => DType::Uint64,
-        Some(Value::Text(t)) => match DType::from_name(t) {
+        Some(Value::Text(t)) => match DType::from_v01_name(t) {
             Some(d) if d.is_integer() => d,
             _ => return Err(Problem::Tensor(format!("unsupported index_dtype {t:?}"))),
         },
@@ -522,13 +474,7 @@ fn our_sparse(
             Some(c) => mul(c, pdtype.size(), pname)?,
             None => return Err(size_err(format!("part {pname} overflows 64 bits"))),
         };
-        parts.push(Part {
-            name: pname,
-            dtype: pdtype,
-            shape,
-            nbytes,
-            map: PartMap::Contiguous { start },
-        });
+        parts.push(part(pname, pdtype, shape, nbytes, PartMap::Contiguous { start }));
     }
     // Parts must not overlap; the decoded blob ends where the last part ends.
     let mut spans: Vec<(u64, u64, &str)> = Vec::new();
@@ -653,29 +599,11 @@ fn reference_sparse(
             ));
         }
         let parts = vec![
-            Part {
-                name: "indptr",
-                dtype: DType::Uint64,
-                shape: vec![indptr_len],
-                nbytes: header,
-                map: PartMap::Contiguous { start: 0 },
-            },
-            Part {
-                name: "indices",
-                dtype: DType::Uint64,
-                shape: vec![nnz],
-                nbytes: indices,
-                map: PartMap::Contiguous { start: header },
-            },
-            Part {
-                name: "values",
-                dtype,
-                shape: vec![nnz],
-                nbytes: values,
-                map: PartMap::Contiguous {
+            part("indptr", DType::Uint64, vec![indptr_len], header, PartMap::Contiguous { start: 0 }),
+            part("indices", DType::Uint64, vec![nnz], indices, PartMap::Contiguous { start: header }),
+            part("values", dtype, vec![nnz], values, PartMap::Contiguous {
                     start: header + indices,
-                },
-            },
+            }),
         ];
         return Ok(Layout {
             encoding,
@@ -723,27 +651,15 @@ fn reference_sparse(
     }
     let nnz = total / record;
     let parts = vec![
-        Part {
-            name: "indices",
-            dtype: DType::Uint64,
-            shape: vec![ndim, nnz],
-            nbytes: ndim * nnz * 8,
-            map: if nnz == 0 {
+        part("indices", DType::Uint64, vec![ndim, nnz], ndim * nnz * 8, if nnz == 0 {
                 PartMap::Contiguous { start: 0 }
             } else {
                 PartMap::CooRecordIndices { nnz, record }
-            },
-        },
-        Part {
-            name: "values",
-            dtype,
-            shape: vec![nnz],
-            nbytes: nnz * vsz,
-            map: PartMap::CooRecordValues {
+            }),
+        part("values", dtype, vec![nnz], nnz * vsz, PartMap::CooRecordValues {
                 record,
                 value_at: ndim * 8,
-            },
-        },
+        }),
     ];
     Ok(Layout {
         encoding,
@@ -780,4 +696,18 @@ fn check_overlaps(tensors: &[Tensor], file: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A part of a tensor's blob; `check_entry` sets its blob and byte order.
+fn part(name: &str, dtype: DType, shape: Vec<u64>, nbytes: u64, map: PartMap) -> Part {
+    Part {
+        name: name.to_string(),
+        dtype,
+        shape,
+        nbytes,
+        blob: 0,
+        map,
+        order: Endian::Little,
+        meta: JsonMap::new(),
+    }
 }

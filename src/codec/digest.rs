@@ -1,5 +1,6 @@
-//! Blob checksums: `crc32c:0x1234ABCD` and `sha256:<64 hex digits>`, always
-//! over the on-disk (possibly compressed) bytes.
+//! Digests as formats write them: `crc32c:0x1234ABCD`, `sha256:<64 hex
+//! digits>`, `xxh3:<16 hex digits>` (XXH3-64). Which bytes one covers
+//! (stored or decoded) is the catalog's business (`catalog::Check`).
 
 use sha2::{Digest, Sha256};
 
@@ -7,6 +8,7 @@ use sha2::{Digest, Sha256};
 pub enum Checksum {
     Crc32c(u32),
     Sha256([u8; 32]),
+    Xxh3(u64),
     /// An algorithm this reader does not know: reported as unverifiable.
     Unknown(String),
 }
@@ -29,6 +31,7 @@ pub enum Verdict {
 pub enum Algorithm {
     Crc32c,
     Sha256,
+    Xxh3,
 }
 
 impl Checksum {
@@ -65,6 +68,16 @@ impl Checksum {
                 }
                 Ok(Checksum::Sha256(out))
             }
+            "xxh3" => {
+                if value.len() != 16 || !value.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(format!(
+                        "malformed xxh3 checksum {text:?} (want 16 hex digits)"
+                    ));
+                }
+                u64::from_str_radix(value, 16)
+                    .map(Checksum::Xxh3)
+                    .map_err(|_| format!("malformed xxh3 checksum {text:?}"))
+            }
             _ => Ok(Checksum::Unknown(text.to_string())),
         }
     }
@@ -94,6 +107,7 @@ impl Checksum {
         match self {
             Checksum::Crc32c(_) => Some(Algorithm::Crc32c),
             Checksum::Sha256(_) => Some(Algorithm::Sha256),
+            Checksum::Xxh3(_) => Some(Algorithm::Xxh3),
             Checksum::Unknown(_) => None,
         }
     }
@@ -104,6 +118,7 @@ pub fn compute(algo: Algorithm, bytes: &[u8]) -> Checksum {
     match algo {
         Algorithm::Crc32c => Checksum::Crc32c(crc32c::crc32c(bytes)),
         Algorithm::Sha256 => Checksum::Sha256(Sha256::digest(bytes).into()),
+        Algorithm::Xxh3 => Checksum::Xxh3(xxhash_rust::xxh3::xxh3_64(bytes)),
     }
 }
 
@@ -111,6 +126,7 @@ pub fn compute(algo: Algorithm, bytes: &[u8]) -> Checksum {
 pub enum Hasher {
     Crc32c(u32),
     Sha256(Box<Sha256>),
+    Xxh3(Box<xxhash_rust::xxh3::Xxh3>),
 }
 
 impl Hasher {
@@ -118,18 +134,21 @@ impl Hasher {
         match algo {
             Algorithm::Crc32c => Hasher::Crc32c(0),
             Algorithm::Sha256 => Hasher::Sha256(Box::default()),
+            Algorithm::Xxh3 => Hasher::Xxh3(Box::default()),
         }
     }
     pub fn update(&mut self, bytes: &[u8]) {
         match self {
             Hasher::Crc32c(c) => *c = crc32c::crc32c_append(*c, bytes),
             Hasher::Sha256(h) => h.update(bytes),
+            Hasher::Xxh3(h) => h.update(bytes),
         }
     }
     pub fn finish(self) -> Checksum {
         match self {
             Hasher::Crc32c(c) => Checksum::Crc32c(c),
             Hasher::Sha256(h) => Checksum::Sha256(h.finalize().into()),
+            Hasher::Xxh3(h) => Checksum::Xxh3(h.digest()),
         }
     }
 }
@@ -145,6 +164,7 @@ impl std::fmt::Display for Checksum {
                 }
                 Ok(())
             }
+            Checksum::Xxh3(v) => write!(f, "xxh3:{v:016x}"),
             Checksum::Unknown(t) => f.write_str(t),
         }
     }
@@ -174,7 +194,7 @@ mod tests {
 
     #[test]
     fn streaming_matches_one_shot() {
-        for algo in [Algorithm::Crc32c, Algorithm::Sha256] {
+        for algo in [Algorithm::Crc32c, Algorithm::Sha256, Algorithm::Xxh3] {
             let mut h = Hasher::new(algo);
             h.update(b"hello ");
             h.update(b"world");

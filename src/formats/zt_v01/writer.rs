@@ -10,8 +10,8 @@ use std::path::Path;
 
 use ciborium::value::Value;
 
-use super::checksum::{Algorithm, Hasher};
-use super::dtype::{DType, Endian, swap_elements};
+use crate::codec::digest::{Algorithm, Hasher};
+use crate::catalog::dtype::{DType, Endian, swap_elements};
 use super::index::{ALIGNMENT, MAGIC, int};
 
 /// Decoded bytes per zstd frame unless asked otherwise: large enough to

@@ -1,4 +1,4 @@
-//! One error type for the whole format layer. Every error renders as one
+//! One error type for reading files. Every error renders as one
 //! line naming the file, the tensor (when there is one) and the problem.
 
 use std::fmt;
@@ -8,8 +8,10 @@ use std::fmt;
 pub enum ErrorKind {
     /// The file could not be opened, mapped or read.
     Io,
-    /// Not a zTensor file: bad magic or too short.
+    /// Not a file of any format read here: bad magic or too short.
     NotZtensor,
+    /// A format recognised by its first bytes that is not read.
+    NotSupported,
     /// The trailing index is unreadable: bad size, bad CBOR, wrong shape.
     Index,
     /// A tensor's metadata is missing a field or has an ill-typed/invalid one.

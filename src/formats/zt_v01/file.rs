@@ -3,24 +3,17 @@
 
 use std::borrow::Cow;
 use std::fs::File;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use memmap2::Mmap;
-
-use super::catalog::{Catalog, Encoding, Layout, Part, Tensor};
-use super::checksum::{Hasher, Verdict};
-use super::error::{Error, ErrorKind, Result};
-use super::{expose, zstd_blob};
+use super::catalog::{Catalog, Encoding, Layout, Tensor};
+use crate::catalog::{Part, expose};
+use crate::codec::digest::{Hasher, Verdict};
+use crate::codec::zstd as zstd_blob;
+use crate::error::{Error, ErrorKind, Result};
+use crate::source::MappedFile;
 
 pub struct ZtFile {
-    path: PathBuf,
-    label: String,
-    file: File,
-    /// The file's metadata taken before it was mapped: what the bytes
-    /// served must still be (see `mount::guard`).
-    opened: std::fs::Metadata,
-    map: Mmap,
+    src: MappedFile,
     catalog: Catalog,
 }
 
@@ -33,88 +26,33 @@ impl ZtFile {
     /// [`ZtFile::open`], refusing an index that would take more than
     /// `index_memory` bytes decoded.
     pub fn open_with(path: &Path, index_memory: u64) -> Result<ZtFile> {
-        let label = path.display().to_string();
-        let io = |what: &str, e: std::io::Error| {
-            Error::new(ErrorKind::Io, &label, None, format!("{what}: {e}"))
-        };
-        // Non-blocking, so that a FIFO is refused below instead of waiting
-        // for a writer forever (the flag means nothing to a regular file).
-        // A file another process holds a write lease on answers EWOULDBLOCK
-        // then, and the lease is being broken: try again for a while (the
-        // kernel's lease-break-time is 45 s), never blocking, so a path
-        // swapped for a FIFO meanwhile is still refused.
-        let open = || {
-            std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(path)
-        };
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        let file = loop {
-            match open() {
-                Err(e)
-                    if e.kind() == std::io::ErrorKind::WouldBlock
-                        && std::time::Instant::now() < until =>
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-                other => break other,
-            }
-        }
-        .map_err(|e| io("cannot open", e))?;
-        let meta = file.metadata().map_err(|e| io("cannot stat", e))?;
-        if !meta.is_file() {
-            return Err(Error::new(
-                ErrorKind::Io,
-                &label,
-                None,
-                "not a regular file",
-            ));
-        }
-        // SAFETY: the map is read-only. A writer truncating the file under us
-        // is handled by the mount (it checks the file before touching pages).
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| io("cannot mmap", e))?;
-        let catalog = Catalog::parse_with(&map, &label, index_memory)?;
-        let zt = ZtFile {
-            path: path.to_path_buf(),
-            label,
-            file,
-            opened: meta,
-            map,
-            catalog,
-        };
-        // The index was read through the mapping: hand its pages back.
-        zt.release(&zt.map[zt.catalog.data_end as usize..]);
-        Ok(zt)
+        ZtFile::from_source(MappedFile::open(path)?, index_memory)
     }
-}
 
-/// The system's page size.
-pub fn page_size() -> usize {
-    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *PAGE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
-        n if n > 0 => n as usize,
-        _ => 4096,
-    })
-}
+    /// Reads the catalog of an opened file.
+    pub fn from_source(src: MappedFile, index_memory: u64) -> Result<ZtFile> {
+        let catalog = Catalog::parse_with(src.bytes(), src.label(), index_memory)?;
+        // The index was read through the mapping: hand its pages back.
+        src.release(&src.bytes()[catalog.data_end as usize..]);
+        Ok(ZtFile { src, catalog })
+    }
 
-impl ZtFile {
+    /// The opened file and its catalog, apart.
+    pub fn into_parts(self) -> (MappedFile, Catalog) {
+        (self.src, self.catalog)
+    }
+
     pub fn path(&self) -> &Path {
-        &self.path
+        self.src.path()
     }
 
     /// The name used in messages.
     pub fn label(&self) -> &str {
-        &self.label
-    }
-
-    /// The file's metadata as it was before it was mapped and its index read.
-    pub fn opened(&self) -> &std::fs::Metadata {
-        &self.opened
+        self.src.label()
     }
 
     pub fn file(&self) -> &File {
-        &self.file
+        self.src.file()
     }
 
     pub fn catalog(&self) -> &Catalog {
@@ -122,22 +60,12 @@ impl ZtFile {
     }
 
     pub fn bytes(&self) -> &[u8] {
-        &self.map
+        self.src.bytes()
     }
 
     /// The on-disk bytes of a tensor (bounds were checked by the catalog).
     pub fn blob(&self, t: &Tensor) -> &[u8] {
-        &self.map[t.offset as usize..(t.offset + t.size) as usize]
-    }
-
-    /// The same bytes as a decoder source that reads them from the file
-    /// with `pread` rather than through the mapping.
-    pub fn blob_source(&self, t: &Tensor) -> zstd_blob::Source<'_> {
-        zstd_blob::Source::File {
-            file: &self.file,
-            offset: t.offset,
-            len: t.size as usize,
-        }
+        self.src.range(t.offset, t.size)
     }
 
     /// Checks the tensor's checksum over its on-disk bytes, a few MiB at a
@@ -157,54 +85,13 @@ impl ZtFile {
         c.judge(h.finish())
     }
 
-    /// Faults in the mapping's pages for `len` bytes at `off` (clipped to
-    /// the mapping) ahead of their use, in one call: the pages come from
-    /// the page cache, or are read from disk. Fails on kernels before 5.14
-    /// (`EINVAL`), or if the file is now shorter than the mapping (`EFAULT`,
-    /// never a SIGBUS).
-    pub fn populate(&self, off: usize, len: usize) -> std::io::Result<()> {
-        let end = off.saturating_add(len).min(self.map.len());
-        if off >= end {
-            return Ok(());
-        }
-        self.map
-            .advise_range(memmap2::Advice::PopulateRead, off, end - off)
-    }
-
-    /// The span of `bytes` if it lies within this mapping, rounded out to
-    /// 64 KiB (within the mapping): a page fault maps up to 64 KiB around
-    /// the page it needs (the kernel's default "fault-around"), so letting
-    /// go of only the pages read would leave their neighbours mapped.
-    fn pages_of(&self, bytes: &[u8]) -> Option<(usize, usize)> {
-        let base = self.map.as_ptr() as usize;
-        let (start, end) = (
-            bytes.as_ptr() as usize,
-            bytes.as_ptr() as usize + bytes.len(),
-        );
-        if bytes.is_empty() || start < base || end > base + self.map.len() {
-            return None;
-        }
-        let unit = page_size().max(64 << 10);
-        let from = (start & !(unit - 1)).max(base);
-        let to = end.next_multiple_of(unit).min(base + self.map.len());
-        Some((from, to - from))
-    }
-
-    /// Drops the pages under `bytes`, a slice of this file's mapping, from
-    /// the process's page tables. They stay in the kernel's page cache, so a
-    /// later access costs a minor fault; meanwhile the daemon's RSS holds
-    /// only what it is using, however much of the file has been read.
+    /// See [`MappedFile::release`].
     pub fn release(&self, bytes: &[u8]) {
-        if let Some((from, len)) = self.pages_of(bytes) {
-            // SAFETY: within our read-only file mapping (which starts on a
-            // page; its end is rounded up to one by the kernel);
-            // MADV_DONTNEED only unmaps, the file is untouched.
-            unsafe { libc::madvise(from as *mut libc::c_void, len, libc::MADV_DONTNEED) };
-        }
+        self.src.release(bytes)
     }
 
     fn err(&self, t: &Tensor, kind: ErrorKind, msg: impl Into<String>) -> Error {
-        Error::new(kind, &self.label, Some(&t.name), msg)
+        Error::new(kind, self.label(), Some(&t.name), msg)
     }
 
     fn layout<'t>(&self, t: &'t Tensor) -> Result<&'t Layout> {
@@ -270,7 +157,7 @@ impl ZtFile {
             self.check(t)?;
         }
         let blob = self.decoded(t)?;
-        Ok(expose::from_blob(&blob, part, t.endian, off, len).into_owned())
+        Ok(expose::from_blob(&blob, part, off, len).into_owned())
     }
 
     /// All exposed bytes of every part of `t`, in part order.
@@ -281,7 +168,7 @@ impl ZtFile {
         Ok(layout
             .parts
             .iter()
-            .map(|p| expose::from_blob(&blob, p, t.endian, 0, p.nbytes).into_owned())
+            .map(|p| expose::from_blob(&blob, p, 0, p.nbytes).into_owned())
             .collect())
     }
 }
@@ -289,8 +176,9 @@ impl ZtFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::writer::{Options, Writer};
-    use crate::format::{DType, Endian};
+    use crate::catalog::{DType, Endian};
+    use crate::source::page_size;
+    use crate::formats::zt_v01::writer::{Options, Writer};
     use std::io::{Read, Seek, SeekFrom};
 
     /// Whether the page at `addr` is mapped in this process (pagemap's

@@ -4,8 +4,8 @@
 
 use std::borrow::Cow;
 
-use super::catalog::{Part, PartMap};
 use super::dtype::{Endian, swap_elements};
+use super::{Part, PartMap};
 
 /// Clamps `[off, off+len)` to the part. Returns `None` past the end.
 pub fn clamp(part: &Part, off: u64, len: u64) -> Option<(u64, u64)> {
@@ -17,9 +17,9 @@ pub fn clamp(part: &Part, off: u64, len: u64) -> Option<(u64, u64)> {
 
 /// The zero-copy case: little-endian (or byte-sized) contiguous elements.
 /// Returns the decoded-blob range holding exposed bytes `[off, off+len)`.
-pub fn direct_range(part: &Part, endian: Endian, off: u64, len: u64) -> Option<(u64, u64)> {
+pub fn direct_range(part: &Part, off: u64, len: u64) -> Option<(u64, u64)> {
     match part.map {
-        PartMap::Contiguous { start } if endian == Endian::Little || part.dtype.size() == 1 => {
+        PartMap::Contiguous { start } if part.order == Endian::Little || part.dtype.swap_unit() == 1 => {
             Some((start + off, len))
         }
         _ => None,
@@ -30,12 +30,11 @@ pub fn direct_range(part: &Part, endian: Endian, off: u64, len: u64) -> Option<(
 /// decoded blob through `fetch(blob_offset, out)`.
 pub fn gather<E>(
     part: &Part,
-    endian: Endian,
     off: u64,
     len: u64,
     mut fetch: impl FnMut(u64, &mut [u8]) -> Result<(), E>,
 ) -> Result<Vec<u8>, E> {
-    if let Some((at, n)) = direct_range(part, endian, off, len) {
+    if let Some((at, n)) = direct_range(part, off, len) {
         let mut out = vec![0u8; n as usize];
         fetch(at, &mut out)?;
         return Ok(out);
@@ -72,8 +71,8 @@ pub fn gather<E>(
             }
         }
     }
-    if endian == Endian::Big {
-        swap_elements(&mut buf, es as usize);
+    if part.order == Endian::Big {
+        swap_elements(&mut buf, part.dtype.swap_unit() as usize);
     }
     let skip = (off - first * es) as usize;
     buf.drain(..skip);
@@ -86,18 +85,17 @@ pub fn gather<E>(
 pub fn from_blob<'a>(
     blob: &'a [u8],
     part: &Part,
-    endian: Endian,
     off: u64,
     len: u64,
 ) -> Cow<'a, [u8]> {
     let Some((off, len)) = clamp(part, off, len) else {
         return Cow::Borrowed(&[]);
     };
-    if let Some((at, n)) = direct_range(part, endian, off, len) {
+    if let Some((at, n)) = direct_range(part, off, len) {
         return Cow::Borrowed(&blob[at as usize..(at + n) as usize]);
     }
     let copied: Result<Vec<u8>, std::convert::Infallible> =
-        gather(part, endian, off, len, |at, out| {
+        gather(part, off, len, |at, out| {
             out.copy_from_slice(&blob[at as usize..at as usize + out.len()]);
             Ok(())
         });
@@ -110,7 +108,7 @@ pub fn from_blob<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::DType;
+    use crate::catalog::{DType, JsonMap};
 
     /// Reference COO records: 7 entries of 3 u64 indices then a u32 value.
     fn records() -> (Vec<u8>, Part, Part) {
@@ -124,21 +122,27 @@ mod tests {
             blob.extend((1000 + k as u32).to_be_bytes());
         }
         let indices = Part {
-            name: "indices",
+            name: "indices".into(),
             dtype: DType::Uint64,
             shape: vec![ndim, nnz],
             nbytes: 8 * ndim * nnz,
+            blob: 0,
             map: PartMap::CooRecordIndices { nnz, record },
+            order: Endian::Big,
+            meta: JsonMap::new(),
         };
         let values = Part {
-            name: "values",
+            name: "values".into(),
             dtype: DType::Uint32,
             shape: vec![nnz],
             nbytes: 4 * nnz,
+            blob: 0,
             map: PartMap::CooRecordValues {
                 record,
                 value_at: 8 * ndim,
             },
+            order: Endian::Big,
+            meta: JsonMap::new(),
         };
         (blob, indices, values)
     }
@@ -160,7 +164,7 @@ mod tests {
                 for len in 1..=part.nbytes - off {
                     let mut fetches = 0;
                     let got: Result<Vec<u8>, ()> =
-                        gather(part, Endian::Big, off, len, |at, out| {
+                        gather(part, off, len, |at, out| {
                             fetches += 1;
                             out.copy_from_slice(&blob[at as usize..at as usize + out.len()]);
                             Ok(())

@@ -1,0 +1,109 @@
+//! Format modules: each turns a file (and the files beside it that it
+//! names) into the common catalog. Which module reads a file is decided
+//! here, once, by its first bytes, never by its name.
+
+pub mod cbor_json;
+pub mod zt_v01;
+
+use std::path::Path;
+
+use crate::catalog::Catalog;
+use crate::error::{Error, ErrorKind, Result};
+use crate::source::MappedFile;
+
+/// The formats this version reads, for messages.
+pub const READS: &str = "zTensor v0.1";
+
+/// A file read into the common catalog, with the files its bytes are in.
+pub struct Opened {
+    pub catalog: Catalog,
+    /// One per `catalog.sources`, in order; `None` for a source that could
+    /// not be opened (its `SourceRef::unusable` says why).
+    pub sources: Vec<Option<MappedFile>>,
+}
+
+/// Limits a format module applies while reading a catalog.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Bytes the decoded index (manifest, header) may take in memory.
+    pub index_memory: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            index_memory: zt_v01::index::DEFAULT_INDEX_MEMORY,
+        }
+    }
+}
+
+/// What a file's first bytes say it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detected {
+    ZtV01,
+    /// A format this version recognises but does not read.
+    Known(&'static str),
+    Unknown,
+}
+
+/// Recognises a file by its first bytes.
+pub fn detect(bytes: &[u8]) -> Detected {
+    const KNOWN: &[(&[u8], &str)] = &[
+        (b"ZTEN1000", "zTensor v1"),
+        (b"\x89ZT2\r\n\x1a\n", "zTensor v2"),
+        (b"GGUF", "GGUF"),
+        (b"DTLEGION", "deathtensors"),
+        (b"\x89HDF\r\n\x1a\n", "HDF5"),
+        (b"PK\x03\x04", "a zip archive (npz or a PyTorch checkpoint)"),
+        (b"\x93NUMPY", "a numpy .npy file"),
+    ];
+    if bytes.starts_with(zt_v01::MAGIC) {
+        return Detected::ZtV01;
+    }
+    if let Some((_, name)) = KNOWN.iter().find(|(m, _)| bytes.starts_with(m)) {
+        return Detected::Known(name);
+    }
+    if looks_like_safetensors(bytes) {
+        return Detected::Known("safetensors");
+    }
+    Detected::Unknown
+}
+
+/// safetensors: a little-endian u64 header length, then a JSON object.
+fn looks_like_safetensors(bytes: &[u8]) -> bool {
+    let Some(head) = bytes.get(..8) else {
+        return false;
+    };
+    let n = u64::from_le_bytes(head.try_into().unwrap_or_default());
+    n >= 2 && n <= bytes.len() as u64 - 8 && bytes.get(8) == Some(&b'{')
+}
+
+/// Opens `path` and reads its catalog with the module its first bytes name.
+pub fn open(path: &Path, limits: Limits) -> Result<Opened> {
+    let src = MappedFile::open(path)?;
+    match detect(src.bytes()) {
+        Detected::ZtV01 => {
+            let zt = zt_v01::ZtFile::from_source(src, limits.index_memory)?;
+            let (src, v01) = zt.into_parts();
+            let catalog = zt_v01::project(&src, v01);
+            Ok(Opened {
+                catalog,
+                sources: vec![Some(src)],
+            })
+        }
+        Detected::Known(name) => Err(Error::new(
+            ErrorKind::NotSupported,
+            src.label(),
+            None,
+            format!("{name} is not supported yet (this version reads {READS})"),
+        )),
+        Detected::Unknown => Err(Error::new(
+            ErrorKind::NotZtensor,
+            src.label(),
+            None,
+            format!(
+                "not a file of a format this version reads ({READS}): magic \"ZTEN0001\" missing"
+            ),
+        )),
+    }
+}

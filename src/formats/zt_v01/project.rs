@@ -1,0 +1,106 @@
+//! A zTensor v0.1 catalog in the common model: one blob per tensor, the
+//! index fields and custom fields in the sidecar.
+
+use ciborium::value::Value;
+
+use super::catalog::{Catalog as V01, Encoding, SparseForm, SparseFormat, Tensor as V01Tensor};
+use super::index::as_u64;
+use super::writer::{FRAME_SIZE_KEY, FRAMES_KEY};
+use crate::catalog::{Blob, Catalog, Check, Codec, FrameTable, Json, JsonMap, SourceRef, Tensor};
+use crate::formats::cbor_json;
+use crate::source::MappedFile;
+
+/// The common catalog of a v0.1 file whose v0.1 catalog is `v01`.
+pub fn project(src: &MappedFile, v01: V01) -> Catalog {
+    let mut blobs = Vec::with_capacity(v01.tensors.len());
+    let mut tensors = Vec::with_capacity(v01.tensors.len());
+    for t in v01.tensors {
+        blobs.push(blob(&t));
+        tensors.push(tensor(t));
+    }
+    Catalog {
+        format: "zTensor v0.1.0".into(),
+        label: src.label().to_string(),
+        sources: vec![SourceRef {
+            path: src.path().to_path_buf(),
+            ..SourceRef::default()
+        }],
+        blobs,
+        tensors,
+        attributes: JsonMap::new(),
+    }
+}
+
+fn blob(t: &V01Tensor) -> Blob {
+    let (codec, decoded_len) = match &t.layout {
+        Ok(l) if l.encoding == Encoding::Zstd => (
+            Codec::Zstd {
+                frames: frame_table(t),
+            },
+            l.decoded_size,
+        ),
+        Ok(l) => (Codec::Raw, l.decoded_size),
+        Err(_) => (Codec::Raw, t.size),
+    };
+    Blob {
+        source: 0,
+        offset: t.offset,
+        len: t.size,
+        codec,
+        decoded_len,
+        checks: t.checksum.iter().cloned().map(Check::Stored).collect(),
+        label: format!("tensor {:?}", t.name),
+    }
+}
+
+/// The frame table our writer records in custom fields, when present.
+fn frame_table(t: &V01Tensor) -> Option<FrameTable> {
+    let decoded = as_u64(t.custom(FRAME_SIZE_KEY)?).ok()?;
+    let Value::Array(items) = t.custom(FRAMES_KEY)? else {
+        return None;
+    };
+    let compressed = items.iter().map(|v| as_u64(v).ok()).collect::<Option<_>>()?;
+    Some(FrameTable::Uniform {
+        decoded,
+        compressed,
+    })
+}
+
+fn tensor(t: V01Tensor) -> Tensor {
+    let mut meta = JsonMap::new();
+    meta.insert("offset".into(), t.offset.into());
+    meta.insert("size".into(), t.size.into());
+    meta.insert("data_endianness".into(), t.endian.name().into());
+    meta.insert(
+        "checksum".into(),
+        t.checksum.as_ref().map_or(Json::Null, |c| c.to_string().into()),
+    );
+    let sparse = t.layout.as_ref().ok().and_then(|l| l.sparse.as_ref());
+    if let Some(s) = sparse {
+        let format = match s.format {
+            SparseFormat::Csr => "csr",
+            SparseFormat::Coo => "coo",
+        };
+        let form = match s.form {
+            SparseForm::Spec => "spec",
+            SparseForm::Reference => "reference",
+        };
+        meta.insert("sparse_format".into(), format.into());
+        meta.insert("sparse_form".into(), form.into());
+        meta.insert("nnz".into(), s.nnz.into());
+    }
+    meta.insert(
+        "custom".into(),
+        Json::Object(cbor_json::map_to_json(&t.custom)),
+    );
+    Tensor {
+        directory: sparse.is_some(),
+        name: t.name,
+        dtype: t.dtype_name,
+        shape: t.shape,
+        layout: t.layout_name,
+        encoding: t.encoding_name,
+        parts: t.layout.map(|l| l.parts),
+        meta,
+    }
+}

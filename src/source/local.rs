@@ -1,0 +1,167 @@
+//! A local file, opened without blocking and mapped read-only.
+
+use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+
+use crate::error::{Error, ErrorKind, Result};
+
+pub struct MappedFile {
+    path: PathBuf,
+    label: String,
+    file: File,
+    /// The file's metadata taken before it was mapped: what the bytes
+    /// served must still be (see `mount::guard`).
+    opened: std::fs::Metadata,
+    map: Mmap,
+}
+
+/// The system's page size.
+pub fn page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: sysconf has no preconditions.
+    *PAGE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    })
+}
+
+impl MappedFile {
+    /// Opens and maps `path`, which must be a regular file.
+    pub fn open(path: &Path) -> Result<MappedFile> {
+        let label = path.display().to_string();
+        let io = |what: &str, e: std::io::Error| {
+            Error::new(ErrorKind::Io, &label, None, format!("{what}: {e}"))
+        };
+        let file = open_nonblocking(path).map_err(|e| io("cannot open", e))?;
+        let meta = file.metadata().map_err(|e| io("cannot stat", e))?;
+        if !meta.is_file() {
+            return Err(Error::new(
+                ErrorKind::Io,
+                &label,
+                None,
+                "not a regular file",
+            ));
+        }
+        // SAFETY: the map is read-only. A writer truncating the file under us
+        // is handled by the mount (it checks the file before touching pages).
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| io("cannot mmap", e))?;
+        Ok(MappedFile {
+            path: path.to_path_buf(),
+            label,
+            file,
+            opened: meta,
+            map,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The name used in messages.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The file's metadata as it was before it was mapped.
+    pub fn opened(&self) -> &std::fs::Metadata {
+        &self.opened
+    }
+
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    pub fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// `len` bytes at `offset`, which the caller has checked lie in the file.
+    pub fn range(&self, offset: u64, len: u64) -> &[u8] {
+        &self.map[offset as usize..(offset + len) as usize]
+    }
+
+    /// Faults in the mapping's pages for `len` bytes at `off` (clipped to
+    /// the mapping) ahead of their use, in one call: the pages come from
+    /// the page cache, or are read from disk. Fails on kernels before 5.14
+    /// (`EINVAL`), or if the file is now shorter than the mapping (`EFAULT`,
+    /// never a SIGBUS).
+    pub fn populate(&self, off: usize, len: usize) -> std::io::Result<()> {
+        let end = off.saturating_add(len).min(self.map.len());
+        if off >= end {
+            return Ok(());
+        }
+        self.map
+            .advise_range(memmap2::Advice::PopulateRead, off, end - off)
+    }
+
+    /// The span of `bytes` if it lies within this mapping, rounded out to
+    /// 64 KiB (within the mapping): a page fault maps up to 64 KiB around
+    /// the page it needs (the kernel's default "fault-around"), so letting
+    /// go of only the pages read would leave their neighbours mapped.
+    fn pages_of(&self, bytes: &[u8]) -> Option<(usize, usize)> {
+        let base = self.map.as_ptr() as usize;
+        let (start, end) = (
+            bytes.as_ptr() as usize,
+            bytes.as_ptr() as usize + bytes.len(),
+        );
+        if bytes.is_empty() || start < base || end > base + self.map.len() {
+            return None;
+        }
+        let unit = page_size().max(64 << 10);
+        let from = (start & !(unit - 1)).max(base);
+        let to = end.next_multiple_of(unit).min(base + self.map.len());
+        Some((from, to - from))
+    }
+
+    /// Drops the pages under `bytes`, a slice of this file's mapping, from
+    /// the process's page tables. They stay in the kernel's page cache, so a
+    /// later access costs a minor fault; meanwhile the daemon's RSS holds
+    /// only what it is using, however much of the file has been read.
+    pub fn release(&self, bytes: &[u8]) {
+        if let Some((from, len)) = self.pages_of(bytes) {
+            // SAFETY: within our read-only file mapping (which starts on a
+            // page; its end is rounded up to one by the kernel);
+            // MADV_DONTNEED only unmaps, the file is untouched.
+            unsafe { libc::madvise(from as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+        }
+    }
+}
+
+/// Opens `path` for reading without blocking, so that a FIFO is refused
+/// (it is not a regular file) instead of waiting for a writer forever; the
+/// flag means nothing to a regular file. A file another process holds a
+/// write lease on answers EWOULDBLOCK while the lease is being broken: try
+/// again for a while (the kernel's lease-break-time is 45 s), never
+/// blocking, so a path swapped for a FIFO meanwhile is still refused.
+fn open_nonblocking(path: &Path) -> std::io::Result<File> {
+    let open = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match open() {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    && std::time::Instant::now() < until =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
+}
