@@ -52,6 +52,7 @@ fn main() {
                 progressive_min: ztensor_mount::mount::data::PROGRESSIVE_MIN,
             },
             direct_io: false,
+            views: ztensor_mount::views::Views::ALL,
         },
     )
     .expect("fs");

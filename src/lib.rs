@@ -2,7 +2,9 @@
 //!
 //! Data flows one way: file bytes (`source`) -> a format module (`formats`)
 //! -> the common catalog (`catalog`) -> filesystem tree and kernel
-//! (`mount`). Encodings shared by formats live in `codec`.
+//! (`mount`). Encodings shared by formats live in `codec`; files computed
+//! from the catalog for other libraries (`.npy`, zarr, safetensors) in
+//! `views`.
 
 pub mod catalog;
 pub mod cli;
@@ -11,3 +13,4 @@ pub mod error;
 pub mod formats;
 pub mod mount;
 pub mod source;
+pub mod views;

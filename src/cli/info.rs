@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use crate::formats::{self, Limits};
 use crate::mount::sidecar;
 use crate::mount::tree::Tree;
+use crate::views::Views;
 
 pub fn run(path: &Path, json: bool) -> ExitCode {
     let cat = match formats::open(path, Limits::default()) {
@@ -16,7 +17,7 @@ pub fn run(path: &Path, json: bool) -> ExitCode {
         }
     };
     // The same placements the mount would use, so paths agree.
-    let tree = Tree::build(&cat);
+    let tree = Tree::build(&cat, Views::NONE);
     if json {
         let all: Vec<_> = cat
             .tensors

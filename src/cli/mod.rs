@@ -88,6 +88,9 @@ struct MountCli {
     /// In the background, log here instead of syslog.
     #[arg(long, value_name = "PATH")]
     log_file: Option<PathBuf>,
+    /// Views to make, of npy, zarr, safetensors (or all, none). Default: all.
+    #[arg(long, value_name = "LIST")]
+    views: Option<String>,
 }
 
 #[derive(Parser, Debug)]
@@ -186,6 +189,9 @@ pub fn main() -> ExitCode {
         }
         if let Some(v) = &cli.cache_dir {
             s.cache_dir = v.clone();
+        }
+        if let Some(v) = &cli.views {
+            s.views = crate::views::Views::parse(v)?;
         }
         if let Some(v) = cli.threads {
             s.threads = v;

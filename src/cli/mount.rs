@@ -265,6 +265,7 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
             progressive_min: PROGRESSIVE_MIN,
         },
         direct_io: s.direct_io,
+        views: s.views,
     };
     let fs = match TensorFs::new(opened.catalog, opened.sources, opts) {
         Ok(fs) => fs,

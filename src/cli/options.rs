@@ -24,6 +24,7 @@ pub struct Settings {
     pub read_ahead_kb: u32,
     /// Largest read request, in bytes.
     pub max_read: u32,
+    pub views: crate::views::Views,
 }
 
 impl Default for Settings {
@@ -45,6 +46,7 @@ impl Default for Settings {
             log_file: None,
             read_ahead_kb: 4096,
             max_read: default_max_read(),
+            views: crate::views::Views::ALL,
         }
     }
 }
@@ -148,6 +150,8 @@ pub fn apply_o(s: &mut Settings, list: &str) -> Result<(), String> {
             "debug" => s.debug = true,
             "foreground" => s.foreground = true,
             "log_file" => s.log_file = Some(PathBuf::from(need()?)),
+            // Commas separate mount options: views are joined by '+'.
+            "views" => s.views = crate::views::Views::parse(&need()?.replace('+', ","))?,
             "read_ahead_kb" => s.read_ahead_kb = parse_num(key, need()?)?,
             "max_read" => {
                 let v = need()?;

@@ -14,6 +14,7 @@ use super::stats::Stats;
 use super::tree::{Content, Ino, NodeKind, Tree};
 use crate::catalog::{Catalog, Codec, Part};
 use crate::source::MappedFile;
+use crate::views::{self, Views, npy, zarr};
 
 pub type Errno = i32;
 
@@ -46,6 +47,8 @@ pub struct FsOptions {
     pub data: DataOptions,
     /// Serve tensor data with direct I/O instead of the page cache.
     pub direct_io: bool,
+    /// Which views to make.
+    pub views: Views,
 }
 
 /// An open generated file: its inode and the text it reads.
@@ -57,6 +60,8 @@ type Held = (Ino, Text);
 pub struct TensorFs {
     tree: Tree,
     data: Arc<Data>,
+    /// The `model.safetensors` view's layout, when it is made.
+    safetensors: Option<views::safetensors::Layout>,
     direct_io: bool,
     /// Sizes of generated files, computed on first stat.
     sizes: Vec<OnceLock<u64>>,
@@ -80,7 +85,33 @@ impl TensorFs {
         files: Vec<Option<MappedFile>>,
         opts: FsOptions,
     ) -> std::io::Result<TensorFs> {
-        let tree = Tree::build(&catalog);
+        let mut views = opts.views;
+        let safetensors = if views.safetensors {
+            match views::safetensors::Layout::build(&catalog) {
+                Ok(l) => {
+                    for (name, why) in &l.omitted {
+                        log::info!(
+                            "{}: tensor {name:?} is not in {}/{}: {why}",
+                            catalog.label,
+                            views::SAFETENSORS_DIR,
+                            views::SAFETENSORS_FILE
+                        );
+                    }
+                    Some(l)
+                }
+                Err(why) => {
+                    log::warn!("{}: no model.safetensors view: {why}", catalog.label);
+                    views.safetensors = false;
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let mut tree = Tree::build(&catalog, views);
+        for e in safetensors.iter().flat_map(|l| &l.entries) {
+            tree.placements[e.tensor].views |= super::tree::VIEW_SAFETENSORS;
+        }
         for (t, p) in catalog.tensors.iter().zip(&tree.placements) {
             if let Some(why) = &p.escaped {
                 log::warn!(
@@ -100,6 +131,7 @@ impl TensorFs {
         Ok(TensorFs {
             tree,
             data,
+            safetensors,
             direct_io: opts.direct_io,
             sizes,
             handles: Mutex::new(HashMap::new()),
@@ -158,6 +190,10 @@ impl TensorFs {
     fn size_of(&self, ino: Ino, c: &Content) -> u64 {
         match c {
             Content::Part { tensor, part } => self.part(*tensor, *part).map_or(0, |p| p.nbytes),
+            Content::Npy { tensor } => self
+                .npy(*tensor)
+                .map_or(0, |(h, p)| h.len() as u64 + p.nbytes),
+            Content::Safetensors => self.safetensors.as_ref().map_or(0, |l| l.size),
             // Changes all the time: read it with direct I/O, like /proc.
             Content::Stats => 0,
             // Counted, not kept: the text is made when a file is opened.
@@ -178,6 +214,57 @@ impl TensorFs {
             .as_ref()
             .ok()?
             .get(pi)
+    }
+
+    /// The `.npy` header of a tensor's one part, and the part.
+    fn npy(&self, ti: usize) -> Option<(Vec<u8>, &Part)> {
+        let p = self.part(ti, 0)?;
+        Some((npy::header(p)?, p))
+    }
+
+    /// Bytes `[off, off+size)` of a file made of `header` and then the
+    /// tensors of `entries` (in file order, each its part 0). A read within
+    /// one tensor is that tensor's own read (zero-copy where it is); one
+    /// across a boundary is put together.
+    fn read_composite(
+        &self,
+        header: &[u8],
+        entries: &[views::safetensors::Entry],
+        off: u64,
+        size: u32,
+    ) -> Result<Bytes<'_>, Errno> {
+        let end = off.saturating_add(size as u64);
+        let within = |e: &views::safetensors::Entry| e.start <= off && end <= e.start + e.len;
+        if off >= header.len() as u64
+            && let Some(e) = entries.iter().find(|e| within(e))
+        {
+            return self
+                .data
+                .read(e.tensor, 0, off - e.start, size as u64)
+                .map_err(|_| libc::EIO);
+        }
+        let mut out = Vec::with_capacity(size as usize);
+        let h = header.len() as u64;
+        if off < h {
+            out.extend_from_slice(&header[off as usize..end.min(h) as usize]);
+        }
+        let first = entries.partition_point(|e| e.start + e.len <= off);
+        for e in &entries[first..] {
+            if e.start >= end {
+                break;
+            }
+            let from = off.max(e.start);
+            let to = end.min(e.start + e.len);
+            if from >= to {
+                continue;
+            }
+            let b = self
+                .data
+                .read(e.tensor, 0, from - e.start, to - from)
+                .map_err(|_| libc::EIO)?;
+            out.extend_from_slice(&b);
+        }
+        Ok(Bytes::Owned(out))
     }
 
     /// Text of generated file `ino`, in a buffer of exactly its size;
@@ -234,7 +321,19 @@ impl TensorFs {
             Content::Stats => {
                 let _ = w.write_all(&self.data.stats().render(&self.data.cache().gauges()));
             }
-            Content::Part { .. } => {}
+            Content::ZarrArray { tensor } => {
+                let t = &cat.tensors[*tensor];
+                if let Some(json) = self
+                    .part(*tensor, 0)
+                    .and_then(|p| zarr::array_json(cat, t, p))
+                {
+                    let _ = w.write_all(&json);
+                }
+            }
+            Content::ZarrGroup { top } => {
+                let _ = w.write_all(&zarr::group_json(cat, *top));
+            }
+            Content::Part { .. } | Content::Npy { .. } | Content::Safetensors => {}
         }
     }
 
@@ -279,13 +378,20 @@ impl TensorFs {
         let node = self.tree.node(ino).ok_or(libc::ENOENT)?;
         match &node.kind {
             NodeKind::Dir { .. } => Err(libc::EISDIR),
-            NodeKind::File(Content::Part { tensor, part }) => {
+            NodeKind::File(
+                c @ (Content::Part { .. } | Content::Npy { .. } | Content::Safetensors),
+            ) => {
                 // Decoded data is worth keeping: a second read from the page
                 // cache beats decoding again or copying from our cache.
-                let zstd = self.part(*tensor, *part).is_some_and(|p| {
+                let (tensor, part) = match c {
+                    Content::Part { tensor, part } => (Some(*tensor), *part),
+                    Content::Npy { tensor } => (Some(*tensor), 0),
+                    _ => (None, 0),
+                };
+                let decoded = tensor.and_then(|t| self.part(t, part)).is_some_and(|p| {
                     !matches!(self.data.catalog().blobs[p.blob].codec, Codec::Raw)
                 });
-                let mode = if self.direct_io && !zstd {
+                let mode = if self.direct_io && !decoded {
                     CacheMode::DirectIo
                 } else {
                     CacheMode::KeepCache
@@ -369,6 +475,19 @@ impl TensorFs {
                 .data
                 .read(*tensor, *part, off, size as u64)
                 .map_err(|_| libc::EIO),
+            NodeKind::File(Content::Npy { tensor }) => {
+                let (header, p) = self.npy(*tensor).ok_or(libc::EIO)?;
+                let entry = views::safetensors::Entry {
+                    start: header.len() as u64,
+                    len: p.nbytes,
+                    tensor: *tensor,
+                };
+                self.read_composite(&header, &[entry], off, size)
+            }
+            NodeKind::File(Content::Safetensors) => {
+                let l = self.safetensors.as_ref().ok_or(libc::EIO)?;
+                self.read_composite(&l.header, &l.entries, off, size)
+            }
             NodeKind::File(c) => {
                 let held = self
                     .handles
@@ -387,6 +506,49 @@ impl TensorFs {
                 Ok(Bytes::Owned(bytes[start..end].to_vec()))
             }
         }
+    }
+
+    /// Extended attributes of a tensor's file: what a user would otherwise
+    /// read from its sidecar. (name, value) pairs.
+    fn xattrs(&self, ino: Ino) -> Result<Vec<(&'static str, String)>, Errno> {
+        let node = self.tree.node(ino).ok_or(libc::ENOENT)?;
+        let (ti, pi) = match &node.kind {
+            NodeKind::File(Content::Part { tensor, part }) => (*tensor, *part),
+            NodeKind::File(Content::Npy { tensor }) => (*tensor, 0),
+            _ => return Ok(Vec::new()),
+        };
+        let cat = self.data.catalog();
+        let (Some(t), Some(p)) = (cat.tensors.get(ti), self.part(ti, pi)) else {
+            return Ok(Vec::new());
+        };
+        let shape = serde_json::to_string(&p.shape).unwrap_or_default();
+        Ok(vec![
+            ("user.ztensor.name", t.name.clone()),
+            ("user.ztensor.dtype", p.dtype.name().to_string()),
+            ("user.ztensor.shape", shape),
+            ("user.ztensor.numpy_dtype", p.dtype.numpy().to_string()),
+            ("user.ztensor.format", cat.format.clone()),
+            ("user.ztensor.format_dtype", t.dtype.clone()),
+        ])
+    }
+
+    /// The value of xattr `name`, or ENODATA.
+    pub fn getxattr(&self, ino: Ino, name: &OsStr) -> Result<Vec<u8>, Errno> {
+        self.xattrs(ino)?
+            .into_iter()
+            .find(|(n, _)| OsStr::new(n) == name)
+            .map(|(_, v)| v.into_bytes())
+            .ok_or(libc::ENODATA)
+    }
+
+    /// The names of the xattrs of `ino`, each ended by a NUL.
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<u8>, Errno> {
+        let mut out = Vec::new();
+        for (n, _) in self.xattrs(ino)? {
+            out.extend_from_slice(n.as_bytes());
+            out.push(0);
+        }
+        Ok(out)
     }
 
     /// (total blocks of 4 KiB, number of inodes) for statfs.
@@ -427,6 +589,7 @@ mod tests {
                 progressive_min: PROGRESSIVE_MIN,
             },
             direct_io: true,
+            views: Views::ALL,
         };
         TensorFs::new(catalog, files, opts).unwrap()
     }

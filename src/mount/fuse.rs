@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
 
 use super::fs::{Attr, CacheMode, Kind, TensorFs};
@@ -161,6 +161,20 @@ impl Filesystem for Adapter {
         }
     }
 
+    fn getxattr(&self, _req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.fs.getxattr(ino(i), name) {
+            Ok(v) => xattr_reply(reply, &v, size),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.listxattr(ino(i)) {
+            Ok(v) => xattr_reply(reply, &v, size),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
     fn read(
         &self,
         _req: &Request,
@@ -266,5 +280,17 @@ impl Filesystem for Adapter {
     fn statfs(&self, _req: &Request, _i: INodeNo, reply: ReplyStatfs) {
         let (blocks, files) = self.fs.statfs();
         reply.statfs(blocks, 0, 0, files, 0, 4096, 255, 4096);
+    }
+}
+
+/// An xattr value or name list: its size when asked for with size 0, the
+/// bytes when they fit, else ERANGE.
+fn xattr_reply(reply: ReplyXattr, v: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(v.len() as u32);
+    } else if v.len() <= size as usize {
+        reply.data(v);
+    } else {
+        reply.error(Errno::ERANGE);
     }
 }

@@ -40,6 +40,9 @@ pub struct TensorSidecar<'a> {
     meta: &'a JsonMap,
     #[serde(skip_serializing_if = "Option::is_none")]
     parts: Option<Vec<PartSidecar<'a>>>,
+    /// The view files that show it, by view.
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
+    views: JsonMap,
 }
 
 /// One part of a tensor shown as a directory, as in `NAME/PART.json`.
@@ -83,7 +86,28 @@ pub fn tensor_sidecar<'a>(c: &'a Catalog, t: &'a Tensor, at: &'a Placement) -> T
         parts: parts
             .filter(|_| t.directory)
             .map(|ps| ps.iter().map(|p| part_sidecar(c, t, p, &at.path)).collect()),
+        views: view_paths(at),
     }
+}
+
+/// Where the views show a tensor placed at `at`.
+fn view_paths(at: &Placement) -> JsonMap {
+    use super::tree::{VIEW_NPY, VIEW_SAFETENSORS, VIEW_ZARR};
+    use crate::views::{NPY_DIR, SAFETENSORS_DIR, SAFETENSORS_FILE, ZARR_DIR};
+    let mut m = JsonMap::new();
+    if at.views & VIEW_NPY != 0 {
+        m.insert("npy".into(), format!("{NPY_DIR}/{}.npy", at.path).into());
+    }
+    if at.views & VIEW_ZARR != 0 {
+        m.insert("zarr".into(), format!("{ZARR_DIR}/{}", at.path).into());
+    }
+    if at.views & VIEW_SAFETENSORS != 0 {
+        m.insert(
+            "safetensors".into(),
+            format!("{SAFETENSORS_DIR}/{SAFETENSORS_FILE}").into(),
+        );
+    }
+    m
 }
 
 pub fn part_sidecar<'a>(c: &Catalog, t: &'a Tensor, p: &'a Part, dir: &str) -> PartSidecar<'a> {

@@ -7,6 +7,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use crate::catalog::Catalog;
+use crate::views::Views;
+
+mod mirror;
 
 pub type Ino = u64;
 pub const ROOT: Ino = 1;
@@ -25,6 +28,14 @@ pub enum Content {
     Index,
     /// `.ztensor/stats`
     Stats,
+    /// `.npy/PATH.npy`: a header, then the bytes of the tensor's one part.
+    Npy { tensor: usize },
+    /// `.zarr/PATH/zarr.json` of a tensor's array.
+    ZarrArray { tensor: usize },
+    /// `zarr.json` of a group of the zarr view (`top`: its root).
+    ZarrGroup { top: bool },
+    /// `.safetensors/model.safetensors`
+    Safetensors,
 }
 
 #[derive(Debug)]
@@ -55,7 +66,13 @@ pub struct Placement {
     pub sidecar: String,
     /// Set when the path differs from the tensor name: why.
     pub escaped: Option<String>,
+    /// The views that show it: `VIEW_*` bits.
+    pub views: u8,
 }
+
+pub const VIEW_NPY: u8 = 1;
+pub const VIEW_ZARR: u8 = 2;
+pub const VIEW_SAFETENSORS: u8 = 4;
 
 pub struct Tree {
     nodes: Vec<Node>,
@@ -69,9 +86,10 @@ pub struct Tree {
 }
 
 impl Tree {
-    /// Lays out every tensor of `catalog`. Tensors are placed in index order;
-    /// when two would take the same path, the first keeps it.
-    pub fn build(catalog: &Catalog) -> Tree {
+    /// Lays out every tensor of `catalog`, and the `views` of them. Tensors
+    /// are placed in index order; when two would take the same path, the
+    /// first keeps it.
+    pub fn build(catalog: &Catalog, views: Views) -> Tree {
         let mut tree = Tree {
             nodes: vec![Node {
                 parent: ROOT,
@@ -86,6 +104,7 @@ impl Tree {
         tree.sealed.insert(meta);
         tree.add(meta, "index.json".into(), NodeKind::File(Content::Index));
         tree.add(meta, "stats".into(), NodeKind::File(Content::Stats));
+        tree.reserve_views(views);
         for (ti, t) in catalog.tensors.iter().enumerate() {
             let parts = t.parts.as_ref().ok().map(|ps| {
                 let names = ps.iter().map(|p| p.name.as_str()).collect();
@@ -94,6 +113,7 @@ impl Tree {
             let p = tree.place(ti, &t.name, parts);
             tree.placements.push(p);
         }
+        tree.add_views(catalog, views);
         tree
     }
 
@@ -148,8 +168,8 @@ impl Tree {
             match self.child(dir, &c) {
                 Some(ino) if self.is_dir(ino) && !self.sealed.contains(&ino) => dir = ino,
                 Some(ino) => {
-                    why.push(if dir == ROOT && c == META_DIR {
-                        format!("{META_DIR} is reserved")
+                    why.push(if dir == ROOT && self.sealed.contains(&ino) {
+                        format!("{c} is reserved")
                     } else if self.is_dir(ino) {
                         format!("{c:?} is a sparse tensor's directory of parts")
                     } else {
@@ -175,8 +195,11 @@ impl Tree {
         }
         // The leaf: a data file (or sparse directory) plus `leaf.json`, both free.
         let mut leaf = leaf;
-        if dir == ROOT && leaf == META_DIR {
-            why.push(format!("{META_DIR} is reserved"));
+        if dir == ROOT
+            && let Some(ino) = self.child(dir, &leaf)
+            && self.sealed.contains(&ino)
+        {
+            why.push(format!("{leaf} is reserved"));
             leaf = self.free_name(dir, &leaf, ti, &[".json"]);
         }
         let needs = |t: &Tree, l: &str| {
@@ -191,6 +214,7 @@ impl Tree {
             path: String::new(),
             sidecar: format!("{path}{sidecar}"),
             escaped: None,
+            views: 0,
         };
         match parts {
             None => {}

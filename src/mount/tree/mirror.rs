@@ -1,0 +1,139 @@
+//! The views' hidden directories (see `crate::views`): `.npy` and `.zarr`
+//! mirror the tree's paths, `.safetensors` holds one file.
+
+use super::{Content, Ino, NodeKind, ROOT, Tree, VIEW_NPY, VIEW_ZARR, new_dir};
+use crate::catalog::Catalog;
+use crate::views::{self, Views, npy, zarr};
+
+impl Tree {
+    /// Makes the views' top directories before any tensor is placed, so
+    /// that tensors of those names are placed elsewhere.
+    pub(super) fn reserve_views(&mut self, v: Views) {
+        let tops = [
+            (v.npy, views::NPY_DIR),
+            (v.zarr, views::ZARR_DIR),
+            (v.safetensors, views::SAFETENSORS_DIR),
+        ];
+        for (on, name) in tops {
+            if on {
+                let ino = self.add(ROOT, name.to_string(), new_dir());
+                self.sealed.insert(ino);
+            }
+        }
+    }
+
+    /// Adds every view file, once all tensors are placed.
+    pub(super) fn add_views(&mut self, c: &Catalog, v: Views) {
+        if v.safetensors
+            && let Some(dir) = self.child(ROOT, views::SAFETENSORS_DIR)
+        {
+            self.add(
+                dir,
+                views::SAFETENSORS_FILE.into(),
+                NodeKind::File(Content::Safetensors),
+            );
+        }
+        let zarr_top = self.child(ROOT, views::ZARR_DIR).filter(|_| v.zarr);
+        if let Some(top) = zarr_top {
+            self.add(
+                top,
+                "zarr.json".into(),
+                NodeKind::File(Content::ZarrGroup { top: true }),
+            );
+        }
+        let npy_top = self.child(ROOT, views::NPY_DIR).filter(|_| v.npy);
+        for (ti, t) in c.tensors.iter().enumerate() {
+            let Ok(parts) = &t.parts else { continue };
+            let path = self.placements[ti].path.clone();
+            if t.directory || parts.len() != 1 || path.is_empty() {
+                continue;
+            }
+            let dtype = parts[0].dtype;
+            let comps: Vec<&str> = path.split('/').collect();
+            let Some((leaf, dirs)) = comps.split_last() else {
+                continue;
+            };
+            if let Some(top) = npy_top
+                && npy::descr(dtype).is_some()
+            {
+                let dir = self.mirror_dirs(top, dirs, false);
+                self.add(
+                    dir,
+                    format!("{leaf}.npy"),
+                    NodeKind::File(Content::Npy { tensor: ti }),
+                );
+                self.placements[ti].views |= VIEW_NPY;
+            }
+            if let Some(top) = zarr_top
+                && zarr::data_type(dtype).is_some()
+            {
+                self.add_zarr_array(top, dirs, leaf, ti, &parts[0].shape, &t.name);
+            }
+        }
+    }
+
+    fn add_zarr_array(
+        &mut self,
+        top: Ino,
+        dirs: &[&str],
+        leaf: &str,
+        ti: usize,
+        shape: &[u64],
+        name: &str,
+    ) {
+        let group = self.mirror_dirs(top, dirs, true);
+        if self.child(group, leaf).is_some() {
+            log::warn!("tensor {name:?}: no zarr view: {leaf:?} is taken in its zarr group");
+            return;
+        }
+        let array = self.add(group, leaf.to_string(), new_dir());
+        self.sealed.insert(array);
+        self.placements[ti].views |= VIEW_ZARR;
+        self.add(
+            array,
+            "zarr.json".into(),
+            NodeKind::File(Content::ZarrArray { tensor: ti }),
+        );
+        let Some(chunk) = zarr::chunk_path(shape) else {
+            return;
+        };
+        let Some((file, dirs)) = chunk.split_last() else {
+            return;
+        };
+        let mut at = array;
+        for d in dirs {
+            at = self.add(at, d.to_string(), new_dir());
+        }
+        self.add(
+            at,
+            file.to_string(),
+            NodeKind::File(Content::Part {
+                tensor: ti,
+                part: 0,
+            }),
+        );
+    }
+
+    /// The directory `dirs` under `top`, made where missing; in the zarr
+    /// view each made directory is a group with its `zarr.json`.
+    fn mirror_dirs(&mut self, top: Ino, dirs: &[&str], groups: bool) -> Ino {
+        let mut at = top;
+        for d in dirs {
+            at = match self.child(at, d) {
+                Some(ino) => ino,
+                None => {
+                    let ino = self.add(at, d.to_string(), new_dir());
+                    if groups {
+                        self.add(
+                            ino,
+                            "zarr.json".into(),
+                            NodeKind::File(Content::ZarrGroup { top: false }),
+                        );
+                    }
+                    ino
+                }
+            };
+        }
+        at
+    }
+}

@@ -1,0 +1,109 @@
+//! The `.npy` header of a tensor: numpy's format 1.0 (2.0 when the header
+//! needs more than 64 KiB), padded so the data starts at a multiple of 64,
+//! as numpy itself writes it.
+
+use crate::catalog::{DType, Part};
+
+const MAGIC: &[u8] = b"\x93NUMPY";
+const ALIGN: usize = 64;
+
+/// numpy's type string for the exposed bytes, where one is honest. numpy
+/// has no bfloat16 or 8-bit floats: those are given as opaque void
+/// elements of their size (`|V2`, `|V1`), which claim nothing about their
+/// meaning (view them as the ml_dtypes type). Packed 4-bit pairs have no
+/// element numpy can address, so they get no `.npy`.
+pub fn descr(d: DType) -> Option<&'static str> {
+    match d {
+        DType::BFloat16 => Some("|V2"),
+        DType::Float8E4M3Fn
+        | DType::Float8E5M2
+        | DType::Float8E4M3Fnuz
+        | DType::Float8E5M2Fnuz
+        | DType::Float8E8M0Fnu => Some("|V1"),
+        DType::Float4E2M1FnX2 => None,
+        other => Some(other.numpy()),
+    }
+}
+
+/// Why a part of type `d` has no `.npy`, when it has none.
+pub fn missing_reason(d: DType) -> Option<&'static str> {
+    descr(d)
+        .is_none()
+        .then_some("numpy has no element for packed 4-bit pairs")
+}
+
+/// The header for `part` (little-endian C-order elements), or `None` when
+/// numpy has no honest type for it.
+pub fn header(part: &Part) -> Option<Vec<u8>> {
+    let descr = descr(part.dtype)?;
+    let shape = match part.shape.as_slice() {
+        [] => "()".to_string(),
+        [n] => format!("({n},)"),
+        dims => format!(
+            "({})",
+            dims.iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    // magic + version + length field, then the dict padded with spaces and
+    // ended by a newline.
+    for (version, len_bytes) in [(1u8, 2usize), (2, 4)] {
+        let fixed = MAGIC.len() + 2 + len_bytes;
+        let total = (fixed + dict.len() + 1).next_multiple_of(ALIGN);
+        let hlen = total - fixed;
+        if len_bytes == 2 && hlen > u16::MAX as usize {
+            continue;
+        }
+        let mut out = Vec::with_capacity(total);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&[version, 0]);
+        if len_bytes == 2 {
+            out.extend_from_slice(&(hlen as u16).to_le_bytes());
+        } else {
+            out.extend_from_slice(&(hlen as u32).to_le_bytes());
+        }
+        out.extend_from_slice(dict.as_bytes());
+        out.resize(total - 1, b' ');
+        out.push(b'\n');
+        return Some(out);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{Endian, Part};
+
+    fn part(dtype: DType, shape: Vec<u64>) -> Part {
+        Part::dense(dtype, shape, 0, 0, Endian::Little)
+    }
+
+    #[test]
+    fn headers_are_padded_to_64_and_say_the_shape() {
+        let h = header(&part(DType::Float32, vec![3, 4])).unwrap();
+        assert_eq!(h.len() % 64, 0);
+        assert_eq!(&h[..8], b"\x93NUMPY\x01\x00");
+        assert_eq!(u16::from_le_bytes([h[8], h[9]]) as usize, h.len() - 10);
+        let text = String::from_utf8_lossy(&h[10..]);
+        assert!(text.starts_with("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }"));
+        assert!(text.ends_with(" \n"));
+        let scalar = header(&part(DType::Int8, vec![])).unwrap();
+        assert!(String::from_utf8_lossy(&scalar).contains("'shape': ()"));
+        let one = header(&part(DType::Uint8, vec![7])).unwrap();
+        assert!(String::from_utf8_lossy(&one).contains("'shape': (7,)"));
+        assert!(header(&part(DType::Float4E2M1FnX2, vec![4])).is_none());
+    }
+
+    #[test]
+    fn a_huge_shape_takes_format_2() {
+        let h = header(&part(DType::Float32, vec![1; 20_000])).unwrap();
+        assert_eq!(&h[6..8], &[2, 0]);
+        assert_eq!(h.len() % 64, 0);
+        let n = u32::from_le_bytes([h[8], h[9], h[10], h[11]]) as usize;
+        assert_eq!(n, h.len() - 12);
+    }
+}

@@ -1,0 +1,145 @@
+//! The `model.safetensors` view: one header built at mount (names,
+//! safetensors type names, shapes, offsets) followed by every dense
+//! tensor's exposed bytes in header order. Tensors it cannot hold are left
+//! out and listed in its `__metadata__`.
+
+use std::collections::BTreeMap;
+
+use crate::catalog::{Catalog, DType, Json};
+
+/// safetensors' most header bytes.
+const MAX_HEADER: usize = 100_000_000;
+
+/// safetensors' name for `d`, for the types its readers know.
+pub fn dtype_name(d: DType) -> Option<&'static str> {
+    Some(match d {
+        DType::Bool => "BOOL",
+        DType::Uint8 => "U8",
+        DType::Int8 => "I8",
+        DType::Uint16 => "U16",
+        DType::Int16 => "I16",
+        DType::Uint32 => "U32",
+        DType::Int32 => "I32",
+        DType::Uint64 => "U64",
+        DType::Int64 => "I64",
+        DType::Float16 => "F16",
+        DType::BFloat16 => "BF16",
+        DType::Float32 => "F32",
+        DType::Float64 => "F64",
+        DType::Float8E4M3Fn => "F8_E4M3",
+        DType::Float8E5M2 => "F8_E5M2",
+        _ => return None,
+    })
+}
+
+/// One tensor's place in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    /// Offset in the file of its first byte.
+    pub start: u64,
+    pub len: u64,
+    pub tensor: usize,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Layout {
+    /// The 8-byte header length and the header, padded to 8 bytes.
+    pub header: Vec<u8>,
+    /// In file order.
+    pub entries: Vec<Entry>,
+    /// The whole file's size.
+    pub size: u64,
+    /// Tensors left out, with why.
+    pub omitted: Vec<(String, String)>,
+}
+
+impl Layout {
+    /// The layout of `c`'s dense tensors, or why there is none.
+    pub fn build(c: &Catalog) -> Result<Layout, String> {
+        let mut header = serde_json::Map::new();
+        let mut entries = Vec::new();
+        let mut omitted = Vec::new();
+        let mut at = 0u64;
+        for (ti, t) in c.tensors.iter().enumerate() {
+            let part = match &t.parts {
+                Ok(ps) if !t.directory && ps.len() == 1 => &ps[0],
+                Ok(_) => {
+                    omitted.push((t.name.clone(), "not one dense array".into()));
+                    continue;
+                }
+                Err(why) => {
+                    omitted.push((t.name.clone(), format!("unsupported: {why}")));
+                    continue;
+                }
+            };
+            let Some(dtype) = dtype_name(part.dtype) else {
+                omitted.push((t.name.clone(), format!("safetensors has no {}", part.dtype)));
+                continue;
+            };
+            let end = at.checked_add(part.nbytes).ok_or("offsets overflow")?;
+            header.insert(
+                t.name.clone(),
+                serde_json::json!({"dtype": dtype, "shape": part.shape, "data_offsets": [at, end]}),
+            );
+            entries.push(Entry {
+                start: at,
+                len: part.nbytes,
+                tensor: ti,
+            });
+            at = end;
+        }
+        header.insert("__metadata__".into(), Json::Object(metadata(c, &omitted)));
+        let mut text = serde_json::to_vec(&header).map_err(|e| e.to_string())?;
+        let padded = (8 + text.len()).next_multiple_of(8) - 8;
+        if padded > MAX_HEADER {
+            return Err(format!(
+                "its header would be {padded} bytes, over safetensors' {MAX_HEADER}"
+            ));
+        }
+        text.resize(padded, b' ');
+        let mut out = Vec::with_capacity(8 + padded);
+        out.extend_from_slice(&(padded as u64).to_le_bytes());
+        out.extend_from_slice(&text);
+        let base = out.len() as u64;
+        for e in &mut entries {
+            e.start += base;
+        }
+        Ok(Layout {
+            header: out,
+            entries,
+            size: base + at,
+            omitted,
+        })
+    }
+
+    /// The entry holding file offset `off` (past the header), if any.
+    pub fn entry_at(&self, off: u64) -> Option<&Entry> {
+        let i = self.entries.partition_point(|e| e.start + e.len <= off);
+        self.entries.get(i).filter(|e| e.start <= off)
+    }
+}
+
+/// `__metadata__`: text values only, as safetensors wants.
+fn metadata(c: &Catalog, omitted: &[(String, String)]) -> serde_json::Map<String, Json> {
+    let mut m = BTreeMap::new();
+    for (k, v) in &c.attributes {
+        let text = match v {
+            Json::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        m.insert(k.clone(), text);
+    }
+    m.insert("ztensor_mount.format".into(), c.format.clone());
+    m.insert("ztensor_mount.source".into(), c.label.clone());
+    if !omitted.is_empty() {
+        let list: serde_json::Map<String, Json> = omitted
+            .iter()
+            .map(|(n, why)| (n.clone(), Json::String(why.clone())))
+            .collect();
+        m.insert(
+            "ztensor_mount.omitted".into(),
+            Json::Object(list).to_string(),
+        );
+    }
+    m.into_iter().map(|(k, v)| (k, Json::String(v))).collect()
+}
