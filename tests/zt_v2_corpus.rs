@@ -66,7 +66,9 @@ fn every_valid_file_opens_and_reads_like_the_reference() {
         let o = read::open(&path).unwrap_or_else(|e| panic!("{name}: refused: {e}"));
         assert_eq!(o.catalog.format, "zTensor v2");
         assert_eq!(o.sources.len(), o.catalog.sources.len(), "{name}");
-        for (ti, t) in o.catalog.tensors.iter().enumerate() {
+        let catalog = o.catalog.clone();
+        let data = read::data(read::open(&path).unwrap());
+        for (ti, t) in catalog.tensors.iter().enumerate() {
             let Ok(parts) = &t.parts else {
                 assert!(
                     REFUSED_TENSORS.contains(&name) || MISSING_SHARDS.contains(&name),
@@ -78,11 +80,15 @@ fn every_valid_file_opens_and_reads_like_the_reference() {
             };
             for (pi, p) in parts.iter().enumerate() {
                 let ours = read::catalog_bytes(&o, ti, pi);
+                let served = read::data_bytes(&data, ti, pi, 3);
                 if DATA_LEVEL.contains(&name) {
                     assert!(ours.is_err(), "{name}: {:?} read must fail", t.name);
+                    assert!(served.is_err(), "{name}: {:?} Data read must fail", t.name);
                     continue;
                 }
                 let ours = ours.unwrap_or_else(|e| panic!("{name}: {:?}: {e}", t.name));
+                let served = served.unwrap_or_else(|e| panic!("{name}: {:?}: Data: {e}", t.name));
+                assert_eq!(served, ours, "{name}: {:?}/{:?}", t.name, p.name);
                 let pname = read::v2_part_name(&p.name);
                 let want = if MISSING_SHARDS.contains(&name) {
                     read::reference_local_raw(&path, &t.name, pname)
@@ -95,7 +101,7 @@ fn every_valid_file_opens_and_reads_like_the_reference() {
             }
         }
         for t in REFUSED_TENSORS.iter().filter(|n| **n == name) {
-            assert!(o.catalog.tensors.iter().any(|t| !t.is_supported()), "{t}");
+            assert!(catalog.tensors.iter().any(|t| !t.is_supported()), "{t}");
         }
     }
     assert!(parts_compared >= 15, "only {parts_compared} parts compared");
@@ -115,9 +121,14 @@ fn every_reject_file_is_refused() {
             Ok(o) => {
                 assert!(DATA_LEVEL.contains(&name), "{name}: opened, must be refused");
                 let mut failed = 0;
-                for (ti, t) in o.catalog.tensors.iter().enumerate() {
+                let data = read::data(o);
+                for (ti, t) in data.catalog().tensors.iter().enumerate() {
                     for pi in 0..t.parts.as_ref().map_or(0, Vec::len) {
-                        failed += read::catalog_bytes(&o, ti, pi).is_err() as usize;
+                        let e = read::data_bytes(&data, ti, pi, 1 << 20);
+                        if let Err(e) = e {
+                            assert!(!e.contains('\n'), "{name}: {e}");
+                            failed += 1;
+                        }
                     }
                 }
                 assert!(failed > 0, "{name}: no read failed");
