@@ -106,7 +106,7 @@ def write_profiles(path):
     # COO 2-D, structure of arrays
     coords = np.array([0, 1, 2, 3, 0, 2], "<u8").tobytes()
     cvals = np.array([7, 8, 9], "<i2").tobytes()
-    w.add_object("coo", [4, 3], {
+    w.add_object("coo", [3, 4], {
         "coords": {"dtype": "u64", "data": coords},
         "values": {"dtype": "i16", "data": cvals},
     }, layout="zt.sparse_coo/1")
