@@ -11,7 +11,9 @@ mod read;
 use std::path::{Path, PathBuf};
 
 fn corpus(kind: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/zt_v2/corpus").join(kind);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/zt_v2/corpus")
+        .join(kind);
     let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
@@ -119,7 +121,10 @@ fn every_reject_file_is_refused() {
                 assert!(line.contains(&path.display().to_string()), "{name}: {line}");
             }
             Ok(o) => {
-                assert!(DATA_LEVEL.contains(&name), "{name}: opened, must be refused");
+                assert!(
+                    DATA_LEVEL.contains(&name),
+                    "{name}: opened, must be refused"
+                );
                 let mut failed = 0;
                 let data = read::data(o);
                 for (ti, t) in data.catalog().tensors.iter().enumerate() {

@@ -18,8 +18,11 @@ const SEEKABLE: &str = "zt.zstd-seekable/1";
 const SKIPPABLE: u32 = 0x184D_2A5E;
 const SEEKABLE_MAGIC: u32 = 0x8F92_EAB1;
 
+/// Makes a part's stored bytes from its decoded bytes.
+type Forge = fn(&[u8]) -> Vec<u8>;
+
 /// An "encoding" whose stored bytes are `make(decoded)`.
-struct Forged(fn(&[u8]) -> Vec<u8>);
+struct Forged(Forge);
 
 impl Encoding for Forged {
     fn id(&self) -> &str {
@@ -68,7 +71,9 @@ fn honest(d: &[u8]) -> Vec<u8> {
 }
 
 fn payload() -> Vec<u8> {
-    (0..4096u32).flat_map(|i| (i * 7 % 251).to_le_bytes()).collect()
+    (0..4096u32)
+        .flat_map(|i| (i * 7 % 251).to_le_bytes())
+        .collect()
 }
 
 fn neighbour() -> Vec<u8> {
@@ -77,7 +82,7 @@ fn neighbour() -> Vec<u8> {
 
 /// Writes `a` (encoded by `forge` when given; the writer records the xxh3
 /// digest of the payload) and the raw neighbour `b`.
-fn write(path: &Path, forge: Option<fn(&[u8]) -> Vec<u8>>) {
+fn write(path: &Path, forge: Option<Forge>) {
     let vocab = match forge {
         Some(f) => Vocabulary::standard().with_encoding(Forged(f)),
         None => Vocabulary::standard(),
@@ -91,7 +96,11 @@ fn write(path: &Path, forge: Option<fn(&[u8]) -> Vec<u8>>) {
     w.object("a", |o| {
         o.shape([a.len() as u64 / 4]).part("data", |p| {
             let p = p.dtype(DType::U32).bytes(&a);
-            if forge.is_some() { p.encoding(SEEKABLE) } else { p }
+            if forge.is_some() {
+                p.encoding(SEEKABLE)
+            } else {
+                p
+            }
         })
     })
     .unwrap();
@@ -229,7 +238,10 @@ fn a_zstd_bomb_frame_fails_the_read() {
         Some(|d: &[u8]| {
             // Declares 16 KiB, decodes to 64 MiB of zeros.
             let bomb = frame(&vec![0u8; 64 << 20], true);
-            seekable(&[bomb.clone()], &[(bomb.len() as u32, d.len() as u32)])
+            seekable(
+                std::slice::from_ref(&bomb),
+                &[(bomb.len() as u32, d.len() as u32)],
+            )
         }),
     );
     assert_eq!(outcome(&p), Outcome::ReadFailed);
@@ -242,7 +254,10 @@ fn a_frame_without_a_content_checksum_is_refused() {
         &p,
         Some(|d: &[u8]| {
             let f = frame(d, false);
-            seekable(&[f.clone()], &[(f.len() as u32, d.len() as u32)])
+            seekable(
+                std::slice::from_ref(&f),
+                &[(f.len() as u32, d.len() as u32)],
+            )
         }),
     );
     assert_eq!(outcome(&p), Outcome::Refused);
@@ -257,7 +272,9 @@ fn a_frame_over_16_mib_and_a_huge_count_are_refused() {
     std::fs::copy(&p, &p2).unwrap();
     patch(&p, |b| b[o + l - 9 - 1] = 0x7f); // last frame's d high byte
     assert_eq!(outcome(&p), Outcome::Refused);
-    patch(&p2, |b| b[o + l - 9..o + l - 5].copy_from_slice(&u32::MAX.to_le_bytes()));
+    patch(&p2, |b| {
+        b[o + l - 9..o + l - 5].copy_from_slice(&u32::MAX.to_le_bytes())
+    });
     assert_eq!(outcome(&p2), Outcome::Refused);
 }
 
@@ -270,11 +287,18 @@ fn an_empty_stream_claiming_bytes_is_refused() {
 
 #[test]
 fn invalid_bool_and_f4_bytes_fail_the_read() {
-    for (logical, bytes, n) in [("bool", vec![0u8, 1, 2, 1], 4u64), ("f4_e2m1", vec![0x21, 0x13], 3)] {
+    for (logical, bytes, n) in [
+        ("bool", vec![0u8, 1, 2, 1], 4u64),
+        ("f4_e2m1", vec![0x21, 0x13], 3),
+    ] {
         let (_d, p) = tmp();
         let mut w = Writer::options().canonical(false).create(&p).unwrap();
-        w.object("a", |o| o.shape([n]).part("data", |q| q.dtype(DType::U8).logical(logical).bytes(&bytes)))
-            .unwrap();
+        w.object("a", |o| {
+            o.shape([n]).part("data", |q| {
+                q.dtype(DType::U8).logical(logical).bytes(&bytes)
+            })
+        })
+        .unwrap();
         w.add("b", [64u64], DType::U32, &neighbour()).unwrap();
         w.finish().unwrap();
         assert_eq!(outcome(&p), Outcome::ReadFailed, "{logical}");
@@ -288,7 +312,8 @@ fn csr_indices_out_of_range_are_refused() {
     let (ip, ix, va) = (le(&[0, 1, 2]), le(&[0, 9]), le(&[1, 2]));
     let mut w = Writer::options().canonical(false).create(&p).unwrap();
     w.object("a", |o| {
-        o.shape([2u64, 4]).layout("zt.sparse_csr/1")
+        o.shape([2u64, 4])
+            .layout("zt.sparse_csr/1")
             .part("indptr", |q| q.dtype(DType::U32).bytes(&ip))
             .part("indices", |q| q.dtype(DType::U32).bytes(&ix))
             .part("values", |q| q.dtype(DType::U32).bytes(&va))
@@ -324,7 +349,12 @@ fn a_good_shard_reads() {
     assert_eq!(o.catalog.sources.len(), 2);
     assert!(o.catalog.sources[1].digest.is_some());
     let data = read::data(o);
-    let a = data.catalog().tensors.iter().position(|t| t.name == "a").unwrap();
+    let a = data
+        .catalog()
+        .tensors
+        .iter()
+        .position(|t| t.name == "a")
+        .unwrap();
     assert_eq!(read::data_bytes(&data, a, 0, 1000).unwrap(), payload());
 }
 

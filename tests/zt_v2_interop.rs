@@ -96,18 +96,35 @@ fn python_written_v2_files_read_the_same_through_our_pipeline() {
         let c = data.catalog();
         for e in entries.as_array().unwrap() {
             let name = e["name"].as_str().unwrap();
-            let ti = c.tensors.iter().position(|t| t.name == name).unwrap_or_else(|| panic!("{file}: no {name}"));
+            let ti = c
+                .tensors
+                .iter()
+                .position(|t| t.name == name)
+                .unwrap_or_else(|| panic!("{file}: no {name}"));
             let t = &c.tensors[ti];
-            let parts = t.parts.as_ref().unwrap_or_else(|w| panic!("{file}: {name}: {w}"));
+            let parts = t
+                .parts
+                .as_ref()
+                .unwrap_or_else(|w| panic!("{file}: {name}: {w}"));
             let pi = match e["part"].as_str() {
                 None => 0,
                 Some(p) => parts.iter().position(|x| x.name == p).unwrap(),
             };
             let got = read::data_bytes(&data, ti, pi, 1 << 16)
                 .unwrap_or_else(|w| panic!("{file}: {name}: {w}"));
-            assert_eq!(hex(&got), e["hex"].as_str().unwrap(), "{file}: {name} {:?}", e["part"]);
+            assert_eq!(
+                hex(&got),
+                e["hex"].as_str().unwrap(),
+                "{file}: {name} {:?}",
+                e["part"]
+            );
             assert_eq!(sha(&got), e["sha256"].as_str().unwrap(), "{file}: {name}");
-            let shape: Vec<u64> = e["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+            let shape: Vec<u64> = e["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap())
+                .collect();
             if e["part"].is_null() {
                 assert_eq!(t.shape, shape, "{file}: {name}");
                 assert_eq!(t.dtype, e["dtype"].as_str().unwrap(), "{file}: {name}");
@@ -142,9 +159,15 @@ fn python_written_v2_files_read_the_same_through_a_real_mount() {
             let name = e["name"].as_str().unwrap();
             let (data, side) = match e["part"].as_str() {
                 None => (m.path(name), m.path(&format!("{name}.json"))),
-                Some(p) => (m.path(&format!("{name}/{p}")), m.path(&format!("{name}/{p}.json"))),
+                Some(p) => (
+                    m.path(&format!("{name}/{p}")),
+                    m.path(&format!("{name}/{p}.json")),
+                ),
             };
-            let sidecar: Json = serde_json::from_slice(&std::fs::read(&side).unwrap_or_else(|err| panic!("{}: {err}", side.display()))).unwrap();
+            let sidecar: Json = serde_json::from_slice(
+                &std::fs::read(&side).unwrap_or_else(|err| panic!("{}: {err}", side.display())),
+            )
+            .unwrap();
             jobs.push(serde_json::json!({
                 "path": data, "dtype": sidecar["numpy_dtype"], "shape": sidecar["shape"],
                 "sha256": e["sha256"], "name": name,
@@ -169,10 +192,23 @@ print(json.dumps(bad))
             .spawn()
             .unwrap();
         use std::io::Write;
-        child.stdin.take().unwrap().write_all(serde_json::to_string(&jobs).unwrap().as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(serde_json::to_string(&jobs).unwrap().as_bytes())
+            .unwrap();
         let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "{file}: {}", String::from_utf8_lossy(&out.stderr));
-        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]", "{file}: mismatched tensors");
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "[]",
+            "{file}: mismatched tensors"
+        );
         m.unmount_ok();
     }
 }

@@ -122,7 +122,10 @@ pub fn data(o: Opened) -> Arc<Data> {
 /// All exposed bytes of part `p` of tensor `t`, read through `Data` in
 /// chunks of `chunk` bytes.
 pub fn data_bytes(d: &Data, t: usize, p: usize, chunk: u64) -> Result<Vec<u8>, String> {
-    let parts = d.catalog().tensors[t].parts.as_ref().map_err(|e| e.clone())?;
+    let parts = d.catalog().tensors[t]
+        .parts
+        .as_ref()
+        .map_err(|e| e.clone())?;
     let n = parts[p].nbytes;
     let mut out = Vec::with_capacity(n as usize);
     while (out.len() as u64) < n {

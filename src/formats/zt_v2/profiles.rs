@@ -191,7 +191,10 @@ pub fn quant_group(obj: &Object) -> Rule {
     if !matches!(order, "lsb_first" | "msb_first") {
         return Err(format!("{L}: packing.order {order:?} is unknown"));
     }
-    if !matches!(bits, 2..=6 | 8) || (8 * word_w) % bits != 0 || per_word != 8 * word_w / bits {
+    if !matches!(bits, 2..=6 | 8)
+        || !(8 * word_w).is_multiple_of(bits)
+        || per_word != 8 * word_w / bits
+    {
         return Err(format!(
             "{L}: bits {bits} and per_word {per_word} do not fit a {word} word"
         ));
@@ -245,7 +248,7 @@ pub fn quant_group(obj: &Object) -> Rule {
         ));
     }
     let codes = elements(obj)?;
-    let groups = if group == 0 { along } else { along / group };
+    let groups = along.checked_div(group).unwrap_or(along);
     let lanes = codes.checked_div(along).unwrap_or(0);
     let per_group = groups.checked_mul(lanes);
     sized(data, (codes / per_word).checked_mul(word_w), "data", L)?;

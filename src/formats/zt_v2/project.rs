@@ -51,10 +51,10 @@ pub fn project(root: MappedFile, manifest: Option<Manifest>) -> Result<Opened> {
     };
     b.open_shards(&root, &manifest);
     b.maps.insert(0, Some(root));
-    if let Some(attrs) = &manifest.attributes {
-        if let Json::Object(m) = cbor_json::to_json(&to_ciborium(attrs)) {
-            b.catalog.attributes = m;
-        }
+    if let Some(attrs) = &manifest.attributes
+        && let Json::Object(m) = cbor_json::to_json(&to_ciborium(attrs))
+    {
+        b.catalog.attributes = m;
     }
     for (name, obj) in &manifest.objects {
         let t = b.object(name, obj)?;
@@ -355,10 +355,10 @@ impl Builder {
                 meta: describe(p),
             });
         }
-        if let Some(nnz) = sparse {
-            if let Err(why) = self.sparse_data(name, obj, nnz, &tables)? {
-                return Ok(Err(why));
-            }
+        if let Some(nnz) = sparse
+            && let Err(why) = self.sparse_data(name, obj, nnz, &tables)?
+        {
+            return Ok(Err(why));
         }
         Ok(Ok(parts))
     }

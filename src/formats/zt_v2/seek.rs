@@ -106,18 +106,17 @@ pub fn parse(stored: &[u8], decoded_length: u64) -> Result<SeekTable, String> {
         frames.push((c, d));
     }
     if let Some(((_, first), middle)) = frames.split_last().and_then(|(_, init)| init.split_first())
+        && let Some(k) = middle.iter().position(|&(_, d)| d != *first)
     {
-        if let Some(k) = middle.iter().position(|&(_, d)| d != *first) {
-            return Err(format!(
-                "seek table frame {} decodes to a different size than frame 0 (only the last may)",
-                k + 1
-            ));
-        }
+        return Err(format!(
+            "seek table frame {} decodes to a different size than frame 0 (only the last may)",
+            k + 1
+        ));
     }
-    if let (Some(&(_, first)), Some(&(_, last))) = (frames.first(), frames.last()) {
-        if last > first {
-            return Err("seek table's last frame decodes to more than the others".into());
-        }
+    if let (Some(&(_, first)), Some(&(_, last))) = (frames.first(), frames.last())
+        && last > first
+    {
+        return Err("seek table's last frame decodes to more than the others".into());
     }
     if total_c != start as u64 {
         return Err(format!(
