@@ -4,6 +4,7 @@
 
 pub mod cbor_json;
 pub mod zt_v01;
+pub mod zt_v2;
 
 use std::path::Path;
 
@@ -12,7 +13,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::source::MappedFile;
 
 /// The formats this version reads, for messages.
-pub const READS: &str = "zTensor v0.1";
+pub const READS: &str = "zTensor v0.1, zTensor v2";
 
 /// A file read into the common catalog, with the files its bytes are in.
 pub struct Opened {
@@ -41,6 +42,7 @@ impl Default for Limits {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Detected {
     ZtV01,
+    ZtV2,
     /// A format this version recognises but does not read.
     Known(&'static str),
     Unknown,
@@ -50,7 +52,6 @@ pub enum Detected {
 pub fn detect(bytes: &[u8]) -> Detected {
     const KNOWN: &[(&[u8], &str)] = &[
         (b"ZTEN1000", "zTensor v1"),
-        (b"\x89ZT2\r\n\x1a\n", "zTensor v2"),
         (b"GGUF", "GGUF"),
         (b"DTLEGION", "deathtensors"),
         (b"\x89HDF\r\n\x1a\n", "HDF5"),
@@ -59,6 +60,9 @@ pub fn detect(bytes: &[u8]) -> Detected {
     ];
     if bytes.starts_with(zt_v01::MAGIC) {
         return Detected::ZtV01;
+    }
+    if bytes.starts_with(zt_v2::MAGIC) {
+        return Detected::ZtV2;
     }
     if let Some((_, name)) = KNOWN.iter().find(|(m, _)| bytes.starts_with(m)) {
         return Detected::Known(name);
@@ -91,6 +95,7 @@ pub fn open(path: &Path, limits: Limits) -> Result<Opened> {
                 sources: vec![Some(src)],
             })
         }
+        Detected::ZtV2 => zt_v2::open(src, limits),
         Detected::Known(name) => Err(Error::new(
             ErrorKind::NotSupported,
             src.label(),
