@@ -125,6 +125,7 @@ impl Builder {
                 path,
                 size: Some(shard.size),
                 digest: Some(digest),
+                digest_span: None,
                 unusable,
             });
             self.maps.push(map);
