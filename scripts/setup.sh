@@ -92,10 +92,12 @@ venv="$root/.venv"
 # ztensor 0.1.4 (v0.1) in the venv itself; ztensor 1.x (v1) and 2.x (v2)
 # each in a folder of its own under .venv/ztensor/, put first on
 # PYTHONPATH by the tests that use it (one package name, three versions).
-if ! "$venv/bin/python" -c 'import numpy, ml_dtypes, zstandard, ztensor' >/dev/null 2>&1; then
-  echo "setup: creating $venv (numpy, ml_dtypes, zstandard, ztensor==0.1.4)"
+# The readers the views are checked with: zarr, tensorstore, safetensors.
+if ! "$venv/bin/python" -c 'import numpy, ml_dtypes, zstandard, ztensor, zarr, tensorstore, safetensors' >/dev/null 2>&1; then
+  echo "setup: creating $venv (numpy, ml_dtypes, zstandard, ztensor==0.1.4, zarr, tensorstore, safetensors)"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check numpy ml_dtypes zstandard 'ztensor==0.1.4'
+  "$venv/bin/pip" install -q --disable-pip-version-check numpy ml_dtypes zstandard 'ztensor==0.1.4' \
+    zarr tensorstore safetensors
 fi
 for spec in '1:ztensor>=1,<2' '2:ztensor>=2,<3'; do
   dir="$venv/ztensor/${spec%%:*}"

@@ -100,7 +100,7 @@ mod tests {
 
     #[test]
     fn a_huge_shape_takes_format_2() {
-        let h = header(&part(DType::Float32, vec![1; 20_000])).unwrap();
+        let h = header(&part(DType::Float32, vec![1; 30_000])).unwrap();
         assert_eq!(&h[6..8], &[2, 0]);
         assert_eq!(h.len() % 64, 0);
         let n = u32::from_le_bytes([h[8], h[9], h[10], h[11]]) as usize;

@@ -1,0 +1,181 @@
+//! The views through a real mount, read by the libraries they are made for:
+//! numpy (`np.load`, with and without `mmap_mode`), zarr-python 3 and
+//! TensorStore (the `.zarr` group), safetensors (`model.safetensors`), and
+//! the `user.ztensor.*` xattrs; each compared with the tensor's own file.
+//! `tests/python/check_views.py` does the reading.
+//!
+//! The interpreter is `$ZT_PYTHON`, else `.venv/bin/python`; without it (or
+//! its zarr, tensorstore, safetensors) the test fails under CI=true.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::json;
+use support::Mount;
+use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
+use ztensor_mount::formats::zt_v01::{DType, Endian};
+
+fn python() -> Option<PathBuf> {
+    let py = std::env::var_os("ZT_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
+    let check = match Command::new(&py)
+        .args(["-c", "import numpy, zarr, tensorstore, safetensors"])
+        .output()
+    {
+        Err(e) => Err(format!("{}: {e}", py.display())),
+        Ok(o) if !o.status.success() => Err(format!(
+            "{} cannot import numpy, zarr, tensorstore, safetensors: {}",
+            py.display(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Ok(_) => Ok(()),
+    };
+    support::require("python with zarr, tensorstore, safetensors", check).then_some(py)
+}
+
+/// Runs check_views.py over the mount; `expect` gives the least number of
+/// tensors each reader must check.
+fn check(py: &Path, m: &Mount, expect: serde_json::Value) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/check_views.py");
+    let ep = m.scratch_path("expect.json");
+    std::fs::write(&ep, expect.to_string()).unwrap();
+    let r = support::run_with_timeout(
+        Command::new(py).arg(&script).arg(m.path("")).arg(&ep),
+        Duration::from_secs(120),
+    );
+    assert!(
+        r.ok() && r.stdout.trim_end().ends_with("OK"),
+        "check_views failed ({}):\n{}\n{}",
+        r.status,
+        r.stdout,
+        r.stderr
+    );
+}
+
+/// Every v0.1 dtype raw and zstd (in frames), big-endian, a scalar, a
+/// zero-length dimension, and a sparse tensor (which has no views).
+fn write_model(path: &Path) {
+    let mut w = Writer::create(path).unwrap();
+    let zstd = Options {
+        compression: Compression::Zstd {
+            level: 3,
+            frame_size: 4096,
+        },
+        ..Options::default()
+    };
+    let be = Options {
+        endian: Endian::Big,
+        ..Options::default()
+    };
+    for d in DType::V01 {
+        let n = 3 * 5 * 7;
+        let bytes = support::pattern(d.size() as usize, n, d.size() as u8);
+        let bytes = if d == DType::Bool {
+            bytes.iter().map(|b| b & 1).collect()
+        } else {
+            bytes
+        };
+        for (tag, o) in [("raw", &Options::default()), ("zstd", &zstd), ("be", &be)] {
+            let name = format!("{}/{tag}", d.name());
+            w.add(&name, d, &[3, 5, 7], &bytes, o).unwrap();
+        }
+    }
+    w.add(
+        "scalar",
+        DType::Float64,
+        &[],
+        &2.5f64.to_le_bytes(),
+        &Options::default(),
+    )
+    .unwrap();
+    w.add("empty", DType::Float32, &[0, 4], &[], &Options::default())
+        .unwrap();
+    let big: Vec<u8> = support::compressible(7, 3 << 20);
+    w.add("big/frames", DType::Float32, &[3 << 18], &big, &zstd)
+        .unwrap();
+    w.add_csr(
+        "sparse",
+        DType::Float32,
+        [2, 3],
+        &[0, 1, 2],
+        &[0, 2],
+        &[0, 0, 128, 63, 0, 0, 0, 64],
+        &Options::default(),
+    )
+    .unwrap();
+    w.finish().unwrap();
+}
+
+#[test]
+fn numpy_zarr_tensorstore_and_safetensors_open_a_mounted_zt_v01() {
+    let Some(py) = python() else { return };
+    let Some(m) = Mount::with(&[], write_model) else {
+        return;
+    };
+    // 13 dtypes x 3 storages, the scalar, the empty one and the big one.
+    let dense = 13 * 3 + 3;
+    let index = m.index();
+    let sparse = index["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "sparse")
+        .unwrap();
+    assert!(
+        sparse.get("views").is_none(),
+        "a sparse tensor has no views"
+    );
+    check(
+        &py,
+        &m,
+        json!({
+            "npy": dense,
+            "zarr": dense - 3,        // zarr-python has no bfloat16
+            "tensorstore": dense,
+            "safetensors": dense,
+            "xattr": dense,
+        }),
+    );
+    // Views are hidden: the top level lists the model as it is.
+    let top: Vec<String> = std::fs::read_dir(m.path(""))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    assert!(top.contains(&"float32".to_string()) && top.contains(&"scalar".to_string()));
+}
+
+#[test]
+fn a_v2_file_opens_through_every_view() {
+    let Some(py) = python() else { return };
+    let src =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/zt_v2/corpus/valid/canonical-basic.zt");
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    m.mount(&src, &[]);
+    let n = m.index()["tensors"].as_array().unwrap().len();
+    assert!(n > 0);
+    check(
+        &py,
+        &m,
+        json!({"npy": 1, "tensorstore": 1, "safetensors": 1, "xattr": 1}),
+    );
+}
+
+#[test]
+fn views_can_be_turned_off() {
+    let Some(m) = Mount::with(&["--views", "npy"], write_model) else {
+        return;
+    };
+    assert!(m.path(".npy/scalar.npy").is_file());
+    assert!(!m.path(".zarr").exists());
+    assert!(!m.path(".safetensors").exists());
+    let npy = m.read(".npy/scalar.npy");
+    assert_eq!(npy.len() % 64, 8, "a 64-aligned header, then 8 bytes");
+    assert_eq!(&npy[npy.len() - 8..], &2.5f64.to_le_bytes());
+}
