@@ -83,6 +83,8 @@ pub struct Tree {
     /// (directory, name) -> the directory made instead, for names that were
     /// taken: every later tensor under the same name goes there too.
     moved: HashMap<(Ino, String), Ino>,
+    /// Top-level directories of the mount's own (`.ztensor`, the views').
+    reserved: std::collections::HashSet<Ino>,
 }
 
 impl Tree {
@@ -99,9 +101,11 @@ impl Tree {
             placements: Vec::with_capacity(catalog.len()),
             sealed: Default::default(),
             moved: HashMap::default(),
+            reserved: Default::default(),
         };
         let meta = tree.add(ROOT, META_DIR.to_string(), new_dir());
         tree.sealed.insert(meta);
+        tree.reserved.insert(meta);
         tree.add(meta, "index.json".into(), NodeKind::File(Content::Index));
         tree.add(meta, "stats".into(), NodeKind::File(Content::Stats));
         tree.reserve_views(views);
@@ -168,7 +172,7 @@ impl Tree {
             match self.child(dir, &c) {
                 Some(ino) if self.is_dir(ino) && !self.sealed.contains(&ino) => dir = ino,
                 Some(ino) => {
-                    why.push(if dir == ROOT && self.sealed.contains(&ino) {
+                    why.push(if self.reserved.contains(&ino) {
                         format!("{c} is reserved")
                     } else if self.is_dir(ino) {
                         format!("{c:?} is a sparse tensor's directory of parts")
@@ -195,9 +199,8 @@ impl Tree {
         }
         // The leaf: a data file (or sparse directory) plus `leaf.json`, both free.
         let mut leaf = leaf;
-        if dir == ROOT
-            && let Some(ino) = self.child(dir, &leaf)
-            && self.sealed.contains(&ino)
+        if let Some(ino) = self.child(dir, &leaf)
+            && self.reserved.contains(&ino)
         {
             why.push(format!("{leaf} is reserved"));
             leaf = self.free_name(dir, &leaf, ti, &[".json"]);

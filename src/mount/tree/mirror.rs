@@ -18,6 +18,7 @@ impl Tree {
             if on {
                 let ino = self.add(ROOT, name.to_string(), new_dir());
                 self.sealed.insert(ino);
+                self.reserved.insert(ino);
             }
         }
     }
