@@ -4,6 +4,7 @@
 
 pub mod cbor_json;
 pub mod zt_v01;
+pub mod zt_v1;
 
 use std::path::Path;
 
@@ -12,7 +13,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::source::MappedFile;
 
 /// The formats this version reads, for messages.
-pub const READS: &str = "zTensor v0.1";
+pub const READS: &str = "zTensor v0.1, zTensor v1";
 
 /// A file read into the common catalog, with the files its bytes are in.
 pub struct Opened {
@@ -41,6 +42,8 @@ impl Default for Limits {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Detected {
     ZtV01,
+    /// zTensor v1: `ZTEN1000` first (and last).
+    ZtV1,
     /// A format this version recognises but does not read.
     Known(&'static str),
     Unknown,
@@ -49,7 +52,6 @@ pub enum Detected {
 /// Recognises a file by its first bytes.
 pub fn detect(bytes: &[u8]) -> Detected {
     const KNOWN: &[(&[u8], &str)] = &[
-        (b"ZTEN1000", "zTensor v1"),
         (b"\x89ZT2\r\n\x1a\n", "zTensor v2"),
         (b"GGUF", "GGUF"),
         (b"DTLEGION", "deathtensors"),
@@ -59,6 +61,9 @@ pub fn detect(bytes: &[u8]) -> Detected {
     ];
     if bytes.starts_with(zt_v01::MAGIC) {
         return Detected::ZtV01;
+    }
+    if bytes.starts_with(zt_v1::MAGIC) {
+        return Detected::ZtV1;
     }
     if let Some((_, name)) = KNOWN.iter().find(|(m, _)| bytes.starts_with(m)) {
         return Detected::Known(name);
@@ -86,6 +91,13 @@ pub fn open(path: &Path, limits: Limits) -> Result<Opened> {
             let zt = zt_v01::ZtFile::from_source(src, limits.index_memory)?;
             let (src, v01) = zt.into_parts();
             let catalog = zt_v01::project(&src, v01);
+            Ok(Opened {
+                catalog,
+                sources: vec![Some(src)],
+            })
+        }
+        Detected::ZtV1 => {
+            let catalog = zt_v1::read(&src, limits)?;
             Ok(Opened {
                 catalog,
                 sources: vec![Some(src)],
