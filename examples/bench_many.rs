@@ -4,8 +4,8 @@
 //!
 //! cargo run --release --example bench_many -- OUT.zt [N]
 
-use ztensor_mount::format::DType;
-use ztensor_mount::format::writer::{Options, Writer};
+use ztensor_mount::formats::zt_v01::DType;
+use ztensor_mount::formats::zt_v01::writer::{Options, Writer};
 
 /// xorshift64*: fast, deterministic, good enough for benchmark weights.
 struct Rng(u64);

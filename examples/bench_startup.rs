@@ -1,16 +1,16 @@
 //! Where a mount's startup time and memory go, step by step, without FUSE:
-//! open and parse the file (`ZtFile::open`: index CBOR -> catalog), build the
-//! filesystem (`ZtFs::new`: tree, per-tensor state), then what glibc gives
+//! open and parse the file (`formats::open`: index -> catalog), build the
+//! filesystem (`TensorFs::new`: tree, per-tensor state), then what glibc gives
 //! back with `malloc_trim(0)`. Prints one line per step: wall time, the
 //! process's anonymous RSS and its peak (VmHWM).
 //!
-//! cargo run --release --example bench_startup -- FILE.zt
+//! cargo run --release --example bench_startup -- FILE
 
 use std::time::Instant;
 
-use ztensor_mount::format::ZtFile;
+use ztensor_mount::formats::{self, Limits};
 use ztensor_mount::mount::data::DataOptions;
-use ztensor_mount::mount::fs::{FsOptions, ZtFs};
+use ztensor_mount::mount::fs::{FsOptions, TensorFs};
 
 fn status() -> (u64, u64) {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -34,17 +34,16 @@ fn step(what: &str, t0: Instant) {
 }
 
 fn main() {
-    let path = std::env::args()
-        .nth(1)
-        .expect("usage: bench_startup FILE.zt");
+    let path = std::env::args().nth(1).expect("usage: bench_startup FILE");
     step("start", Instant::now());
     let t = Instant::now();
-    let zt = ZtFile::open(std::path::Path::new(&path)).expect("open");
-    let n = zt.catalog().len();
-    step(&format!("ZtFile::open ({n} tensors)"), t);
+    let opened = formats::open(std::path::Path::new(&path), Limits::default()).expect("open");
+    let n = opened.catalog.len();
+    step(&format!("formats::open ({n} tensors)"), t);
     let t = Instant::now();
-    let fs = ZtFs::new(
-        zt,
+    let fs = TensorFs::new(
+        opened.catalog,
+        opened.sources,
         FsOptions {
             data: DataOptions {
                 cache_size: 256 << 20,
@@ -56,7 +55,7 @@ fn main() {
         },
     )
     .expect("fs");
-    step(&format!("ZtFs::new ({} inodes)", fs.tree().len()), t);
+    step(&format!("TensorFs::new ({} inodes)", fs.tree().len()), t);
     let t = Instant::now();
     unsafe { libc::malloc_trim(0) };
     step("malloc_trim(0)", t);

@@ -4,8 +4,8 @@
 //! cargo run --example make_example [OUT]
 
 use ciborium::value::Value;
-use ztensor_mount::format::writer::{Compression, Options, Writer};
-use ztensor_mount::format::{Algorithm, DType, Endian};
+use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
+use ztensor_mount::formats::zt_v01::{Algorithm, DType, Endian};
 
 fn f32s(n: usize, scale: f32) -> Vec<u8> {
     (0..n)

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use ciborium::value::{Integer, Value};
 use common::*;
-use ztensor_mount::format::{Catalog, Error, ErrorKind, Verdict, ZtFile};
+use ztensor_mount::formats::zt_v01::{Catalog, Error, ErrorKind, Verdict, ZtFile};
 
 // ---------------------------------------------------------------------------
 // Largest single allocation made by the current thread, to show that hostile
@@ -286,7 +286,7 @@ fn run(name: &str, case: Case) {
 
 /// 16 bytes: a float32 [4] blob.
 fn blob16() -> Vec<u8> {
-    sample(ztensor_mount::format::DType::Float32, 4)
+    sample(ztensor_mount::formats::zt_v01::DType::Float32, 4)
 }
 
 /// The entry of a healthy float32 [4] tensor "t" at offset 64.
@@ -370,7 +370,7 @@ fn csr_blob() -> Vec<u8> {
     [
         le_u64s(&[0, 1, 2]),
         le_u64s(&[0, 2]),
-        sample(ztensor_mount::format::DType::Float32, 2),
+        sample(ztensor_mount::formats::zt_v01::DType::Float32, 2),
     ]
     .concat()
 }
@@ -716,7 +716,7 @@ mod cases {
     }
 
     pub fn overlapping_blobs() -> Case {
-        let blob = sample(ztensor_mount::format::DType::Float32, 32);
+        let blob = sample(ztensor_mount::formats::zt_v01::DType::Float32, 32);
         let b = file_with(
             &[(64, &blob)],
             vec![
@@ -1033,7 +1033,7 @@ mod cases {
     }
 
     pub fn data_zstd_truncated() -> Case {
-        let data = sample(ztensor_mount::format::DType::Float64, 64);
+        let data = sample(ztensor_mount::formats::zt_v01::DType::Float64, 64);
         let mut blob = zstd::bulk::compress(&data, 3).unwrap();
         blob.truncate(blob.len() - 5);
         read_fails(
@@ -1631,8 +1631,8 @@ fn committed_corpus_gives_the_expected_errors() {
 fn shapes_count_elements_only_for_dense_tensors_of_known_dtypes() {
     // A sparse [2^32, 2^32] matrix is legitimate, and an unsupported dtype
     // of any shape gets a sidecar: neither refuses the file.
-    use ztensor_mount::format::DType;
-    use ztensor_mount::format::writer::{Options, Writer};
+    use ztensor_mount::formats::zt_v01::DType;
+    use ztensor_mount::formats::zt_v01::writer::{Options, Writer};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("big_shapes.zt");
     let mut w = Writer::create(&path).unwrap();

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value as Json;
-use ztensor_mount::format::ZtFile;
+use ztensor_mount::formats::zt_v01::ZtFile;
 
 const PACKAGE_VERSION: &str = "0.1.4";
 

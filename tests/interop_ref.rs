@@ -10,9 +10,9 @@ use ztensor::{
     ChecksumAlgorithm, DataEndianness, Encoding as RefEncoding, Layout as RefLayout, ZTensorReader,
     ZTensorWriter,
 };
-use ztensor_mount::format::catalog::Sparse;
-use ztensor_mount::format::writer::{Compression, Options, Writer};
-use ztensor_mount::format::{
+use ztensor_mount::formats::zt_v01::catalog::Sparse;
+use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
+use ztensor_mount::formats::zt_v01::{
     Algorithm, DType, Encoding, Endian, SparseForm, SparseFormat, Verdict, ZtFile,
 };
 
@@ -32,6 +32,7 @@ fn ref_dtype(d: DType) -> ztensor::DType {
         DType::Uint16 => R::Uint16,
         DType::Uint8 => R::Uint8,
         DType::Bool => R::Bool,
+        other => panic!("zTensor v0.1 has no {other}"),
     }
 }
 
@@ -107,7 +108,7 @@ fn reference_dense_files_read_right() {
             store.encoding, store.big_endian, store.crc32c
         ));
         let mut w = ZTensorWriter::create(&path).unwrap();
-        for d in DType::ALL {
+        for d in DType::V01 {
             w.add_tensor(
                 d.name(),
                 SHAPE.to_vec(),
@@ -124,8 +125,8 @@ fn reference_dense_files_read_right() {
         w.finalize().unwrap();
 
         let f = ZtFile::open(&path).unwrap();
-        assert_eq!(f.catalog().len(), DType::ALL.len());
-        for d in DType::ALL {
+        assert_eq!(f.catalog().len(), DType::V01.len());
+        for d in DType::V01 {
             let ctx = format!("{store:?} {d}");
             let t = f.catalog().get(d.name()).unwrap();
             assert_eq!(t.dtype, Some(d), "{ctx}");
@@ -347,7 +348,7 @@ fn our_dense_files_read_right_in_the_reference_reader() {
     for (label, opts) in our_stores() {
         let path = dir.path().join(format!("{label}.zt"));
         let mut w = Writer::create(&path).unwrap();
-        for d in DType::ALL {
+        for d in DType::V01 {
             w.add(d.name(), d, &[4, 25], &sample(d, n), &opts).unwrap();
         }
         w.add("scalar", DType::Float64, &[], &2.5f64.to_le_bytes(), &opts)
@@ -358,14 +359,14 @@ fn our_dense_files_read_right_in_the_reference_reader() {
             // Make sure the multi-frame case really has several frames.
             let f = ZtFile::open(&path).unwrap();
             let t = f.catalog().get("float64").unwrap();
-            let frames = ztensor_mount::format::zstd_blob::scan_frames(f.blob(t));
+            let frames = ztensor_mount::formats::zt_v01::zstd_blob::scan_frames(f.blob(t));
             assert!(frames.unwrap().unwrap().len() > 1, "{label}");
             assert_eq!(t.layout.as_ref().unwrap().encoding, Encoding::Zstd);
         }
 
         let mut r = ZTensorReader::open(&path).unwrap_or_else(|e| panic!("{label}: {e:?}"));
-        assert_eq!(r.list_tensors().len(), DType::ALL.len() + 2, "{label}");
-        for d in DType::ALL {
+        assert_eq!(r.list_tensors().len(), DType::V01.len() + 2, "{label}");
+        for d in DType::V01 {
             let got = r
                 .read_raw_tensor_data_by_name(d.name())
                 .unwrap_or_else(|e| panic!("{label} {d}: {e:?}"));

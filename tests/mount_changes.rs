@@ -9,8 +9,8 @@ use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 
 use support::{Mount, pattern};
-use ztensor_mount::format::writer::{Compression, Options, Writer};
-use ztensor_mount::format::{Algorithm, DType};
+use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
+use ztensor_mount::formats::zt_v01::{Algorithm, DType};
 
 const N: usize = 1 << 20;
 

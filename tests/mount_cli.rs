@@ -9,8 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use support::{Mount, Run, alive, bin, daemon_pids, is_mounted, signal, wait_until};
-use ztensor_mount::format::writer::{Compression, Options, Writer};
-use ztensor_mount::format::{Algorithm, DType};
+use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
+use ztensor_mount::formats::zt_v01::{Algorithm, DType};
 
 fn payload() -> Vec<u8> {
     (0..4096u32).flat_map(|i| (i * 3).to_le_bytes()).collect()
@@ -697,7 +697,7 @@ fn checksum_failures_are_eio_and_logged_unless_unverified() {
     w.finish().unwrap();
     // Flip one byte of the second blob.
     let off = {
-        let f = ztensor_mount::format::ZtFile::open(&zt).unwrap();
+        let f = ztensor_mount::formats::zt_v01::ZtFile::open(&zt).unwrap();
         f.catalog().get("rotten").unwrap().offset as usize
     };
     let mut bytes = std::fs::read(&zt).unwrap();

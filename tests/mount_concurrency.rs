@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use serde_json::Value as Json;
 use support::{Mount, Rng, compressible};
-use ztensor_mount::format::writer::{Compression, Options, Writer};
-use ztensor_mount::format::{DType, Endian};
+use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
+use ztensor_mount::formats::zt_v01::{DType, Endian};
 use ztensor_mount::mount::cache::ENTRY_COST;
 
 const MIB: usize = 1 << 20;
@@ -752,7 +752,7 @@ fn a_big_single_frame_is_served_while_it_decodes() {
 /// would be found before any byte is served, by the walk over the headers).
 fn garble_middle_block(zt: &std::path::Path, ti: usize) {
     let (off, size) = {
-        let f = ztensor_mount::format::ZtFile::open(zt).unwrap();
+        let f = ztensor_mount::formats::zt_v01::ZtFile::open(zt).unwrap();
         let t = &f.catalog().tensors[ti];
         (t.offset, t.size)
     };

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use support::{Mount, run_with_timeout};
-use ztensor_mount::format::ZtFile;
+use ztensor_mount::formats::zt_v01::ZtFile;
 
 fn corpus() -> Vec<(PathBuf, String, String)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostile");
@@ -177,10 +177,10 @@ fn a_file_without_read_permission_fails_clearly() {
     use std::os::unix::fs::PermissionsExt;
     let Some(m) = Mount::scratch() else { return };
     let zt = m.scratch_path("secret.zt");
-    let mut w = ztensor_mount::format::writer::Writer::create(&zt).unwrap();
+    let mut w = ztensor_mount::formats::zt_v01::writer::Writer::create(&zt).unwrap();
     w.add(
         "a",
-        ztensor_mount::format::DType::Uint8,
+        ztensor_mount::formats::zt_v01::DType::Uint8,
         &[1],
         &[1],
         &Default::default(),

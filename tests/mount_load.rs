@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use support::{Mount, Rng, compressible, pattern, serial, signal, wait_until};
-use ztensor_mount::format::writer::{Compression, Options, Writer};
-use ztensor_mount::format::{DType, Endian};
+use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
+use ztensor_mount::formats::zt_v01::{DType, Endian};
 
 const CACHE: u64 = 8 << 20;
 

@@ -6,7 +6,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use std::sync::Arc;
-use ztensor_mount::format::ZtFile;
+use ztensor_mount::formats::zt_v01::ZtFile;
 use ztensor_mount::mount::data::{Data, DataOptions};
 use ztensor_mount::mount::stats::Stats;
 

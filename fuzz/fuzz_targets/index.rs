@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ztensor_mount::format::Catalog;
+use ztensor_mount::formats::zt_v01::Catalog;
 
 fuzz_target!(|data: &[u8]| {
     match Catalog::parse(data, "fuzz.zt") {

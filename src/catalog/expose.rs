@@ -19,7 +19,9 @@ pub fn clamp(part: &Part, off: u64, len: u64) -> Option<(u64, u64)> {
 /// Returns the decoded-blob range holding exposed bytes `[off, off+len)`.
 pub fn direct_range(part: &Part, off: u64, len: u64) -> Option<(u64, u64)> {
     match part.map {
-        PartMap::Contiguous { start } if part.order == Endian::Little || part.dtype.swap_unit() == 1 => {
+        PartMap::Contiguous { start }
+            if part.order == Endian::Little || part.dtype.swap_unit() == 1 =>
+        {
             Some((start + off, len))
         }
         _ => None,
@@ -82,23 +84,17 @@ pub fn gather<E>(
 
 /// Exposed bytes of `part` from a whole decoded blob in memory; borrows when
 /// no byte needs moving.
-pub fn from_blob<'a>(
-    blob: &'a [u8],
-    part: &Part,
-    off: u64,
-    len: u64,
-) -> Cow<'a, [u8]> {
+pub fn from_blob<'a>(blob: &'a [u8], part: &Part, off: u64, len: u64) -> Cow<'a, [u8]> {
     let Some((off, len)) = clamp(part, off, len) else {
         return Cow::Borrowed(&[]);
     };
     if let Some((at, n)) = direct_range(part, off, len) {
         return Cow::Borrowed(&blob[at as usize..(at + n) as usize]);
     }
-    let copied: Result<Vec<u8>, std::convert::Infallible> =
-        gather(part, off, len, |at, out| {
-            out.copy_from_slice(&blob[at as usize..at as usize + out.len()]);
-            Ok(())
-        });
+    let copied: Result<Vec<u8>, std::convert::Infallible> = gather(part, off, len, |at, out| {
+        out.copy_from_slice(&blob[at as usize..at as usize + out.len()]);
+        Ok(())
+    });
     match copied {
         Ok(v) => Cow::Owned(v),
         Err(never) => match never {},
@@ -163,12 +159,11 @@ mod tests {
             for off in 0..part.nbytes {
                 for len in 1..=part.nbytes - off {
                     let mut fetches = 0;
-                    let got: Result<Vec<u8>, ()> =
-                        gather(part, off, len, |at, out| {
-                            fetches += 1;
-                            out.copy_from_slice(&blob[at as usize..at as usize + out.len()]);
-                            Ok(())
-                        });
+                    let got: Result<Vec<u8>, ()> = gather(part, off, len, |at, out| {
+                        fetches += 1;
+                        out.copy_from_slice(&blob[at as usize..at as usize + out.len()]);
+                        Ok(())
+                    });
                     let (o, l) = (off as usize, len as usize);
                     assert_eq!(got.unwrap(), want[o..o + l], "{} {off}+{len}", part.name);
                     // One fetch per coordinate the range touches.

@@ -1,13 +1,24 @@
-//! `ztensor-mount cat FILE.zt TENSOR [--part PART]`: a tensor's exposed
-//! little-endian bytes on stdout, for hosts without FUSE.
+//! `ztensor-mount cat FILE TENSOR [--part PART]`: a tensor's exposed
+//! little-endian bytes on stdout, for hosts without FUSE. Reads through the
+//! mount's own data layer, so it serves every format and checks every
+//! digest exactly as a mount does.
 
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use crate::format::catalog::PartMap;
-use crate::format::dtype::swap_elements;
-use crate::format::{Encoding, Endian, ZtFile, expose, zstd_blob};
+use crate::formats::{self, Limits};
+use crate::mount::data::{Data, DataOptions, PROGRESSIVE_MIN};
+use crate::mount::stats::Stats;
+
+/// Bytes asked of the data layer at a time.
+const CHUNK: u64 = 1 << 20;
+
+/// cat reads one tensor in order: a few frames in memory are all it needs.
+/// A blob decoded as one piece that is bigger than half of this is decoded
+/// into a temporary file (`$TMPDIR`), as a mount does under `--cache-dir`.
+const CACHE: u64 = 64 << 20;
 
 pub fn run(path: &Path, name: &str, part: Option<&str>) -> ExitCode {
     match cat(path, name, part) {
@@ -22,155 +33,60 @@ pub fn run(path: &Path, name: &str, part: Option<&str>) -> ExitCode {
 }
 
 fn cat(path: &Path, name: &str, part_name: Option<&str>) -> Result<(), String> {
-    let zt = ZtFile::open(path).map_err(|e| e.to_string())?;
-    let label = zt.label().to_string();
-    let t = zt
-        .catalog()
-        .get(name)
+    let opened = formats::open(path, Limits::default()).map_err(|e| e.to_string())?;
+    let label = opened.catalog.label.clone();
+    let ti = opened
+        .catalog
+        .tensors
+        .iter()
+        .position(|t| t.name == name)
         .ok_or_else(|| format!("{label}: no tensor named {name:?}"))?;
-    let layout = t
-        .layout
+    let t = &opened.catalog.tensors[ti];
+    let parts = t
+        .parts
         .as_ref()
         .map_err(|why| format!("{label}: tensor {name:?}: {why}"))?;
-    let part = match part_name {
-        None if layout.parts.len() == 1 => &layout.parts[0],
+    let pi = match part_name {
+        None if parts.len() == 1 => 0,
         None => {
-            let names: Vec<&str> = layout.parts.iter().map(|p| p.name).collect();
+            let names: Vec<&str> = parts.iter().map(|p| p.name.as_str()).collect();
             return Err(format!(
-                "{label}: tensor {name:?} is sparse; choose --part {}",
+                "{label}: tensor {name:?} has parts; choose --part {}",
                 names.join("|")
             ));
         }
-        Some(p) => layout
-            .parts
+        Some(p) => parts
             .iter()
-            .find(|x| x.name == p)
+            .position(|x| x.name == p)
             .ok_or_else(|| format!("{label}: tensor {name:?} has no part {p:?}"))?,
     };
-    zt.check(t).map_err(|e| e.to_string())?;
-    let mut out = std::io::stdout().lock();
-    let w = |out: &mut std::io::StdoutLock, b: &[u8]| {
-        out.write_all(b)
-            .map_err(|e| format!("{label}: tensor {name:?}: writing stdout: {e}"))
+    let nbytes = parts[pi].nbytes;
+    let opts = DataOptions {
+        cache_size: CACHE,
+        cache_dir: std::env::temp_dir(),
+        verify_raw: true,
+        progressive_min: PROGRESSIVE_MIN,
     };
-    let direct = expose::direct_range(part, t.endian, 0, part.nbytes);
-    match (layout.encoding, direct) {
-        // Streams: memory stays at one chunk whatever the tensor size.
-        (Encoding::Zstd, Some((0, n))) if n == layout.decoded_size => {
-            zstd_blob::decode_stream(zt.blob(t), layout.decoded_size, |c| w(&mut out, c))
-                .map_err(|why| format!("{label}: tensor {name:?}: {why}"))?;
+    let data = Data::new(
+        opened.catalog,
+        opened.sources,
+        opts,
+        Arc::new(Stats::default()),
+    )
+    .map_err(|e| format!("{label}: {e}"))?;
+    let mut out = std::io::stdout().lock();
+    let mut off = 0;
+    while off < nbytes {
+        let chunk = data.read(ti, pi, off, CHUNK)?;
+        if chunk.is_empty() {
+            return Err(format!(
+                "{label}: tensor {name:?}: ended at byte {off} of {nbytes}"
+            ));
         }
-        // Any other run of elements in a zstd blob (big-endian, or a part of
-        // a sparse tensor): streamed too, swapped on the way out.
-        (Encoding::Zstd, _) if matches!(part.map, PartMap::Contiguous { .. }) => {
-            let start = part.source_of(0);
-            let end = start.saturating_add(part.nbytes);
-            let mut swap = Swapper::new(part.dtype.size() as usize, t.endian);
-            let mut pos = 0u64;
-            zstd_blob::decode_stream(zt.blob(t), layout.decoded_size, |c| {
-                let at = pos;
-                pos += c.len() as u64;
-                let lo = start.saturating_sub(at).min(c.len() as u64) as usize;
-                let hi = end.saturating_sub(at).min(c.len() as u64) as usize;
-                if lo < hi {
-                    swap.push(&c[lo..hi], |b| w(&mut out, b))?;
-                }
-                Ok(())
-            })
-            .map_err(|why| format!("{label}: tensor {name:?}: {why}"))?;
-        }
-        (Encoding::Raw, _) => {
-            let blob = zt.blob(t);
-            let mut off = 0;
-            while off < part.nbytes {
-                let chunk = expose::from_blob(blob, part, t.endian, off, 1 << 20);
-                w(&mut out, &chunk)?;
-                off += chunk.len() as u64;
-            }
-        }
-        // The reference crate's COO records, whose index part is their
-        // transpose: decoded whole, so only up to a bound (frames that
-        // declare their sizes can declare any size; the mount reads such a
-        // tensor a span of records at a time instead).
-        _ => {
-            if layout.decoded_size > WHOLE_MAX {
-                return Err(format!(
-                    "{label}: tensor {name:?}: its records are {} bytes decoded; cat decodes this form whole, at most {WHOLE_MAX} bytes (read it through the mount)",
-                    layout.decoded_size
-                ));
-            }
-            let blob = zt.decoded(t).map_err(|e| e.to_string())?;
-            w(
-                &mut out,
-                &expose::from_blob(&blob, part, t.endian, 0, part.nbytes),
-            )?;
-        }
+        out.write_all(&chunk)
+            .map_err(|e| format!("{label}: tensor {name:?}: writing stdout: {e}"))?;
+        off += chunk.len() as u64;
     }
     out.flush()
         .map_err(|e| format!("{label}: tensor {name:?}: writing stdout: {e}"))
-}
-
-/// Most decoded bytes `cat` holds at once, for the one form it decodes
-/// whole.
-const WHOLE_MAX: u64 = 1 << 30;
-
-/// Little-endian elements out of a stream of chunks that may split them.
-struct Swapper {
-    es: usize,
-    swap: bool,
-    carry: Vec<u8>,
-}
-
-impl Swapper {
-    fn new(es: usize, endian: Endian) -> Swapper {
-        Swapper {
-            es,
-            swap: endian == Endian::Big && es > 1,
-            carry: Vec::new(),
-        }
-    }
-
-    /// Hands `out` the whole elements so far, keeping a partial one back.
-    fn push<E>(
-        &mut self,
-        bytes: &[u8],
-        mut out: impl FnMut(&[u8]) -> Result<(), E>,
-    ) -> Result<(), E> {
-        if !self.swap {
-            return out(bytes);
-        }
-        self.carry.extend_from_slice(bytes);
-        let whole = self.carry.len() / self.es * self.es;
-        swap_elements(&mut self.carry[..whole], self.es);
-        out(&self.carry[..whole])?;
-        self.carry.drain(..whole);
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn elements_split_across_chunks_come_out_whole_and_swapped() {
-        let elems: Vec<u64> = (0..1000u64)
-            .map(|i| i.wrapping_mul(0x0102_0304_0506_0708))
-            .collect();
-        let be: Vec<u8> = elems.iter().flat_map(|v| v.to_be_bytes()).collect();
-        let le: Vec<u8> = elems.iter().flat_map(|v| v.to_le_bytes()).collect();
-        for chunk in [1, 3, 7, 8, 13, 64, 999] {
-            let mut s = Swapper::new(8, Endian::Big);
-            let mut got = Vec::new();
-            for c in be.chunks(chunk) {
-                s.push(c, |b| -> Result<(), ()> {
-                    assert_eq!(b.len() % 8, 0, "a partial element went out");
-                    got.extend_from_slice(b);
-                    Ok(())
-                })
-                .unwrap();
-            }
-            assert!(got == le, "chunks of {chunk}");
-        }
-    }
 }

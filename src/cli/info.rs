@@ -1,54 +1,73 @@
-//! `ztensor-mount info FILE.zt [--json]`
+//! `ztensor-mount info FILE [--json]`
 
 use std::path::Path;
 use std::process::ExitCode;
 
-use crate::format::ZtFile;
+use crate::formats::{self, Limits};
 use crate::mount::sidecar;
 use crate::mount::tree::Tree;
 
 pub fn run(path: &Path, json: bool) -> ExitCode {
-    let zt = match ZtFile::open(path) {
-        Ok(zt) => zt,
+    let cat = match formats::open(path, Limits::default()) {
+        Ok(opened) => opened.catalog,
         Err(e) => {
             eprintln!("ztensor-mount: {e}");
             return ExitCode::from(1);
         }
     };
-    let cat = zt.catalog();
     // The same placements the mount would use, so paths agree.
-    let tree = Tree::build(cat);
+    let tree = Tree::build(&cat);
     if json {
         let all: Vec<_> = cat
             .tensors
             .iter()
             .zip(&tree.placements)
-            .map(|(t, p)| sidecar::tensor_sidecar(t, p))
+            .map(|(t, p)| sidecar::tensor_sidecar(&cat, t, p))
             .collect();
         print!("{}", String::from_utf8_lossy(&sidecar::render(&all)));
         return ExitCode::SUCCESS;
     }
-    println!("{}: {} tensors", zt.label(), cat.len());
+    let n = cat.len();
+    let noun = if n == 1 { "tensor" } else { "tensors" };
+    println!("{}: {}, {n} {noun}", cat.label, cat.format);
     println!(
         "{:<40} {:<9} {:<18} {:<7} {:<8} {:>14} {:>14}  NOTE",
         "NAME", "DTYPE", "SHAPE", "LAYOUT", "ENCODING", "SIZE", "NBYTES"
     );
     for t in &cat.tensors {
         let shape = format!("{:?}", t.shape);
-        let (nbytes, note) = match &t.layout {
-            Ok(l) => (
-                l.parts.iter().map(|p| p.nbytes).sum::<u64>().to_string(),
-                t.checksum
-                    .as_ref()
-                    .map(|c| c.to_string())
-                    .unwrap_or_default(),
-            ),
-            Err(why) => ("-".into(), format!("unsupported: {why}")),
+        let stored: u64 = t.parts.as_ref().map_or(0, |ps| {
+            ps.iter()
+                .map(|p| cat.blobs.get(p.blob).map_or(0, |b| b.len))
+                .sum()
+        });
+        let (nbytes, note) = match (&t.parts, t.nbytes()) {
+            (Ok(_), Some(n)) => (n.to_string(), checksums(&cat, t)),
+            (Err(why), _) => ("-".into(), format!("unsupported: {why}")),
+            _ => ("-".into(), String::new()),
         };
         println!(
             "{:<40} {:<9} {:<18} {:<7} {:<8} {:>14} {:>14}  {}",
-            t.name, t.dtype_name, shape, t.layout_name, t.encoding_name, t.size, nbytes, note
+            t.name, t.dtype, shape, t.layout, t.encoding, stored, nbytes, note
         );
     }
     ExitCode::SUCCESS
+}
+
+/// The digests recorded for a tensor's blobs.
+fn checksums(cat: &crate::catalog::Catalog, t: &crate::catalog::Tensor) -> String {
+    use crate::catalog::Check;
+    let Ok(parts) = &t.parts else {
+        return String::new();
+    };
+    let mut out: Vec<String> = Vec::new();
+    for p in parts {
+        for c in cat.blobs.get(p.blob).map_or(&[][..], |b| &b.checks[..]) {
+            if let Check::Stored(d) | Check::Decoded(d) = c {
+                out.push(d.to_string());
+            }
+        }
+    }
+    out.dedup();
+    out.join(" ")
 }

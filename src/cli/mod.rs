@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::format::Algorithm;
+use crate::catalog::Algorithm;
 
 /// Mount a zTensor file as a read-only directory of tensors.
 #[derive(Parser, Debug)]

@@ -14,9 +14,9 @@ use fuser::{Config, MountOption, SessionACL};
 
 use super::logging;
 use super::options::Settings;
-use crate::format::ZtFile;
+use crate::formats::{self, Limits, Opened};
 use crate::mount::data::{DataOptions, PROGRESSIVE_MIN};
-use crate::mount::fs::{FsOptions, ZtFs};
+use crate::mount::fs::{FsOptions, TensorFs};
 use crate::mount::fuse::Adapter;
 
 fn fail(msg: impl std::fmt::Display) -> ExitCode {
@@ -42,14 +42,17 @@ pub fn run(file: &Path, mountpoint: &Path, s: Settings) -> ExitCode {
             s.cache_dir.display()
         ));
     }
-    let zt = match ZtFile::open_with(&file, s.index_memory) {
-        Ok(zt) => zt,
+    let limits = Limits {
+        index_memory: s.index_memory,
+    };
+    let opened = match formats::open(&file, limits) {
+        Ok(opened) => opened,
         Err(e) => return fail(e),
     };
     if s.foreground {
-        return serve(zt, &mountpoint, &s, None);
+        return serve(opened, &mountpoint, &s, None);
     }
-    daemonize(zt, &mountpoint, &s)
+    daemonize(opened, &mountpoint, &s)
 }
 
 fn check_mountpoint(p: &Path) -> Result<PathBuf, String> {
@@ -85,7 +88,7 @@ fn check_mountpoint(p: &Path) -> Result<PathBuf, String> {
     Ok(abs)
 }
 
-fn daemonize(zt: ZtFile, mountpoint: &Path, s: &Settings) -> ExitCode {
+fn daemonize(opened: Opened, mountpoint: &Path, s: &Settings) -> ExitCode {
     let mut fds = [0; 2];
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return fail(format!("pipe: {}", std::io::Error::last_os_error()));
@@ -111,7 +114,7 @@ fn daemonize(zt: ZtFile, mountpoint: &Path, s: &Settings) -> ExitCode {
                 None => logging::to_syslog(s.debug),
             }
             detach_stdio();
-            let code = serve(zt, mountpoint, s, Some(File::from(wr)));
+            let code = serve(opened, mountpoint, s, Some(File::from(wr)));
             std::process::exit(if code == ExitCode::SUCCESS { 0 } else { 1 });
         }
         _child => {
@@ -237,7 +240,7 @@ fn block_exit_signals() -> libc::sigset_t {
 /// DEV" once the mount exists, then the reason if serving it fails; or the
 /// reason it could not mount. (Written to a command that may have gone:
 /// SIGPIPE is ignored, as Rust sets it.)
-fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> ExitCode {
+fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -> ExitCode {
     let waiting = ready.is_some();
     let ready = Arc::new(Mutex::new(ready));
     let report = |msg: &str| tell(&ready, msg);
@@ -246,11 +249,14 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
     // own mapping and return it on free, so freed frames never linger in
     // per-thread heaps and memory tracks the cache's own count.
     unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10) };
-    let label = zt.label().to_string();
-    let time = std::fs::metadata(zt.path())
-        .and_then(|m| m.modified())
+    let label = opened.catalog.label.clone();
+    let time = opened
+        .sources
+        .first()
+        .and_then(|f| f.as_ref())
+        .and_then(|f| f.opened().modified().ok())
         .unwrap_or(std::time::UNIX_EPOCH);
-    let count = zt.catalog().len();
+    let count = opened.catalog.len();
     let opts = FsOptions {
         data: DataOptions {
             cache_size: s.cache_size,
@@ -260,7 +266,7 @@ fn serve(zt: ZtFile, mountpoint: &Path, s: &Settings, ready: Option<File>) -> Ex
         },
         direct_io: s.direct_io,
     };
-    let fs = match ZtFs::new(zt, opts) {
+    let fs = match TensorFs::new(opened.catalog, opened.sources, opts) {
         Ok(fs) => fs,
         Err(e) => {
             let msg = format!("{label}: {e}");

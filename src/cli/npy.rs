@@ -4,7 +4,7 @@ use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;
 
-use crate::format::{DType, Endian};
+use crate::catalog::{DType, Endian};
 
 pub struct Npy {
     pub dtype: DType,

@@ -36,7 +36,7 @@ impl Default for Settings {
             uid: None,
             gid: None,
             cache_size: default_cache_size(),
-            index_memory: crate::format::index::DEFAULT_INDEX_MEMORY,
+            index_memory: crate::formats::zt_v01::index::DEFAULT_INDEX_MEMORY,
             cache_dir: PathBuf::from("/var/tmp"),
             threads: default_threads(),
             direct_io: true,

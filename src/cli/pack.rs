@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use super::npy;
-use crate::format::dtype::swap_elements;
-use crate::format::writer::{Compression, DEFAULT_FRAME_SIZE, Options, Writer};
-use crate::format::{Algorithm, DType, Endian};
+use crate::catalog::dtype::swap_elements;
+use crate::catalog::{Algorithm, DType, Endian};
+use crate::formats::zt_v01::writer::{Compression, DEFAULT_FRAME_SIZE, Options, Writer};
 
 pub struct PackArgs {
     pub out: PathBuf,
@@ -74,7 +74,7 @@ fn pack(a: &PackArgs) -> Result<usize, String> {
             .split_once('=')
             .ok_or_else(|| format!("{spec:?}: expected NAME=PATH.npy"))?;
         let (path, dtype_override) = match rest.rsplit_once(':') {
-            Some((p, d)) if DType::from_name(d).is_some() => (p, DType::from_name(d)),
+            Some((p, d)) if DType::from_v01_name(d).is_some() => (p, DType::from_v01_name(d)),
             _ => (rest, None),
         };
         let arr = npy::open(Path::new(path))?;

@@ -222,6 +222,29 @@ pub fn frames_from_table(
     (c_start == blob_len).then_some(frames)
 }
 
+/// Frames from a format's list of `(stored, decoded)` sizes, if it agrees
+/// with the blob (the frames may be followed by other bytes of the blob,
+/// such as a seek table in a skippable frame) and the decoded size. As with
+/// [`frames_from_table`], each frame is still checked when decoded.
+pub fn frames_from_list(sizes: &[(u64, u64)], blob_len: u64, decoded: u64) -> Option<Vec<Frame>> {
+    if sizes.len() < 2 || sizes.len() > MAX_FRAMES || sizes.iter().any(|&(c, d)| c == 0 || d == 0) {
+        return None;
+    }
+    let mut frames = Vec::with_capacity(sizes.len());
+    let (mut c_start, mut d_start) = (0u64, 0u64);
+    for &(c_len, d_len) in sizes {
+        frames.push(Frame {
+            c_start,
+            c_len,
+            d_start,
+            d_len,
+        });
+        c_start = c_start.checked_add(c_len)?;
+        d_start = d_start.checked_add(d_len)?;
+    }
+    (c_start <= blob_len && d_start == decoded).then_some(frames)
+}
+
 /// Decodes one frame, refusing a slice that is not exactly one frame.
 pub fn decode_frame(src: &[u8], out: &mut Vec<u8>, expected: usize) -> Result<(), String> {
     match zstd_safe::find_frame_compressed_size(src) {

@@ -528,7 +528,7 @@ fn prefault(v: &mut Vec<u8>) {
     if v.capacity() < SPARE_MIN {
         return;
     }
-    let page = crate::format::file::page_size();
+    let page = crate::source::page_size();
     let start = v.as_mut_ptr() as usize;
     let (from, to) = (
         (start + page - 1) & !(page - 1),

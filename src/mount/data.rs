@@ -1,8 +1,8 @@
-//! Tensor catalog -> bytes of an exposed file, for any range: raw tensors
-//! straight from the mmap, zstd tensors through the cache (frame by frame
-//! when the blob has frames), tensors too big for the cache through a spill
-//! file. Every failed check becomes an error string the caller logs and
-//! turns into EIO.
+//! Catalog -> bytes of an exposed file, for any range: raw blobs straight
+//! from the source file's mapping, zstd blobs through the cache (frame by
+//! frame when the blob has frames), blobs too big for the cache through a
+//! spill file. Every failed check becomes an error string the caller logs
+//! and turns into EIO. Knows blobs, parts and sources, never a format.
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -16,16 +16,16 @@ use super::prefetch::Prefetcher;
 use super::spill::{self, Spill};
 use super::stats::Stats;
 use super::window::{self, MapWindow, Touched};
-use crate::format::index::as_u64;
-use crate::format::writer::{FRAME_SIZE_KEY, FRAMES_KEY};
-use crate::format::zstd_blob::{self, Frame};
-use crate::format::{Encoding, Tensor, Verdict, ZtFile, expose};
-use ciborium::value::Value;
+use crate::catalog::{Blob, Catalog, Codec, FrameTable, Part, Tensor, expose};
+use crate::codec::zstd::{self as zstd_blob, Frame};
+use crate::source::{MappedFile, Span};
+
+mod checks;
 
 /// Bytes for one read reply.
 pub enum Bytes<'a> {
-    /// Straight from the mmap; counted by the window once sent.
-    Mapped(&'a MapWindow<ZtFile>, &'a [u8]),
+    /// Straight from a source's mapping; counted by its window once sent.
+    Mapped(&'a MapWindow<MappedFile>, &'a [u8]),
     /// A slice of a cached unit.
     Shared(Arc<Buf>, usize, usize),
     Owned(Vec<u8>),
@@ -57,7 +57,7 @@ impl std::ops::Deref for Bytes<'_> {
 pub struct DataOptions {
     pub cache_size: u64,
     pub cache_dir: PathBuf,
-    /// Verify raw blobs' checksums before serving their first byte.
+    /// Verify raw blobs' checks before serving their first byte.
     pub verify_raw: bool,
     /// A whole-blob unit this big or bigger is served while it decodes (on
     /// a thread of its own) instead of after; smaller ones decode in one go.
@@ -75,7 +75,7 @@ const PREFETCH_DEPTH: u64 = 4;
 /// output after each).
 const PROGRESSIVE_STEP: usize = 512 << 10;
 
-/// How a zstd tensor is decoded.
+/// How a zstd blob is decoded.
 enum Plan {
     /// Independent frames, each a cache unit.
     Frames(Vec<Frame>),
@@ -87,35 +87,45 @@ enum Plan {
 }
 
 #[derive(Default)]
-struct TensorState {
+struct BlobState {
     checked: OnceLock<Result<(), String>>,
     plan: OnceLock<Result<Plan, String>>,
     /// Not a `OnceLock`: a spill that could not start or failed for want
     /// of disk is tried again by the next read.
     spill: Mutex<Option<Arc<Spill>>>,
-    /// The last reason logged at error level for this tensor (a hash) and
-    /// how many were: a new reason is logged again (a spill that failed for
-    /// want of disk may fail later for another cause), up to
-    /// [`LOGGED_REASONS`], repeats go to the debug log. Logged under the
-    /// lock: a reader failing at the same time waits for that line, so no
-    /// EIO reaches anyone before the log says why.
-    logged: Mutex<(u64, u8)>,
     /// The frame most recently read, to tell sequential readers.
     last_frame: AtomicUsize,
     /// The furthest frame queued for read-ahead.
     ahead: AtomicUsize,
 }
 
+/// One source file as served: its mapping, what of the mapping replies
+/// keep mapped, and the guard that watches it.
+struct Served {
+    file: Arc<MappedFile>,
+    window: MapWindow<MappedFile>,
+    guard: Arc<Guard>,
+    /// The file's own checks (size, whole-file digest), done once.
+    checked: OnceLock<Result<(), String>>,
+}
+
 pub struct Data {
     me: Weak<Data>,
     prefetcher: Prefetcher,
-    zt: Arc<ZtFile>,
-    /// What of `zt`'s mapping raw replies keep mapped.
-    window: MapWindow<ZtFile>,
+    catalog: Catalog,
+    /// One per `catalog.sources`; `None` where the file cannot be served.
+    files: Vec<Option<Served>>,
     cache: Cache,
     stats: Arc<Stats>,
-    states: Vec<TensorState>,
-    guard: Arc<Guard>,
+    /// One per `catalog.blobs`.
+    states: Vec<BlobState>,
+    /// One per tensor: the last reason logged at error level (a hash) and
+    /// how many were. A new reason is logged again (a spill that failed for
+    /// want of disk may fail later for another cause), up to
+    /// [`LOGGED_REASONS`]; repeats go to the debug log. Logged under the
+    /// lock: a reader failing at the same time waits for that line, so no
+    /// EIO reaches anyone before the log says why.
+    logged: Vec<Mutex<(u64, u8)>>,
     opts: DataOptions,
     /// Progressive decoder threads running, at most `max_decoders`.
     decoders: AtomicUsize,
@@ -123,37 +133,46 @@ pub struct Data {
 }
 
 impl Data {
-    pub fn new(zt: ZtFile, opts: DataOptions, stats: Arc<Stats>) -> std::io::Result<Arc<Data>> {
-        let bytes = zt.bytes();
-        let guard = Guard::new(
-            zt.label(),
-            zt.file().try_clone()?,
-            zt.opened(),
-            bytes.as_ptr(),
-            bytes.len(),
-        );
-        let states = (0..zt.catalog().len())
-            .map(|_| TensorState::default())
+    /// Serves `catalog` from `files` (one per `catalog.sources`).
+    pub fn new(
+        catalog: Catalog,
+        files: Vec<Option<MappedFile>>,
+        opts: DataOptions,
+        stats: Arc<Stats>,
+    ) -> std::io::Result<Arc<Data>> {
+        let files = files
+            .into_iter()
+            .map(|f| f.map(serve_file).transpose())
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let states = (0..catalog.blobs.len())
+            .map(|_| BlobState::default())
+            .collect();
+        let logged = (0..catalog.tensors.len())
+            .map(|_| Mutex::new((0, 0)))
             .collect();
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let zt = Arc::new(zt);
         Ok(Arc::new_cyclic(|me| Data {
-            window: MapWindow::new(zt.clone(), window::BUDGET),
             me: me.clone(),
             prefetcher: Prefetcher::new(workers),
             cache: Cache::new(opts.cache_size, stats.clone()),
-            zt,
+            catalog,
+            files,
             stats,
             states,
-            guard: Arc::new(guard),
+            logged,
             opts,
             decoders: AtomicUsize::new(0),
             max_decoders: workers,
         }))
     }
 
-    pub fn file(&self) -> &ZtFile {
-        &self.zt
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// The opened file (the first source), if it is served.
+    pub fn main_file(&self) -> Option<&MappedFile> {
+        self.files.first()?.as_ref().map(|s| &*s.file)
     }
 
     pub fn cache(&self) -> &Cache {
@@ -166,243 +185,313 @@ impl Data {
 
     /// Exposed bytes `[off, off+len)` of part `pi` of tensor `ti`.
     pub fn read(&self, ti: usize, pi: usize, off: u64, len: u64) -> Result<Bytes<'_>, String> {
-        let t = &self.zt.catalog().tensors[ti];
-        let out = self.read_inner(t, ti, pi, off, len);
+        let t = &self.catalog.tensors[ti];
+        let out = self.read_inner(t, pi, off, len);
         match &out {
             Ok(b) => Stats::add(&self.stats.bytes_served, b.len() as u64),
             Err(why) => {
                 Stats::add(&self.stats.errors, 1);
-                if self.guard.broken() == Some(why.as_str()) {
-                    // The guard logged it, once for the whole file.
-                    log::debug!("{why}");
-                } else {
-                    let h = {
-                        use std::hash::{Hash, Hasher};
-                        let mut h = std::collections::hash_map::DefaultHasher::new();
-                        why.hash(&mut h);
-                        h.finish()
-                    };
-                    let mut last = self.states[ti]
-                        .logged
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner());
-                    if last.0 != h && last.1 < LOGGED_REASONS {
-                        *last = (h, last.1 + 1);
-                        log::error!("{why}");
-                    } else {
-                        log::debug!("{why}");
-                    }
-                }
+                self.log_failure(ti, why);
             }
         }
         out
     }
 
-    fn fail(&self, t: &Tensor, why: impl std::fmt::Display) -> String {
-        format!("{}: tensor {:?}: {why}", self.zt.label(), t.name)
+    fn log_failure(&self, ti: usize, why: &str) {
+        let said_by_a_guard = self
+            .files
+            .iter()
+            .flatten()
+            .any(|s| s.guard.broken() == Some(why));
+        if said_by_a_guard {
+            // The guard logged it, once for the whole file.
+            log::debug!("{why}");
+            return;
+        }
+        let h = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            why.hash(&mut h);
+            h.finish()
+        };
+        let mut last = super::lock(&self.logged[ti]);
+        if last.0 != h && last.1 < LOGGED_REASONS {
+            *last = (h, last.1 + 1);
+            log::error!("{why}");
+        } else {
+            log::debug!("{why}");
+        }
     }
 
-    fn read_inner(
-        &self,
-        t: &Tensor,
-        ti: usize,
-        pi: usize,
-        off: u64,
-        len: u64,
-    ) -> Result<Bytes<'_>, String> {
-        let layout = t.layout.as_ref().map_err(|why| self.fail(t, why))?;
-        let part = layout
-            .parts
+    fn fail_tensor(&self, t: &Tensor, why: impl std::fmt::Display) -> String {
+        format!("{}: tensor {:?}: {why}", self.catalog.label, t.name)
+    }
+
+    /// A message naming the blob `bi` (its tensor, and part if it has several).
+    fn fail(&self, bi: usize, why: impl std::fmt::Display) -> String {
+        format!(
+            "{}: {}: {why}",
+            self.catalog.label, self.catalog.blobs[bi].label
+        )
+    }
+
+    fn blob(&self, bi: usize) -> &Blob {
+        &self.catalog.blobs[bi]
+    }
+
+    /// The file blob `bi` is stored in, once its own checks have passed.
+    fn served(&self, bi: usize) -> Result<&Served, String> {
+        let b = self.blob(bi);
+        let Some(Some(s)) = self.files.get(b.source) else {
+            let why = self
+                .catalog
+                .sources
+                .get(b.source)
+                .and_then(|r| r.unusable.clone())
+                .unwrap_or_else(|| "its file cannot be read".into());
+            return Err(self.fail(bi, why));
+        };
+        s.guard.check()?;
+        s.checked
+            .get_or_init(|| checks::source(&self.catalog, b.source, &s.file, &s.guard))
+            .clone()?;
+        Ok(s)
+    }
+
+    /// The stored bytes of blob `bi`.
+    fn span(&self, s: &Served, bi: usize) -> Span {
+        let b = self.blob(bi);
+        Span {
+            file: s.file.clone(),
+            offset: b.offset,
+            len: b.len,
+        }
+    }
+
+    fn read_inner(&self, t: &Tensor, pi: usize, off: u64, len: u64) -> Result<Bytes<'_>, String> {
+        let parts = t.parts.as_ref().map_err(|why| self.fail_tensor(t, why))?;
+        let part = parts
             .get(pi)
-            .ok_or_else(|| self.fail(t, "no such part"))?;
+            .ok_or_else(|| self.fail_tensor(t, "no such part"))?;
         let Some((off, len)) = expose::clamp(part, off, len) else {
             return Ok(Bytes::Owned(Vec::new()));
         };
-        self.guard.check()?;
-        match layout.encoding {
-            Encoding::Raw => {
-                if self.opts.verify_raw {
-                    self.checked(t, ti)?;
-                }
-                let blob = self.zt.blob(t);
-                if let Some((at, n)) = expose::direct_range(part, t.endian, off, len) {
-                    let (start, end) = (t.offset + at, t.offset + t.size);
-                    if n < window::STREAMING as u64 {
-                        // A small read: one copy costs less than mapping
-                        // its pages and, later, letting go of them.
-                        let mut v = vec![0; n as usize];
-                        let r = self.zt.file().read_exact_at(&mut v, start);
-                        // A file cut short: the guard says so best.
-                        self.guard.check()?;
-                        r.map_err(|e| self.fail(t, format!("cannot read the data: {e}")))?;
-                        return Ok(Bytes::Owned(v));
-                    }
-                    self.window.ahead(start as usize, n as usize, end as usize);
-                    let bytes = &blob[at as usize..(at + n) as usize];
-                    return Ok(Bytes::Mapped(&self.window, bytes));
-                }
-                let mut touched = Touched::default();
-                let v: Result<Vec<u8>, String> =
-                    expose::gather(part, t.endian, off, len, |at, out| {
-                        out.copy_from_slice(&blob[at as usize..at as usize + out.len()]);
-                        self.window
-                            .touch(&mut touched, (t.offset + at) as usize, out.len());
-                        Ok(())
-                    });
-                self.window.served_touched(touched);
-                // The copy above touched the mmap: make sure it was still there.
-                self.guard.check()?;
-                v.map(Bytes::Owned)
-            }
-            Encoding::Zstd => {
-                self.checked(t, ti)?;
-                let plan = self.plan(t, ti)?;
+        let bi = part.blob;
+        let s = self.served(bi)?;
+        match self.blob(bi).codec {
+            Codec::Raw => self.read_raw(s, bi, part, off, len),
+            Codec::Zstd { .. } => {
+                self.checked(s, bi)?;
+                let plan = self.plan(s, bi)?;
                 // One unit holds the whole range: reply from it without a copy.
-                if let Some((at, n)) = expose::direct_range(part, t.endian, off, len)
-                    && let Some((buf, start)) = self.unit_containing(t, ti, plan, at, n)?
+                if let Some((at, n)) = expose::direct_range(part, off, len)
+                    && let Some((buf, start)) = self.unit_containing(s, bi, plan, at, n)?
                 {
                     return Ok(Bytes::Shared(buf, start, n as usize));
                 }
-                expose::gather(part, t.endian, off, len, |at, out| {
-                    self.fetch(t, ti, plan, at, out)
-                })
-                .map(Bytes::Owned)
+                expose::gather(part, off, len, |at, out| self.fetch(s, bi, plan, at, out))
+                    .map(Bytes::Owned)
             }
         }
     }
 
-    /// Checks the tensor's checksum once per mount (over the on-disk bytes).
-    fn checked(&self, t: &Tensor, ti: usize) -> Result<(), String> {
-        self.states[ti]
+    fn read_raw<'a>(
+        &'a self,
+        s: &'a Served,
+        bi: usize,
+        part: &Part,
+        off: u64,
+        len: u64,
+    ) -> Result<Bytes<'a>, String> {
+        if self.opts.verify_raw {
+            self.checked(s, bi)?;
+        }
+        let b = self.blob(bi);
+        let blob = s.file.range(b.offset, b.len);
+        if let Some((at, n)) = expose::direct_range(part, off, len) {
+            let (start, end) = (b.offset + at, b.offset + b.len);
+            if n < window::STREAMING as u64 {
+                // A small read: one copy costs less than mapping its pages
+                // and, later, letting go of them.
+                let mut v = vec![0; n as usize];
+                let r = s.file.file().read_exact_at(&mut v, start);
+                // A file cut short: the guard says so best.
+                s.guard.check()?;
+                r.map_err(|e| self.fail(bi, format!("cannot read the data: {e}")))?;
+                return Ok(Bytes::Owned(v));
+            }
+            s.window.ahead(start as usize, n as usize, end as usize);
+            let bytes = &blob[at as usize..(at + n) as usize];
+            return Ok(Bytes::Mapped(&s.window, bytes));
+        }
+        let mut touched = Touched::default();
+        let v: Result<Vec<u8>, String> = expose::gather(part, off, len, |at, out| {
+            out.copy_from_slice(&blob[at as usize..at as usize + out.len()]);
+            s.window
+                .touch(&mut touched, (b.offset + at) as usize, out.len());
+            Ok(())
+        });
+        s.window.served_touched(touched);
+        // The copy above touched the mmap: make sure it was still there.
+        s.guard.check()?;
+        v.map(Bytes::Owned)
+    }
+
+    /// Runs the blob's checks once per mount, before any byte is served.
+    fn checked(&self, s: &Served, bi: usize) -> Result<(), String> {
+        self.states[bi]
             .checked
             .get_or_init(|| {
-                let verdict = self.zt.verify(t);
-                self.guard.check()?;
-                match verdict {
-                    Verdict::Mismatch { expected, actual } => {
-                        Stats::add(&self.stats.checksum_failures, 1);
-                        Err(self.fail(
-                            t,
-                            format!("checksum mismatch: index says {expected}, blob has {actual}"),
-                        ))
-                    }
-                    Verdict::Unverifiable(algo) => {
-                        log::warn!(
-                            "{}",
-                            self.fail(
-                                t,
-                                format!(
-                                    "checksum {algo:?} uses an unknown algorithm; served unverified"
-                                )
-                            )
-                        );
-                        Ok(())
-                    }
-                    Verdict::Absent | Verdict::Verified => Ok(()),
+                let r = checks::blob(self.blob(bi), &self.span(s, bi), &s.guard);
+                if let Err(checks::Failed::Mismatch(_)) = &r {
+                    Stats::add(&self.stats.checksum_failures, 1);
                 }
+                r.map_err(|f| match f {
+                    checks::Failed::Changed(why) => why,
+                    other => self.fail(bi, other),
+                })
             })
             .clone()
     }
 
-    fn plan(&self, t: &Tensor, ti: usize) -> Result<&Plan, String> {
-        self.states[ti]
+    fn plan(&self, s: &Served, bi: usize) -> Result<&Plan, String> {
+        self.states[bi]
             .plan
-            .get_or_init(|| {
-                let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
-                let limit = self.cache.limit();
-                // A frame list is kept while the file is mounted: it is
-                // counted in the cache (`Cache::hold`) before it is built,
-                // and a tensor whose list does not fit there is decoded as
-                // one stream. A table that cannot be held, or that does not
-                // agree with the blob, leaves it to the walk below, which
-                // counts the frames there are.
-                if let Some((size, items)) = frame_table(t)
-                    && (2..=zstd_blob::MAX_FRAMES).contains(&items.len())
-                    && size <= limit / 4
-                {
-                    let cost = list_cost(items.len());
-                    if self.cache.hold(cost) {
-                        let sizes: Option<Vec<u64>> = items.iter().map(|v| as_u64(v).ok()).collect();
-                        match sizes.and_then(|s| zstd_blob::frames_from_table(size, &s, t.size, decoded)) {
-                            Some(frames) => return Ok(Plan::Frames(frames)),
-                            None => self.cache.unhold(cost),
-                        }
-                    }
-                }
-                // One frame that says it holds the whole tensor: nothing to
-                // walk (a walk touches every block header of the blob). The
-                // decoder checks the rest: that the frame ends the blob and
-                // decodes to exactly that size.
-                let blob = self.zt.blob(t);
-                if zstd_blob::first_frame_size(blob) == Some(decoded) {
-                    self.guard.check()?;
-                    return Ok(whole_or_spill(decoded, limit, true));
-                }
-                // Counted before the list is built: a blob of a million
-                // tiny frames gets no list it cannot keep.
-                let count = zstd_blob::count_frames(blob).map_err(|why| self.fail(t, why));
-                let held = match count {
-                    Ok(Some(n)) if n > 1 => {
-                        let cost = list_cost(n);
-                        let held = self.cache.hold(cost).then_some(cost);
-                        if held.is_none() {
-                            log::info!(
-                                "{}",
-                                self.fail(t, format!("the list of its {n} zstd frames ({cost} bytes) does not fit in a quarter of the cache: decoded as one stream"))
-                            );
-                        }
-                        held
-                    }
-                    _ => None,
-                };
-                let frames = match (&count, held) {
-                    (Ok(Some(n)), _) if *n == 1 || held.is_some() => {
-                        // Exactly as long as counted.
-                        zstd_blob::scan_frames_sized(blob, *n).map_err(|why| self.fail(t, why))
-                    }
-                    _ => Ok(None),
-                };
-                // The walks touched a page per block header across the blob.
-                self.zt.release(self.zt.blob(t));
-                let plan = (|| {
-                    self.guard.check()?;
-                    count?;
-                    let frames = frames?;
-                    let one_frame = frames.as_ref().is_some_and(|f| f.len() == 1);
-                    if let Some(frames) = frames {
-                        let total = frames.last().map_or(0, |f| f.d_start + f.d_len);
-                        if total != decoded {
-                            return Err(self.fail(
-                                t,
-                                if total > decoded {
-                                    format!("zstd data decodes to more than the expected {decoded} bytes (its frame headers declare {total})")
-                                } else {
-                                    format!("zstd data decodes to only {total} bytes, expected {decoded} (per its frame headers)")
-                                },
-                            ));
-                        }
-                        if frames.len() > 1 && frames.iter().all(|f| f.d_len <= limit / 4) {
-                            return Ok(Plan::Frames(frames));
-                        }
-                    }
-                    Ok(whole_or_spill(decoded, limit, one_frame))
-                })();
-                if let Some(cost) = held
-                    && !matches!(plan, Ok(Plan::Frames(_)))
-                {
-                    self.cache.unhold(cost);
-                }
-                plan
-            })
+            .get_or_init(|| self.make_plan(s, bi))
             .as_ref()
             .map_err(Clone::clone)
+    }
+
+    /// Frames as the format recorded them, when their list fits in a
+    /// quarter of the cache: no walk over the blob.
+    fn recorded_frames(&self, bi: usize) -> Option<Plan> {
+        let b = self.blob(bi);
+        let Codec::Zstd {
+            frames: Some(table),
+        } = &b.codec
+        else {
+            return None;
+        };
+        let limit = self.cache.limit();
+        if !(2..=zstd_blob::MAX_FRAMES).contains(&table.len()) {
+            return None;
+        }
+        // A frame list is kept while the file is mounted: it is counted in
+        // the cache (`Cache::hold`) before it is built.
+        let cost = list_cost(table.len());
+        if !self.cache.hold(cost) {
+            return None;
+        }
+        let frames = match table {
+            FrameTable::Uniform {
+                decoded,
+                compressed,
+            } if *decoded <= limit / 4 => {
+                zstd_blob::frames_from_table(*decoded, compressed, b.len, b.decoded_len)
+            }
+            FrameTable::Listed(sizes) => zstd_blob::frames_from_list(sizes, b.len, b.decoded_len)
+                .filter(|f| f.iter().all(|f| f.d_len <= limit / 4)),
+            FrameTable::Uniform { .. } => None,
+        };
+        match frames {
+            Some(frames) => Some(Plan::Frames(frames)),
+            None => {
+                self.cache.unhold(cost);
+                None
+            }
+        }
+    }
+
+    fn make_plan(&self, s: &Served, bi: usize) -> Result<Plan, String> {
+        if let Some(plan) = self.recorded_frames(bi) {
+            return Ok(plan);
+        }
+        let decoded = self.blob(bi).decoded_len;
+        let limit = self.cache.limit();
+        let span = self.span(s, bi);
+        let blob = span.bytes();
+        // A table that cannot be held, or that does not agree with the
+        // blob, leaves it to the walk below, which counts the frames there
+        // are. One frame that says it holds the whole blob: nothing to walk
+        // (a walk touches every block header of the blob). The decoder
+        // checks the rest: that the frame ends the blob and decodes to
+        // exactly that size.
+        if zstd_blob::first_frame_size(blob) == Some(decoded) {
+            s.guard.check()?;
+            return Ok(whole_or_spill(decoded, limit, true));
+        }
+        // Counted before the list is built: a blob of a million tiny
+        // frames gets no list it cannot keep.
+        let count = zstd_blob::count_frames(blob).map_err(|why| self.fail(bi, why));
+        let held = match count {
+            Ok(Some(n)) if n > 1 => {
+                let cost = list_cost(n);
+                let held = self.cache.hold(cost).then_some(cost);
+                if held.is_none() {
+                    log::info!(
+                        "{}",
+                        self.fail(bi, format!("the list of its {n} zstd frames ({cost} bytes) does not fit in a quarter of the cache: decoded as one stream"))
+                    );
+                }
+                held
+            }
+            _ => None,
+        };
+        let frames = match (&count, held) {
+            (Ok(Some(n)), _) if *n == 1 || held.is_some() => {
+                // Exactly as long as counted.
+                zstd_blob::scan_frames_sized(blob, *n).map_err(|why| self.fail(bi, why))
+            }
+            _ => Ok(None),
+        };
+        // The walks touched a page per block header across the blob.
+        span.release_all();
+        let plan = self.plan_from_walk(s, bi, count, frames);
+        if let Some(cost) = held
+            && !matches!(plan, Ok(Plan::Frames(_)))
+        {
+            self.cache.unhold(cost);
+        }
+        plan
+    }
+
+    fn plan_from_walk(
+        &self,
+        s: &Served,
+        bi: usize,
+        count: Result<Option<usize>, String>,
+        frames: Result<Option<Vec<Frame>>, String>,
+    ) -> Result<Plan, String> {
+        let decoded = self.blob(bi).decoded_len;
+        let limit = self.cache.limit();
+        s.guard.check()?;
+        count?;
+        let frames = frames?;
+        let one_frame = frames.as_ref().is_some_and(|f| f.len() == 1);
+        if let Some(frames) = frames {
+            let total = frames.last().map_or(0, |f| f.d_start + f.d_len);
+            if total != decoded {
+                return Err(self.fail(
+                    bi,
+                    if total > decoded {
+                        format!("zstd data decodes to more than the expected {decoded} bytes (its frame headers declare {total})")
+                    } else {
+                        format!("zstd data decodes to only {total} bytes, expected {decoded} (per its frame headers)")
+                    },
+                ));
+            }
+            if frames.len() > 1 && frames.iter().all(|f| f.d_len <= limit / 4) {
+                return Ok(Plan::Frames(frames));
+            }
+        }
+        Ok(whole_or_spill(decoded, limit, one_frame))
     }
 
     /// The cached unit holding decoded bytes `[at, at+n)`, if one does.
     fn unit_containing(
         &self,
-        t: &Tensor,
-        ti: usize,
+        s: &Served,
+        bi: usize,
         plan: &Plan,
         at: u64,
         n: u64,
@@ -414,13 +503,13 @@ impl Data {
                 if at + n > f.d_start + f.d_len {
                     return Ok(None);
                 }
-                let buf = self.frame(t, ti, k, &f)?;
+                let buf = self.frame(s, bi, k, &f)?;
                 Ok(Some((buf, (at - f.d_start) as usize)))
             }
             Plan::Whole { one_frame } => {
-                let buf = self.whole(t, ti, *one_frame)?;
+                let buf = self.whole(s, bi, *one_frame)?;
                 buf.range(at as usize, n as usize)
-                    .map_err(|why| self.unit_error(t, why))?;
+                    .map_err(|why| self.unit_error(s, bi, why))?;
                 Ok(Some((buf, at as usize)))
             }
             Plan::Spill { .. } => Ok(None),
@@ -430,8 +519,8 @@ impl Data {
     /// Copies decoded bytes `[at, at+out.len())` into `out`.
     fn fetch(
         &self,
-        t: &Tensor,
-        ti: usize,
+        s: &Served,
+        bi: usize,
         plan: &Plan,
         at: u64,
         out: &mut [u8],
@@ -443,10 +532,12 @@ impl Data {
                 let mut k = frame_at(frames, at);
                 while done < out.len() {
                     let f = frames[k];
-                    let buf = self.frame(t, ti, k, &f)?;
+                    let buf = self.frame(s, bi, k, &f)?;
                     let from = (pos - f.d_start) as usize;
                     let n = (buf.len() - from).min(out.len() - done);
-                    let bytes = buf.range(from, n).map_err(|why| self.unit_error(t, why))?;
+                    let bytes = buf
+                        .range(from, n)
+                        .map_err(|why| self.unit_error(s, bi, why))?;
                     out[done..done + n].copy_from_slice(bytes);
                     done += n;
                     pos += n as u64;
@@ -455,37 +546,43 @@ impl Data {
                 Ok(())
             }
             Plan::Whole { one_frame } => {
-                let buf = self.whole(t, ti, *one_frame)?;
+                let buf = self.whole(s, bi, *one_frame)?;
                 let bytes = buf
                     .range(at as usize, out.len())
-                    .map_err(|why| self.unit_error(t, why))?;
+                    .map_err(|why| self.unit_error(s, bi, why))?;
                 out.copy_from_slice(bytes);
                 Ok(())
             }
             Plan::Spill { one_frame } => self
-                .spill(t, ti, *one_frame)?
+                .spill(s, bi, *one_frame)?
                 .read(at, out)
-                .map_err(|why| self.unit_error(t, why)),
+                .map_err(|why| self.unit_error(s, bi, why)),
         }
     }
 
-    fn frame(&self, t: &Tensor, ti: usize, k: usize, f: &Frame) -> Result<Arc<Buf>, String> {
-        let src = &self.zt.blob(t)[f.c_start as usize..(f.c_start + f.c_len) as usize];
-        let out = self.cache.get((ti as u32, k as u32), f.d_len, |dst| {
+    fn frame(&self, s: &Served, bi: usize, k: usize, f: &Frame) -> Result<Arc<Buf>, String> {
+        let out = self.decode_frame(s, bi, k, f);
+        s.guard.check()?;
+        self.read_ahead(bi, k);
+        out.map_err(|why| self.fail(bi, format!("frame {k}: {why}")))
+    }
+
+    /// Frame `k` of blob `bi`, from the cache or decoded into it.
+    fn decode_frame(&self, s: &Served, bi: usize, k: usize, f: &Frame) -> Result<Arc<Buf>, String> {
+        let b = self.blob(bi);
+        let src = s.file.range(b.offset + f.c_start, f.c_len);
+        self.cache.get((bi as u32, k as u32), f.d_len, |dst| {
             let r = zstd_blob::decode_frame(src, dst, f.d_len as usize);
-            self.zt.release(src);
+            s.file.release(src);
             r
-        });
-        self.guard.check()?;
-        self.read_ahead(ti, k);
-        out.map_err(|why| self.fail(t, format!("frame {k}: {why}")))
+        })
     }
 
     /// After frame `k` of a tensor read in order, queues decodes of the
     /// next frames so they are ready (or under way) when the reader gets
     /// there. Random readers get no read-ahead.
-    fn read_ahead(&self, ti: usize, k: usize) {
-        let st = &self.states[ti];
+    fn read_ahead(&self, bi: usize, k: usize) {
+        let st = &self.states[bi];
         let prev = st.last_frame.swap(k, Relaxed);
         if prev != k && prev.wrapping_add(1) != k {
             // A jump: what was queued ahead of the old position says
@@ -511,11 +608,11 @@ impl Data {
         };
         let mut reached = first.saturating_sub(1);
         for j in first..=last {
-            if !self.cache.has((ti as u32, j as u32)) {
+            if !self.cache.has((bi as u32, j as u32)) {
                 let me = self.me.clone();
                 let queued = self.prefetcher.submit(Box::new(move || {
                     if let Some(data) = me.upgrade() {
-                        data.prefetch(ti, j);
+                        data.prefetch(bi, j);
                     }
                 }));
                 // A full queue: the next read tries these again.
@@ -528,67 +625,65 @@ impl Data {
         st.ahead.store(reached, Relaxed);
     }
 
-    fn prefetch(&self, ti: usize, k: usize) {
+    fn prefetch(&self, bi: usize, k: usize) {
         // Queued twice, or already picked up by a reader: nothing to do, and
         // no waiting for someone else's decode.
-        if self.cache.has((ti as u32, k as u32)) {
+        if self.cache.has((bi as u32, k as u32)) {
             return;
         }
-        let t = &self.zt.catalog().tensors[ti];
-        let Some(Ok(Plan::Frames(frames))) = self.states[ti].plan.get() else {
+        let Some(Ok(Plan::Frames(frames))) = self.states[bi].plan.get() else {
             return;
         };
-        let Some(f) = frames.get(k) else { return };
-        let src = &self.zt.blob(t)[f.c_start as usize..(f.c_start + f.c_len) as usize];
+        let (Some(f), Some(Some(s))) = (frames.get(k), self.files.get(self.blob(bi).source)) else {
+            return;
+        };
         // Errors surface when a reader asks for this frame itself.
-        let _ = self.cache.get((ti as u32, k as u32), f.d_len, |dst| {
-            let r = zstd_blob::decode_frame(src, dst, f.d_len as usize);
-            self.zt.release(src);
-            r
-        });
+        let _ = self.decode_frame(s, bi, k, f);
     }
 
     /// A unit that failed while a reader waited for it: the file changing
     /// under the mount is said as such, anything else names the tensor.
-    fn unit_error(&self, t: &Tensor, why: String) -> String {
-        match self.guard.check() {
+    fn unit_error(&self, s: &Served, bi: usize, why: String) -> String {
+        match s.guard.check() {
             Err(changed) => changed,
-            Ok(()) => self.fail(t, why),
+            Ok(()) => self.fail(bi, why),
         }
     }
 
-    fn whole(&self, t: &Tensor, ti: usize, one_frame: bool) -> Result<Arc<Buf>, String> {
-        let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
-        let src = self.zt.blob(t);
-        let key = (ti as u32, 0);
-        let out = if decoded >= self.opts.progressive_min && self.trusted_early(t, src, one_frame) {
+    fn whole(&self, s: &Served, bi: usize, one_frame: bool) -> Result<Arc<Buf>, String> {
+        let decoded = self.blob(bi).decoded_len;
+        let span = self.span(s, bi);
+        let src = span.bytes();
+        let key = (bi as u32, 0);
+        let out = if decoded >= self.opts.progressive_min && self.trusted_early(bi, src, one_frame)
+        {
             self.cache
-                .get_filling(key, decoded, |buf| self.start_decoder(ti, buf))
+                .get_filling(key, decoded, |buf| self.start_decoder(bi, buf))
         } else {
             self.cache.get(key, decoded, |dst| {
                 let r = zstd_blob::decode_to_vec(src, dst, decoded as usize);
-                self.zt.release(src);
+                span.release(src);
                 r
             })
         };
-        self.guard.check()?;
-        out.map_err(|why| self.fail(t, why))
+        s.guard.check()?;
+        out.map_err(|why| self.fail(bi, why))
     }
 
     /// Whether bytes of `src` may be served before its frame has ended. The
     /// end of a zstd frame is where zstd checks its own content checksum; a
-    /// blob is trusted early if the tensor's index checksum already vouched
-    /// for the compressed bytes, or if it is one frame without a checksum.
+    /// blob is trusted early if its checks (done before any byte is served)
+    /// vouched for its bytes, or if it is one frame without a checksum.
     /// (A blob whose first frame declares the whole size is served from that
     /// frame only: anything after it fails before the last byte is out.)
-    fn trusted_early(&self, t: &Tensor, src: &[u8], one_frame: bool) -> bool {
-        let verified = t.checksum.as_ref().is_some_and(|c| c.algorithm().is_some());
-        verified || (one_frame && zstd_blob::frame_has_checksum(src) == Some(false))
+    fn trusted_early(&self, bi: usize, src: &[u8], one_frame: bool) -> bool {
+        checks::vouched(self.blob(bi))
+            || (one_frame && zstd_blob::frame_has_checksum(src) == Some(false))
     }
 
     /// Decodes a filling unit on a thread of its own, one per core at most;
     /// past that the reader that asked decodes it on its own thread.
-    fn start_decoder(&self, ti: usize, buf: Arc<Buf>) {
+    fn start_decoder(&self, bi: usize, buf: Arc<Buf>) {
         // A thread at low priority faults the buffer in ahead of the decoder,
         // wherever that runs: the decoder is the bound, and on two cores it
         // must not share its core with the faulting. It holds the buffer
@@ -612,18 +707,20 @@ impl Data {
                 .name("zt-decode".into())
                 .spawn(move || {
                     let _slot = Slot(&me.decoders);
-                    me.decode_filling(ti, &b);
+                    me.decode_filling(bi, &b);
                 });
             if spawned.is_ok() {
                 return;
             }
         }
         self.decoders.fetch_sub(1, Relaxed);
-        self.decode_filling(ti, &buf);
+        self.decode_filling(bi, &buf);
     }
 
-    fn decode_filling(&self, ti: usize, buf: &Arc<Buf>) {
-        let t = &self.zt.catalog().tensors[ti];
+    fn decode_filling(&self, bi: usize, buf: &Arc<Buf>) {
+        let Some(Some(s)) = self.files.get(self.blob(bi).source) else {
+            return;
+        };
         let Some(mut w) = buf.filling().and_then(|f| f.writer()) else {
             return;
         };
@@ -632,14 +729,15 @@ impl Data {
         // reason) instead of finding a dead one.
         let mut discard = Discard {
             cache: &self.cache,
-            key: (ti as u32, 0),
+            key: (bi as u32, 0),
             buf,
             armed: true,
         };
-        let r = self.decode_progressively(self.zt.blob_source(t), &mut w, buf.len());
+        let span = self.span(s, bi);
+        let r = self.decode_progressively(&s.guard, span.reader(), &mut w, buf.len());
         // The plan and the trust check read the frame header through the
         // mapping; let go of it with the rest.
-        self.zt.release(self.zt.blob(t));
+        span.release_all();
         if r.is_ok() {
             Stats::add(&self.stats.decompressed_bytes, buf.len() as u64);
             discard.armed = false;
@@ -659,6 +757,7 @@ impl Data {
     /// threads at once slowed the decoder more than it saved (BENCHMARKS.md).
     fn decode_progressively(
         &self,
+        guard: &Guard,
         src: zstd_blob::Source<'_>,
         w: &mut Writer,
         len: usize,
@@ -671,7 +770,7 @@ impl Data {
             let stepped = dec.step(PROGRESSIVE_STEP);
             // Bytes decoded from a file that changed are not published; and
             // a change explains a failed step (a short read) best.
-            self.guard.check()?;
+            guard.check()?;
             stepped?;
             w.commit_to(dec.produced().min(len.saturating_sub(1)));
         }
@@ -680,29 +779,27 @@ impl Data {
         Ok(())
     }
 
-    fn spill(&self, t: &Tensor, ti: usize, one_frame: bool) -> Result<Arc<Spill>, String> {
-        let mut slot = self.states[ti]
-            .spill
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+    fn spill(&self, s: &Served, bi: usize, one_frame: bool) -> Result<Arc<Spill>, String> {
+        let mut slot = super::lock(&self.states[bi].spill);
         if let Some(s) = slot.as_ref().filter(|s| !s.failed_for_now()) {
             return Ok(s.clone());
         }
         // A failed spill's file (unlinked) goes once its readers are done,
         // before the free space is asked: it may be what filled the disk.
         *slot = None;
-        let decoded = t.layout.as_ref().map(|l| l.decoded_size).unwrap_or(0);
+        let decoded = self.blob(bi).decoded_len;
         let dir = &self.opts.cache_dir;
         if spill::room(dir, decoded).is_err() {
-            self.drop_idle_spills(ti, dir, decoded);
+            self.drop_idle_spills(bi, dir, decoded);
         }
-        let early = self.trusted_early(t, self.zt.blob(t), one_frame);
-        let spill = Spill::start(&self.zt, &self.guard, ti, decoded, dir, early, &self.stats)
-            .map_err(|why| self.fail(t, why))?;
+        let span = self.span(s, bi);
+        let early = self.trusted_early(bi, span.bytes(), one_frame);
+        let spill = Spill::start(&span, &s.guard, decoded, dir, early, &self.stats)
+            .map_err(|why| self.fail(bi, why))?;
         log::info!(
             "{}",
             self.fail(
-                t,
+                bi,
                 format!(
                     "{decoded} decoded bytes exceed half the cache; spilling to {}",
                     dir.display()
@@ -730,8 +827,7 @@ impl Data {
             if let Ok(slot) = state.spill.try_lock()
                 && slot.as_ref().is_some_and(|s| idle(i, s))
             {
-                let t = &self.zt.catalog().tensors[i];
-                freeable += t.layout.as_ref().map_or(0, |l| l.decoded_size);
+                freeable += self.blob(i).decoded_len;
             }
         }
         let free = spill::free_bytes(dir).unwrap_or(0);
@@ -747,8 +843,9 @@ impl Data {
                 drop(slot);
                 drop(idle);
                 log::info!(
-                    "{}: dropped its spill to make room for another",
-                    self.zt.catalog().tensors[i].name
+                    "{}: {}: dropped its spill to make room for another",
+                    self.catalog.label,
+                    self.blob(i).label
                 );
                 if spill::room(dir, decoded).is_ok() {
                     return;
@@ -764,17 +861,6 @@ const LOGGED_REASONS: u8 = 8;
 /// Memory a kept frame list of `n` frames takes.
 fn list_cost(n: usize) -> u64 {
     (n * std::mem::size_of::<Frame>()) as u64
-}
-
-/// The frame table our writer records (decoded bytes per frame, and each
-/// frame's compressed size), when present: no walk over the blob (a 1 GiB
-/// tensor has 1024 frames to find otherwise). Checked when it is built.
-fn frame_table(t: &Tensor) -> Option<(u64, &[Value])> {
-    let size = as_u64(t.custom(FRAME_SIZE_KEY)?).ok()?;
-    let Value::Array(items) = t.custom(FRAMES_KEY)? else {
-        return None;
-    };
-    Some((size, items))
 }
 
 /// Makes the calling thread yield to the others (nice 10). Best effort.
@@ -825,4 +911,23 @@ fn frame_at(frames: &[Frame], at: u64) -> usize {
     frames
         .partition_point(|f| f.d_start + f.d_len <= at)
         .min(frames.len().saturating_sub(1))
+}
+
+/// A source file ready to serve: its window and guard.
+fn serve_file(f: MappedFile) -> std::io::Result<Served> {
+    let bytes = f.bytes();
+    let guard = Guard::new(
+        f.label(),
+        f.file().try_clone()?,
+        f.opened(),
+        bytes.as_ptr(),
+        bytes.len(),
+    );
+    let file = Arc::new(f);
+    Ok(Served {
+        window: MapWindow::new(file.clone(), window::BUDGET),
+        file,
+        guard: Arc::new(guard),
+        checked: OnceLock::new(),
+    })
 }

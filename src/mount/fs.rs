@@ -12,7 +12,8 @@ use super::data::{Bytes, Data, DataOptions};
 use super::sidecar;
 use super::stats::Stats;
 use super::tree::{Content, Ino, NodeKind, Tree};
-use crate::format::ZtFile;
+use crate::catalog::{Catalog, Codec, Part};
+use crate::source::MappedFile;
 
 pub type Errno = i32;
 
@@ -53,7 +54,7 @@ pub struct FsOptions {
 type Text = Arc<Vec<u8>>;
 type Held = (Ino, Text);
 
-pub struct ZtFs {
+pub struct TensorFs {
     tree: Tree,
     data: Arc<Data>,
     direct_io: bool,
@@ -72,14 +73,19 @@ pub struct ZtFs {
     renders: AtomicU64,
 }
 
-impl ZtFs {
-    pub fn new(zt: ZtFile, opts: FsOptions) -> std::io::Result<ZtFs> {
-        let tree = Tree::build(zt.catalog());
-        for (t, p) in zt.catalog().tensors.iter().zip(&tree.placements) {
+impl TensorFs {
+    /// Serves `catalog` from `files` (one per `catalog.sources`).
+    pub fn new(
+        catalog: Catalog,
+        files: Vec<Option<MappedFile>>,
+        opts: FsOptions,
+    ) -> std::io::Result<TensorFs> {
+        let tree = Tree::build(&catalog);
+        for (t, p) in catalog.tensors.iter().zip(&tree.placements) {
             if let Some(why) = &p.escaped {
                 log::warn!(
                     "{}: tensor {:?} is served as {:?}: {why}",
-                    zt.label(),
+                    catalog.label,
                     t.name,
                     if p.path.is_empty() {
                         &p.sidecar
@@ -90,8 +96,8 @@ impl ZtFs {
             }
         }
         let sizes = (0..tree.len()).map(|_| OnceLock::new()).collect();
-        let data = Data::new(zt, opts.data, Arc::new(Stats::default()))?;
-        Ok(ZtFs {
+        let data = Data::new(catalog, files, opts.data, Arc::new(Stats::default()))?;
+        Ok(TensorFs {
             tree,
             data,
             direct_io: opts.direct_io,
@@ -163,16 +169,14 @@ impl ZtFs {
         }
     }
 
-    fn part(&self, ti: usize, pi: usize) -> Option<&crate::format::Part> {
+    fn part(&self, ti: usize, pi: usize) -> Option<&Part> {
         self.data
-            .file()
             .catalog()
             .tensors
             .get(ti)?
-            .layout
+            .parts
             .as_ref()
             .ok()?
-            .parts
             .get(pi)
     }
 
@@ -192,7 +196,7 @@ impl ZtFs {
         {
             log::error!(
                 "{}: cannot allocate {size} bytes for a generated file (inode {ino})",
-                self.data.file().label()
+                self.data.catalog().label
             );
             return Err(libc::ENOMEM);
         }
@@ -202,31 +206,31 @@ impl ZtFs {
         Ok(out)
     }
 
-    /// [`ZtFs::render`] into `w`.
+    /// [`TensorFs::render`] into `w`.
     fn render_to(&self, c: &Content, w: &mut impl std::io::Write) {
-        let cat = self.data.file().catalog();
+        let cat = self.data.catalog();
         match c {
             Content::Sidecar { tensor, part: None } => sidecar::render_to(
                 w,
-                &sidecar::tensor_sidecar(&cat.tensors[*tensor], &self.tree.placements[*tensor]),
+                &sidecar::tensor_sidecar(
+                    cat,
+                    &cat.tensors[*tensor],
+                    &self.tree.placements[*tensor],
+                ),
             ),
             Content::Sidecar {
                 tensor,
                 part: Some(p),
             } => {
                 let t = &cat.tensors[*tensor];
-                if let Some(part) = t.layout.as_ref().ok().and_then(|l| l.parts.get(*p)) {
+                if let Some(part) = self.part(*tensor, *p) {
                     sidecar::render_to(
                         w,
-                        &sidecar::part_sidecar(t, part, &self.tree.placements[*tensor].path),
+                        &sidecar::part_sidecar(cat, t, part, &self.tree.placements[*tensor].path),
                     )
                 }
             }
-            Content::Index => sidecar::index_to(
-                w,
-                self.data.file().label(),
-                cat.tensors.iter().zip(&self.tree.placements),
-            ),
+            Content::Index => sidecar::index_to(w, cat, &self.tree.placements),
             Content::Stats => {
                 let _ = w.write_all(&self.data.stats().render(&self.data.cache().gauges()));
             }
@@ -275,13 +279,12 @@ impl ZtFs {
         let node = self.tree.node(ino).ok_or(libc::ENOENT)?;
         match &node.kind {
             NodeKind::Dir { .. } => Err(libc::EISDIR),
-            NodeKind::File(Content::Part { tensor, .. }) => {
-                // Decoded zstd data is worth keeping: a second read from the
-                // page cache beats decoding again or copying from our cache.
-                let zstd = self.data.file().catalog().tensors[*tensor]
-                    .layout
-                    .as_ref()
-                    .is_ok_and(|l| l.encoding == crate::format::Encoding::Zstd);
+            NodeKind::File(Content::Part { tensor, part }) => {
+                // Decoded data is worth keeping: a second read from the page
+                // cache beats decoding again or copying from our cache.
+                let zstd = self.part(*tensor, *part).is_some_and(|p| {
+                    !matches!(self.data.catalog().blobs[p.blob].codec, Codec::Raw)
+                });
                 let mode = if self.direct_io && !zstd {
                     CacheMode::DirectIo
                 } else {
@@ -389,7 +392,12 @@ impl ZtFs {
     /// (total blocks of 4 KiB, number of inodes) for statfs.
     pub fn statfs(&self) -> (u64, u64) {
         (
-            self.data.file().bytes().len().div_ceil(4096) as u64,
+            self.data
+                .catalog()
+                .blobs
+                .iter()
+                .map(|b| b.decoded_len.div_ceil(4096))
+                .sum(),
             self.tree.len() as u64,
         )
     }
@@ -398,33 +406,19 @@ impl ZtFs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::writer::{Options, Writer};
-    use crate::format::{DType, ZtFile};
     use crate::mount::data::{DataOptions, PROGRESSIVE_MIN};
     use crate::mount::tree::{META_DIR, ROOT};
 
-    fn fs_of(dir: &std::path::Path) -> ZtFs {
+    fn fs_of(dir: &std::path::Path) -> TensorFs {
         fs_with(dir, 0)
     }
 
     /// "w" and `more` tensors of one byte.
-    fn fs_with(dir: &std::path::Path, more: usize) -> ZtFs {
-        let path = dir.join("t.zt");
-        let mut w = Writer::create(&path).unwrap();
-        let v = [1u8, 2, 3, 4];
-        w.add("w", DType::Uint8, &[4], &v, &Options::default())
-            .unwrap();
-        for i in 0..more {
-            w.add(
-                &format!("t{i}"),
-                DType::Uint8,
-                &[1],
-                &[7],
-                &Options::default(),
-            )
-            .unwrap();
-        }
-        w.finish().unwrap();
+    fn fs_with(dir: &std::path::Path, more: usize) -> TensorFs {
+        let names: Vec<String> = (0..more).map(|i| format!("t{i}")).collect();
+        let mut tensors: Vec<(&str, &[u8])> = vec![("w", &[1, 2, 3, 4])];
+        tensors.extend(names.iter().map(|n| (n.as_str(), &[7u8][..])));
+        let (catalog, files) = crate::mount::testing::catalog_of(dir, &tensors);
         let opts = FsOptions {
             data: DataOptions {
                 cache_size: 8 << 20,
@@ -434,7 +428,7 @@ mod tests {
             },
             direct_io: true,
         };
-        ZtFs::new(ZtFile::open(&path).unwrap(), opts).unwrap()
+        TensorFs::new(catalog, files, opts).unwrap()
     }
 
     #[test]

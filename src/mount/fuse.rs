@@ -1,4 +1,4 @@
-//! The thin adapter between the kernel (via fuser) and [`ZtFs`]: converts
+//! The thin adapter between the kernel (via fuser) and [`TensorFs`]: converts
 //! types and picks reply flags, nothing else.
 
 use std::ffi::OsStr;
@@ -10,14 +10,14 @@ use fuser::{
     ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
 };
 
-use super::fs::{Attr, CacheMode, Kind, ZtFs};
+use super::fs::{Attr, CacheMode, Kind, TensorFs};
 use super::tree::Ino;
 
 /// Nothing in the tree ever changes, so the kernel may keep what it learns.
 const TTL: Duration = Duration::from_secs(3600);
 
 pub struct Adapter {
-    fs: ZtFs,
+    fs: TensorFs,
     uid: u32,
     gid: u32,
     time: SystemTime,
@@ -30,7 +30,7 @@ pub struct Adapter {
 
 impl Adapter {
     pub fn new(
-        fs: ZtFs,
+        fs: TensorFs,
         uid: u32,
         gid: u32,
         time: SystemTime,

@@ -1,6 +1,7 @@
-//! Protection against the file changing under the mount.
+//! Protection against a file changing under the mount.
 //!
-//! The mount serves the file it opened. If that file is truncated or written
+//! The mount serves the files it opened (one, or a model's shards). If one
+//! is truncated or written
 //! in place, pages of the mmap can vanish (touching them raises SIGBUS) or
 //! hold bytes the index never promised. Every access checks the file's size
 //! and mtime against those seen at mount, and a SIGBUS inside the mapping is
@@ -42,6 +43,8 @@ pub struct Guard {
     file: File,
     orig: Stamp,
     broken: OnceLock<String>,
+    /// This file's place in [`FILES`], if one was free.
+    slot: Option<usize>,
 }
 
 impl Guard {
@@ -57,12 +60,20 @@ impl Guard {
         base: *const u8,
         len: usize,
     ) -> Guard {
-        install_sigbus_handler(base as usize, len);
+        install_handler();
+        let slot = claim(&FILES, base as usize, len);
+        if slot.is_none() {
+            log::warn!(
+                "{label}: more than {MAX_FILES} files mapped at once: a page of this one that \
+                 cannot be read will end the daemon instead of failing its reads"
+            );
+        }
         Guard {
             label: label.to_string(),
             file,
             orig: Stamp::from(opened),
             broken: OnceLock::new(),
+            slot,
         }
     }
 
@@ -90,7 +101,7 @@ impl Guard {
             }
             // The faulted page now reads as zeros, so nothing is served
             // from here on, whatever the cause.
-            Ok(_) if SIGBUS_HITS.load(SeqCst) > 0 => {
+            Ok(_) if self.slot.is_some_and(|i| FILES[i].hits.load(SeqCst) > 0) => {
                 format!(
                     "{}: reading the file through its mapping failed (SIGBUS) while its size and time are unchanged: a disk error, or a change that kept both; refusing to serve its bytes until it is mounted again",
                     self.label
@@ -110,17 +121,70 @@ impl Guard {
     }
 }
 
-static MAP_BASE: AtomicUsize = AtomicUsize::new(0);
-static MAP_LEN: AtomicUsize = AtomicUsize::new(0);
-static SIGBUS_HITS: AtomicUsize = AtomicUsize::new(0);
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(i) = self.slot {
+            release(&FILES[i]);
+        }
+    }
+}
+
+/// A mapping the SIGBUS handler answers for; `len` 0: a free slot.
+struct Mapping {
+    base: AtomicUsize,
+    len: AtomicUsize,
+    /// SIGBUS absorbed in it.
+    hits: AtomicUsize,
+}
+
+impl Mapping {
+    const fn free() -> Mapping {
+        Mapping {
+            base: AtomicUsize::new(0),
+            len: AtomicUsize::new(0),
+            hits: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// Most served files mapped at once (a model's shards each take one).
+pub const MAX_FILES: usize = 1024;
+static FILES: [Mapping; MAX_FILES] = [const { Mapping::free() }; MAX_FILES];
 
 /// Most writable mappings of our own scratch files watched at once.
 pub const MAX_WATCHED: usize = 16;
-
-/// (base, len) of each watched mapping; len 0: a free slot.
-static WATCHED: [(AtomicUsize, AtomicUsize); MAX_WATCHED] =
-    [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_WATCHED];
+static WATCHED: [Mapping; MAX_WATCHED] = [const { Mapping::free() }; MAX_WATCHED];
+/// SIGBUS absorbed in any watched mapping.
 static WATCHED_HITS: AtomicUsize = AtomicUsize::new(0);
+
+/// Takes a free slot of `table` for `[base, base+len)`.
+fn claim(table: &[Mapping], base: usize, len: usize) -> Option<usize> {
+    table.iter().position(|m| {
+        // The base claims the slot; the length, stored last, arms it.
+        if m.base.compare_exchange(0, base, SeqCst, SeqCst).is_ok() {
+            m.hits.store(0, SeqCst);
+            m.len.store(len, SeqCst);
+            true
+        } else {
+            false
+        }
+    })
+}
+
+fn release(m: &Mapping) {
+    m.len.store(0, SeqCst);
+    m.base.store(0, SeqCst);
+}
+
+/// The slot of `table` whose mapping holds `addr`. Async-signal-safe.
+fn holding(table: &[Mapping], addr: usize) -> Option<&Mapping> {
+    table.iter().find(|m| {
+        // The length on both sides of the base: a slot freed and taken
+        // again in between gives a pair that never was, which is skipped.
+        let (l1, b, l2) = (m.len.load(SeqCst), m.base.load(SeqCst), m.len.load(SeqCst));
+        l1 == l2 && l1 != 0 && b != 0 && addr >= b && addr < b + l1
+    })
+}
 
 /// A writable shared mapping of a scratch file of the mount's own (a
 /// spill), watched while this lives: a page of it that cannot be brought
@@ -138,14 +202,8 @@ impl Watched {
     /// unmapping.
     pub fn new(base: *mut u8, len: usize) -> Option<Watched> {
         let hits_before = WATCHED_HITS.load(SeqCst);
-        for (slot, (b, l)) in WATCHED.iter().enumerate() {
-            // The base claims the slot; the length, stored last, arms it.
-            if b.compare_exchange(0, base as usize, SeqCst, SeqCst).is_ok() {
-                l.store(len, SeqCst);
-                return Some(Watched { slot, hits_before });
-            }
-        }
-        None
+        let slot = claim(&WATCHED, base as usize, len)?;
+        Some(Watched { slot, hits_before })
     }
 
     /// Whether a SIGBUS was absorbed in any watched mapping since this one
@@ -158,9 +216,7 @@ impl Watched {
 
 impl Drop for Watched {
     fn drop(&mut self) {
-        let (b, l) = &WATCHED[self.slot];
-        l.store(0, SeqCst);
-        b.store(0, SeqCst);
+        release(&WATCHED[self.slot]);
     }
 }
 
@@ -189,31 +245,20 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut
     // Async-signal-safe work only: atomics and mmap(2); errno as it was.
     let errno = unsafe { *libc::__errno_location() };
     let addr = unsafe { (*info).si_addr() } as usize;
-    let base = MAP_BASE.load(SeqCst);
-    let len = MAP_LEN.load(SeqCst);
     let mine = |hits: &AtomicUsize| {
         hits.fetch_add(1, SeqCst);
         unsafe { *libc::__errno_location() = errno };
     };
     // The watched mappings first: they come and go, and one may since sit
-    // where a mapping that was watched as the file's used to be.
-    for (b, l) in &WATCHED {
-        // The length on both sides of the base: a slot freed and taken
-        // again in between gives a pair that never was, which is skipped.
-        let (l1, b, l2) = (l.load(SeqCst), b.load(SeqCst), l.load(SeqCst));
-        if l1 == l2
-            && l1 != 0
-            && b != 0
-            && addr >= b
-            && addr < b + l1
-            && blank_page(addr, libc::PROT_READ | libc::PROT_WRITE)
-        {
-            mine(&WATCHED_HITS);
-            return;
-        }
+    // where a mapping that was watched as a file's used to be.
+    if holding(&WATCHED, addr).is_some() && blank_page(addr, libc::PROT_READ | libc::PROT_WRITE) {
+        mine(&WATCHED_HITS);
+        return;
     }
-    if base != 0 && addr >= base && addr < base + len && blank_page(addr, libc::PROT_READ) {
-        mine(&SIGBUS_HITS);
+    if let Some(m) = holding(&FILES, addr)
+        && blank_page(addr, libc::PROT_READ)
+    {
+        mine(&m.hits);
         return;
     }
     // Not ours: die as SIGBUS would have killed us.
@@ -221,12 +266,6 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut
         libc::signal(sig, libc::SIG_DFL);
         libc::raise(sig);
     }
-}
-
-fn install_sigbus_handler(base: usize, len: usize) {
-    MAP_BASE.store(base, SeqCst);
-    MAP_LEN.store(len, SeqCst);
-    install_handler();
 }
 
 fn install_handler() {
@@ -282,8 +321,7 @@ mod tests {
         );
         let err = g.check().unwrap_err();
         assert!(err.contains("modified since mount"), "{err}");
-        // A guard whose baseline is now sees no change (it may still fail on
-        // the process-wide SIGBUS count the other test raises).
+        // A guard whose baseline is now sees no change.
         let now = f.metadata().unwrap();
         let g = Guard::new("f", f, &now, map.as_ptr(), map.len());
         assert!(!g.check().is_err_and(|e| e.contains("modified")));

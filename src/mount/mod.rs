@@ -1,8 +1,9 @@
-//! The mount: tensor catalog -> filesystem tree -> kernel.
+//! The mount: catalog -> filesystem tree -> kernel. Knows the catalog and
+//! the source files, never a format.
 //!
 //! `tree` lays out paths, `data` serves bytes (over `cache`, `spill`,
-//! `window` and `guard`), `fs` answers filesystem calls without knowing fuser, and `fuse`
-//! is the thin adapter the kernel talks to.
+//! `window` and `guard`), `fs` answers filesystem calls without knowing
+//! fuser, and `fuse` is the thin adapter the kernel talks to.
 
 pub mod cache;
 pub mod data;
@@ -14,6 +15,8 @@ pub mod prefetch;
 pub mod sidecar;
 pub mod spill;
 pub mod stats;
+#[cfg(test)]
+mod testing;
 pub mod tree;
 pub mod window;
 

@@ -5,11 +5,9 @@
 use std::io::Write;
 
 use serde::Serialize;
-use serde::ser::SerializeMap;
 
 use super::tree::Placement;
-use crate::format::cbor_json;
-use crate::format::{Part, SparseForm, SparseFormat, Tensor};
+use crate::catalog::{Catalog, JsonMap, Part, Tensor};
 
 /// One tensor, as in `NAME.json`.
 #[derive(Serialize)]
@@ -18,7 +16,13 @@ pub struct TensorSidecar<'a> {
     path: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     path_escaped_because: Option<&'a str>,
+    format: &'a str,
+    /// Our element type name where the tensor is one file of a known
+    /// type; the format's otherwise.
     dtype: &'a str,
+    /// The format's own name for the type, where it differs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    format_dtype: Option<&'a str>,
     shape: &'a [u64],
     supported: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -31,26 +35,18 @@ pub struct TensorSidecar<'a> {
     numpy_note: Option<&'static str>,
     layout: &'a str,
     encoding: &'a str,
-    offset: u64,
-    size: u64,
-    data_endianness: &'static str,
-    checksum: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    sparse_format: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    sparse_form: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    nnz: Option<u64>,
+    /// The format's own fields.
+    #[serde(flatten)]
+    meta: &'a JsonMap,
     #[serde(skip_serializing_if = "Option::is_none")]
     parts: Option<Vec<PartSidecar<'a>>>,
-    custom: Custom<'a>,
 }
 
-/// One sparse part, as in `NAME/PART.json`.
+/// One part of a tensor shown as a directory, as in `NAME/PART.json`.
 #[derive(Serialize)]
 pub struct PartSidecar<'a> {
     tensor: &'a str,
-    part: &'static str,
+    part: &'a str,
     path: String,
     dtype: &'static str,
     shape: &'a [u64],
@@ -58,71 +54,51 @@ pub struct PartSidecar<'a> {
     numpy_dtype: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     numpy_note: Option<&'static str>,
+    encoding: &'static str,
+    supported: bool,
+    #[serde(flatten)]
+    meta: &'a JsonMap,
 }
 
-/// Custom fields, converted to JSON as they are written (see cbor_json).
-pub struct Custom<'a>(&'a [(ciborium::value::Value, ciborium::value::Value)]);
-
-impl Serialize for Custom<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(self.0.len()))?;
-        for (k, v) in self.0 {
-            m.serialize_entry(&cbor_json::key_to_string(k), &cbor_json::to_json(v))?;
-        }
-        m.end()
-    }
-}
-
-pub fn tensor_sidecar<'a>(t: &'a Tensor, at: &'a Placement) -> TensorSidecar<'a> {
-    let layout = t.layout.as_ref().ok();
-    let dense = layout.filter(|l| l.sparse.is_none()).map(|l| &l.parts[0]);
-    let sparse = layout.and_then(|l| l.sparse.as_ref().map(|s| (l, s)));
+pub fn tensor_sidecar<'a>(c: &'a Catalog, t: &'a Tensor, at: &'a Placement) -> TensorSidecar<'a> {
+    let parts = t.parts.as_ref().ok();
+    let file = parts.filter(|_| !t.directory).and_then(|ps| ps.first());
+    let dtype = file.map_or(t.dtype.as_str(), |p| p.dtype.name());
     TensorSidecar {
         name: &t.name,
         path: (!at.path.is_empty()).then_some(at.path.as_str()),
         path_escaped_because: at.escaped.as_deref(),
-        dtype: &t.dtype_name,
+        format: &c.format,
+        dtype,
+        format_dtype: (dtype != t.dtype).then_some(t.dtype.as_str()),
         shape: &t.shape,
-        supported: layout.is_some(),
-        unsupported_reason: t.layout.as_ref().err().map(String::as_str),
-        nbytes: layout.map(|l| l.parts.iter().map(|p| p.nbytes).sum()),
-        numpy_dtype: dense.map(|p| p.dtype.numpy()),
-        numpy_note: dense.and_then(|p| p.dtype.numpy_note()),
-        layout: &t.layout_name,
-        encoding: &t.encoding_name,
-        offset: t.offset,
-        size: t.size,
-        data_endianness: t.endian.name(),
-        checksum: t.checksum.as_ref().map(|c| c.to_string()),
-        sparse_format: sparse.map(|(_, s)| match s.format {
-            SparseFormat::Csr => "csr",
-            SparseFormat::Coo => "coo",
-        }),
-        sparse_form: sparse.map(|(_, s)| match s.form {
-            SparseForm::Spec => "spec",
-            SparseForm::Reference => "reference",
-        }),
-        nnz: sparse.map(|(_, s)| s.nnz),
-        parts: sparse.map(|(l, _)| {
-            l.parts
-                .iter()
-                .map(|p| part_sidecar(t, p, &at.path))
-                .collect()
-        }),
-        custom: Custom(&t.custom),
+        supported: parts.is_some(),
+        unsupported_reason: t.parts.as_ref().err().map(String::as_str),
+        nbytes: t.nbytes(),
+        numpy_dtype: file.map(|p| p.dtype.numpy()),
+        numpy_note: file.and_then(|p| p.dtype.numpy_note()),
+        layout: &t.layout,
+        encoding: &t.encoding,
+        meta: &t.meta,
+        parts: parts
+            .filter(|_| t.directory)
+            .map(|ps| ps.iter().map(|p| part_sidecar(c, t, p, &at.path)).collect()),
     }
 }
 
-pub fn part_sidecar<'a>(t: &'a Tensor, p: &'a Part, dir: &str) -> PartSidecar<'a> {
+pub fn part_sidecar<'a>(c: &Catalog, t: &'a Tensor, p: &'a Part, dir: &str) -> PartSidecar<'a> {
     PartSidecar {
         tensor: &t.name,
-        part: p.name,
+        part: &p.name,
         path: format!("{dir}/{}", p.name),
         dtype: p.dtype.name(),
         shape: &p.shape,
         nbytes: p.nbytes,
         numpy_dtype: p.dtype.numpy(),
         numpy_note: p.dtype.numpy_note(),
+        encoding: c.blobs.get(p.blob).map_or("raw", |b| b.codec.name()),
+        supported: true,
+        meta: &p.meta,
     }
 }
 
@@ -141,19 +117,17 @@ pub fn render_to(w: &mut impl Write, v: &impl Serialize) {
 
 /// `.ztensor/index.json` into `w`: one tensor per line, written as it goes
 /// so that only the text (not a JSON tree of every tensor) is ever made.
-pub fn index_to<'a>(
-    w: &mut impl Write,
-    file: &str,
-    tensors: impl ExactSizeIterator<Item = (&'a Tensor, &'a Placement)>,
-) {
-    let n = tensors.len();
+pub fn index_to(w: &mut impl Write, c: &Catalog, placements: &[Placement]) {
+    let n = c.tensors.len();
     let _ = w.write_all(b"{\"file\":");
-    let _ = serde_json::to_writer(&mut *w, file);
-    let _ = w.write_all(
-        format!(",\"format\":\"zTensor v0.1.0\",\"tensor_count\":{n},\"tensors\":[\n").as_bytes(),
-    );
-    for (i, (t, p)) in tensors.enumerate() {
-        let _ = serde_json::to_writer(&mut *w, &tensor_sidecar(t, p));
+    let _ = serde_json::to_writer(&mut *w, &c.label);
+    let _ = w.write_all(b",\"format\":");
+    let _ = serde_json::to_writer(&mut *w, &c.format);
+    let _ = w.write_all(b",\"attributes\":");
+    let _ = serde_json::to_writer(&mut *w, &c.attributes);
+    let _ = w.write_all(format!(",\"tensor_count\":{n},\"tensors\":[\n").as_bytes());
+    for (i, (t, p)) in c.tensors.iter().zip(placements).enumerate() {
+        let _ = serde_json::to_writer(&mut *w, &tensor_sidecar(c, t, p));
         let _ = w.write_all(if i + 1 < n { b",\n" } else { b"\n" });
     }
     let _ = w.write_all(b"]}\n");

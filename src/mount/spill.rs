@@ -20,9 +20,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use super::guard::{Guard, Watched};
 use super::lock;
 use super::stats::Stats;
-use crate::format::file::page_size;
-use crate::format::zstd_blob::{self, DirectDecoder};
-use crate::format::{Tensor, ZtFile};
+use crate::codec::zstd::{self as zstd_blob, DirectDecoder};
+use crate::source::{Span, page_size};
 
 /// Spill decoders at work at once; a spill past that waits for a place
 /// before it starts (and its readers with it). Each may hold a stream
@@ -88,12 +87,11 @@ pub struct Spill {
 }
 
 impl Spill {
-    /// Starts decoding tensor `ti` of `zt` into a new file under `dir`,
-    /// once the disk has room for its `decoded` bytes.
+    /// Starts decoding the blob stored at `span` into a new file under
+    /// `dir`, once the disk has room for its `decoded` bytes.
     pub fn start(
-        zt: &Arc<ZtFile>,
+        span: &Span,
         guard: &Arc<Guard>,
-        ti: usize,
         decoded: u64,
         dir: &Path,
         early: bool,
@@ -110,18 +108,17 @@ impl Spill {
             cond: Condvar::new(),
             retry: AtomicBool::new(false),
         });
-        let (zt, guard, s, stats) = (zt.clone(), guard.clone(), spill.clone(), stats.clone());
+        let (span, guard, s, stats) = (span.clone(), guard.clone(), spill.clone(), stats.clone());
         let dir = dir.to_path_buf();
         std::thread::Builder::new()
             .name("zt-spill".into())
             .spawn(move || {
                 let _ends = EndOnDrop(&s);
                 Stats::add(&stats.spilled_tensors, 1);
-                let r = s.decode(&zt, &guard, ti, decoded, &dir, &stats);
-                let t = &zt.catalog().tensors[ti];
+                let r = s.decode(&span, &guard, decoded, &dir, &stats);
                 // The plan and the trust check read the frame header
                 // through the mapping; let go of it.
-                zt.release(zt.blob(t));
+                span.release_all();
                 let done = lock(&s.progress).0;
                 match r {
                     Ok(()) => s.advance(done, Some(String::new())),
@@ -152,15 +149,13 @@ impl Spill {
 
     fn decode(
         &self,
-        zt: &ZtFile,
+        span: &Span,
         guard: &Guard,
-        ti: usize,
         decoded: u64,
         dir: &Path,
         stats: &Stats,
     ) -> Result<(), Failure> {
         let _place = Place::take();
-        let t = &zt.catalog().tensors[ti];
         let len = usize::try_from(decoded).map_err(|_| {
             Failure::data(format!("{decoded} bytes do not fit in memory addresses"))
         })?;
@@ -184,11 +179,11 @@ impl Spill {
         // may be reading (zstd uses its output past what it has finished
         // as scratch space).
         let window =
-            zstd_blob::max_window(zt.blob(t), |walked| zt.release(walked)).unwrap_or(u64::MAX);
+            zstd_blob::max_window(span.bytes(), |walked| span.release(walked)).unwrap_or(u64::MAX);
         if window <= 1 << STREAM_WINDOW_LOG {
-            self.decode_streamed(zt, guard, t, decoded, dir, stats)
+            self.decode_streamed(span, guard, decoded, dir, stats)
         } else {
-            self.decode_mapped(zt, guard, t, len, dir, window, stats)
+            self.decode_mapped(span, guard, len, dir, window, stats)
         }
     }
 
@@ -196,9 +191,8 @@ impl Spill {
     /// most 2^[`STREAM_WINDOW_LOG`]) and writes what comes out with pwrite.
     fn decode_streamed(
         &self,
-        zt: &ZtFile,
+        span: &Span,
         guard: &Guard,
-        t: &Tensor,
         decoded: u64,
         dir: &Path,
         stats: &Stats,
@@ -207,9 +201,9 @@ impl Spill {
         let input = std::io::BufReader::with_capacity(
             1 << 20,
             Pread {
-                file: zt.file(),
-                at: t.offset,
-                end: t.offset + t.size,
+                file: span.file.file(),
+                at: span.offset,
+                end: span.offset + span.len,
                 failed: &read_failed,
             },
         );
@@ -247,12 +241,10 @@ impl Spill {
 
     /// Decodes straight into a shared mapping of the file: no window
     /// buffer, whatever window the frames declare.
-    #[allow(clippy::too_many_arguments)]
     fn decode_mapped(
         &self,
-        zt: &ZtFile,
+        span: &Span,
         guard: &Guard,
-        t: &Tensor,
         len: usize,
         dir: &Path,
         window: u64,
@@ -276,7 +268,7 @@ impl Spill {
         // SAFETY: `map` is `len` writable bytes, outlives the decoder and is
         // written by nothing else; readers go through the file.
         let mut dec =
-            unsafe { DirectDecoder::new(zt.blob_source(t), base, len) }.map_err(Failure::data)?;
+            unsafe { DirectDecoder::new(span.reader(), base, len) }.map_err(Failure::data)?;
         // How far back matches reach; past `keep`, they fault pages back in,
         // which then stay until released from the start again.
         let keep = window.clamp(BATCH as u64, MAX_KEEP as u64) as usize;

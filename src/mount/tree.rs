@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use crate::format::Catalog;
+use crate::catalog::Catalog;
 
 pub type Ino = u64;
 pub const ROOT: Ino = 1;
@@ -87,11 +87,10 @@ impl Tree {
         tree.add(meta, "index.json".into(), NodeKind::File(Content::Index));
         tree.add(meta, "stats".into(), NodeKind::File(Content::Stats));
         for (ti, t) in catalog.tensors.iter().enumerate() {
-            let parts = t
-                .layout
-                .as_ref()
-                .ok()
-                .map(|l| (l.sparse.is_some(), l.parts.iter().map(|p| p.name).collect()));
+            let parts = t.parts.as_ref().ok().map(|ps| {
+                let names = ps.iter().map(|p| p.name.as_str()).collect();
+                (t.directory, names)
+            });
             let p = tree.place(ti, &t.name, parts);
             tree.placements.push(p);
         }
@@ -129,12 +128,7 @@ impl Tree {
 
     /// `parts`: None for an unsupported tensor (sidecar only), else
     /// (is_sparse, part names).
-    fn place(
-        &mut self,
-        ti: usize,
-        name: &str,
-        parts: Option<(bool, Vec<&'static str>)>,
-    ) -> Placement {
+    fn place(&mut self, ti: usize, name: &str, parts: Option<(bool, Vec<&str>)>) -> Placement {
         let mut why: Vec<String> = Vec::new();
         let comps: Vec<String> = name
             .split('/')
@@ -215,9 +209,10 @@ impl Tree {
                 let sdir = self.add(dir, leaf.clone(), new_dir());
                 self.sealed.insert(sdir);
                 for (part, pname) in names.into_iter().enumerate() {
+                    let pname = escape_component(pname, &mut why);
                     self.add(
                         sdir,
-                        pname.to_string(),
+                        pname.clone(),
                         NodeKind::File(Content::Part { tensor: ti, part }),
                     );
                     self.add(

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use lru::LruCache;
 
-use crate::format::ZtFile;
+use crate::source::MappedFile;
 
 /// The unit of accounting: mapped pages are counted (and let go of) per
 /// 2 MiB of address space, aligned as page tables are: a page fault maps
@@ -62,7 +62,7 @@ pub trait Pages: Send + Sync + 'static {
     fn release(&self, off: usize, len: usize);
 }
 
-impl Pages for ZtFile {
+impl Pages for MappedFile {
     fn map_base(&self) -> usize {
         self.bytes().as_ptr() as usize
     }
@@ -72,7 +72,7 @@ impl Pages for ZtFile {
     }
 
     fn populate(&self, off: usize, len: usize) -> bool {
-        match ZtFile::populate(self, off, len) {
+        match MappedFile::populate(self, off, len) {
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => false,
             // A file cut short is the guard's to report; the reply faults.
             _ => true,
@@ -82,7 +82,7 @@ impl Pages for ZtFile {
     fn release(&self, off: usize, len: usize) {
         let end = off.saturating_add(len).min(self.bytes().len());
         if off < end {
-            ZtFile::release(self, &self.bytes()[off..end]);
+            MappedFile::release(self, &self.bytes()[off..end]);
         }
     }
 }

@@ -165,3 +165,39 @@ fn open_nonblocking(path: &Path) -> std::io::Result<File> {
         }
     }
 }
+
+/// A byte range of a mapped file: a blob's stored bytes.
+#[derive(Clone)]
+pub struct Span {
+    pub file: std::sync::Arc<MappedFile>,
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl Span {
+    /// The bytes, through the mapping (the catalog checked they are in the
+    /// file).
+    pub fn bytes(&self) -> &[u8] {
+        self.file.range(self.offset, self.len)
+    }
+
+    /// The same bytes as a decoder source that reads them with `pread`
+    /// rather than through the mapping.
+    pub fn reader(&self) -> crate::codec::zstd::Source<'_> {
+        crate::codec::zstd::Source::File {
+            file: self.file.file(),
+            offset: self.offset,
+            len: self.len as usize,
+        }
+    }
+
+    /// Lets go of the mapped pages under `bytes` (see [`MappedFile::release`]).
+    pub fn release(&self, bytes: &[u8]) {
+        self.file.release(bytes)
+    }
+
+    /// Lets go of all of the span's mapped pages.
+    pub fn release_all(&self) {
+        self.file.release(self.bytes())
+    }
+}

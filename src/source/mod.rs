@@ -5,4 +5,4 @@
 
 mod local;
 
-pub use local::{MappedFile, page_size};
+pub use local::{MappedFile, Span, page_size};

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use ciborium::value::{Integer, Value};
-use ztensor_mount::format::DType;
+use ztensor_mount::formats::zt_v01::DType;
 
 pub const MAGIC: &[u8; 8] = b"ZTEN0001";
 

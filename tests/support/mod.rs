@@ -505,8 +505,8 @@ pub fn pattern(es: usize, n: usize, salt: u8) -> Vec<u8> {
 
 /// The numpy type string for a dtype, written out here rather than taken
 /// from the daemon, so tests check the sidecars against an independent table.
-pub fn numpy(d: ztensor_mount::format::DType) -> &'static str {
-    use ztensor_mount::format::DType;
+pub fn numpy(d: ztensor_mount::formats::zt_v01::DType) -> &'static str {
+    use ztensor_mount::formats::zt_v01::DType;
     match d {
         DType::Float64 => "<f8",
         DType::Float32 => "<f4",
@@ -521,6 +521,14 @@ pub fn numpy(d: ztensor_mount::format::DType) -> &'static str {
         DType::Uint16 => "<u2",
         DType::Uint8 => "|u1",
         DType::Bool => "|b1",
+        DType::Float8E4M3Fn
+        | DType::Float8E5M2
+        | DType::Float8E4M3Fnuz
+        | DType::Float8E5M2Fnuz
+        | DType::Float8E8M0Fnu
+        | DType::Float4E2M1FnX2 => "|u1",
+        DType::Complex64 => "<c8",
+        DType::Complex128 => "<c16",
     }
 }
 

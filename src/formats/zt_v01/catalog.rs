@@ -328,7 +328,13 @@ fn describe(
                 encoding,
                 decoded_size: nbytes,
                 sparse: None,
-                parts: vec![part("", dtype, raw.shape.clone(), nbytes, PartMap::Contiguous { start: 0 })],
+                parts: vec![part(
+                    "",
+                    dtype,
+                    raw.shape.clone(),
+                    nbytes,
+                    PartMap::Contiguous { start: 0 },
+                )],
             })
         }
         "sparse" => spec_sparse(raw, dtype, encoding),
@@ -474,7 +480,13 @@ fn our_sparse(
             Some(c) => mul(c, pdtype.size(), pname)?,
             None => return Err(size_err(format!("part {pname} overflows 64 bits"))),
         };
-        parts.push(part(pname, pdtype, shape, nbytes, PartMap::Contiguous { start }));
+        parts.push(part(
+            pname,
+            pdtype,
+            shape,
+            nbytes,
+            PartMap::Contiguous { start },
+        ));
     }
     // Parts must not overlap; the decoded blob ends where the last part ends.
     let mut spans: Vec<(u64, u64, &str)> = Vec::new();
@@ -485,7 +497,7 @@ fn our_sparse(
         let end = start
             .checked_add(p.nbytes)
             .ok_or_else(|| size_err(format!("part {} ends past 2^64", p.name)))?;
-        spans.push((start, end, p.name));
+        spans.push((start, end, p.name.as_str()));
     }
     spans.sort();
     for w in spans.windows(2) {
@@ -599,11 +611,29 @@ fn reference_sparse(
             ));
         }
         let parts = vec![
-            part("indptr", DType::Uint64, vec![indptr_len], header, PartMap::Contiguous { start: 0 }),
-            part("indices", DType::Uint64, vec![nnz], indices, PartMap::Contiguous { start: header }),
-            part("values", dtype, vec![nnz], values, PartMap::Contiguous {
+            part(
+                "indptr",
+                DType::Uint64,
+                vec![indptr_len],
+                header,
+                PartMap::Contiguous { start: 0 },
+            ),
+            part(
+                "indices",
+                DType::Uint64,
+                vec![nnz],
+                indices,
+                PartMap::Contiguous { start: header },
+            ),
+            part(
+                "values",
+                dtype,
+                vec![nnz],
+                values,
+                PartMap::Contiguous {
                     start: header + indices,
-            }),
+                },
+            ),
         ];
         return Ok(Layout {
             encoding,
@@ -651,15 +681,27 @@ fn reference_sparse(
     }
     let nnz = total / record;
     let parts = vec![
-        part("indices", DType::Uint64, vec![ndim, nnz], ndim * nnz * 8, if nnz == 0 {
+        part(
+            "indices",
+            DType::Uint64,
+            vec![ndim, nnz],
+            ndim * nnz * 8,
+            if nnz == 0 {
                 PartMap::Contiguous { start: 0 }
             } else {
                 PartMap::CooRecordIndices { nnz, record }
-            }),
-        part("values", dtype, vec![nnz], nnz * vsz, PartMap::CooRecordValues {
+            },
+        ),
+        part(
+            "values",
+            dtype,
+            vec![nnz],
+            nnz * vsz,
+            PartMap::CooRecordValues {
                 record,
                 value_at: ndim * 8,
-        }),
+            },
+        ),
     ];
     Ok(Layout {
         encoding,

@@ -177,8 +177,8 @@ impl ZtFile {
 mod tests {
     use super::*;
     use crate::catalog::{DType, Endian};
-    use crate::source::page_size;
     use crate::formats::zt_v01::writer::{Options, Writer};
+    use crate::source::page_size;
     use std::io::{Read, Seek, SeekFrom};
 
     /// Whether the page at `addr` is mapped in this process (pagemap's

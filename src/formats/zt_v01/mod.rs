@@ -13,3 +13,9 @@ pub use project::project;
 
 /// The first bytes of every v0.1 file.
 pub const MAGIC: &[u8; 8] = index::MAGIC;
+
+// The shared types the v0.1 library's API takes and gives, in one place
+// for its users.
+pub use crate::catalog::{Algorithm, Checksum, DType, Endian, Part, PartMap, Verdict};
+pub use crate::codec::zstd as zstd_blob;
+pub use crate::error::{Error, ErrorKind, Result};

@@ -59,7 +59,10 @@ fn frame_table(t: &V01Tensor) -> Option<FrameTable> {
     let Value::Array(items) = t.custom(FRAMES_KEY)? else {
         return None;
     };
-    let compressed = items.iter().map(|v| as_u64(v).ok()).collect::<Option<_>>()?;
+    let compressed = items
+        .iter()
+        .map(|v| as_u64(v).ok())
+        .collect::<Option<_>>()?;
     Some(FrameTable::Uniform {
         decoded,
         compressed,
@@ -73,7 +76,9 @@ fn tensor(t: V01Tensor) -> Tensor {
     meta.insert("data_endianness".into(), t.endian.name().into());
     meta.insert(
         "checksum".into(),
-        t.checksum.as_ref().map_or(Json::Null, |c| c.to_string().into()),
+        t.checksum
+            .as_ref()
+            .map_or(Json::Null, |c| c.to_string().into()),
     );
     let sparse = t.layout.as_ref().ok().and_then(|l| l.sparse.as_ref());
     if let Some(s) = sparse {

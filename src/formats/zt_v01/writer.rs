@@ -10,9 +10,9 @@ use std::path::Path;
 
 use ciborium::value::Value;
 
-use crate::codec::digest::{Algorithm, Hasher};
-use crate::catalog::dtype::{DType, Endian, swap_elements};
 use super::index::{ALIGNMENT, MAGIC, int};
+use crate::catalog::dtype::{DType, Endian, swap_elements};
+use crate::codec::digest::{Algorithm, Hasher};
 
 /// Decoded bytes per zstd frame unless asked otherwise: large enough to
 /// compress well, small enough that a reader waits for little.
@@ -133,6 +133,7 @@ impl<W: Write> Writer<W> {
         input: &mut dyn Read,
         opts: &Options,
     ) -> io::Result<()> {
+        v01_type(name, dtype)?;
         let nbytes = shape
             .iter()
             .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
@@ -174,6 +175,7 @@ impl<W: Write> Writer<W> {
         values: &[u8],
         opts: &Options,
     ) -> io::Result<()> {
+        v01_type(name, dtype)?;
         if indptr.len() as u64 != shape[0] + 1
             || values.len() as u64 != indices.len() as u64 * dtype.size()
         {
@@ -206,6 +208,7 @@ impl<W: Write> Writer<W> {
         values: &[u8],
         opts: &Options,
     ) -> io::Result<()> {
+        v01_type(name, dtype)?;
         let nnz = values.len() as u64 / dtype.size();
         if indices.len() as u64 != nnz * shape.len() as u64
             || shape.is_empty()
@@ -534,4 +537,13 @@ fn emit_to(
     out.write_all(bytes)?;
     *size += bytes.len() as u64;
     Ok(())
+}
+
+/// Refuses an element type zTensor v0.1 has no name for.
+fn v01_type(name: &str, dtype: DType) -> io::Result<()> {
+    if DType::V01.contains(&dtype) {
+        Ok(())
+    } else {
+        Err(invalid(format!("{name}: zTensor v0.1 has no type {dtype}")))
+    }
 }

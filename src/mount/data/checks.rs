@@ -1,0 +1,204 @@
+//! The checks a blob (or a whole source file) must pass before any of its
+//! bytes is served: digests of the stored or decoded bytes, and the value
+//! rules of some element types.
+
+use crate::catalog::{Blob, Catalog, Check, Checksum, Codec, Verdict};
+use crate::codec::digest::Hasher;
+use crate::codec::zstd as zstd_blob;
+use crate::mount::guard::Guard;
+use crate::source::{MappedFile, Span};
+
+/// Bytes hashed between two hand-backs of the mapping.
+const CHUNK: usize = 8 << 20;
+
+#[derive(Debug, Clone)]
+pub enum Failed {
+    /// A digest does not match.
+    Mismatch(String),
+    /// The bytes break a rule of their type, or do not decode.
+    Data(String),
+    /// The file changed under the mount (the guard's message, whole).
+    Changed(String),
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failed::Mismatch(w) | Failed::Data(w) | Failed::Changed(w) => f.write_str(w),
+        }
+    }
+}
+
+/// Whether the blob's checks, which run before its first byte is served,
+/// vouch for all of its bytes (a digest this reader can compute).
+pub fn vouched(b: &Blob) -> bool {
+    b.checks.iter().any(|c| match c {
+        Check::Stored(d) | Check::Decoded(d) => d.algorithm().is_some(),
+        _ => false,
+    })
+}
+
+/// Runs every check of blob `b`, stored at `span`.
+pub fn blob(b: &Blob, span: &Span, guard: &Guard) -> Result<(), Failed> {
+    let mut stored = Vec::new();
+    let mut decoded = Vec::new();
+    let mut rules = Rules::default();
+    for c in &b.checks {
+        match c {
+            Check::Stored(d) => stored.extend(hasher(d, &b.label)),
+            Check::Decoded(d) => decoded.extend(hasher(d, &b.label)),
+            Check::BoolBytes => rules.bool_bytes = true,
+            Check::ZeroLastNibble => rules.zero_last_nibble = true,
+        }
+    }
+    let over_decoded = !decoded.is_empty() || rules.any();
+    let raw = matches!(b.codec, Codec::Raw);
+    if !stored.is_empty() || (raw && over_decoded) {
+        for chunk in span.bytes().chunks(CHUNK) {
+            for (_, h) in stored.iter_mut().chain(if raw {
+                decoded.iter_mut()
+            } else {
+                [].iter_mut()
+            }) {
+                h.update(chunk);
+            }
+            if raw {
+                rules.feed(chunk);
+            }
+            span.release(chunk);
+        }
+    }
+    if !raw && over_decoded {
+        let r = zstd_blob::decode_stream(span.bytes(), b.decoded_len, |chunk| {
+            for (_, h) in decoded.iter_mut() {
+                h.update(chunk);
+            }
+            rules.feed(chunk);
+            Ok(())
+        });
+        span.release_all();
+        guard.check().map_err(Failed::Changed)?;
+        r.map_err(Failed::Data)?;
+    }
+    guard.check().map_err(Failed::Changed)?;
+    for (want, h) in stored {
+        judge(&want, h, "stored bytes")?;
+    }
+    for (want, h) in decoded {
+        judge(&want, h, "decoded bytes")?;
+    }
+    rules.verdict()
+}
+
+/// The digest's hasher, or `None` (with a warning) for an algorithm this
+/// reader does not know: such data is served unverified.
+fn hasher(d: &Checksum, label: &str) -> Option<(Checksum, Hasher)> {
+    match d.algorithm() {
+        Some(algo) => Some((d.clone(), Hasher::new(algo))),
+        None => {
+            log::warn!("{label}: checksum {d} uses an unknown algorithm; served unverified");
+            None
+        }
+    }
+}
+
+fn judge(want: &Checksum, h: Hasher, over: &str) -> Result<(), Failed> {
+    match want.judge(h.finish()) {
+        Verdict::Mismatch { expected, actual } => Err(Failed::Mismatch(format!(
+            "checksum mismatch over the {over}: the file says {expected}, the bytes have {actual}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Value rules checked over the decoded bytes as they pass.
+#[derive(Default)]
+struct Rules {
+    bool_bytes: bool,
+    zero_last_nibble: bool,
+    /// Offset of the first byte that is neither 0 nor 1.
+    bad_bool: Option<u64>,
+    seen: u64,
+    last: Option<u8>,
+}
+
+impl Rules {
+    fn any(&self) -> bool {
+        self.bool_bytes || self.zero_last_nibble
+    }
+
+    fn feed(&mut self, chunk: &[u8]) {
+        if self.bool_bytes
+            && self.bad_bool.is_none()
+            && let Some(i) = chunk.iter().position(|&b| b > 1)
+        {
+            self.bad_bool = Some(self.seen + i as u64);
+        }
+        self.seen += chunk.len() as u64;
+        if let Some(&b) = chunk.last() {
+            self.last = Some(b);
+        }
+    }
+
+    fn verdict(&self) -> Result<(), Failed> {
+        if let Some(at) = self.bad_bool {
+            return Err(Failed::Data(format!(
+                "bool element {at} is neither 0 nor 1"
+            )));
+        }
+        if self.zero_last_nibble && self.last.is_some_and(|b| b >> 4 != 0) {
+            return Err(Failed::Data(
+                "the unused high nibble of the last byte of packed 4-bit elements is not zero"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The checks of source file `i` as a whole: the size and digest the
+/// catalog says it must have (a shard table does).
+pub fn source(catalog: &Catalog, i: usize, file: &MappedFile, guard: &Guard) -> Result<(), String> {
+    let Some(r) = catalog.sources.get(i) else {
+        return Ok(());
+    };
+    if let Some(size) = r.size
+        && size != file.len()
+    {
+        return Err(format!(
+            "{}: is {} bytes, {} says it must be {size}",
+            file.label(),
+            file.len(),
+            catalog.label
+        ));
+    }
+    let Some(d) = &r.digest else {
+        return Ok(());
+    };
+    let Some(algo) = d.algorithm() else {
+        log::warn!(
+            "{}: digest {d} uses an unknown algorithm; served unverified",
+            file.label()
+        );
+        return Ok(());
+    };
+    log::info!(
+        "{}: checking its digest ({} bytes) before serving it",
+        file.label(),
+        file.len()
+    );
+    let mut h = Hasher::new(algo);
+    for chunk in file.bytes().chunks(CHUNK) {
+        h.update(chunk);
+        file.release(chunk);
+    }
+    guard.check()?;
+    match d.judge(h.finish()) {
+        Verdict::Mismatch { expected, actual } => Err(format!(
+            "{}: checksum mismatch: {} says {expected}, the file has {actual}",
+            file.label(),
+            catalog.label
+        )),
+        _ => Ok(()),
+    }
+}
