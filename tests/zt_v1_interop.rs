@@ -10,13 +10,18 @@
 //! package is missing the test prints a note and passes, except under
 //! `CI=true`, where it fails.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 use ztensor_mount::catalog::{Codec, Endian};
 use ztensor_mount::formats::{self, Limits, Opened};
+use ztensor_mount::mount::data::{Data, DataOptions, PROGRESSIVE_MIN};
+use ztensor_mount::mount::stats::Stats;
 
 fn venv() -> PathBuf {
     match std::env::var_os("ZT_VENV") {
@@ -25,9 +30,7 @@ fn venv() -> PathBuf {
     }
 }
 
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
-}
+use support::in_ci;
 
 fn python_cmd(venv: &Path) -> Command {
     let mut c = Command::new(venv.join("bin/python3"));
@@ -65,7 +68,7 @@ fn python_problem(venv: &Path) -> Option<String> {
 
 /// Writes the files with the package, or says why it cannot (and panics
 /// under CI).
-pub fn write_with_python(dir: &Path) -> Option<(PathBuf, Json)> {
+fn write_with_python(dir: &Path) -> Option<(PathBuf, Json)> {
     let venv = venv();
     if let Some(problem) = python_problem(&venv) {
         let how = "point ZT_VENV at a venv with numpy, ml_dtypes, zstandard and \
@@ -173,4 +176,159 @@ fn python_package_v1_files_read_right() {
         }
     }
     assert!(parts_checked >= 79, "only {parts_checked} parts checked");
+}
+
+/// Every part read through the mount's data layer, in odd-sized chunks.
+fn bytes_by_data(data: &Data, t: usize, p: usize, nbytes: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    while (out.len() as u64) < nbytes {
+        let chunk = data
+            .read(t, p, out.len() as u64, 1000)
+            .unwrap_or_else(|e| panic!("read failed: {e}"));
+        assert!(!chunk.is_empty(), "short read at {}", out.len());
+        out.extend_from_slice(&chunk);
+    }
+    out
+}
+
+/// (tensor name, part name, path relative to the mount, expected bytes,
+/// package read-back sha256).
+fn expected_files(expected: &Json) -> Vec<(String, String, String, Vec<u8>, String)> {
+    let mut out = Vec::new();
+    for want in expected["tensors"].as_array().unwrap() {
+        let name = want["name"].as_str().unwrap();
+        for wp in want["parts"].as_array().unwrap() {
+            let part = wp["name"].as_str().unwrap();
+            let rel = if part.is_empty() {
+                name.to_string()
+            } else {
+                format!("{name}/{part}")
+            };
+            out.push((
+                name.to_string(),
+                part.to_string(),
+                rel,
+                hex_decode(wp["hex"].as_str().unwrap()),
+                wp["sha256"].as_str().unwrap().to_string(),
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn python_package_v1_files_read_right_through_the_data_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((file, expected)) = write_with_python(dir.path()) else {
+        return;
+    };
+    let opened = formats::open(&file, Limits::default()).expect("our reader opens it");
+    let opts = DataOptions {
+        cache_size: 64 << 20,
+        cache_dir: dir.path().to_path_buf(),
+        verify_raw: true,
+        progressive_min: PROGRESSIVE_MIN,
+    };
+    let data = Data::new(
+        opened.catalog,
+        opened.sources,
+        opts,
+        Arc::new(Stats::default()),
+    )
+    .unwrap();
+    let cat = data.catalog();
+    let mut n = 0;
+    for (name, part, _, bytes, sha) in expected_files(&expected) {
+        let ti = cat.tensors.iter().position(|t| t.name == name).unwrap();
+        let parts = cat.tensors[ti].parts.as_ref().unwrap();
+        let pi = parts.iter().position(|p| p.name == part).unwrap();
+        let got = bytes_by_data(&data, ti, pi, parts[pi].nbytes);
+        assert!(got == bytes, "{name}/{part}: bytes differ");
+        assert_eq!(sha256_hex(&got), sha, "{name}/{part}");
+        n += 1;
+    }
+    assert_eq!(n, 79);
+}
+
+/// numpy reads each mounted file with its sidecar's `numpy_dtype` and
+/// `shape` and gets the expected elements.
+const NUMPY_CHECK: &str = r#"
+import json, sys
+import numpy as np
+spec = json.load(open(sys.argv[1]))
+bad = []
+for c in spec:
+    sc = json.load(open(c["sidecar"]))
+    a = np.fromfile(c["path"], dtype=np.dtype(sc["numpy_dtype"])).reshape(sc["shape"])
+    if list(a.shape) != c["shape"]:
+        bad.append((c["path"], "shape", list(a.shape), c["shape"]))
+    if a.tobytes() != bytes.fromhex(c["hex"]):
+        bad.append((c["path"], "bytes differ"))
+if bad:
+    sys.exit("numpy disagrees: %r" % bad)
+print("numpy ok", len(spec))
+"#;
+
+#[test]
+fn python_package_v1_files_mount_and_numpy_reads_them() {
+    let Some(mut m) = support::Mount::scratch() else {
+        return;
+    };
+    let dir = m.scratch_path("py");
+    std::fs::create_dir_all(&dir).unwrap();
+    let Some((file, expected)) = write_with_python(&dir) else {
+        return;
+    };
+    m.mount(&file, &[]);
+    let mut spec = Vec::new();
+    let shapes: std::collections::HashMap<(String, String), Json> = expected["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| {
+            t["parts"].as_array().unwrap().iter().map(move |p| {
+                (
+                    (
+                        t["name"].as_str().unwrap().to_string(),
+                        p["name"].as_str().unwrap().to_string(),
+                    ),
+                    p["shape"].clone(),
+                )
+            })
+        })
+        .collect();
+    for (name, part, rel, bytes, sha) in expected_files(&expected) {
+        let got = m.read(&rel);
+        assert_eq!(sha256_hex(&got), sha, "{rel}");
+        assert!(got == bytes, "{rel}: bytes differ");
+        let sidecar = m.json(&format!("{rel}.json"));
+        assert_eq!(sidecar["nbytes"], bytes.len() as u64, "{rel}");
+        if part.is_empty() {
+            assert_eq!(sidecar["format"], "zTensor v1");
+        }
+        spec.push(serde_json::json!({
+            "path": m.path(&rel),
+            "sidecar": m.path(&format!("{rel}.json")),
+            "shape": shapes[&(name, part)],
+            "hex": bytes.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+        }));
+    }
+    let spec_path = m.scratch_path("numpy_spec.json");
+    std::fs::write(&spec_path, serde_json::to_vec(&spec).unwrap()).unwrap();
+    let out = python_cmd(&venv())
+        .arg("-c")
+        .arg(NUMPY_CHECK)
+        .arg(&spec_path)
+        .output()
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("numpy ok {}", spec.len())
+    );
+    m.unmount_ok();
 }

@@ -493,8 +493,11 @@ fn describe(o: &RawObject, placed: &[Placed]) -> std::result::Result<Vec<Part>, 
     }
 }
 
+/// A part's sidecar shows its component's fields under `component` (its
+/// own `dtype` and `encoding` are the exposed file's).
 fn with_meta(mut p: Part, c: &RawComponent) -> Part {
-    p.meta = component_meta(c);
+    p.meta
+        .insert("component".into(), Json::Object(component_meta(c)));
     p
 }
 
@@ -549,8 +552,8 @@ fn tensor_of(o: &RawObject, parts: std::result::Result<Vec<Part>, String>) -> Te
         [one] => one.to_string(),
         _ => "mixed".to_string(),
     };
+    // The sidecar's `layout` is the object's `format`.
     let mut meta = JsonMap::new();
-    meta.insert("format".into(), o.format.clone().into());
     let mut comps = JsonMap::new();
     for c in &o.components {
         comps.insert(c.role.clone(), Json::Object(component_meta(c)));
