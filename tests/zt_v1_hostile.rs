@@ -4,11 +4,14 @@
 //! unsupported; never a panic, never an allocation from a declared size.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use ciborium::value::{Integer, Value};
 use ztensor_mount::catalog::{Catalog, Check, Checksum, Codec, DType};
 use ztensor_mount::error::{Error, ErrorKind};
 use ztensor_mount::formats::{self, Detected, Limits, zt_v1};
+use ztensor_mount::mount::data::{Data, DataOptions, PROGRESSIVE_MIN};
+use ztensor_mount::mount::stats::Stats;
 
 const MAGIC: &[u8; 8] = b"ZTEN1000";
 
@@ -703,4 +706,152 @@ fn every_truncation_and_bit_flip_of_a_real_layout_is_handled() {
             }
         }
     }
+}
+
+// --- 7. Bad data: the read fails, the neighbour reads right ------------
+
+/// Every tensor of `bytes` (written to a file, opened with
+/// `formats::open` and served by the mount's data layer), whole: its bytes
+/// or why the read failed.
+fn read_all(bytes: &[u8]) -> Vec<(String, Result<Vec<u8>, String>)> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.zt");
+    std::fs::write(&path, bytes).unwrap();
+    let opened = formats::open(&path, Limits::default()).unwrap();
+    let opts = DataOptions {
+        cache_size: 16 << 20,
+        cache_dir: dir.path().to_path_buf(),
+        verify_raw: true,
+        progressive_min: PROGRESSIVE_MIN,
+    };
+    let data = Data::new(
+        opened.catalog,
+        opened.sources,
+        opts,
+        Arc::new(Stats::default()),
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    for (ti, t) in data.catalog().tensors.iter().enumerate() {
+        let nbytes = t.parts.as_ref().unwrap()[0].nbytes;
+        let mut got = Vec::new();
+        let r = loop {
+            if got.len() as u64 == nbytes {
+                break Ok(got);
+            }
+            match data.read(ti, 0, got.len() as u64, 4096) {
+                Ok(b) if b.is_empty() => break Err("empty read".to_string()),
+                Ok(b) => got.extend_from_slice(&b),
+                Err(e) => break Err(e),
+            }
+        };
+        out.push((t.name.clone(), r));
+    }
+    out
+}
+
+/// A file with tensor "bad" (component fields `bad`, blob `blob`) and a
+/// good u8 neighbour "ok" = [5, 6, 7]; "bad"'s read must fail with
+/// `words`, "ok" must read right.
+#[track_caller]
+fn bad_data(
+    blob: &[u8],
+    shape: &[u64],
+    dtype: &str,
+    fields: Vec<(&'static str, Value)>,
+    words: &str,
+) {
+    let b = file_with(&[blob, &[5, 6, 7]], |o| {
+        let mut c = comp(dtype, o[0], blob.len() as u64);
+        c.extend(fields);
+        manifest(vec![
+            ("bad", dense(shape, c)),
+            ("ok", dense(&[3], comp("u8", o[1], 3))),
+        ])
+    });
+    let got = read_all(&b);
+    for (name, r) in got {
+        match name.as_str() {
+            "bad" => {
+                let e = r.expect_err("bad data must not read");
+                assert!(e.contains(words), "{e:?} lacks {words:?}");
+                assert!(e.contains("tensor \"bad\""), "{e}");
+            }
+            _ => assert_eq!(r.unwrap(), vec![5, 6, 7]),
+        }
+    }
+}
+
+fn zstd_fields(decoded: u64) -> Vec<(&'static str, Value)> {
+    vec![("encoding", t("zstd")), ("uncompressed_length", n(decoded))]
+}
+
+#[test]
+fn zstd_bomb_stops_at_the_declared_length() {
+    // 64 MiB of zeros in a few KiB, declared as 64 bytes.
+    let bomb = zstd::encode_all(std::io::Read::take(std::io::repeat(0), 64 << 20), 19).unwrap();
+    assert!(bomb.len() < 1 << 16);
+    bad_data(
+        &bomb,
+        &[64],
+        "u8",
+        zstd_fields(64),
+        "decodes to more than the expected 64 bytes",
+    );
+}
+
+#[test]
+fn zstd_garbage_fails_to_decode() {
+    bad_data(
+        &[0x13; 40],
+        &[64],
+        "u8",
+        zstd_fields(64),
+        "zstd data is corrupt",
+    );
+}
+
+#[test]
+fn zstd_short_stream_gives_fewer_bytes_than_declared() {
+    let short = zstd::encode_all(&[1u8; 32][..], 3).unwrap();
+    bad_data(
+        &short,
+        &[64],
+        "u8",
+        zstd_fields(64),
+        "decodes to only 32 bytes, expected 64",
+    );
+}
+
+#[test]
+fn checksum_mismatch_raw_and_zstd() {
+    let raw = [1u8, 2, 3, 4];
+    bad_data(
+        &raw,
+        &[4],
+        "u8",
+        vec![("digest", t("crc32c:0x12345678"))],
+        "checksum mismatch over the stored bytes",
+    );
+    let z = zstd::encode_all(&[9u8; 100][..], 3).unwrap();
+    let mut f = zstd_fields(100);
+    f.push(("digest", Value::Text(format!("sha256:{}", "ab".repeat(32)))));
+    bad_data(
+        &z,
+        &[100],
+        "u8",
+        f,
+        "checksum mismatch over the stored bytes",
+    );
+}
+
+#[test]
+fn bool_bytes_other_than_0_and_1() {
+    bad_data(
+        &[0, 1, 2, 1],
+        &[4],
+        "bool",
+        vec![],
+        "bool element 2 is neither 0 nor 1",
+    );
 }
