@@ -39,9 +39,12 @@ pub struct SourceRef {
     pub path: PathBuf,
     /// Its exact size, when the format states it (a shard table does).
     pub size: Option<u64>,
-    /// A digest of the whole file, when the format states one: checked
-    /// before any byte of it is served.
+    /// A digest of the file, when the format states one: checked before
+    /// any byte of it is served.
     pub digest: Option<Checksum>,
+    /// The bytes `digest` covers, as (offset, length); `None`: the whole
+    /// file.
+    pub digest_span: Option<(u64, u64)>,
     /// Why nothing of it can be served (a shard that is missing or is not
     /// what the table says), found when the catalog was built.
     pub unusable: Option<String>,
@@ -75,6 +78,9 @@ pub enum Codec {
         /// blob before it is used.
         frames: Option<FrameTable>,
     },
+    /// Bytes only the format's own reader can produce (a deflated zip
+    /// member, a chunked dataset), made whole into the cache.
+    Computed(Producer),
 }
 
 impl Codec {
@@ -82,9 +88,36 @@ impl Codec {
         match self {
             Codec::Raw => "raw",
             Codec::Zstd { .. } => "zstd",
+            Codec::Computed(_) => "computed",
         }
     }
 }
+
+/// Makes a blob's decoded bytes: appends exactly `Blob::decoded_len`
+/// bytes to the (empty) buffer it is given, whose capacity is that size.
+/// It must not allocate past it: the caller counted that much in its cache.
+pub type ProduceFn = dyn Fn(&mut Vec<u8>) -> Result<(), String> + Send + Sync;
+
+/// A [`ProduceFn`] with a name for messages.
+#[derive(Clone)]
+pub struct Producer {
+    pub name: &'static str,
+    pub produce: std::sync::Arc<ProduceFn>,
+}
+
+impl std::fmt::Debug for Producer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Producer({})", self.name)
+    }
+}
+
+impl PartialEq for Producer {
+    fn eq(&self, other: &Producer) -> bool {
+        std::sync::Arc::ptr_eq(&self.produce, &other.produce)
+    }
+}
+
+impl Eq for Producer {}
 
 /// Sizes of a blob's zstd frames, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,11 +16,13 @@ use super::prefetch::Prefetcher;
 use super::spill::{self, Spill};
 use super::stats::Stats;
 use super::window::{self, MapWindow, Touched};
-use crate::catalog::{Blob, Catalog, Codec, FrameTable, Part, Tensor, expose};
+use crate::catalog::{Blob, Catalog, Codec, FrameTable, Part, Producer, Tensor, expose};
 use crate::codec::zstd::{self as zstd_blob, Frame};
 use crate::source::{MappedFile, Span};
 
 mod checks;
+#[cfg(test)]
+mod tests;
 
 /// Bytes for one read reply.
 pub enum Bytes<'a> {
@@ -278,8 +280,24 @@ impl Data {
         };
         let bi = part.blob;
         let s = self.served(bi)?;
-        match self.blob(bi).codec {
+        match &self.blob(bi).codec {
             Codec::Raw => self.read_raw(s, bi, part, off, len),
+            Codec::Computed(p) => {
+                let buf = self.computed(s, bi, p)?;
+                let from_unit = |at: u64, out: &mut [u8]| {
+                    let bytes = buf
+                        .range(at as usize, out.len())
+                        .map_err(|why| self.unit_error(s, bi, why))?;
+                    out.copy_from_slice(bytes);
+                    Ok(())
+                };
+                if let Some((at, n)) = expose::direct_range(part, off, len) {
+                    buf.range(at as usize, n as usize)
+                        .map_err(|why| self.unit_error(s, bi, why))?;
+                    return Ok(Bytes::Shared(buf.clone(), at as usize, n as usize));
+                }
+                expose::gather(part, off, len, from_unit).map(Bytes::Owned)
+            }
             Codec::Zstd { .. } => {
                 self.checked(s, bi)?;
                 let plan = self.plan(s, bi)?;
@@ -666,6 +684,44 @@ impl Data {
                 r
             })
         };
+        s.guard.check()?;
+        out.map_err(|why| self.fail(bi, why))
+    }
+
+    /// A computed blob, made whole into the cache (once, whoever asks),
+    /// its checks run over it before anyone is served.
+    fn computed(&self, s: &Served, bi: usize, p: &Producer) -> Result<Arc<Buf>, String> {
+        let b = self.blob(bi);
+        let limit = self.cache.limit();
+        if b.decoded_len > limit / 2 {
+            return Err(self.fail(
+                bi,
+                format!(
+                    "its {} bytes are made whole by the {} reader, and that exceeds half the \
+                     cache ({limit} bytes): mount with a larger --cache-size",
+                    b.decoded_len, p.name
+                ),
+            ));
+        }
+        let out = self.cache.get((bi as u32, 0), b.decoded_len, |dst| {
+            dst.clear();
+            (p.produce)(dst)?;
+            if dst.len() as u64 != b.decoded_len {
+                return Err(format!(
+                    "the {} reader made {} bytes, expected {}",
+                    p.name,
+                    dst.len(),
+                    b.decoded_len
+                ));
+            }
+            if let Err(f) = checks::produced(b, dst) {
+                if let checks::Failed::Mismatch(_) = f {
+                    Stats::add(&self.stats.checksum_failures, 1);
+                }
+                return Err(f.to_string());
+            }
+            Ok(())
+        });
         s.guard.check()?;
         out.map_err(|why| self.fail(bi, why))
     }

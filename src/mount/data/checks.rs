@@ -38,8 +38,12 @@ pub fn vouched(b: &Blob) -> bool {
     })
 }
 
-/// Runs every check of blob `b`, stored at `span`.
+/// Runs every check of blob `b`, stored at `span`. (A computed blob's are
+/// run over its bytes as they are produced: [`produced`].)
 pub fn blob(b: &Blob, span: &Span, guard: &Guard) -> Result<(), Failed> {
+    if matches!(b.codec, Codec::Computed(_)) {
+        return Ok(());
+    }
     let mut stored = Vec::new();
     let mut decoded = Vec::new();
     let mut rules = Rules::default();
@@ -87,6 +91,25 @@ pub fn blob(b: &Blob, span: &Span, guard: &Guard) -> Result<(), Failed> {
     for (want, h) in decoded {
         judge(&want, h, "decoded bytes")?;
     }
+    rules.verdict()
+}
+
+/// Runs the checks of a computed blob over the bytes it produced.
+pub fn produced(b: &Blob, bytes: &[u8]) -> Result<(), Failed> {
+    let mut rules = Rules::default();
+    for c in &b.checks {
+        match c {
+            Check::Stored(d) | Check::Decoded(d) => {
+                if let Some((want, mut h)) = hasher(d, &b.label) {
+                    h.update(bytes);
+                    judge(&want, h, "decoded bytes")?;
+                }
+            }
+            Check::BoolBytes => rules.bool_bytes = true,
+            Check::ZeroLastNibble => rules.zero_last_nibble = true,
+        }
+    }
+    rules.feed(bytes);
     rules.verdict()
 }
 
@@ -175,6 +198,18 @@ pub fn source(catalog: &Catalog, i: usize, file: &MappedFile, guard: &Guard) -> 
     let Some(d) = &r.digest else {
         return Ok(());
     };
+    let (at, len) = r.digest_span.unwrap_or((0, file.len()));
+    let Some(covered) = at
+        .checked_add(len)
+        .filter(|&end| end <= file.len())
+        .map(|end| &file.bytes()[at as usize..end as usize])
+    else {
+        return Err(format!(
+            "{}: its digest covers bytes [{at}, {at}+{len}), past its end ({} bytes)",
+            file.label(),
+            file.len()
+        ));
+    };
     let Some(algo) = d.algorithm() else {
         log::warn!(
             "{}: digest {d} uses an unknown algorithm; served unverified",
@@ -183,12 +218,11 @@ pub fn source(catalog: &Catalog, i: usize, file: &MappedFile, guard: &Guard) -> 
         return Ok(());
     };
     log::info!(
-        "{}: checking its digest ({} bytes) before serving it",
-        file.label(),
-        file.len()
+        "{}: checking its digest ({len} bytes) before serving it",
+        file.label()
     );
     let mut h = Hasher::new(algo);
-    for chunk in file.bytes().chunks(CHUNK) {
+    for chunk in covered.chunks(CHUNK) {
         h.update(chunk);
         file.release(chunk);
     }

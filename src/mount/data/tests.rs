@@ -1,0 +1,116 @@
+//! The data layer over catalogs made by hand: what no one format shows.
+
+use std::sync::Arc;
+
+use super::{Data, DataOptions, PROGRESSIVE_MIN};
+use crate::catalog::{Check, Checksum, Codec, Producer};
+use crate::codec::digest::{Algorithm, compute};
+use crate::mount::stats::Stats;
+use crate::mount::testing::catalog_of;
+
+fn opts(dir: &std::path::Path) -> DataOptions {
+    DataOptions {
+        cache_size: 8 << 20,
+        cache_dir: dir.to_path_buf(),
+        verify_raw: true,
+        progressive_min: PROGRESSIVE_MIN,
+    }
+}
+
+fn read_all(d: &Data, ti: usize) -> Result<Vec<u8>, String> {
+    d.read(ti, 0, 0, 1 << 20).map(|b| b.to_vec())
+}
+
+/// A producer that writes `bytes`.
+fn making(bytes: &'static [u8]) -> Codec {
+    Codec::Computed(Producer {
+        name: "test",
+        produce: Arc::new(move |out: &mut Vec<u8>| {
+            out.extend_from_slice(bytes);
+            Ok(())
+        }),
+    })
+}
+
+#[test]
+fn a_computed_blob_is_served_from_what_its_reader_makes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, files) = catalog_of(dir.path(), &[("a", &[0; 4]), ("b", &[0; 4])]);
+    c.blobs[0].codec = making(b"made");
+    // One that makes too few bytes, and one whose digest does not match.
+    c.blobs[1].codec = making(b"mad");
+    let d = Data::new(
+        c.clone(),
+        files,
+        opts(dir.path()),
+        Arc::new(Stats::default()),
+    )
+    .unwrap();
+    assert_eq!(read_all(&d, 0).unwrap(), b"made");
+    let err = read_all(&d, 1).unwrap_err();
+    assert!(err.contains("made 3 bytes, expected 4"), "{err}");
+
+    let (mut c, files) = catalog_of(dir.path(), &[("a", &[0; 4])]);
+    c.blobs[0].codec = making(b"made");
+    c.blobs[0].checks = vec![Check::Decoded(compute(Algorithm::Xxh3, b"mode"))];
+    let d = Data::new(c, files, opts(dir.path()), Arc::new(Stats::default())).unwrap();
+    let err = read_all(&d, 0).unwrap_err();
+    assert!(err.contains("checksum mismatch"), "{err}");
+}
+
+#[test]
+fn a_source_digest_over_part_of_the_file_is_checked_before_any_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, files) = catalog_of(dir.path(), &[("a", b"abcd"), ("b", b"efgh")]);
+    // Covers the first tensor only: right, then wrong.
+    c.sources[0].digest = Some(compute(Algorithm::Sha256, b"abcd"));
+    c.sources[0].digest_span = Some((0, 4));
+    let d = Data::new(
+        c.clone(),
+        files,
+        opts(dir.path()),
+        Arc::new(Stats::default()),
+    )
+    .unwrap();
+    assert_eq!(read_all(&d, 1).unwrap(), b"efgh");
+
+    let (mut c, files) = catalog_of(dir.path(), &[("a", b"abcd"), ("b", b"efgh")]);
+    c.sources[0].digest = Some(compute(Algorithm::Sha256, b"abce"));
+    c.sources[0].digest_span = Some((0, 4));
+    let d = Data::new(c, files, opts(dir.path()), Arc::new(Stats::default())).unwrap();
+    for ti in 0..2 {
+        let err = read_all(&d, ti).unwrap_err();
+        assert!(err.contains("checksum mismatch"), "{err}");
+    }
+
+    // A span past the end is an error, not a panic.
+    let (mut c, files) = catalog_of(dir.path(), &[("a", b"abcd")]);
+    c.sources[0].digest = Some(Checksum::Sha256([0; 32]));
+    c.sources[0].digest_span = Some((2, u64::MAX));
+    let d = Data::new(c, files, opts(dir.path()), Arc::new(Stats::default())).unwrap();
+    assert!(read_all(&d, 0).unwrap_err().contains("past its end"));
+}
+
+#[test]
+fn a_missing_source_fails_only_its_own_tensors_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, mut files) = catalog_of(dir.path(), &[("a", b"abcd")]);
+    c.sources.push(crate::catalog::SourceRef {
+        unusable: Some("shard model-00002.zt is missing".into()),
+        ..Default::default()
+    });
+    files.push(None);
+    let mut b = c.blobs[0].clone();
+    b.source = 1;
+    c.blobs.push(b);
+    let mut t = c.tensors[0].clone();
+    t.name = "far".into();
+    if let Ok(parts) = &mut t.parts {
+        parts[0].blob = 1;
+    }
+    c.tensors.push(t);
+    let d = Data::new(c, files, opts(dir.path()), Arc::new(Stats::default())).unwrap();
+    assert_eq!(read_all(&d, 0).unwrap(), b"abcd");
+    let err = read_all(&d, 1).unwrap_err();
+    assert!(err.contains("model-00002.zt is missing"), "{err}");
+}
