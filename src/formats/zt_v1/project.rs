@@ -401,9 +401,10 @@ fn describe(o: &RawObject, placed: &[Placed]) -> std::result::Result<Vec<Part>, 
             })?;
             let decoded = placed[ci].decoded_len;
             if decoded != nbytes {
-                let what = match placed[ci].codec {
-                    Codec::Raw => "\"length\"",
-                    Codec::Zstd { .. } => "\"uncompressed_length\"",
+                let what = if placed[ci].codec == Codec::Raw {
+                    "\"length\""
+                } else {
+                    "\"uncompressed_length\""
                 };
                 return Err(size_err(format!(
                     "component \"data\": {what} is {decoded} bytes but shape {:?} of {dtype} needs {nbytes}",
