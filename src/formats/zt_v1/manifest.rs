@@ -643,13 +643,16 @@ pub fn as_u64(v: &Value) -> std::result::Result<u64, String> {
     }
 }
 
+/// A map's known fields, by position, and the others in file order.
+type Fields<const N: usize> = ([Option<Value>; N], Vec<(Value, Value)>);
+
 /// Splits a map into the fields named in `known` (each at most once) and
 /// the rest; `what` names the map in messages.
 fn fields<const N: usize>(
     pairs: Vec<(Value, Value)>,
     known: [&str; N],
     what: &str,
-) -> std::result::Result<([Option<Value>; N], Vec<(Value, Value)>), String> {
+) -> std::result::Result<Fields<N>, String> {
     let mut slots: [Option<Value>; N] = std::array::from_fn(|_| None);
     let mut extra = Vec::new();
     let mut extra_keys = HashSet::new();
