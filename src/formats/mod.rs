@@ -4,6 +4,7 @@
 
 pub mod cbor_json;
 pub mod zt_v01;
+pub mod zt_v1;
 pub mod zt_v2;
 
 use std::path::Path;
@@ -13,7 +14,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::source::MappedFile;
 
 /// The formats this version reads, for messages.
-pub const READS: &str = "zTensor v0.1, zTensor v2";
+pub const READS: &str = "zTensor v0.1, zTensor v1, zTensor v2";
 
 /// A file read into the common catalog, with the files its bytes are in.
 pub struct Opened {
@@ -42,6 +43,8 @@ impl Default for Limits {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Detected {
     ZtV01,
+    /// zTensor v1: `ZTEN1000` first (and last).
+    ZtV1,
     ZtV2,
     /// A format this version recognises but does not read.
     Known(&'static str),
@@ -51,7 +54,6 @@ pub enum Detected {
 /// Recognises a file by its first bytes.
 pub fn detect(bytes: &[u8]) -> Detected {
     const KNOWN: &[(&[u8], &str)] = &[
-        (b"ZTEN1000", "zTensor v1"),
         (b"GGUF", "GGUF"),
         (b"DTLEGION", "deathtensors"),
         (b"\x89HDF\r\n\x1a\n", "HDF5"),
@@ -60,6 +62,9 @@ pub fn detect(bytes: &[u8]) -> Detected {
     ];
     if bytes.starts_with(zt_v01::MAGIC) {
         return Detected::ZtV01;
+    }
+    if bytes.starts_with(zt_v1::MAGIC) {
+        return Detected::ZtV1;
     }
     if bytes.starts_with(zt_v2::MAGIC) {
         return Detected::ZtV2;
@@ -96,6 +101,13 @@ pub fn open(path: &Path, limits: Limits) -> Result<Opened> {
             })
         }
         Detected::ZtV2 => zt_v2::open(src, limits),
+        Detected::ZtV1 => {
+            let catalog = zt_v1::read(&src, limits)?;
+            Ok(Opened {
+                catalog,
+                sources: vec![Some(src)],
+            })
+        }
         Detected::Known(name) => Err(Error::new(
             ErrorKind::NotSupported,
             src.label(),
@@ -107,7 +119,8 @@ pub fn open(path: &Path, limits: Limits) -> Result<Opened> {
             src.label(),
             None,
             format!(
-                "not a file of a format this version reads ({READS}): magic \"ZTEN0001\" missing"
+                "not a file of a format this version reads ({READS}): magic \"ZTEN0001\" \
+                 missing, and no other format's magic found"
             ),
         )),
     }
