@@ -360,16 +360,45 @@ impl Data {
         self.states[bi]
             .checked
             .get_or_init(|| {
-                let r = checks::blob(self.blob(bi), &self.span(s, bi), &s.guard);
+                let r = self.run_checks(s, bi);
                 if let Err(checks::Failed::Mismatch(_)) = &r {
                     Stats::add(&self.stats.checksum_failures, 1);
                 }
                 r.map_err(|f| match f {
-                    checks::Failed::Changed(why) => why,
+                    checks::Failed::Whole(why) => why,
                     other => self.fail(bi, other),
                 })
             })
             .clone()
+    }
+
+    fn run_checks(&self, s: &Served, bi: usize) -> Result<(), checks::Failed> {
+        let b = self.blob(bi);
+        checks::stored(b, &self.span(s, bi), &s.guard)?;
+        if !matches!(b.codec, Codec::Zstd { .. }) {
+            return Ok(());
+        }
+        let Some(mut d) = checks::Decoded::new(b) else {
+            return Ok(());
+        };
+        // Decoded through the cache, as reads will want it: each frame once
+        // (the next ones on the other cores, by read-ahead), and what fits
+        // stays for the reads that follow.
+        let data = checks::Failed::Whole;
+        match self.plan(s, bi).map_err(data)? {
+            Plan::Frames(frames) => {
+                for (k, f) in frames.iter().enumerate() {
+                    let unit = self.frame(s, bi, k, f).map_err(data)?;
+                    d.feed(unit.range(0, unit.len()).map_err(data)?);
+                }
+            }
+            Plan::Whole { one_frame } => {
+                let unit = self.whole(s, bi, *one_frame).map_err(data)?;
+                d.feed(unit.range(0, unit.len()).map_err(data)?);
+            }
+            Plan::Spill { .. } => checks::stream(b, &self.span(s, bi), &s.guard, &mut d)?,
+        }
+        d.finish()
     }
 
     fn plan(&self, s: &Served, bi: usize) -> Result<&Plan, String> {

@@ -17,14 +17,15 @@ pub enum Failed {
     Mismatch(String),
     /// The bytes break a rule of their type, or do not decode.
     Data(String),
-    /// The file changed under the mount (the guard's message, whole).
-    Changed(String),
+    /// A message that names its file and blob already (the guard's, when
+    /// the file changed, or the data layer's): given as it is.
+    Whole(String),
 }
 
 impl std::fmt::Display for Failed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Failed::Mismatch(w) | Failed::Data(w) | Failed::Changed(w) => f.write_str(w),
+            Failed::Mismatch(w) | Failed::Data(w) | Failed::Whole(w) => f.write_str(w),
         }
     }
 }
@@ -38,79 +39,108 @@ pub fn vouched(b: &Blob) -> bool {
     })
 }
 
-/// Runs every check of blob `b`, stored at `span`. (A computed blob's are
-/// run over its bytes as they are produced: [`produced`].)
-pub fn blob(b: &Blob, span: &Span, guard: &Guard) -> Result<(), Failed> {
-    if matches!(b.codec, Codec::Computed(_)) {
+/// Runs the checks of blob `b`, stored at `span`, that can be run over
+/// its stored bytes: its stored digests, and for a raw blob all of them.
+/// A zstd blob's checks of its decoded bytes are run by the data layer as
+/// it decodes ([`Decoded`]), and a computed blob's as it is made
+/// ([`produced`]).
+pub fn stored(b: &Blob, span: &Span, guard: &Guard) -> Result<(), Failed> {
+    let raw = matches!(b.codec, Codec::Raw);
+    let mut stored: Vec<_> = b
+        .checks
+        .iter()
+        .filter_map(|c| match c {
+            Check::Stored(d) => hasher(d, &b.label),
+            _ => None,
+        })
+        .collect();
+    let mut decoded = raw.then(|| Decoded::new(b)).flatten();
+    if stored.is_empty() && decoded.is_none() || matches!(b.codec, Codec::Computed(_)) {
         return Ok(());
     }
-    let mut stored = Vec::new();
-    let mut decoded = Vec::new();
-    let mut rules = Rules::default();
-    for c in &b.checks {
-        match c {
-            Check::Stored(d) => stored.extend(hasher(d, &b.label)),
-            Check::Decoded(d) => decoded.extend(hasher(d, &b.label)),
-            Check::BoolBytes => rules.bool_bytes = true,
-            Check::ZeroLastNibble => rules.zero_last_nibble = true,
+    for chunk in span.bytes().chunks(CHUNK) {
+        for (_, h) in stored.iter_mut() {
+            h.update(chunk);
         }
-    }
-    let over_decoded = !decoded.is_empty() || rules.any();
-    let raw = matches!(b.codec, Codec::Raw);
-    if !stored.is_empty() || (raw && over_decoded) {
-        for chunk in span.bytes().chunks(CHUNK) {
-            for (_, h) in stored.iter_mut().chain(if raw {
-                decoded.iter_mut()
-            } else {
-                [].iter_mut()
-            }) {
-                h.update(chunk);
-            }
-            if raw {
-                rules.feed(chunk);
-            }
-            span.release(chunk);
+        if let Some(d) = decoded.as_mut() {
+            d.feed(chunk);
         }
+        span.release(chunk);
     }
-    if !raw && over_decoded {
-        let r = zstd_blob::decode_stream(span.bytes(), b.decoded_len, |chunk| {
-            for (_, h) in decoded.iter_mut() {
-                h.update(chunk);
-            }
-            rules.feed(chunk);
-            Ok(())
-        });
-        span.release_all();
-        guard.check().map_err(Failed::Changed)?;
-        r.map_err(Failed::Data)?;
-    }
-    guard.check().map_err(Failed::Changed)?;
+    guard.check().map_err(Failed::Whole)?;
     for (want, h) in stored {
         judge(&want, h, "stored bytes")?;
     }
-    for (want, h) in decoded {
-        judge(&want, h, "decoded bytes")?;
-    }
-    rules.verdict()
+    decoded.map_or(Ok(()), Decoded::finish)
 }
 
-/// Runs the checks of a computed blob over the bytes it produced.
-pub fn produced(b: &Blob, bytes: &[u8]) -> Result<(), Failed> {
-    let mut rules = Rules::default();
-    for c in &b.checks {
-        match c {
-            Check::Stored(d) | Check::Decoded(d) => {
-                if let Some((want, mut h)) = hasher(d, &b.label) {
-                    h.update(bytes);
-                    judge(&want, h, "decoded bytes")?;
-                }
+/// The checks of a blob's decoded bytes, fed those bytes in order.
+pub struct Decoded {
+    digests: Vec<(Checksum, Hasher)>,
+    rules: Rules,
+}
+
+impl Decoded {
+    /// `None` when the blob has no check of its decoded bytes.
+    pub fn new(b: &Blob) -> Option<Decoded> {
+        let mut d = Decoded {
+            digests: Vec::new(),
+            rules: Rules::default(),
+        };
+        for c in &b.checks {
+            match c {
+                Check::Decoded(x) => d.digests.extend(hasher(x, &b.label)),
+                Check::BoolBytes => d.rules.bool_bytes = true,
+                Check::ZeroLastNibble => d.rules.zero_last_nibble = true,
+                Check::Stored(_) => {}
             }
-            Check::BoolBytes => rules.bool_bytes = true,
-            Check::ZeroLastNibble => rules.zero_last_nibble = true,
+        }
+        (!d.digests.is_empty() || d.rules.any()).then_some(d)
+    }
+
+    pub fn feed(&mut self, chunk: &[u8]) {
+        for (_, h) in self.digests.iter_mut() {
+            h.update(chunk);
+        }
+        self.rules.feed(chunk);
+    }
+
+    pub fn finish(self) -> Result<(), Failed> {
+        for (want, h) in self.digests {
+            judge(&want, h, "decoded bytes")?;
+        }
+        self.rules.verdict()
+    }
+}
+
+/// Feeds a whole zstd blob, decoded as a stream, to `d` (for a blob that
+/// is neither in frames nor fits the cache).
+pub fn stream(b: &Blob, span: &Span, guard: &Guard, d: &mut Decoded) -> Result<(), Failed> {
+    let r = zstd_blob::decode_stream(span.bytes(), b.decoded_len, |chunk| {
+        d.feed(chunk);
+        Ok(())
+    });
+    span.release_all();
+    guard.check().map_err(Failed::Whole)?;
+    r.map_err(Failed::Data)
+}
+
+/// Runs the checks of a computed blob over the bytes it produced (it has
+/// no stored bytes of its own: a stored digest is taken as over them).
+pub fn produced(b: &Blob, bytes: &[u8]) -> Result<(), Failed> {
+    for c in &b.checks {
+        if let Check::Stored(d) = c
+            && let Some((want, mut h)) = hasher(d, &b.label)
+        {
+            h.update(bytes);
+            judge(&want, h, "decoded bytes")?;
         }
     }
-    rules.feed(bytes);
-    rules.verdict()
+    let Some(mut d) = Decoded::new(b) else {
+        return Ok(());
+    };
+    d.feed(bytes);
+    d.finish()
 }
 
 /// The digest's hasher, or `None` (with a warning) for an algorithm this
