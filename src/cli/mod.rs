@@ -129,6 +129,9 @@ enum Tool {
         /// their data_endianness says).
         #[arg(long, conflicts_with = "zstd")]
         big_endian: bool,
+        /// Replace OUT if it exists.
+        #[arg(long)]
+        force: bool,
     },
     /// List the tensors of a .zt file.
     Info {
@@ -262,6 +265,7 @@ fn tool(cli: ToolCli) -> ExitCode {
             frame_size,
             checksum,
             big_endian,
+            force,
         } => {
             let frame_size = match frame_size.as_deref().map(options::parse_size).transpose() {
                 Ok(f) => f,
@@ -284,6 +288,7 @@ fn tool(cli: ToolCli) -> ExitCode {
                 frame_size,
                 checksum,
                 big_endian,
+                force,
             })
         }
         Tool::Info { file, json } => info::run(&file, json),

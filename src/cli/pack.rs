@@ -16,15 +16,34 @@ pub struct PackArgs {
     pub frame_size: Option<u64>,
     pub checksum: Option<Algorithm>,
     pub big_endian: bool,
+    /// Replace an existing output file.
+    pub force: bool,
+}
+
+/// Why a pack failed: the command line (exit 2) or the work (exit 1).
+enum Failure {
+    Usage(String),
+    Failed(String),
+}
+
+impl From<String> for Failure {
+    fn from(s: String) -> Failure {
+        Failure::Failed(s)
+    }
 }
 
 pub fn run(a: PackArgs) -> ExitCode {
     match pack(&a) {
         Ok(n) => {
-            eprintln!("wrote {} ({n} tensors)", a.out.display());
+            let noun = if n == 1 { "tensor" } else { "tensors" };
+            eprintln!("wrote {} ({n} {noun})", a.out.display());
             ExitCode::SUCCESS
         }
-        Err(e) => {
+        Err(Failure::Usage(e)) => {
+            eprintln!("ztensor-mount pack: {e}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Failed(e)) => {
             eprintln!("ztensor-mount pack: {e}");
             ExitCode::from(1)
         }
@@ -49,7 +68,25 @@ impl Drop for Partial {
     }
 }
 
-fn pack(a: &PackArgs) -> Result<usize, String> {
+fn pack(a: &PackArgs) -> Result<usize, Failure> {
+    // The command line first, before anything is written.
+    let mut specs = Vec::with_capacity(a.inputs.len());
+    for spec in &a.inputs {
+        match spec.split_once('=') {
+            Some((name, rest)) if !name.is_empty() => specs.push((name, rest)),
+            _ => {
+                return Err(Failure::Usage(format!(
+                    "{spec:?}: expected NAME=PATH.npy (the tensor's name, '=', the .npy file)"
+                )));
+            }
+        }
+    }
+    if !a.force && std::fs::symlink_metadata(&a.out).is_ok() {
+        return Err(Failure::Usage(format!(
+            "{} exists; pass --force to replace it",
+            a.out.display()
+        )));
+    }
     let tmp = tmp_path(&a.out);
     let mut w = Writer::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
     let mut partial = Partial(Some(tmp.clone()));
@@ -69,10 +106,7 @@ fn pack(a: &PackArgs) -> Result<usize, String> {
         checksum: a.checksum,
         custom: Vec::new(),
     };
-    for spec in &a.inputs {
-        let (name, rest) = spec
-            .split_once('=')
-            .ok_or_else(|| format!("{spec:?}: expected NAME=PATH.npy"))?;
+    for (name, rest) in specs {
         let (path, dtype_override) = match rest.rsplit_once(':') {
             Some((p, d)) if DType::from_v01_name(d).is_some() => (p, DType::from_v01_name(d)),
             _ => (rest, None),
@@ -80,7 +114,7 @@ fn pack(a: &PackArgs) -> Result<usize, String> {
         let arr = npy::open(Path::new(path))?;
         let dtype = match dtype_override {
             Some(d) if d.size() != arr.dtype.size() => {
-                return Err(format!("{path}: cannot read {} elements as {d}", arr.dtype));
+                return Err(format!("{path}: cannot read {} elements as {d}", arr.dtype).into());
             }
             Some(d) => d,
             None => arr.dtype,

@@ -128,6 +128,8 @@ pub struct Data {
     /// lock: a reader failing at the same time waits for that line, so no
     /// EIO reaches anyone before the log says why.
     logged: Vec<Mutex<(u64, u8)>>,
+    /// What was logged at error level, for `.ztensor/errors`.
+    errors: Mutex<ErrorList>,
     opts: DataOptions,
     /// Progressive decoder threads running, at most `max_decoders`.
     decoders: AtomicUsize,
@@ -162,6 +164,7 @@ impl Data {
             stats,
             states,
             logged,
+            errors: Mutex::default(),
             opts,
             decoders: AtomicUsize::new(0),
             max_decoders: workers,
@@ -206,8 +209,14 @@ impl Data {
             .flatten()
             .any(|s| s.guard.broken() == Some(why));
         if said_by_a_guard {
-            // The guard logged it, once for the whole file.
+            // The guard logged it, once for the whole file; the list says it
+            // once per tensor.
             log::debug!("{why}");
+            let mut last = super::lock(&self.logged[ti]);
+            if last.1 == 0 {
+                *last = (0, 1);
+                super::lock(&self.errors).push(ti, why);
+            }
             return;
         }
         let h = {
@@ -220,9 +229,33 @@ impl Data {
         if last.0 != h && last.1 < LOGGED_REASONS {
             *last = (h, last.1 + 1);
             log::error!("{why}");
+            super::lock(&self.errors).push(ti, why);
         } else {
             log::debug!("{why}");
         }
+    }
+
+    /// `.ztensor/errors`: one JSON object a line, `{"tensor", "error"}`,
+    /// for each reason a tensor's reads failed for (as logged).
+    pub fn errors_text(&self) -> Vec<u8> {
+        let list = super::lock(&self.errors);
+        let mut out = Vec::new();
+        for (ti, why) in &list.entries {
+            let name = self
+                .catalog
+                .tensors
+                .get(*ti)
+                .map_or("", |t| t.name.as_str());
+            let line = serde_json::json!({"tensor": name, "error": why});
+            let _ = serde_json::to_writer(&mut out, &line);
+            out.push(b'\n');
+        }
+        if list.dropped > 0 {
+            let line = serde_json::json!({"more": list.dropped});
+            let _ = serde_json::to_writer(&mut out, &line);
+            out.push(b'\n');
+        }
+        out
     }
 
     fn fail_tensor(&self, t: &Tensor, why: impl std::fmt::Display) -> String {
@@ -942,6 +975,25 @@ impl Data {
 
 /// Most reasons one tensor's reads log at error level while mounted.
 const LOGGED_REASONS: u8 = 8;
+
+/// Most entries `.ztensor/errors` keeps (then it counts the rest).
+const ERRORS_KEPT: usize = 1000;
+
+#[derive(Default)]
+struct ErrorList {
+    entries: Vec<(usize, String)>,
+    dropped: u64,
+}
+
+impl ErrorList {
+    fn push(&mut self, ti: usize, why: &str) {
+        if self.entries.len() < ERRORS_KEPT {
+            self.entries.push((ti, why.to_string()));
+        } else {
+            self.dropped += 1;
+        }
+    }
+}
 
 /// Memory a kept frame list of `n` frames takes.
 fn list_cost(n: usize) -> u64 {

@@ -195,7 +195,7 @@ impl TensorFs {
                 .map_or(0, |(h, p)| h.len() as u64 + p.nbytes),
             Content::Safetensors => self.safetensors.as_ref().map_or(0, |l| l.size),
             // Changes all the time: read it with direct I/O, like /proc.
-            Content::Stats => 0,
+            Content::Stats | Content::Errors => 0,
             // Counted, not kept: the text is made when a file is opened.
             _ => *self.sizes[(ino - 1) as usize].get_or_init(|| {
                 let mut n = sidecar::Counter::default();
@@ -272,7 +272,7 @@ impl TensorFs {
     /// hostile index can make index.json many times its own size).
     fn render(&self, ino: Ino, c: &Content) -> Result<Vec<u8>, Errno> {
         let size = match c {
-            Content::Stats => 0,
+            Content::Stats | Content::Errors => 0,
             _ => self.size_of(ino, c),
         };
         let mut out = Vec::new();
@@ -320,6 +320,9 @@ impl TensorFs {
             Content::Index => sidecar::index_to(w, cat, &self.tree.placements),
             Content::Stats => {
                 let _ = w.write_all(&self.data.stats().render(&self.data.cache().gauges()));
+            }
+            Content::Errors => {
+                let _ = w.write_all(&self.data.errors_text());
             }
             Content::ZarrArray { tensor } => {
                 let t = &cat.tensors[*tensor];
@@ -407,7 +410,7 @@ impl TensorFs {
                     .insert(fh, (ino, bytes));
                 Ok((
                     fh,
-                    if *c == Content::Stats {
+                    if matches!(c, Content::Stats | Content::Errors) {
                         CacheMode::DirectIo
                     } else {
                         CacheMode::KeepCache
@@ -419,7 +422,7 @@ impl TensorFs {
 
     /// The text of generated file `ino`, shared with its other open handles.
     fn rendered(&self, ino: Ino, c: &Content) -> Result<Text, Errno> {
-        if *c == Content::Stats {
+        if matches!(c, Content::Stats | Content::Errors) {
             return self.render(ino, c).map(Arc::new);
         }
         let shared = || self.shared.lock().unwrap_or_else(|e| e.into_inner());

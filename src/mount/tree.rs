@@ -28,6 +28,8 @@ pub enum Content {
     Index,
     /// `.ztensor/stats`
     Stats,
+    /// `.ztensor/errors`: each tensor that failed a read, and why.
+    Errors,
     /// `.npy/PATH.npy`: a header, then the bytes of the tensor's one part.
     Npy { tensor: usize },
     /// `.zarr/PATH/zarr.json` of a tensor's array.
@@ -108,6 +110,7 @@ impl Tree {
         tree.reserved.insert(meta);
         tree.add(meta, "index.json".into(), NodeKind::File(Content::Index));
         tree.add(meta, "stats".into(), NodeKind::File(Content::Stats));
+        tree.add(meta, "errors".into(), NodeKind::File(Content::Errors));
         tree.reserve_views(views);
         for (ti, t) in catalog.tensors.iter().enumerate() {
             let parts = t.parts.as_ref().ok().map(|ps| {
