@@ -3,6 +3,8 @@
 //! here, once, by its first bytes, never by its name.
 
 pub mod cbor_json;
+pub mod compat;
+pub mod sharded;
 pub mod zt_v01;
 
 use std::path::Path;
@@ -12,7 +14,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::source::MappedFile;
 
 /// The formats this version reads, for messages.
-pub const READS: &str = "zTensor v0.1";
+pub const READS: &str = "zTensor v0.1, safetensors (and sharded sets), GGUF (and split files), npz, PyTorch .pt, ONNX, HDF5";
 
 /// A file read into the common catalog, with the files its bytes are in.
 pub struct Opened {
@@ -41,6 +43,8 @@ impl Default for Limits {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Detected {
     ZtV01,
+    /// A format read through `ztensor-compat`.
+    Compat(compat::Kind),
     /// A format this version recognises but does not read.
     Known(&'static str),
     Unknown,
@@ -51,20 +55,30 @@ pub fn detect(bytes: &[u8]) -> Detected {
     const KNOWN: &[(&[u8], &str)] = &[
         (b"ZTEN1000", "zTensor v1"),
         (b"\x89ZT2\r\n\x1a\n", "zTensor v2"),
-        (b"GGUF", "GGUF"),
         (b"DTLEGION", "deathtensors"),
-        (b"\x89HDF\r\n\x1a\n", "HDF5"),
-        (b"PK\x03\x04", "a zip archive (npz or a PyTorch checkpoint)"),
         (b"\x93NUMPY", "a numpy .npy file"),
     ];
     if bytes.starts_with(zt_v01::MAGIC) {
         return Detected::ZtV01;
     }
+    if bytes.starts_with(b"GGUF") {
+        return Detected::Compat(compat::Kind::Gguf);
+    }
+    if bytes.starts_with(b"\x89HDF\r\n\x1a\n") {
+        return Detected::Compat(compat::Kind::Hdf5);
+    }
+    if bytes.starts_with(b"PK\x03\x04") {
+        return Detected::Compat(compat::zip_kind(bytes));
+    }
     if let Some((_, name)) = KNOWN.iter().find(|(m, _)| bytes.starts_with(m)) {
         return Detected::Known(name);
     }
     if looks_like_safetensors(bytes) {
-        return Detected::Known("safetensors");
+        return Detected::Compat(compat::Kind::Safetensors);
+    }
+    // Protobuf has no magic: last, and only a walk over the whole top level.
+    if compat::looks_like_onnx(bytes) {
+        return Detected::Compat(compat::Kind::Onnx);
     }
     Detected::Unknown
 }
@@ -79,13 +93,33 @@ fn looks_like_safetensors(bytes: &[u8]) -> bool {
 }
 
 /// Opens `path` and reads its catalog with the module its first bytes name.
+///
+/// A directory holding one Hugging Face `*.safetensors.index.json`, or that
+/// index itself, opens the sharded set as one catalog; so does the first
+/// file of a GGUF split (`split.count` in its header).
 pub fn open(path: &Path, limits: Limits) -> Result<Opened> {
+    if path.is_dir() {
+        return sharded::open_dir(path, limits);
+    }
     let src = MappedFile::open(path)?;
+    if sharded::is_hf_index(src.bytes()) {
+        return sharded::open_hf_index(src, limits);
+    }
     match detect(src.bytes()) {
         Detected::ZtV01 => {
             let zt = zt_v01::ZtFile::from_source(src, limits.index_memory)?;
             let (src, v01) = zt.into_parts();
             let catalog = zt_v01::project(&src, v01);
+            Ok(Opened {
+                catalog,
+                sources: vec![Some(src)],
+            })
+        }
+        Detected::Compat(kind) => {
+            let (catalog, src) = compat::open(src, kind)?;
+            if kind == compat::Kind::Gguf && sharded::gguf_split_count(&catalog) > 1 {
+                return sharded::open_gguf_split(catalog, src, limits);
+            }
             Ok(Opened {
                 catalog,
                 sources: vec![Some(src)],
