@@ -247,7 +247,9 @@ fn project(src: &MappedFile, kind: Kind, source: Arc<Source>) -> Result<Catalog>
             let logical = p.logical().map(str::to_string);
             first.get_or_insert((p.dtype(), logical.clone()));
             let (dtype, note) = our_dtype(p.dtype(), logical.as_deref());
-            let shape = if directory {
+            // A part of several, or the stored blocks of a quantized
+            // tensor (its logical shape is the tensor's): a flat file.
+            let shape = if directory || t.layout() != "dense" {
                 vec![p.nbytes() / dtype.size().max(1)]
             } else {
                 t.shape().to_vec()
