@@ -153,7 +153,7 @@ impl Gguf {
     }
     /// Pads to 32 and appends `data`.
     fn data(mut self, data: &[u8]) -> Vec<u8> {
-        while self.0.len() % 32 != 0 {
+        while !self.0.len().is_multiple_of(32) {
             self.0.push(0);
         }
         self.0.extend_from_slice(data);

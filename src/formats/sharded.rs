@@ -285,7 +285,8 @@ impl Set {
     fn push(&mut self, mut t: Tensor) {
         if !self.names.insert(t.name.clone()) {
             t.parts = Err("another shard holds a tensor of the same name".into());
-            t.name = format!("{} (duplicate in {})", t.name, t.meta["shard"]);
+            let shard = t.meta.get("shard").cloned().unwrap_or_default();
+            t.name = format!("{} (duplicate in {shard})", t.name);
             if !self.names.insert(t.name.clone()) {
                 return;
             }
