@@ -99,6 +99,13 @@ if ! "$venv/bin/python" -c 'import numpy, ml_dtypes, zstandard, ztensor, zarr, t
   "$venv/bin/pip" install -q --disable-pip-version-check numpy ml_dtypes zstandard 'ztensor==0.1.4' \
     zarr tensorstore safetensors
 fi
+# The writers of the foreign formats mounted through ztensor-compat (tests
+# tests/format_*.rs): added beside numpy, never upgrading it.
+if ! "$venv/bin/python" -c 'import safetensors, gguf, onnx, h5py' >/dev/null 2>&1; then
+  echo "setup: installing safetensors, gguf, onnx, h5py into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check --upgrade-strategy only-if-needed \
+    safetensors gguf onnx h5py
+fi
 for spec in '1:ztensor>=1,<2' '2:ztensor>=2,<3'; do
   dir="$venv/ztensor/${spec%%:*}"
   if ! PYTHONPATH="$dir" "$venv/bin/python" -c \

@@ -3,6 +3,8 @@
 //! here, once, by its first bytes, never by its name.
 
 pub mod cbor_json;
+pub mod compat;
+pub mod sharded;
 pub mod zt_v01;
 pub mod zt_v1;
 pub mod zt_v2;
@@ -14,7 +16,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::source::MappedFile;
 
 /// The formats this version reads, for messages.
-pub const READS: &str = "zTensor v0.1, zTensor v1, zTensor v2";
+pub const READS: &str = "zTensor v0.1, v1 and v2, safetensors (and sharded sets), GGUF (and split files), npz, PyTorch .pt, ONNX";
 
 /// A file read into the common catalog, with the files its bytes are in.
 pub struct Opened {
@@ -46,6 +48,8 @@ pub enum Detected {
     /// zTensor v1: `ZTEN1000` first (and last).
     ZtV1,
     ZtV2,
+    /// A format read through `ztensor-compat`.
+    Compat(compat::Kind),
     /// A format this version recognises but does not read.
     Known(&'static str),
     Unknown,
@@ -54,10 +58,7 @@ pub enum Detected {
 /// Recognises a file by its first bytes.
 pub fn detect(bytes: &[u8]) -> Detected {
     const KNOWN: &[(&[u8], &str)] = &[
-        (b"GGUF", "GGUF"),
         (b"DTLEGION", "deathtensors"),
-        (b"\x89HDF\r\n\x1a\n", "HDF5"),
-        (b"PK\x03\x04", "a zip archive (npz or a PyTorch checkpoint)"),
         (b"\x93NUMPY", "a numpy .npy file"),
     ];
     if bytes.starts_with(zt_v01::MAGIC) {
@@ -69,11 +70,24 @@ pub fn detect(bytes: &[u8]) -> Detected {
     if bytes.starts_with(zt_v2::MAGIC) {
         return Detected::ZtV2;
     }
+    if bytes.starts_with(b"GGUF") {
+        return Detected::Compat(compat::Kind::Gguf);
+    }
+    if bytes.starts_with(b"\x89HDF\r\n\x1a\n") {
+        return Detected::Compat(compat::Kind::Hdf5);
+    }
+    if bytes.starts_with(b"PK\x03\x04") {
+        return Detected::Compat(compat::zip_kind(bytes));
+    }
     if let Some((_, name)) = KNOWN.iter().find(|(m, _)| bytes.starts_with(m)) {
         return Detected::Known(name);
     }
     if looks_like_safetensors(bytes) {
-        return Detected::Known("safetensors");
+        return Detected::Compat(compat::Kind::Safetensors);
+    }
+    // Protobuf has no magic: last, and only a walk over the whole top level.
+    if compat::looks_like_onnx(bytes) {
+        return Detected::Compat(compat::Kind::Onnx);
     }
     Detected::Unknown
 }
@@ -88,8 +102,18 @@ fn looks_like_safetensors(bytes: &[u8]) -> bool {
 }
 
 /// Opens `path` and reads its catalog with the module its first bytes name.
+///
+/// A directory holding one Hugging Face `*.safetensors.index.json`, or that
+/// index itself, opens the sharded set as one catalog; so does the first
+/// file of a GGUF split (`split.count` in its header).
 pub fn open(path: &Path, limits: Limits) -> Result<Opened> {
+    if path.is_dir() {
+        return sharded::open_dir(path, limits);
+    }
     let src = MappedFile::open(path)?;
+    if sharded::is_hf_index(src.bytes()) {
+        return sharded::open_hf_index(src, limits);
+    }
     match detect(src.bytes()) {
         Detected::ZtV01 => {
             let zt = zt_v01::ZtFile::from_source(src, limits.index_memory)?;
@@ -103,6 +127,16 @@ pub fn open(path: &Path, limits: Limits) -> Result<Opened> {
         Detected::ZtV2 => zt_v2::open(src, limits),
         Detected::ZtV1 => {
             let catalog = zt_v1::read(&src, limits)?;
+            Ok(Opened {
+                catalog,
+                sources: vec![Some(src)],
+            })
+        }
+        Detected::Compat(kind) => {
+            let (catalog, src) = compat::open(src, kind)?;
+            if kind == compat::Kind::Gguf && sharded::gguf_split_count(&catalog) > 1 {
+                return sharded::open_gguf_split(catalog, src, limits);
+            }
             Ok(Opened {
                 catalog,
                 sources: vec![Some(src)],

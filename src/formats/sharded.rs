@@ -1,0 +1,319 @@
+//! Sharded sets mounted as one tree: a Hugging Face
+//! `*.safetensors.index.json` (`weight_map`: tensor name → shard file beside
+//! it), and GGUF split files (`NAME-00001-of-0000N.gguf`, whose headers say
+//! `split.count`).
+//!
+//! Each shard is read on its own (through [`super::compat`]) and the
+//! catalogs are joined: blob sources renumbered, tensors appended. A shard
+//! that is missing or refused becomes an unusable source: the tensors the
+//! index gives it are listed and fail with its reason, the rest serve.
+
+use std::path::{Path, PathBuf};
+
+use super::compat::{self, Kind};
+use super::{Detected, Limits, Opened, detect};
+use crate::catalog::{Catalog, Json, JsonMap, SourceRef, Tensor};
+use crate::error::{Error, ErrorKind, Result};
+use crate::source::MappedFile;
+
+/// Largest index JSON read (a real one is well under a few MB).
+const MAX_INDEX: u64 = 64 << 20;
+
+/// Whether `bytes` are a Hugging Face sharded-safetensors index: a JSON
+/// object (checked cheaply here: `{` first, and a `weight_map` key).
+pub fn is_hf_index(bytes: &[u8]) -> bool {
+    let start = bytes.iter().position(|b| !b.is_ascii_whitespace());
+    start.is_some_and(|i| bytes[i] == b'{')
+        && (bytes.len() as u64) <= MAX_INDEX
+        && bytes.windows(12).any(|w| w == b"\"weight_map\"")
+}
+
+/// A directory: the one `*.safetensors.index.json` in it.
+pub fn open_dir(dir: &Path, limits: Limits) -> Result<Opened> {
+    let label = dir.display().to_string();
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| Error::new(ErrorKind::Io, &label, None, format!("cannot list: {e}")))?;
+    let mut found: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with(".safetensors.index.json"))
+        })
+        .collect();
+    found.sort();
+    match found.as_slice() {
+        [one] => open_hf_index(MappedFile::open(one)?, limits),
+        [] => Err(Error::new(
+            ErrorKind::NotZtensor,
+            &label,
+            None,
+            "a directory, and no *.safetensors.index.json in it to mount",
+        )),
+        many => Err(Error::new(
+            ErrorKind::NotSupported,
+            &label,
+            None,
+            format!(
+                "a directory with {} *.safetensors.index.json files; name the one to mount",
+                many.len()
+            ),
+        )),
+    }
+}
+
+/// A shard file name from an index: a plain name in the index's directory.
+fn shard_name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains('/')
+        && !name.contains('\\')
+        && !name.contains('\0')
+}
+
+/// The set an HF index names.
+pub fn open_hf_index(index: MappedFile, limits: Limits) -> Result<Opened> {
+    let label = index.label().to_string();
+    let bad = |m: String| Error::new(ErrorKind::Index, &label, None, m);
+    if index.len() > MAX_INDEX.min(limits.index_memory) {
+        return Err(bad(format!("index of {} bytes is too big", index.len())));
+    }
+    let json: Json = serde_json::from_slice(index.bytes())
+        .map_err(|e| bad(format!("index is not valid JSON: {e}")))?;
+    let Some(map) = json.get("weight_map").and_then(Json::as_object) else {
+        return Err(bad("index has no \"weight_map\" object".into()));
+    };
+    let dir = index
+        .path()
+        .parent()
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    // Shards in the order first named, each with the tensors it holds.
+    let mut shards: Vec<(String, Vec<String>)> = Vec::new();
+    for (tensor, file) in map {
+        let Some(file) = file.as_str() else {
+            return Err(bad(format!("weight_map[{tensor:?}] is not a file name")));
+        };
+        if !shard_name_ok(file) {
+            return Err(bad(format!(
+                "weight_map[{tensor:?}] names {file:?}, not a file beside the index"
+            )));
+        }
+        match shards.iter_mut().find(|(f, _)| f == file) {
+            Some((_, ts)) => ts.push(tensor.clone()),
+            None => shards.push((file.to_string(), vec![tensor.clone()])),
+        }
+    }
+    let mut set = Set::new("safetensors (sharded)", &label);
+    if let Some(meta) = json.get("metadata") {
+        set.catalog
+            .attributes
+            .insert("metadata".into(), meta.clone());
+    }
+    set.catalog.attributes.insert(
+        "shards".into(),
+        shards
+            .iter()
+            .map(|(f, _)| f.as_str())
+            .collect::<Vec<_>>()
+            .into(),
+    );
+    for (file, wanted) in &shards {
+        let path = dir.join(file);
+        let shard = open_shard(&path, Kind::Safetensors);
+        set.add(&path, shard, Some(wanted));
+    }
+    Ok(set.finish())
+}
+
+/// `split.count` of a GGUF header, 0 if it has none.
+pub fn gguf_split_count(c: &Catalog) -> u64 {
+    c.attributes
+        .get("split.count")
+        .and_then(Json::as_u64)
+        .unwrap_or(0)
+}
+
+/// A GGUF split set from its first file, already read as `first`: the
+/// others are named as llama.cpp's gguf-split names them.
+pub fn open_gguf_split(first: Catalog, src: MappedFile, _limits: Limits) -> Result<Opened> {
+    let label = src.label().to_string();
+    let bad = |m: String| Error::new(ErrorKind::Index, &label, None, m);
+    let count = gguf_split_count(&first);
+    let no = first.attributes.get("split.no").and_then(Json::as_u64);
+    if no != Some(0) {
+        return Err(bad(format!(
+            "a GGUF split file (split.no {}, of {count}): mount the first one",
+            no.map_or("missing".to_string(), |n| n.to_string())
+        )));
+    }
+    let name = src
+        .path()
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .to_string();
+    let suffix = format!("-00001-of-{count:05}.gguf");
+    let Some(stem) = name.strip_suffix(&suffix) else {
+        return Err(bad(format!(
+            "a GGUF split of {count} files whose name does not end in {suffix:?}, \
+             so its siblings cannot be named"
+        )));
+    };
+    if count > 10_000 {
+        return Err(bad(format!("split.count {count} is implausible")));
+    }
+    let dir = src.path().parent().unwrap_or(Path::new(".")).to_path_buf();
+    let mut set = Set::new("GGUF (split)", &label);
+    set.catalog.attributes = first.attributes.clone();
+    let first_path = src.path().to_path_buf();
+    set.add(&first_path, Ok((first, src)), None);
+    for i in 2..=count {
+        let path = dir.join(format!("{stem}-{i:05}-of-{count:05}.gguf"));
+        let shard = open_shard(&path, Kind::Gguf).and_then(|(c, s)| {
+            let n = c.attributes.get("split.no").and_then(Json::as_u64);
+            if n == Some(i - 1) && gguf_split_count(&c) == count {
+                Ok((c, s))
+            } else {
+                Err(format!(
+                    "{}: its header says split {} of {}, expected {} of {count}",
+                    s.label(),
+                    n.map_or("?".into(), |n| (n + 1).to_string()),
+                    gguf_split_count(&c),
+                    i
+                ))
+            }
+        });
+        set.add(&path, shard, None);
+    }
+    Ok(set.finish())
+}
+
+/// One shard read on its own, or why it cannot be.
+fn open_shard(path: &Path, kind: Kind) -> std::result::Result<(Catalog, MappedFile), String> {
+    let src = MappedFile::open(path).map_err(|e| e.to_string())?;
+    match detect(src.bytes()) {
+        Detected::Compat(k) if k == kind => compat::open(src, kind).map_err(|e| e.to_string()),
+        _ => Err(format!("{}: not a {} file", src.label(), kind.name())),
+    }
+}
+
+/// A set of shards being joined into one catalog.
+struct Set {
+    catalog: Catalog,
+    files: Vec<Option<MappedFile>>,
+    names: std::collections::HashSet<String>,
+}
+
+impl Set {
+    fn new(format: &str, label: &str) -> Set {
+        Set {
+            catalog: Catalog {
+                format: format.to_string(),
+                label: label.to_string(),
+                ..Catalog::default()
+            },
+            files: Vec::new(),
+            names: Default::default(),
+        }
+    }
+
+    /// Adds a shard. `wanted`: the tensors the index says it holds (only
+    /// those are taken from it; those it lacks are listed as failing).
+    fn add(
+        &mut self,
+        path: &Path,
+        shard: std::result::Result<(Catalog, MappedFile), String>,
+        wanted: Option<&Vec<String>>,
+    ) {
+        let si = self.catalog.sources.len();
+        let file = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        match shard {
+            Ok((c, src)) => {
+                let base = self.catalog.blobs.len();
+                self.catalog.sources.push(SourceRef {
+                    path: src.path().to_path_buf(),
+                    size: Some(src.len()),
+                    ..SourceRef::default()
+                });
+                self.files.push(Some(src));
+                self.catalog.blobs.extend(c.blobs.into_iter().map(|mut b| {
+                    b.source = si;
+                    b
+                }));
+                let mut have = std::collections::HashSet::new();
+                for mut t in c.tensors {
+                    if wanted.is_some_and(|w| !w.contains(&t.name)) {
+                        continue;
+                    }
+                    have.insert(t.name.clone());
+                    if let Ok(ps) = &mut t.parts {
+                        for p in ps {
+                            p.blob += base;
+                        }
+                    }
+                    t.meta.insert("shard".into(), file.clone().into());
+                    self.push(t);
+                }
+                for name in wanted.into_iter().flatten() {
+                    if !have.contains(name) {
+                        let why = format!("the index puts it in {file}, which does not hold it");
+                        self.push(missing(name, &file, why));
+                    }
+                }
+            }
+            Err(why) => {
+                log::warn!("{why}");
+                self.catalog.sources.push(SourceRef {
+                    path: path.to_path_buf(),
+                    unusable: Some(why.clone()),
+                    ..SourceRef::default()
+                });
+                self.files.push(None);
+                for name in wanted.into_iter().flatten() {
+                    self.push(missing(name, &file, format!("shard unusable: {why}")));
+                }
+            }
+        }
+    }
+
+    fn push(&mut self, mut t: Tensor) {
+        if !self.names.insert(t.name.clone()) {
+            t.parts = Err("another shard holds a tensor of the same name".into());
+            let shard = t.meta.get("shard").cloned().unwrap_or_default();
+            t.name = format!("{} (duplicate in {shard})", t.name);
+            if !self.names.insert(t.name.clone()) {
+                return;
+            }
+        }
+        self.catalog.tensors.push(t);
+    }
+
+    fn finish(self) -> Opened {
+        Opened {
+            catalog: self.catalog,
+            sources: self.files,
+        }
+    }
+}
+
+/// A tensor an index names whose bytes cannot be had.
+fn missing(name: &str, shard: &str, why: String) -> Tensor {
+    let mut meta = JsonMap::new();
+    meta.insert("shard".into(), shard.into());
+    Tensor {
+        name: name.to_string(),
+        dtype: "unknown".into(),
+        shape: Vec::new(),
+        layout: "unknown".into(),
+        encoding: "unknown".into(),
+        directory: false,
+        parts: Err(why),
+        meta,
+    }
+}

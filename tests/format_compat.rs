@@ -1,0 +1,269 @@
+//! The foreign formats, written by their own writers (`tests/python/formats/`),
+//! read back through the pipeline (`formats::open` + the data layer) and
+//! through a real mount: every tensor is the bytes the writer was given.
+//!
+//! The interpreter is `$ZT_PYTHON` (default `.venv/bin/python3`) with numpy,
+//! safetensors, gguf, onnx and h5py (`scripts/setup.sh`). Without them the
+//! test prints a note and passes, except under `CI=true`, where it fails.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use serde_json::Value as Json;
+use sha2::{Digest, Sha256};
+use ztensor_mount::formats::{self, Limits, Opened};
+use ztensor_mount::mount::data::{Data, DataOptions, PROGRESSIVE_MIN};
+use ztensor_mount::mount::stats::Stats;
+
+fn python() -> PathBuf {
+    match std::env::var_os("ZT_PYTHON") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python3"),
+    }
+}
+
+/// Runs `write_<writer>.py` into a fresh directory; `None`: skipped.
+fn written(writer: &str) -> Option<(tempfile::TempDir, Json)> {
+    let py = python();
+    let probe = Command::new(&py)
+        .args(["-c", "import numpy, safetensors, gguf, onnx, h5py"])
+        .output();
+    let ok = match probe {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_string()),
+        Err(e) => Err(format!("{}: {e}", py.display())),
+    };
+    if !support::require("Python with the format writers (scripts/setup.sh)", ok) {
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python/formats")
+        .join(format!("write_{writer}.py"));
+    let out = Command::new(&py)
+        .arg(&script)
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let exp = std::fs::read(dir.path().join("expected.json")).unwrap();
+    Some((dir, serde_json::from_slice(&exp).unwrap()))
+}
+
+fn sha(b: &[u8]) -> String {
+    Sha256::digest(b)
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
+fn data_of(opened: Opened, dir: &Path) -> Arc<Data> {
+    let opts = DataOptions {
+        cache_size: 64 << 20,
+        cache_dir: dir.to_path_buf(),
+        verify_raw: true,
+        progressive_min: PROGRESSIVE_MIN,
+    };
+    Data::new(
+        opened.catalog,
+        opened.sources,
+        opts,
+        Arc::new(Stats::default()),
+    )
+    .unwrap()
+}
+
+/// Every expected tensor of `file`, through the pipeline.
+fn check_pipeline(path: &Path, want: &Json, format: &str) -> Arc<Data> {
+    let opened = formats::open(path, Limits::default())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(opened.catalog.format, format);
+    let scratch = tempfile::tempdir().unwrap();
+    let data = data_of(opened, scratch.path());
+    let cat = data.catalog();
+    let want = want.as_object().unwrap();
+    assert_eq!(cat.len(), want.len(), "{}: tensor count", path.display());
+    for (name, w) in want {
+        let ti = cat
+            .tensors
+            .iter()
+            .position(|t| &t.name == name)
+            .unwrap_or_else(|| panic!("{}: no tensor {name}", path.display()));
+        let t = &cat.tensors[ti];
+        let parts = t.parts.as_ref().unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(parts.len(), 1, "{name}");
+        let p = &parts[0];
+        assert_eq!(p.dtype.name(), w["dtype"], "{name}: dtype");
+        assert_eq!(Json::from(p.shape.clone()), w["shape"], "{name}: shape");
+        let bytes = data.read(ti, 0, 0, p.nbytes + 10).unwrap();
+        assert_eq!(bytes.len() as u64, p.nbytes, "{name}");
+        assert_eq!(
+            sha(&bytes),
+            w["sha256"],
+            "{}: {name}: bytes",
+            path.display()
+        );
+        if let Some(ls) = w.get("logical_shape") {
+            assert_eq!(Json::from(t.shape.clone()), *ls, "{name}: logical shape");
+            assert_eq!(t.meta["ggml_type"], w["ggml_type"], "{name}");
+            assert!(t.meta["block_bytes"].as_u64().unwrap() > 0, "{name}");
+            assert!(t.meta["block_elements"].as_u64().unwrap() > 0, "{name}");
+        }
+    }
+    data
+}
+
+/// The same through a real mount: each tensor file's bytes and sidecar.
+fn check_mount(path: &Path, want: &Json) -> Option<Json> {
+    let mut m = support::Mount::scratch()?;
+    m.mount(path, &[]);
+    let index = m.index();
+    let by_name: std::collections::HashMap<&str, &Json> = index["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap(), t))
+        .collect();
+    for (name, w) in want.as_object().unwrap() {
+        let side = by_name[name.as_str()];
+        let rel = side["path"].as_str().unwrap();
+        assert_eq!(side["dtype"], w["dtype"], "{name}");
+        assert_eq!(side["supported"], true, "{name}");
+        let bytes = m.read(rel);
+        assert_eq!(
+            sha(&bytes),
+            w["sha256"],
+            "mounted {}: {name}",
+            path.display()
+        );
+        let sidecar = m.json(&format!("{rel}.json"));
+        assert_eq!(sidecar["numpy_dtype"], side["numpy_dtype"], "{name}");
+    }
+    m.unmount_ok();
+    Some(index)
+}
+
+#[test]
+fn safetensors_plain_and_sharded() {
+    let Some((dir, exp)) = written("safetensors") else {
+        return;
+    };
+    let plain = dir.path().join("plain.safetensors");
+    let d = check_pipeline(&plain, &exp["plain.safetensors"], "safetensors");
+    assert_eq!(d.catalog().attributes["who"], "test");
+    assert_eq!(d.catalog().get("bool").unwrap().dtype, "BOOL");
+    // The set by its directory and by its index.
+    let set = dir.path().join("sharded");
+    check_pipeline(&set, &exp["sharded"], "safetensors (sharded)");
+    let index = set.join("model.safetensors.index.json");
+    let d = check_pipeline(&index, &exp["sharded"], "safetensors (sharded)");
+    assert_eq!(d.catalog().sources.len(), 3);
+    if let Some(ix) = check_mount(&plain, &exp["plain.safetensors"]) {
+        assert_eq!(ix["attributes"]["format"], "np");
+        check_mount(&set, &exp["sharded"]);
+    }
+    // A missing shard: its tensors fail with the reason, the rest serve.
+    let gone = set.join("model-00002-of-00003.safetensors");
+    std::fs::remove_file(&gone).unwrap();
+    let opened = formats::open(&set, Limits::default()).unwrap();
+    assert!(opened.sources[1].is_none());
+    let scratch = tempfile::tempdir().unwrap();
+    let data = data_of(opened, scratch.path());
+    let cat = data.catalog();
+    let mut failed = 0;
+    for (ti, t) in cat.tensors.iter().enumerate() {
+        let shard = t.meta["shard"].as_str().unwrap();
+        if shard == "model-00002-of-00003.safetensors" {
+            let why = t.parts.as_ref().unwrap_err();
+            assert!(why.contains("model-00002-of-00003"), "{why}");
+            failed += 1;
+        } else {
+            let bytes = data.read(ti, 0, 0, 1 << 20).unwrap();
+            assert_eq!(sha(&bytes), exp["sharded"][&t.name]["sha256"], "{}", t.name);
+        }
+    }
+    assert!(failed > 0);
+    assert_eq!(cat.len(), 14);
+}
+
+#[test]
+fn gguf_plain_quantized_and_split() {
+    let Some((dir, exp)) = written("gguf") else {
+        return;
+    };
+    let file = dir.path().join("model.gguf");
+    let d = check_pipeline(&file, &exp["model.gguf"], "GGUF");
+    let attrs = &d.catalog().attributes;
+    assert_eq!(
+        attrs["tokenizer.ggml.tokens"].as_array().unwrap().len(),
+        50000
+    );
+    assert_eq!(attrs["test.i32"], -7);
+    assert_eq!(attrs["test.str"], "hello");
+    assert_eq!(d.catalog().get("w_q4_0").unwrap().dtype, "Q4_0");
+    let first = dir.path().join("split/m-00001-of-00003.gguf");
+    let d = check_pipeline(&first, &exp["split"], "GGUF (split)");
+    assert_eq!(d.catalog().sources.len(), 3);
+    if let Some(ix) = check_mount(&file, &exp["model.gguf"]) {
+        assert_eq!(ix["attributes"]["tokenizer.ggml.tokens"][49999], "tok49999");
+        check_mount(&first, &exp["split"]);
+    }
+    // A later split file alone is refused, naming the first.
+    let second = dir.path().join("split/m-00002-of-00003.gguf");
+    let err = formats::open(&second, Limits::default()).err().unwrap();
+    assert!(err.to_string().contains("mount the first one"), "{err}");
+}
+
+#[test]
+fn npz_stored_and_deflated() {
+    let Some((dir, exp)) = written("npz") else {
+        return;
+    };
+    for f in ["stored.npz", "deflated.npz"] {
+        let path = dir.path().join(f);
+        check_pipeline(&path, &exp[f], "npz");
+        check_mount(&path, &exp[f]);
+    }
+}
+
+#[test]
+fn onnx_initializers_found_by_content() {
+    let Some((dir, exp)) = written("onnx") else {
+        return;
+    };
+    let path = dir.path().join("model.bin");
+    check_pipeline(&path, &exp["model.bin"], "ONNX");
+    check_mount(&path, &exp["model.bin"]);
+}
+
+/// h5py's files use object header and dataspace versions ztensor-compat
+/// 2.1 does not read: refused in one line naming the file (see the report
+/// in the commit that added this). When the crate reads them, this test
+/// turns into a check of the bytes.
+#[test]
+fn hdf5_from_h5py() {
+    let Some((dir, exp)) = written("hdf5") else {
+        return;
+    };
+    let path = dir.path().join("data.h5");
+    match formats::open(&path, Limits::default()) {
+        Ok(_) => {
+            check_pipeline(&path, &exp["data.h5"], "HDF5");
+            check_mount(&path, &exp["data.h5"]);
+        }
+        Err(e) => {
+            let line = e.to_string();
+            assert!(line.starts_with(&path.display().to_string()), "{line}");
+            assert!(line.contains("hdf5"), "{line}");
+            assert!(!line.contains('\n'));
+        }
+    }
+}
