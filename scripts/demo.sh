@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
-# Sets up this machine, builds ztensor-mount, mounts the bundled example
-# model and shows it: ls -l, a sidecar, and a tensor read with numpy.
+# Sets up this machine, builds ztensor-mount and installs it on PATH
+# (/usr/local/bin, as root or through sudo; else ~/.local/bin), mounts the
+# bundled example model and shows it: ls -l, a sidecar, a tensor read with
+# numpy, and the views (np.load, TensorStore, zarr, safetensors).
 # The mount stays up; the last line says how to unmount it.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 source scripts/setup.sh
 cargo build --release --quiet
-bin="$root/target/release/ztensor-mount"
+built="$root/target/release/ztensor-mount"
+if [ "$(id -u)" = 0 ] || command -v sudo >/dev/null 2>&1; then
+  dest=/usr/local/bin
+  as_root install -m 0755 "$built" "$dest/ztensor-mount"
+else
+  dest="$HOME/.local/bin"
+  mkdir -p "$dest"
+  install -m 0755 "$built" "$dest/ztensor-mount"
+fi
+bin="$dest/ztensor-mount"
+echo "installed $bin"
+case ":$PATH:" in *":$dest:"*) ;; *) echo "note: $dest is not on your PATH" ;; esac
 mnt=${1:-/tmp/ztensor-demo}
 mkdir -p "$mnt"
 # A mount left by an earlier run (alive or dead) is replaced.
@@ -26,5 +39,12 @@ for name in ["embed.weight", "enc/layer0/mlp/w1", "norm.scale"]:
     meta = json.load(open(f"{mnt}/{name}.json"))
     a = np.fromfile(f"{mnt}/{name}", dtype=meta["numpy_dtype"]).reshape(meta["shape"])
     print(f"{name}: {meta['encoding']}, {meta['data_endianness']}-endian on disk -> {a.dtype} {a.shape}, first row {a.reshape(-1)[:4]}")
+# The views: each library opens a tensor by its path alone.
+import tensorstore as ts, zarr
+from safetensors.numpy import load_file
+print("np.load:    ", np.load(f"{mnt}/.npy/embed.weight.npy").shape)
+print("TensorStore:", ts.open({"driver": "zarr3", "kvstore": f"file://{mnt}/.zarr/embed.weight"}, read=True).result().shape)
+print("zarr:       ", zarr.open_array(f"{mnt}/.zarr/embed.weight", mode="r").shape)
+print("safetensors:", sorted(load_file(f"{mnt}/.safetensors/model.safetensors"))[:3], "...")
 PY
 echo "mounted on $mnt; unmount with: $bin -u $mnt"

@@ -25,6 +25,35 @@ fn builder(debug: bool) -> env_logger::Builder {
     b
 }
 
+/// Where syslog listens.
+pub const SYSLOG_SOCKET: &str = "/dev/log";
+
+/// Whether syslog is listening here (a container or chroot may have none,
+/// and then syslog(3) drops every line).
+pub fn syslog_available() -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(SYSLOG_SOCKET).is_ok_and(|m| m.file_type().is_socket())
+}
+
+/// The log file of a background mount when there is no syslog:
+/// `/var/log/ztensor-mount.log` for root, else
+/// `$XDG_STATE_HOME/ztensor-mount.log` (`~/.local/state/…`). Its folder is
+/// made if missing.
+pub fn default_log_file() -> std::path::PathBuf {
+    use std::path::PathBuf;
+    let dir = if unsafe { libc::getuid() } == 0 {
+        PathBuf::from("/var/log")
+    } else if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        PathBuf::from(d)
+    } else if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        PathBuf::from(h).join(".local/state")
+    } else {
+        std::env::temp_dir()
+    };
+    let _ = std::fs::create_dir_all(&dir);
+    dir.join("ztensor-mount.log")
+}
+
 pub fn to_stderr(debug: bool) {
     let _ = builder(debug).try_init();
 }

@@ -24,9 +24,18 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(1)
 }
 
-pub fn run(file: &Path, mountpoint: &Path, s: Settings) -> ExitCode {
+pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
     if s.foreground {
         logging::to_stderr(s.debug);
+    } else if s.log_file.is_none() && !logging::syslog_available() {
+        // Errors must be findable: without syslog, a file in a known place.
+        let path = logging::default_log_file();
+        eprintln!(
+            "ztensor-mount: no syslog here ({} is not a socket); logging to {}",
+            logging::SYSLOG_SOCKET,
+            path.display()
+        );
+        s.log_file = Some(path);
     }
     let file = match std::fs::canonicalize(file) {
         Ok(p) => p,
@@ -36,6 +45,12 @@ pub fn run(file: &Path, mountpoint: &Path, s: Settings) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
+    if std::fs::read_dir(&mountpoint).is_ok_and(|mut d| d.next().is_some()) {
+        eprintln!(
+            "ztensor-mount: warning: {} is not empty; its contents are hidden while mounted",
+            mountpoint.display()
+        );
+    }
     if let Err(e) = tempfile::tempfile_in(&s.cache_dir) {
         return fail(format!(
             "cache directory {} is not writable: {e}",
@@ -53,6 +68,29 @@ pub fn run(file: &Path, mountpoint: &Path, s: Settings) -> ExitCode {
         return serve(opened, &mountpoint, &s, None);
     }
     daemonize(opened, &mountpoint, &s)
+}
+
+/// What to do when mounting failed for want of `/dev/fuse`.
+fn fuse_hint(e: &std::io::Error) -> String {
+    let dev = Path::new("/dev/fuse");
+    if !dev.exists() {
+        return " (/dev/fuse is missing: load the fuse module with modprobe fuse, or in a \
+                container pass --device /dev/fuse)"
+            .into();
+    }
+    let denied = matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM))
+        || e.kind() == std::io::ErrorKind::PermissionDenied;
+    let cannot_open = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dev)
+        .is_err();
+    if denied || cannot_open {
+        return " (/dev/fuse is not open to this user: install fuse3, whose fusermount3 \
+                is setuid root, or make /dev/fuse readable and writable for the user)"
+            .into();
+    }
+    String::new()
 }
 
 fn check_mountpoint(p: &Path) -> Result<PathBuf, String> {
@@ -321,7 +359,11 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
     let session = match fuser::Session::new(adapter, mountpoint, &config) {
         Ok(sess) => sess,
         Err(e) => {
-            let msg = format!("cannot mount {label} on {}: {e}", mountpoint.display());
+            let msg = format!(
+                "cannot mount {label} on {}: {e}{}",
+                mountpoint.display(),
+                fuse_hint(&e)
+            );
             report(&msg);
             return fail(msg);
         }

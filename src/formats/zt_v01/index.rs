@@ -84,7 +84,9 @@ pub fn parse(bytes: &[u8], file: &str, memory_limit: u64) -> Result<Index> {
     if len < 16 {
         return Err(err(
             ErrorKind::Index,
-            format!("file is {len} bytes, too short for the trailing index size"),
+            format!(
+                "file is {len} bytes, too short for the trailing index size (it looks truncated)"
+            ),
         ));
     }
     let mut size_bytes = [0u8; 8];
@@ -95,7 +97,7 @@ pub fn parse(bytes: &[u8], file: &str, memory_limit: u64) -> Result<Index> {
         return Err(err(
             ErrorKind::Index,
             format!(
-                "index size {index_size} is larger than the file allows ({room} bytes between the magic and the size field)"
+                "index size {index_size} is larger than the file allows ({room} bytes between the magic and the size field; the file looks truncated)"
             ),
         ));
     }
