@@ -124,7 +124,8 @@ fn packed_arrays_read_back_as_little_endian_bytes() {
     let nameless = format!("={}", a.display());
     let twice = format!("c={}", c.display());
     for (args, code, why) in [
-        (vec![nameless.as_str()], 1, "a tensor name is empty"),
+        (vec![nameless.as_str()], 2, "expected NAME=PATH.npy"),
+        (vec![a.to_str().unwrap()], 2, "expected NAME=PATH.npy"),
         (vec![&a_in, &twice, &twice], 1, "c: the name is used twice"),
         (
             vec!["--zstd", "--big-endian", &a_in],
@@ -141,6 +142,27 @@ fn packed_arrays_read_back_as_little_endian_bytes() {
         assert!(r.stderr.contains(why), "{args:?}: {r:?}");
         assert!(!zt.exists() && !dir.path().join("refused.zt.partial").exists());
     }
+    // An existing output is replaced only with --force.
+    let out = dir.path().join("kept.zt");
+    std::fs::write(&out, b"mine").unwrap();
+    let pack = |extra: &[&str]| {
+        run_with_timeout(
+            Command::new(bin())
+                .arg("pack")
+                .arg(&out)
+                .args(extra)
+                .arg(&a_in),
+            Duration::from_secs(30),
+        )
+    };
+    let r = pack(&[]);
+    assert_eq!(r.status.code(), Some(2), "{r:?}");
+    assert!(r.stderr.contains("--force"), "{r:?}");
+    assert_eq!(std::fs::read(&out).unwrap(), b"mine");
+    let r = pack(&["--force"]);
+    assert!(r.ok(), "{r:?}");
+    assert!(r.stderr.contains("(1 tensor)"), "{r:?}");
+    assert_ne!(std::fs::read(&out).unwrap(), b"mine");
 }
 
 #[test]

@@ -244,7 +244,7 @@ fn set(items: &[&str]) -> BTreeSet<String> {
 
 /// The files a set of dense tensors must produce, plus `.ztensor/*`.
 fn expected_files(index: &Json) -> BTreeSet<String> {
-    let mut want = set(&[".ztensor/index.json", ".ztensor/stats"]);
+    let mut want = set(&[".ztensor/errors", ".ztensor/index.json", ".ztensor/stats"]);
     for t in index["tensors"].as_array().unwrap() {
         let p = t["path"].as_str().unwrap();
         want.insert(p.to_string());
@@ -529,7 +529,7 @@ fn sparse_csr_and_coo_parts() {
     };
     let zt = std::fs::read(m.scratch_path("test.zt")).unwrap();
     let index = m.index();
-    let mut want_files = set(&[".ztensor/index.json", ".ztensor/stats"]);
+    let mut want_files = set(&[".ztensor/errors", ".ztensor/index.json", ".ztensor/stats"]);
     for c in &cases {
         let name = c.name;
         let path = path_of(&index, name);
@@ -939,7 +939,7 @@ fn names_that_cannot_be_paths_are_escaped() {
     assert_ne!(p(".ztensor"), ".ztensor");
     assert_eq!(
         names_in(&m.path(".ztensor")),
-        set(&["index.json", "stats"]),
+        set(&["errors", "index.json", "stats"]),
         ".ztensor holds only the daemon's files"
     );
     assert_eq!(walk(&m.mp), expected_files(&index));

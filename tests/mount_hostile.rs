@@ -111,6 +111,14 @@ fn data_faults_fail_only_their_tensor() {
                     "{name}: log lacks the reason {substring:?}:\n{log}"
                 );
                 assert!(m.stat_u64("errors") >= 1, "{name}: errors not counted");
+                // Without the log, .ztensor/errors says which tensor and why.
+                let listed = String::from_utf8(m.read(".ztensor/errors")).unwrap();
+                let hit = listed.lines().any(|l| {
+                    let e: serde_json::Value = serde_json::from_str(l).unwrap();
+                    e["tensor"] == "bad"
+                        && e["error"].as_str().is_some_and(|w| w.contains(&substring))
+                });
+                assert!(hit, "{name}: .ztensor/errors lacks it:\n{listed}");
             }
             "Unsupported" => {
                 assert_eq!(side["supported"], false, "{name}");

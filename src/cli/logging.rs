@@ -37,21 +37,27 @@ pub fn syslog_available() -> bool {
 
 /// The log file of a background mount when there is no syslog:
 /// `/var/log/ztensor-mount.log` for root, else
-/// `$XDG_STATE_HOME/ztensor-mount.log` (`~/.local/state/…`). Its folder is
-/// made if missing.
+/// `$XDG_STATE_HOME/ztensor-mount.log` (`~/.local/state/…`), its folder
+/// made if missing; where that cannot be written,
+/// `$TMPDIR/ztensor-mount-UID.log`.
 pub fn default_log_file() -> std::path::PathBuf {
     use std::path::PathBuf;
-    let dir = if unsafe { libc::getuid() } == 0 {
-        PathBuf::from("/var/log")
+    let uid = unsafe { libc::getuid() };
+    let dir = if uid == 0 {
+        Some(PathBuf::from("/var/log"))
     } else if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
-        PathBuf::from(d)
-    } else if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-        PathBuf::from(h).join(".local/state")
+        Some(PathBuf::from(d))
     } else {
-        std::env::temp_dir()
+        std::env::var_os("HOME")
+            .filter(|h| !h.is_empty())
+            .map(|h| PathBuf::from(h).join(".local/state"))
     };
-    let _ = std::fs::create_dir_all(&dir);
-    dir.join("ztensor-mount.log")
+    let writable =
+        |d: &PathBuf| std::fs::create_dir_all(d).is_ok() && tempfile::tempfile_in(d).is_ok();
+    match dir.filter(writable) {
+        Some(d) => d.join("ztensor-mount.log"),
+        None => std::env::temp_dir().join(format!("ztensor-mount-{uid}.log")),
+    }
 }
 
 pub fn to_stderr(debug: bool) {

@@ -27,15 +27,12 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
 pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
     if s.foreground {
         logging::to_stderr(s.debug);
-    } else if s.log_file.is_none() && !logging::syslog_available() {
-        // Errors must be findable: without syslog, a file in a known place.
-        let path = logging::default_log_file();
-        eprintln!(
-            "ztensor-mount: no syslog here ({} is not a socket); logging to {}",
-            logging::SYSLOG_SOCKET,
-            path.display()
-        );
-        s.log_file = Some(path);
+    }
+    // Errors must be findable: without syslog, a file in a known place
+    // (said once the mount is up).
+    let defaulted_log = !s.foreground && s.log_file.is_none() && !logging::syslog_available();
+    if defaulted_log {
+        s.log_file = Some(logging::default_log_file());
     }
     let file = match std::fs::canonicalize(file) {
         Ok(p) => p,
@@ -67,7 +64,18 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
     if s.foreground {
         return serve(opened, &mountpoint, &s, None);
     }
-    daemonize(opened, &mountpoint, &s)
+    let code = daemonize(opened, &mountpoint, &s);
+    if code == ExitCode::SUCCESS
+        && defaulted_log
+        && let Some(p) = &s.log_file
+    {
+        eprintln!(
+            "ztensor-mount: no syslog here ({} is not a socket); logging to {}",
+            logging::SYSLOG_SOCKET,
+            p.display()
+        );
+    }
+    code
 }
 
 /// What to do when mounting failed for want of `/dev/fuse`.
