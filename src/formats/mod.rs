@@ -3,6 +3,7 @@
 //! here, once, by its first bytes, never by its name.
 
 pub mod cbor_json;
+pub mod deathtensors;
 pub mod zt_v01;
 
 use std::path::Path;
@@ -12,7 +13,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::source::MappedFile;
 
 /// The formats this version reads, for messages.
-pub const READS: &str = "zTensor v0.1";
+pub const READS: &str = "zTensor v0.1, deathtensors v1";
 
 /// A file read into the common catalog, with the files its bytes are in.
 pub struct Opened {
@@ -41,6 +42,7 @@ impl Default for Limits {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Detected {
     ZtV01,
+    DeathTensors,
     /// A format this version recognises but does not read.
     Known(&'static str),
     Unknown,
@@ -52,13 +54,15 @@ pub fn detect(bytes: &[u8]) -> Detected {
         (b"ZTEN1000", "zTensor v1"),
         (b"\x89ZT2\r\n\x1a\n", "zTensor v2"),
         (b"GGUF", "GGUF"),
-        (b"DTLEGION", "deathtensors"),
         (b"\x89HDF\r\n\x1a\n", "HDF5"),
         (b"PK\x03\x04", "a zip archive (npz or a PyTorch checkpoint)"),
         (b"\x93NUMPY", "a numpy .npy file"),
     ];
     if bytes.starts_with(zt_v01::MAGIC) {
         return Detected::ZtV01;
+    }
+    if bytes.starts_with(deathtensors::MAGIC) {
+        return Detected::DeathTensors;
     }
     if let Some((_, name)) = KNOWN.iter().find(|(m, _)| bytes.starts_with(m)) {
         return Detected::Known(name);
@@ -91,6 +95,7 @@ pub fn open(path: &Path, limits: Limits) -> Result<Opened> {
                 sources: vec![Some(src)],
             })
         }
+        Detected::DeathTensors => deathtensors::open(src, limits),
         Detected::Known(name) => Err(Error::new(
             ErrorKind::NotSupported,
             src.label(),
