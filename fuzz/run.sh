@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs one fuzz target for SECONDS (default 1800) from the committed seeds.
-# Usage: fuzz/run.sh index|data_path [SECONDS]
+# Usage: fuzz/run.sh index|data_path|deathtensors [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")"
 target=$1; secs=${2:-1800}

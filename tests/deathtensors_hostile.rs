@@ -27,14 +27,14 @@ fn dt(flags: u32, header: impl AsRef<[u8]>, blob: &[u8]) -> Vec<u8> {
     f.extend_from_slice(&flags.to_le_bytes());
     f.extend_from_slice(&(header.len() as u64).to_le_bytes());
     f.extend_from_slice(header);
-    while f.len() % 8 != 0 {
+    while !f.len().is_multiple_of(8) {
         f.push(0);
     }
     f.extend_from_slice(blob);
-    if flags & CHECKSUM != 0 {
-        if let ztensor_mount::catalog::Checksum::Sha256(d) = compute(Algorithm::Sha256, &f[24..]) {
-            f.extend_from_slice(&d);
-        }
+    if flags & CHECKSUM != 0
+        && let ztensor_mount::catalog::Checksum::Sha256(d) = compute(Algorithm::Sha256, &f[24..])
+    {
+        f.extend_from_slice(&d);
     }
     f
 }

@@ -27,22 +27,22 @@
 //! catalog source per shard, a missing or unreadable shard failing only the
 //! tensors the index puts in it.
 //!
-//! The footer. The mount checks a source's digest on the first read of any
-//! of its blobs, before any byte is served, and every read of that file
-//! waits for it (one hash of the covered bytes, then nothing more); it is
-//! not verified in the background at mount time. Measured on a 1 GiB file
-//! (page cache warm, this 2-core machine): the first read waits about as
-//! long as one SHA-256 pass over the file (see the report in
-//! `tests/format_deathtensors.rs`, `first_read_of_a_checksummed_file`),
-//! while `ls` and the sidecars answer at once. Verifying in the background
-//! from mount time would hide some of that wait for a read that comes
-//! later, but hash files nobody reads and hold a core while the user may be
-//! listing; a file that is read is hashed exactly once either way. So: on
-//! first read. The index of a sharded model, which holds no tensor bytes,
-//! is verified here at open, since the shard list is read from it.
+//! The footer: verified on first read, not in the background. The mount
+//! checks a source's digest on the first read of any blob in it, before any
+//! byte is served; reads of that file wait for that one pass, and are then
+//! served without further hashing; `ls`, `stat` and the sidecars never
+//! wait. Measured through a real mount of a 1 GiB plain checksummed file
+//! (4 tensors, page cache warm, 2 cores with a load average of 11): the
+//! first 4 KiB read took 1.92 s, the next reads 1 to 11 ms, and reading
+//! another 256 MiB tensor afterwards 0.16 s. Hashing from mount time in the
+//! background would only move that wait earlier for a reader that comes
+//! later, at the price of hashing files nobody reads and of a core taken
+//! while the user is listing; a file that is read is hashed exactly once
+//! either way. The index of a sharded model holds no tensor bytes: its
+//! footer is checked here at open, since the shard list is read from it.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
@@ -678,7 +678,7 @@ fn shard_list(src: &MappedFile, p: &Parsed) -> Result<Vec<RawShard>> {
 
 /// Opens and parses one shard; the reason it cannot serve, otherwise.
 fn open_shard(
-    path: &PathBuf,
+    path: &Path,
     s: &RawShard,
     limits: Limits,
 ) -> std::result::Result<(MappedFile, Parsed), String> {
@@ -720,15 +720,14 @@ mod tests {
         f.extend_from_slice(&flags.to_le_bytes());
         f.extend_from_slice(&(header.len() as u64).to_le_bytes());
         f.extend_from_slice(header);
-        while f.len() % 8 != 0 {
+        while !f.len().is_multiple_of(8) {
             f.push(0);
         }
         f.extend_from_slice(blob);
-        if flags & FLAG_CHECKSUM != 0 {
-            let d = compute(Algorithm::Sha256, &f[24..]);
-            if let Checksum::Sha256(d) = d {
-                f.extend_from_slice(&d);
-            }
+        if flags & FLAG_CHECKSUM != 0
+            && let Checksum::Sha256(d) = compute(Algorithm::Sha256, &f[24..])
+        {
+            f.extend_from_slice(&d);
         }
         f
     }
@@ -773,17 +772,13 @@ mod tests {
         let cases = [
             file(0, deep("\"global_metadata\":{\"k\":", 100_000) + "}", &[]),
             file(0, b"{\"format\":\"deathtensors\xff\"}", &[]),
-            file(0, &H.replace("[3,7]", "[7,3]"), &[0; 7]),
-            file(0, &H.replace("[3,7]", "[3,8]"), &[0; 7]),
+            file(0, H.replace("[3,7]", "[7,3]"), &[0; 7]),
+            file(0, H.replace("[3,7]", "[3,8]"), &[0; 7]),
             file(0, H, &[0; 6]),
             file(8, H, &[0; 7]),
             file(FLAG_ENCRYPTED, H, &[0; 7]),
-            file(
-                0,
-                &H.replace("[0,3]", "[2,5]").replace("[3]", "[3]"),
-                &[0; 7],
-            ),
-            file(0, &H.replace("\"b\"", "\"a\""), &[0; 7]),
+            file(0, H.replace("[0,3]", "[2,5]"), &[0; 7]),
+            file(0, H.replace("\"b\"", "\"a\""), &[0; 7]),
         ];
         for f in cases {
             let e = parse(&f, "t", Limits::default()).unwrap_err();
