@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs one fuzz target for SECONDS (default 1800) from the committed seeds.
-# Usage: fuzz/run.sh index|data_path|zt_v1 [SECONDS]
+# Usage: fuzz/run.sh index|data_path|zt_v1|zt_v2_seek|formats|deathtensors [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")"
 target=$1; secs=${2:-1800}

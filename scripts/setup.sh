@@ -106,6 +106,13 @@ if ! "$venv/bin/python" -c 'import safetensors, gguf, onnx, h5py' >/dev/null 2>&
   "$venv/bin/pip" install -q --disable-pip-version-check --upgrade-strategy only-if-needed \
     safetensors gguf onnx h5py
 fi
+# deathtensors 0.3.0 (the real writer, for the deathtensors interop test):
+# an sdist only, built with maturin, so it needs the Rust installed above.
+if ! "$venv/bin/python" -c 'import sys, importlib.metadata as m, deathtensors; sys.exit(m.version("deathtensors") != "0.3.0")' \
+    >/dev/null 2>&1; then
+  echo "setup: installing deathtensors==0.3.0 into $venv (builds its Rust core)"
+  "$venv/bin/pip" install -q --disable-pip-version-check 'deathtensors==0.3.0'
+fi
 for spec in '1:ztensor>=1,<2' '2:ztensor>=2,<3'; do
   dir="$venv/ztensor/${spec%%:*}"
   if ! PYTHONPATH="$dir" "$venv/bin/python" -c \

@@ -4,6 +4,7 @@
 
 pub mod cbor_json;
 pub mod compat;
+pub mod deathtensors;
 pub mod sharded;
 pub mod zt_v01;
 pub mod zt_v1;
@@ -16,7 +17,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::source::MappedFile;
 
 /// The formats this version reads, for messages.
-pub const READS: &str = "zTensor v0.1, v1 and v2, safetensors (and sharded sets), GGUF (and split files), npz, PyTorch .pt, ONNX";
+pub const READS: &str = "zTensor v0.1, v1 and v2, safetensors (and sharded sets), GGUF (and split files), deathtensors (and sharded sets), npz, PyTorch .pt, ONNX";
 
 /// A file read into the common catalog, with the files its bytes are in.
 pub struct Opened {
@@ -48,6 +49,8 @@ pub enum Detected {
     /// zTensor v1: `ZTEN1000` first (and last).
     ZtV1,
     ZtV2,
+    /// deathtensors: `DTLEGION`.
+    DeathTensors,
     /// A format read through `ztensor-compat`.
     Compat(compat::Kind),
     /// A format this version recognises but does not read.
@@ -57,10 +60,7 @@ pub enum Detected {
 
 /// Recognises a file by its first bytes.
 pub fn detect(bytes: &[u8]) -> Detected {
-    const KNOWN: &[(&[u8], &str)] = &[
-        (b"DTLEGION", "deathtensors"),
-        (b"\x93NUMPY", "a numpy .npy file"),
-    ];
+    const KNOWN: &[(&[u8], &str)] = &[(b"\x93NUMPY", "a numpy .npy file")];
     if bytes.starts_with(zt_v01::MAGIC) {
         return Detected::ZtV01;
     }
@@ -69,6 +69,9 @@ pub fn detect(bytes: &[u8]) -> Detected {
     }
     if bytes.starts_with(zt_v2::MAGIC) {
         return Detected::ZtV2;
+    }
+    if bytes.starts_with(deathtensors::MAGIC) {
+        return Detected::DeathTensors;
     }
     if bytes.starts_with(b"GGUF") {
         return Detected::Compat(compat::Kind::Gguf);
@@ -125,6 +128,7 @@ pub fn open(path: &Path, limits: Limits) -> Result<Opened> {
             })
         }
         Detected::ZtV2 => zt_v2::open(src, limits),
+        Detected::DeathTensors => deathtensors::open(src, limits),
         Detected::ZtV1 => {
             let catalog = zt_v1::read(&src, limits)?;
             Ok(Opened {
