@@ -2,6 +2,7 @@
 //! names) into the common catalog. Which module reads a file is decided
 //! here, once, by its first bytes, never by its name.
 
+pub mod cbor;
 pub mod cbor_json;
 pub mod compat;
 pub mod deathtensors;

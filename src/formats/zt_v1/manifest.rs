@@ -7,6 +7,8 @@
 //! `"ZTEN1000" | blobs (64-aligned) | CBOR manifest | u64 LE manifest size |
 //! "ZTEN1000"`.
 
+pub use crate::formats::cbor::{as_u64, kind_name};
+use crate::formats::cbor::{cbor_error, header, header_kind};
 use std::collections::HashSet;
 
 use ciborium::value::Value;
@@ -21,7 +23,7 @@ pub const ALIGNMENT: u64 = 64;
 const FIXED: u64 = 24;
 /// Nesting allowed in the manifest; real files need 5 levels (root,
 /// objects, object, components, component) plus what attributes hold.
-pub const MAX_CBOR_DEPTH: usize = 64;
+pub const MAX_CBOR_DEPTH: usize = crate::formats::cbor::MAX_DEPTH;
 
 /// Memory one decoded CBOR item is reckoned to take.
 const ITEM_COST: u64 = 32;
@@ -335,68 +337,6 @@ pub fn estimate(b: &[u8]) -> Cost {
     }
 }
 
-/// One CBOR header at `pos`: (major type, argument or `None` for an
-/// indefinite length or a break, header length with a float's payload).
-fn header(b: &[u8], pos: usize) -> Option<(u8, Option<u64>, usize)> {
-    let first = *b.get(pos)?;
-    let (major, ai) = (first >> 5, first & 31);
-    match ai {
-        0..=23 => Some((major, Some(u64::from(ai)), 1)),
-        24..=27 => {
-            let len = 1usize << (ai - 24);
-            let bytes = b.get(pos + 1..pos.checked_add(1 + len)?)?;
-            let arg = bytes.iter().fold(0u64, |a, &x| (a << 8) | u64::from(x));
-            Some((major, Some(arg), 1 + len))
-        }
-        31 if matches!(major, 2..=5 | 7) => Some((major, None, 1)),
-        _ => None,
-    }
-}
-
-fn header_kind(first: u8) -> &'static str {
-    match (first >> 5, first & 31) {
-        (0 | 1, _) => "integer",
-        (2, _) => "byte string",
-        (3, _) => "text string",
-        (4, _) => "array",
-        (5, _) => "map",
-        (6, _) => "tag",
-        (7, 20 | 21) => "bool",
-        (7, 22 | 23) => "null",
-        (7, 25..=27) => "float",
-        _ => "unknown value",
-    }
-}
-
-fn cbor_error<E: std::fmt::Debug>(e: &ciborium::de::Error<E>) -> String {
-    match e {
-        ciborium::de::Error::Io(_) => "unexpected end of data".to_string(),
-        ciborium::de::Error::Syntax(at) => format!("syntax error at byte {at}"),
-        ciborium::de::Error::Semantic(at, msg) => match at {
-            Some(at) => format!("{msg} at byte {at}"),
-            None => msg.clone(),
-        },
-        ciborium::de::Error::RecursionLimitExceeded => {
-            format!("nested deeper than {MAX_CBOR_DEPTH} levels")
-        }
-    }
-}
-
-pub fn kind_name(v: &Value) -> &'static str {
-    match v {
-        Value::Integer(_) => "integer",
-        Value::Bytes(_) => "byte string",
-        Value::Float(_) => "float",
-        Value::Text(_) => "text string",
-        Value::Bool(_) => "bool",
-        Value::Null => "null",
-        Value::Tag(..) => "tag",
-        Value::Array(_) => "array",
-        Value::Map(_) => "map",
-        _ => "unknown value",
-    }
-}
-
 /// The root map, read with `objects` decoded one object at a time: no tree
 /// of the whole manifest is built.
 struct Root {
@@ -623,24 +563,6 @@ fn unique_keys_map(pairs: &[(Value, Value)]) -> std::result::Result<(), String> 
         unique_keys(v)?;
     }
     Ok(())
-}
-
-/// A CBOR integer that fits u64, or why not.
-pub fn as_u64(v: &Value) -> std::result::Result<u64, String> {
-    match v {
-        Value::Integer(i) => {
-            let n = i128::from(*i);
-            if n < 0 {
-                Err(format!("is negative ({n})"))
-            } else {
-                u64::try_from(n).map_err(|_| format!("is too large ({n})"))
-            }
-        }
-        other => Err(format!(
-            "is a CBOR {}, expected an unsigned integer",
-            kind_name(other)
-        )),
-    }
 }
 
 /// A map's known fields, by position, and the others in file order.
