@@ -382,7 +382,8 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
         tune_bdi(dev, s.read_ahead_kb);
     }
     log::info!(
-        "mounted {label} ({count} tensors) on {}",
+        "mounted {label} ({count} {}) on {}",
+        if count == 1 { "tensor" } else { "tensors" },
         mountpoint.display()
     );
 
