@@ -6,6 +6,7 @@ pub mod cbor;
 pub mod cbor_json;
 pub mod compat;
 pub mod deathtensors;
+mod gguf_header;
 pub mod sharded;
 pub mod zt_v01;
 pub mod zt_v1;
@@ -96,6 +97,22 @@ pub fn detect(bytes: &[u8]) -> Detected {
     Detected::Unknown
 }
 
+/// Refuses a GGUF header that is broken or would take more memory decoded
+/// than `limits` allow, before the crate that reads GGUF decodes it.
+fn gguf_bounded(src: &MappedFile, limits: Limits) -> Result<()> {
+    let err = |msg: String| Error::new(ErrorKind::Index, src.label(), None, msg);
+    let cost =
+        gguf_header::decoded_cost(src.bytes()).map_err(|why| err(format!("GGUF header: {why}")))?;
+    if cost > limits.index_memory {
+        return Err(err(format!(
+            "its GGUF header's key/values would take about {cost} bytes decoded, more than the \
+             {} allowed (--index-memory)",
+            limits.index_memory
+        )));
+    }
+    Ok(())
+}
+
 /// safetensors: a little-endian u64 header length, then a JSON object.
 fn looks_like_safetensors(bytes: &[u8]) -> bool {
     let Some(head) = bytes.get(..8) else {
@@ -138,6 +155,9 @@ pub fn open(path: &Path, limits: Limits) -> Result<Opened> {
             })
         }
         Detected::Compat(kind) => {
+            if kind == compat::Kind::Gguf {
+                gguf_bounded(&src, limits)?;
+            }
             let (catalog, src) = compat::open(src, kind)?;
             if kind == compat::Kind::Gguf && sharded::gguf_split_count(&catalog) > 1 {
                 return sharded::open_gguf_split(catalog, src, limits);
