@@ -99,6 +99,11 @@ if ! "$venv/bin/python" -c 'import numpy, ml_dtypes, zstandard, ztensor, zarr, t
   "$venv/bin/pip" install -q --disable-pip-version-check numpy ml_dtypes zstandard 'ztensor==0.1.4' \
     zarr tensorstore safetensors
 fi
+# The S3-compatible server the remote-mount tests start (tests/remote.rs).
+if ! "$venv/bin/python" -c 'import moto, boto3, flask' >/dev/null 2>&1; then
+  echo "setup: installing moto[server] into $venv (the S3 server of the remote tests)"
+  "$venv/bin/pip" install -q --disable-pip-version-check 'moto[server]'
+fi
 for spec in '1:ztensor>=1,<2' '2:ztensor>=2,<3'; do
   dir="$venv/ztensor/${spec%%:*}"
   if ! PYTHONPATH="$dir" "$venv/bin/python" -c \

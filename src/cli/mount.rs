@@ -28,7 +28,9 @@ pub fn run(file: &Path, mountpoint: &Path, s: Settings) -> ExitCode {
     if s.foreground {
         logging::to_stderr(s.debug);
     }
+    let remote = crate::source::remote::is_url(&file.to_string_lossy());
     let file = match std::fs::canonicalize(file) {
+        _ if remote => file.to_path_buf(),
         Ok(p) => p,
         Err(e) => return fail(format!("{}: {e}", file.display())),
     };
@@ -45,7 +47,7 @@ pub fn run(file: &Path, mountpoint: &Path, s: Settings) -> ExitCode {
     let limits = Limits {
         index_memory: s.index_memory,
     };
-    let opened = match formats::open(&file, limits) {
+    let opened = match formats::open_arg(&file.to_string_lossy(), limits, &s.remote) {
         Ok(opened) => opened,
         Err(e) => return fail(e),
     };

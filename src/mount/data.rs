@@ -255,9 +255,48 @@ impl Data {
         };
         s.guard.check()?;
         s.checked
-            .get_or_init(|| checks::source(&self.catalog, b.source, &s.file, &s.guard))
+            .get_or_init(|| {
+                self.ensure_digested(b.source, s)?;
+                checks::source(&self.catalog, b.source, &s.file, &s.guard)
+            })
             .clone()?;
         Ok(s)
+    }
+
+    /// Makes bytes `[off, off+len)` of the file present before they are
+    /// touched (a remote object's blocks fetched; nothing for a local
+    /// file). A failure names blob `bi`, or says the object changed.
+    fn ensure(&self, s: &Served, bi: usize, off: u64, len: u64) -> Result<(), String> {
+        if !s.file.is_remote() {
+            return Ok(());
+        }
+        s.file
+            .ensure(off, len)
+            .map_err(|why| match s.guard.check() {
+                Err(changed) => changed,
+                Ok(()) => self.fail(bi, why),
+            })
+    }
+
+    /// [`Data::ensure`] for all of blob `bi`'s stored bytes.
+    fn ensure_blob(&self, s: &Served, bi: usize) -> Result<(), String> {
+        let b = self.blob(bi);
+        self.ensure(s, bi, b.offset, b.len)
+    }
+
+    /// Makes present what a source's whole-file digest covers.
+    fn ensure_digested(&self, i: usize, s: &Served) -> Result<(), String> {
+        let Some(r) = self.catalog.sources.get(i) else {
+            return Ok(());
+        };
+        if r.digest.is_none() || !s.file.is_remote() {
+            return Ok(());
+        }
+        let (at, len) = r.digest_span.unwrap_or((0, s.file.len()));
+        s.file.ensure(at, len).map_err(|why| match s.guard.check() {
+            Err(changed) => changed,
+            Ok(()) => why,
+        })
     }
 
     /// The stored bytes of blob `bi`.
@@ -328,6 +367,7 @@ impl Data {
         let blob = s.file.range(b.offset, b.len);
         if let Some((at, n)) = expose::direct_range(part, off, len) {
             let (start, end) = (b.offset + at, b.offset + b.len);
+            self.ensure(s, bi, start, n)?;
             if n < window::STREAMING as u64 {
                 // A small read: one copy costs less than mapping its pages
                 // and, later, letting go of them.
@@ -344,6 +384,7 @@ impl Data {
         }
         let mut touched = Touched::default();
         let v: Result<Vec<u8>, String> = expose::gather(part, off, len, |at, out| {
+            self.ensure(s, bi, b.offset + at, out.len() as u64)?;
             out.copy_from_slice(&blob[at as usize..at as usize + out.len()]);
             s.window
                 .touch(&mut touched, (b.offset + at) as usize, out.len());
@@ -360,6 +401,11 @@ impl Data {
         self.states[bi]
             .checked
             .get_or_init(|| {
+                if !self.blob(bi).checks.is_empty()
+                    && !matches!(self.blob(bi).codec, Codec::Computed(_))
+                {
+                    self.ensure_blob(s, bi)?;
+                }
                 let r = checks::blob(self.blob(bi), &self.span(s, bi), &s.guard);
                 if let Err(checks::Failed::Mismatch(_)) = &r {
                     Stats::add(&self.stats.checksum_failures, 1);
@@ -424,6 +470,7 @@ impl Data {
         if let Some(plan) = self.recorded_frames(bi) {
             return Ok(plan);
         }
+        self.ensure_blob(s, bi)?;
         let decoded = self.blob(bi).decoded_len;
         let limit = self.cache.limit();
         let span = self.span(s, bi);
@@ -588,6 +635,7 @@ impl Data {
     /// Frame `k` of blob `bi`, from the cache or decoded into it.
     fn decode_frame(&self, s: &Served, bi: usize, k: usize, f: &Frame) -> Result<Arc<Buf>, String> {
         let b = self.blob(bi);
+        s.file.ensure(b.offset + f.c_start, f.c_len)?;
         let src = s.file.range(b.offset + f.c_start, f.c_len);
         self.cache.get((bi as u32, k as u32), f.d_len, |dst| {
             let r = zstd_blob::decode_frame(src, dst, f.d_len as usize);
@@ -670,6 +718,7 @@ impl Data {
 
     fn whole(&self, s: &Served, bi: usize, one_frame: bool) -> Result<Arc<Buf>, String> {
         let decoded = self.blob(bi).decoded_len;
+        self.ensure_blob(s, bi)?;
         let span = self.span(s, bi);
         let src = span.bytes();
         let key = (bi as u32, 0);
@@ -693,6 +742,7 @@ impl Data {
     fn computed(&self, s: &Served, bi: usize, p: &Producer) -> Result<Arc<Buf>, String> {
         let b = self.blob(bi);
         let limit = self.cache.limit();
+        self.ensure_blob(s, bi)?;
         if b.decoded_len > limit / 2 {
             return Err(self.fail(
                 bi,
@@ -848,6 +898,7 @@ impl Data {
         if spill::room(dir, decoded).is_err() {
             self.drop_idle_spills(bi, dir, decoded);
         }
+        self.ensure_blob(s, bi)?;
         let span = self.span(s, bi);
         let early = self.trusted_early(bi, span.bytes(), one_frame);
         let spill = Spill::start(&span, &s.guard, decoded, dir, early, &self.stats)
@@ -979,6 +1030,10 @@ fn serve_file(f: MappedFile) -> std::io::Result<Served> {
         bytes.as_ptr(),
         bytes.len(),
     );
+    let guard = match f.backing() {
+        Some(b) => guard.remote(b.clone()),
+        None => guard,
+    };
     let file = Arc::new(f);
     Ok(Served {
         window: MapWindow::new(file.clone(), window::BUDGET),
