@@ -442,7 +442,11 @@ fn two_cold_readers_of_one_block_make_one_request() {
 
 /// Mounts the model over HTTP with short timeouts, injects `fault`, reads
 /// tensor "tail" cold: its bytes, or the error.
-fn read_with_fault(fault: &str) -> Option<(std::io::Result<Vec<u8>>, Vec<u8>, String, Duration)> {
+/// What a read under a fault gave: its bytes or error, the bytes it should
+/// have, the daemon's log, and how long it took.
+type Outcome = (std::io::Result<Vec<u8>>, Vec<u8>, String, Duration);
+
+fn read_with_fault(fault: &str) -> Option<Outcome> {
     let py = python()?;
     let mut m = scratch_mount()?;
     let files = m.scratch_path("files");

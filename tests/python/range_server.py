@@ -34,18 +34,31 @@ STATE = {"requests": 0, "log": [], "faults": [], "gen": {}, "data": {}}
 STARTED = time.time()
 
 
+class Stored:
+    """An object's bytes: a file on disk (read by range), or bytes."""
+
+    def __init__(self, path=None, data=None):
+        self.path, self.data = path, data
+        self.size = len(data) if data is not None else os.path.getsize(path)
+
+    def read(self, start, end):
+        if self.data is not None:
+            return self.data[start:end]
+        with open(self.path, "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+
+
 def load(path):
     """The bytes and ETag of the object at `path`, or None."""
     with LOCK:
         if path in STATE["data"]:
             data = STATE["data"][path]
-            return data, '"%s-%d"' % (abs(hash(path)) % 10**8, STATE["gen"][path])
+            return Stored(data=data), '"%s-%d"' % (abs(hash(path)) % 10**8, STATE["gen"][path])
     full = os.path.realpath(os.path.join(ROOT, path.lstrip("/")))
     if not full.startswith(ROOT + os.sep) or not os.path.isfile(full):
         return None
-    with open(full, "rb") as f:
-        data = f.read()
-    return data, '"%s-0"' % (abs(hash(path)) % 10**8)
+    return Stored(path=full), '"%s-0"' % (abs(hash(path)) % 10**8)
 
 
 def take_fault(path):
@@ -83,7 +96,8 @@ class Handler(BaseHTTPRequestHandler):
                     f["path"] = q["path"]
                 STATE["faults"].append(f)
         if url.path == "/__replace":
-            data, _ = load(q["from"])
+            src, _ = load(q["from"])
+            data = src.read(0, src.size)
             with LOCK:
                 STATE["data"][q["path"]] = data
                 STATE["gen"][q["path"]] = STATE["gen"].get(q["path"], 0) + 1
@@ -118,29 +132,30 @@ class Handler(BaseHTTPRequestHandler):
             return self.answer(fault["status"], b"injected failure")
         if fault and fault["kind"] == "stall":
             time.sleep(fault["secs"])
-        start, end = 0, len(data)
+        size = data.size
+        start, end = 0, size
         status = 200
         if rng is not None:
             m = re.fullmatch(r"bytes=(\d*)-(\d*)", rng.strip())
             if not m or (m.group(1) == "" and m.group(2) == ""):
                 return self.answer(416, b"bad range")
             if m.group(1) == "":
-                start = max(0, len(data) - int(m.group(2)))
+                start = max(0, size - int(m.group(2)))
             else:
                 start = int(m.group(1))
                 if m.group(2) != "":
-                    end = min(len(data), int(m.group(2)) + 1)
-            if start >= len(data) or start >= end:
+                    end = min(size, int(m.group(2)) + 1)
+            if start >= size or start >= end:
                 return self.answer(416, b"range not satisfiable")
             status = 206
-        body = data[start:end]
+        body = b"" if head else data.read(start, end)
         self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(end - start))
         self.send_header("ETag", etag)
         self.send_header("Last-Modified", formatdate(STARTED, usegmt=True))
         self.send_header("Accept-Ranges", "bytes")
         if status == 206:
-            self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end - 1, len(data)))
+            self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end - 1, size))
         self.end_headers()
         if head:
             return
