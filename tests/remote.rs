@@ -675,3 +675,48 @@ fn wrong_credentials_or_a_missing_bucket_refuse_the_mount_in_one_line() {
     );
     assert!(!m.is_mounted());
 }
+
+#[test]
+fn a_sharded_v2_set_mounts_from_sibling_keys() {
+    use ztensor2::format::DigestAlgorithm;
+    use ztensor2::{DType as V2, Writer as V2Writer};
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut local) = scratch_mount() else {
+        return;
+    };
+    let Some(mut remote) = scratch_mount() else {
+        return;
+    };
+    let files = local.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    // A root whose tensor "a" lives in shard "s1", "b" in the root.
+    let shard = files.join("model-s1.zt");
+    let a: Vec<u8> = (0..300_000u32)
+        .flat_map(|i| i.wrapping_mul(2654435761).to_le_bytes())
+        .collect();
+    let mut w = V2Writer::options().canonical(false).create(&shard).unwrap();
+    w.add("a", [a.len() as u64 / 4], V2::U32, &a).unwrap();
+    w.finish().unwrap();
+    let id = ztensor2::read::shard_identity(&shard, DigestAlgorithm::Sha256).unwrap();
+    let m = ztensor2::read::manifest_of(&shard).unwrap().unwrap();
+    let root = files.join("model.zt");
+    let mut w = V2Writer::options().canonical(false).create(&root).unwrap();
+    w.add_shard("s1", &id).unwrap();
+    w.link("a", m.object("a").unwrap(), "s1").unwrap();
+    let b: Vec<u8> = (0..64u32).flat_map(u32::to_le_bytes).collect();
+    w.add("b", [64u64], V2::U32, &b).unwrap();
+    w.finish().unwrap();
+
+    local.mount(&root, &[]);
+    let srv = Server::range(&py, &files);
+    let cache = remote.scratch_path("cache");
+    mount_remote(&mut remote, &srv.url("/model.zt"), &cache, &[]);
+    assert!(remote.read("a") == a, "the shard's tensor");
+    same_tree(&local.mp, &remote.mp);
+    let log = srv.log();
+    assert!(
+        log.iter().any(|r| r.1 == "/model-s1.zt"),
+        "the shard was fetched as a sibling key: {log:?}"
+    );
+}
