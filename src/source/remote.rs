@@ -746,17 +746,19 @@ impl Backing for Object {
         }
         wanted.sort_unstable();
         wanted.dedup();
-        wanted.retain(|&b| !self.has(b));
-        // Read-ahead for a reader going on from where the last one ended.
+        // Read-ahead for a reader going on from where the last one ended
+        // (or reading that block again), whether or not its own blocks are
+        // here already: the blocks after them are fetched while it reads.
         let mut ahead = Vec::new();
         if !index && let (Some(&first), Some(&last)) = (wanted.first(), wanted.last()) {
             let seq = self.next_seq.swap(last + 1, Relaxed);
-            if first == seq || first + 1 == seq {
+            if first <= seq && seq <= last + 1 {
                 let until = (last + 1 + self.client.opts.read_ahead).min(self.blocks());
                 ahead.extend((last + 1..until).filter(|&b| !self.has(b)));
             }
         }
-        if wanted.is_empty() {
+        wanted.retain(|&b| !self.has(b));
+        if wanted.is_empty() && ahead.is_empty() {
             return Ok(());
         }
         let mut waits = Vec::new();
