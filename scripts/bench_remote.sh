@@ -10,6 +10,7 @@
 #
 #   bash scripts/bench_remote.sh                 # the debug build, 1 GiB
 #   ZT_BIN=target/release/ztensor-mount SIZE_MIB=256 bash scripts/bench_remote.sh
+#   BLOCKS=4M MOUNT_OPTS=remote_read_ahead=8 bash scripts/bench_remote.sh
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -45,7 +46,7 @@ mibps() { echo "$bytes / 1048576 / ($2 - $1)" | bc -l | xargs printf '%.0f'; }
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
 
 mount_it() { # block cache_dir
-  "$bin" "$url" "$mnt" --cache-dir "$2" -o "block_size=$1" --log-file "$work/log"
+  "$bin" "$url" "$mnt" --cache-dir "$2" -o "block_size=$1${MOUNT_OPTS:+,$MOUNT_OPTS}" --log-file "$work/log"
 }
 daemon_pid() { pgrep -n -f "ztensor-mount $url $mnt" ; }
 
@@ -56,10 +57,12 @@ for block in $blocks; do
   rm -rf "$cache"; mkdir -p "$cache"
   # The plain client: 4 parallel ranged GETs of one block each.
   cfg=$work/curl.cfg; : > "$cfg"
-  for ((at = 0; at < bytes + 4096; at += bsz)); do
-    printf 'url = "%s"\nrange = "%d-%d"\noutput = "/dev/null"\nnext\n' "$url" "$at" "$((at + bsz - 1))" >> "$cfg"
+  # (The file is the tensor and 4 KiB or so of header and index.)
+  for ((at = 0; at < bytes; at += bsz)); do
+    [ "$at" -gt 0 ] && echo next >> "$cfg"
+    printf 'silent\nurl = "%s"\nrange = "%d-%d"\noutput = "/dev/null"\n' "$url" "$at" "$((at + bsz - 1))" >> "$cfg"
   done
-  t0=$(now); curl -s --parallel --parallel-max 4 -K "$cfg"; t1=$(now)
+  t0=$(now); curl -s --parallel --parallel-max 4 -K "$cfg" 2>/dev/null; t1=$(now)
   curl_rate=$(mibps "$t0" "$t1")
   # The mount, cold: one sequential read.
   mount_it "$block" "$cache"
