@@ -469,13 +469,31 @@ fn read_with_fault(fault: &str) -> Option<Outcome> {
     let t = Instant::now();
     let got = std::fs::read(m.path("tail"));
     let took = t.elapsed();
+    // A tensor with a digest, checked before its first byte: under a fault
+    // that keeps on, it fails too.
+    let checked = std::fs::read(m.path("checked"));
     // The daemon still serves: a tensor read before (its blocks present)
-    // or fetched now, faults cleared.
+    // or fetched now, faults cleared; and the reads that failed work now.
     srv.control("/__reset");
     let small = std::fs::read(m.path("small"));
     assert!(m.is_mounted(), "{fault}: the daemon went away");
     if !fault.starts_with("replace") {
         assert_eq!(small.unwrap(), tensors[1].1, "{fault}: a neighbour");
+        if fault.contains("count=100") {
+            assert!(
+                checked.is_err(),
+                "{fault}: checked read under a lasting fault"
+            );
+        }
+        if let Ok(c) = checked {
+            assert!(c == tensors[2].1, "{fault}: wrong checked bytes");
+        }
+        let again = std::fs::read(m.path("tail")).unwrap();
+        assert!(again == tensors[5].1, "{fault}: tail after the fault");
+        let again = std::fs::read(m.path("checked")).unwrap();
+        assert!(again == tensors[2].1, "{fault}: checked after the fault");
+    } else {
+        assert!(checked.is_err(), "a changed object serves nothing new");
     }
     let log = m.log_text();
     Some((got, tensors[5].1.clone(), log, took))

@@ -254,11 +254,13 @@ impl Data {
             return Err(self.fail(bi, why));
         };
         s.guard.check()?;
+        // Fetched outside the once-only check: a failed fetch fails this
+        // read, not the file for good.
+        if s.checked.get().is_none() {
+            self.ensure_digested(b.source, s)?;
+        }
         s.checked
-            .get_or_init(|| {
-                self.ensure_digested(b.source, s)?;
-                checks::source(&self.catalog, b.source, &s.file, &s.guard)
-            })
+            .get_or_init(|| checks::source(&self.catalog, b.source, &s.file, &s.guard))
             .clone()?;
         Ok(s)
     }
@@ -398,14 +400,17 @@ impl Data {
 
     /// Runs the blob's checks once per mount, before any byte is served.
     fn checked(&self, s: &Served, bi: usize) -> Result<(), String> {
+        // The checks read the whole blob: fetched first, outside the
+        // once-only check (a failed fetch fails this read, not the blob).
+        if self.states[bi].checked.get().is_none()
+            && !self.blob(bi).checks.is_empty()
+            && !matches!(self.blob(bi).codec, Codec::Computed(_))
+        {
+            self.ensure_blob(s, bi)?;
+        }
         self.states[bi]
             .checked
             .get_or_init(|| {
-                if !self.blob(bi).checks.is_empty()
-                    && !matches!(self.blob(bi).codec, Codec::Computed(_))
-                {
-                    self.ensure_blob(s, bi)?;
-                }
                 let r = checks::blob(self.blob(bi), &self.span(s, bi), &s.guard);
                 if let Err(checks::Failed::Mismatch(_)) = &r {
                     Stats::add(&self.stats.checksum_failures, 1);
@@ -419,6 +424,13 @@ impl Data {
     }
 
     fn plan(&self, s: &Served, bi: usize) -> Result<&Plan, String> {
+        // A plan made by walking the blob reads all of it: fetched first,
+        // outside the once-only plan (a failed fetch fails this read only).
+        if self.states[bi].plan.get().is_none()
+            && !matches!(&self.blob(bi).codec, Codec::Zstd { frames: Some(_) })
+        {
+            self.ensure_blob(s, bi)?;
+        }
         self.states[bi]
             .plan
             .get_or_init(|| self.make_plan(s, bi))
