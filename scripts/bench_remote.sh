@@ -11,6 +11,7 @@
 #   bash scripts/bench_remote.sh                 # the debug build, 1 GiB
 #   ZT_BIN=target/release/ztensor-mount SIZE_MIB=256 bash scripts/bench_remote.sh
 #   BLOCKS=4M MOUNT_OPTS=remote_read_ahead=8 bash scripts/bench_remote.sh
+#   LATENCY_MS=30 bash scripts/bench_remote.sh   # each GET answers 30 ms late
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -35,7 +36,7 @@ rm "$work/t.npy"
 bytes=$((size_mib << 20))
 
 # Its stdin is the coprocess pipe: it serves until this script ends.
-coproc SRV { exec "$py" tests/python/range_server.py "$work/files"; }
+coproc SRV { exec "$py" tests/python/range_server.py "$work/files" "${LATENCY_MS:-0}"; }
 srv_pid=$SRV_PID
 read -r _ port <&"${SRV[0]}"
 url=http://127.0.0.1:$port/model.zt

@@ -2,7 +2,10 @@
 directory with HEAD and GET, honouring Range (one range) and If-Match, with
 an ETag per object generation; counts requests and injects faults.
 
-    python3 range_server.py DIR
+    python3 range_server.py DIR [LATENCY_MS]
+
+LATENCY_MS (default 0) delays every data answer, as a remote store's time
+to first byte would (for the benchmark).
 
 Listens on 127.0.0.1 and a free port, prints "PORT <n>" on stdout, and
 exits when stdin closes (or it is killed). Control requests (not counted):
@@ -29,6 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 ROOT = os.path.abspath(sys.argv[1])
+LATENCY = float(sys.argv[2]) / 1000 if len(sys.argv) > 2 else 0.0
 LOCK = threading.Lock()
 STATE = {"requests": 0, "log": [], "faults": [], "gen": {}, "data": {}}
 STARTED = time.time()
@@ -132,6 +136,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.answer(fault["status"], b"injected failure")
         if fault and fault["kind"] == "stall":
             time.sleep(fault["secs"])
+        if LATENCY and not head:
+            time.sleep(LATENCY)
         size = data.size
         start, end = 0, size
         status = 200
