@@ -235,6 +235,33 @@ mod tests {
     }
 
     #[test]
+    fn remote_options() {
+        let mut s = Settings::default();
+        apply_o(
+            &mut s,
+            "endpoint=http://127.0.0.1:9000,block_size=1M,remote_timeout=2.5,remote_retries=1,disk_cache_size=2G,remote_read_ahead=8",
+        )
+        .unwrap();
+        let r = &s.remote;
+        assert_eq!(r.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        assert_eq!((r.block_size, r.retries, r.read_ahead), (1 << 20, 1, 8));
+        assert_eq!(r.disk_cache_size, 2 << 30);
+        assert_eq!(r.timeout, std::time::Duration::from_millis(2500));
+        for bad in [
+            "block_size=3K",
+            "block_size=1G",
+            "remote_timeout=0",
+            "endpoint",
+        ] {
+            assert!(apply_o(&mut s, bad).is_err(), "{bad}");
+        }
+        assert!(crate::source::remote::is_url("S3://b/k.zt"));
+        assert!(crate::source::remote::is_url("https://h/k.zt"));
+        assert!(!crate::source::remote::is_url("/data/k.zt"));
+        assert!(!crate::source::remote::is_url("file://k.zt"));
+    }
+
+    #[test]
     fn generic_flags_an_fstab_line_may_carry_are_accepted() {
         let before = format!("{:?}", Settings::default());
         let mut s = Settings::default();

@@ -17,7 +17,6 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::Write;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
@@ -246,14 +245,9 @@ impl Client {
 
 /// The key of the object at `url` in its store.
 fn key_of(url: &url::Url) -> std::result::Result<Key, String> {
-    let scheme = url.scheme().to_ascii_lowercase();
-    let path = url.path();
-    let path = match scheme.as_str() {
-        // The container is the URL's host for these; the key is the path.
-        "s3" | "s3a" | "gs" | "az" | "adl" | "azure" | "abfs" | "abfss" => path,
-        _ => path,
-    };
-    let path = path.trim_start_matches('/');
+    // The bucket or container is the URL's host (an HTTP server's base is
+    // its origin); the key is the path, percent-decoded.
+    let path = url.path().trim_start_matches('/');
     if path.is_empty() || path.ends_with('/') {
         return Err("the URL names no object (it ends in /)".into());
     }
@@ -836,6 +830,5 @@ impl Drop for Object {
                 let _ = bm.lock().map(|f| f.sync_data());
             }
         }
-        let _ = std::io::stderr().flush();
     }
 }
