@@ -113,6 +113,11 @@ if ! "$venv/bin/python" -c 'import sys, importlib.metadata as m, deathtensors; s
   echo "setup: installing deathtensors==0.3.0 into $venv (builds its Rust core)"
   "$venv/bin/pip" install -q --disable-pip-version-check 'deathtensors==0.3.0'
 fi
+# The S3-compatible server the remote-mount tests start (tests/remote.rs).
+if ! "$venv/bin/python" -c 'import moto, boto3, flask' >/dev/null 2>&1; then
+  echo "setup: installing moto[server] into $venv (the S3 server of the remote tests)"
+  "$venv/bin/pip" install -q --disable-pip-version-check 'moto[server]'
+fi
 for spec in '1:ztensor>=1,<2' '2:ztensor>=2,<3'; do
   dir="$venv/ztensor/${spec%%:*}"
   if ! PYTHONPATH="$dir" "$venv/bin/python" -c \

@@ -20,8 +20,13 @@ const CHUNK: u64 = 1 << 20;
 /// into a temporary file (`$TMPDIR`), as a mount does under `--cache-dir`.
 const CACHE: u64 = 64 << 20;
 
-pub fn run(path: &Path, name: &str, part: Option<&str>) -> ExitCode {
-    match cat(path, name, part) {
+pub fn run(
+    path: &Path,
+    name: &str,
+    part: Option<&str>,
+    remote: &crate::source::RemoteOptions,
+) -> ExitCode {
+    match cat(path, name, part, remote) {
         Ok(()) => ExitCode::SUCCESS,
         // A closed pipe (`| head`) is the reader's choice, not an error.
         Err(e) if e.contains("Broken pipe") => ExitCode::SUCCESS,
@@ -32,8 +37,14 @@ pub fn run(path: &Path, name: &str, part: Option<&str>) -> ExitCode {
     }
 }
 
-fn cat(path: &Path, name: &str, part_name: Option<&str>) -> Result<(), String> {
-    let opened = formats::open(path, Limits::default()).map_err(|e| e.to_string())?;
+fn cat(
+    path: &Path,
+    name: &str,
+    part_name: Option<&str>,
+    remote: &crate::source::RemoteOptions,
+) -> Result<(), String> {
+    let opened = formats::open_arg(&path.to_string_lossy(), Limits::default(), remote)
+        .map_err(|e| e.to_string())?;
     let label = opened.catalog.label.clone();
     let ti = opened
         .catalog

@@ -8,8 +8,8 @@ use crate::mount::sidecar;
 use crate::mount::tree::Tree;
 use crate::views::Views;
 
-pub fn run(path: &Path, json: bool) -> ExitCode {
-    let cat = match formats::open(path, Limits::default()) {
+pub fn run(path: &Path, json: bool, remote: &crate::source::RemoteOptions) -> ExitCode {
+    let cat = match formats::open_arg(&path.to_string_lossy(), Limits::default(), remote) {
         Ok(opened) => opened.catalog,
         Err(e) => {
             eprintln!("ztensor-mount: {e}");

@@ -25,7 +25,8 @@ use crate::catalog::Algorithm;
     after_help = "Other commands: ztensor-mount pack|info|cat --help"
 )]
 struct MountCli {
-    /// The .zt file to serve (with -u: the mount point).
+    /// The file to serve, a path or a URL (s3://, gs://, az://, http(s)://)
+    /// (with -u: the mount point).
     file: PathBuf,
     /// An existing directory to mount on.
     #[arg(required_unless_present = "unmount")]
@@ -91,6 +92,12 @@ struct MountCli {
     /// Views to make, of npy, zarr, safetensors (or all, none). Default: all.
     #[arg(long, value_name = "LIST")]
     views: Option<String>,
+    /// For an s3:// FILE: the S3-compatible server to use (e.g. http://127.0.0.1:9000).
+    #[arg(long, value_name = "URL")]
+    endpoint: Option<String>,
+    /// For a remote FILE: most disk the cache files in --cache-dir may take. Default: 16G.
+    #[arg(long, value_name = "SIZE")]
+    disk_cache_size: Option<String>,
 }
 
 #[derive(Parser, Debug)]
@@ -135,14 +142,22 @@ enum Tool {
     },
     /// List the tensors of a .zt file.
     Info {
+        /// A path, or a URL (s3://, gs://, az://, http(s)://).
         file: PathBuf,
+        /// For an s3:// FILE: the S3-compatible server to use.
+        #[arg(long, value_name = "URL")]
+        endpoint: Option<String>,
         /// The catalog as JSON (same fields as the sidecars).
         #[arg(long)]
         json: bool,
     },
     /// Write one tensor's little-endian bytes to stdout.
     Cat {
+        /// A path, or a URL (s3://, gs://, az://, http(s)://).
         file: PathBuf,
+        /// For an s3:// FILE: the S3-compatible server to use.
+        #[arg(long, value_name = "URL")]
+        endpoint: Option<String>,
         tensor: String,
         /// For a sparse tensor: indptr, indices or values.
         #[arg(long)]
@@ -196,6 +211,12 @@ pub fn main() -> ExitCode {
         if let Some(v) = &cli.views {
             s.views = crate::views::Views::parse(v)?;
         }
+        if let Some(v) = &cli.endpoint {
+            s.remote.endpoint = Some(v.clone());
+        }
+        if let Some(v) = &cli.disk_cache_size {
+            s.remote.disk_cache_size = options::parse_size(v)?;
+        }
         if let Some(v) = cli.threads {
             s.threads = v;
         }
@@ -219,6 +240,7 @@ pub fn main() -> ExitCode {
             }
             *p = std::path::absolute(&*p).map_err(|e| format!("{key} {}: {e}", p.display()))?;
         }
+        s.remote.cache_dir = s.cache_dir.clone();
         if s.allow_other && s.allow_root {
             return Err("allow_other and allow_root cannot be used together".into());
         }
@@ -248,6 +270,16 @@ pub fn main() -> ExitCode {
     match &cli.mountpoint {
         Some(m) => mount::run(&cli.file, m, s),
         None => ExitCode::from(2),
+    }
+}
+
+/// How `info` and `cat` fetch a remote FILE: the defaults, with the cache
+/// files in `$TMPDIR` (where `cat` spills too).
+fn remote_options(endpoint: Option<String>) -> crate::source::RemoteOptions {
+    crate::source::RemoteOptions {
+        endpoint,
+        cache_dir: std::env::temp_dir(),
+        ..Default::default()
     }
 }
 
@@ -291,8 +323,17 @@ fn tool(cli: ToolCli) -> ExitCode {
                 force,
             })
         }
-        Tool::Info { file, json } => info::run(&file, json),
-        Tool::Cat { file, tensor, part } => cat::run(&file, &tensor, part.as_deref()),
+        Tool::Info {
+            file,
+            json,
+            endpoint,
+        } => info::run(&file, json, &remote_options(endpoint)),
+        Tool::Cat {
+            file,
+            tensor,
+            part,
+            endpoint,
+        } => cat::run(&file, &tensor, part.as_deref(), &remote_options(endpoint)),
     }
 }
 

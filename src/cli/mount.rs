@@ -34,7 +34,9 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
     if defaulted_log {
         s.log_file = Some(logging::default_log_file());
     }
+    let remote = crate::source::remote::is_url(&file.to_string_lossy());
     let file = match std::fs::canonicalize(file) {
+        _ if remote => file.to_path_buf(),
         Ok(p) => p,
         Err(e) => return fail(format!("{}: {e}", file.display())),
     };
@@ -57,7 +59,7 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
     let limits = Limits {
         index_memory: s.index_memory,
     };
-    let opened = match formats::open(&file, limits) {
+    let opened = match formats::open_arg(&file.to_string_lossy(), limits, &s.remote) {
         Ok(opened) => opened,
         Err(e) => return fail(e),
     };

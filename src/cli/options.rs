@@ -25,6 +25,9 @@ pub struct Settings {
     /// Largest read request, in bytes.
     pub max_read: u32,
     pub views: crate::views::Views,
+    /// How a remote FILE (a URL) is fetched; its `cache_dir` is set from
+    /// the one above.
+    pub remote: crate::source::RemoteOptions,
 }
 
 impl Default for Settings {
@@ -47,6 +50,7 @@ impl Default for Settings {
             read_ahead_kb: 4096,
             max_read: default_max_read(),
             views: crate::views::Views::ALL,
+            remote: crate::source::RemoteOptions::default(),
         }
     }
 }
@@ -153,6 +157,28 @@ pub fn apply_o(s: &mut Settings, list: &str) -> Result<(), String> {
             // Commas separate mount options: views are joined by '+'.
             "views" => s.views = crate::views::Views::parse(&need()?.replace('+', ","))?,
             "read_ahead_kb" => s.read_ahead_kb = parse_num(key, need()?)?,
+            "endpoint" => s.remote.endpoint = Some(need()?.to_string()),
+            "block_size" => {
+                let v = need()?;
+                s.remote.block_size = parse_size(v)
+                    .ok()
+                    .filter(|n| (64 << 10..=256 << 20).contains(n) && n.is_multiple_of(64 << 10))
+                    .ok_or_else(|| {
+                        format!("-o block_size={v}: must be a multiple of 64K from 64K to 256M")
+                    })?;
+            }
+            "disk_cache_size" => s.remote.disk_cache_size = parse_size(need()?)?,
+            "remote_timeout" => {
+                let secs: f64 = parse_num(key, need()?)?;
+                if !(0.1..=3600.0).contains(&secs) {
+                    return Err(format!(
+                        "-o remote_timeout: {secs} is not from 0.1 to 3600 seconds"
+                    ));
+                }
+                s.remote.timeout = std::time::Duration::from_secs_f64(secs);
+            }
+            "remote_retries" => s.remote.retries = parse_num(key, need()?)?,
+            "remote_read_ahead" => s.remote.read_ahead = parse_num(key, need()?)?,
             "max_read" => {
                 let v = need()?;
                 s.max_read = parse_size(v)
@@ -206,6 +232,33 @@ mod tests {
             assert!(e.contains("4K to 16M"), "{bad}: {e}");
         }
         assert_eq!(s.max_read, 2 << 20);
+    }
+
+    #[test]
+    fn remote_options() {
+        let mut s = Settings::default();
+        apply_o(
+            &mut s,
+            "endpoint=http://127.0.0.1:9000,block_size=1M,remote_timeout=2.5,remote_retries=1,disk_cache_size=2G,remote_read_ahead=8",
+        )
+        .unwrap();
+        let r = &s.remote;
+        assert_eq!(r.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        assert_eq!((r.block_size, r.retries, r.read_ahead), (1 << 20, 1, 8));
+        assert_eq!(r.disk_cache_size, 2 << 30);
+        assert_eq!(r.timeout, std::time::Duration::from_millis(2500));
+        for bad in [
+            "block_size=3K",
+            "block_size=1G",
+            "remote_timeout=0",
+            "endpoint",
+        ] {
+            assert!(apply_o(&mut s, bad).is_err(), "{bad}");
+        }
+        assert!(crate::source::remote::is_url("S3://b/k.zt"));
+        assert!(crate::source::remote::is_url("https://h/k.zt"));
+        assert!(!crate::source::remote::is_url("/data/k.zt"));
+        assert!(!crate::source::remote::is_url("file://k.zt"));
     }
 
     #[test]

@@ -158,7 +158,10 @@ mod tests {
             panic!("a 4.8 MB decode under a 1 MiB limit was let through");
         };
         let msg = e.to_string();
-        assert!(msg.contains("big.gguf") && msg.contains("--index-memory"), "{msg}");
+        assert!(
+            msg.contains("big.gguf") && msg.contains("--index-memory"),
+            "{msg}"
+        );
         assert!(!msg.contains('\n'));
     }
 }

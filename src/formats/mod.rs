@@ -18,6 +18,10 @@ use crate::catalog::Catalog;
 use crate::error::{Error, ErrorKind, Result};
 use crate::source::MappedFile;
 
+/// Bytes of each end of a remote file fetched to recognise it (rounded up
+/// to the source's blocks, so a small index comes with them).
+const ENDS: u64 = 64 << 10;
+
 /// The formats this version reads, for messages.
 pub const READS: &str = "zTensor v0.1, v1 and v2, safetensors (and sharded sets), GGUF (and split files), deathtensors (and sharded sets), npz, PyTorch .pt, ONNX";
 
@@ -131,7 +135,27 @@ pub fn open(path: &Path, limits: Limits) -> Result<Opened> {
     if path.is_dir() {
         return sharded::open_dir(path, limits);
     }
-    let src = MappedFile::open(path)?;
+    open_source(MappedFile::open(path)?, limits)
+}
+
+/// Opens `arg`, a path or a URL (`s3://`, `gs://`, `az://`, `http(s)://`),
+/// and reads its catalog.
+pub fn open_arg(
+    arg: &str,
+    limits: Limits,
+    remote: &crate::source::RemoteOptions,
+) -> Result<Opened> {
+    if !crate::source::remote::is_url(arg) {
+        return open(Path::new(arg), limits);
+    }
+    open_source(crate::source::open(arg, remote)?, limits)
+}
+
+/// Reads the catalog of `src` with the module its first bytes name.
+pub fn open_source(src: MappedFile, limits: Limits) -> Result<Opened> {
+    if src.is_remote() {
+        fetch_index(&src, limits)?;
+    }
     if sharded::is_hf_index(src.bytes()) {
         return sharded::open_hf_index(src, limits);
     }
@@ -183,4 +207,77 @@ pub fn open(path: &Path, limits: Limits) -> Result<Opened> {
             ),
         )),
     }
+}
+
+/// Makes present, for a source whose bytes are fetched on demand, what its
+/// format reads at open: its first and last bytes (the magic, a trailing
+/// index size or footer), then the index they point at, in as few requests
+/// as the format allows. Whatever a format module reads beyond this (the
+/// data of a sparse tensor it checks at open) it makes present itself.
+fn fetch_index(src: &MappedFile, limits: Limits) -> Result<()> {
+    let n = src.len();
+    let io = |why: String| Error::new(ErrorKind::Io, src.label(), None, why);
+    let tail = n.saturating_sub(ENDS);
+    src.ensure_all(&[(0, ENDS.min(n)), (tail, n - tail)], true)
+        .map_err(io)?;
+    let bytes = src.bytes();
+    let u64_at = |at: u64| -> Option<u64> {
+        let at = usize::try_from(at).ok()?;
+        Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+    };
+    // The index range each format's trailer or prefix names; a lying one
+    // is left to the format module to refuse (nothing past the budget is
+    // fetched).
+    let within = |at: u64, len: u64| {
+        len <= limits.index_memory && at.checked_add(len).is_some_and(|e| e <= n)
+    };
+    let index = match detect(bytes) {
+        Detected::ZtV01 => u64_at(n.saturating_sub(8))
+            .filter(|&len| len <= limits.index_memory && len.saturating_add(16) <= n)
+            .map(|len| (n - 8 - len, len)),
+        Detected::ZtV2 if n >= 40 => u64_at(n - 40)
+            .zip(u64_at(n - 32))
+            .filter(|&(at, len)| within(at, len)),
+        // A u64 header length, then the header.
+        Detected::Compat(compat::Kind::Safetensors) => u64_at(0)
+            .map(|len| (8, len))
+            .filter(|&(at, len)| within(at, len)),
+        // Magic, version, flags, then a u64 header length.
+        Detected::DeathTensors => u64_at(16)
+            .map(|len| (24, len))
+            .filter(|&(at, len)| within(at, len)),
+        Detected::Compat(kind) => {
+            // Their readers read the file where they please: only what was
+            // fetched is there, so nothing else is handed to them.
+            return Err(Error::new(
+                ErrorKind::NotSupported,
+                src.label(),
+                None,
+                format!(
+                    "{} over a URL is not supported yet (zTensor, safetensors and deathtensors \
+                     are): mount a local copy",
+                    kind.name()
+                ),
+            ));
+        }
+        _ => None,
+    };
+    if let Some((at, len)) = index {
+        src.ensure_all(&[(at, len)], true).map_err(io)?;
+    }
+    // v0.1 sparse tensors in the reference layouts are read at open.
+    if detect(bytes) == Detected::ZtV01
+        && let Ok(idx) = zt_v01::index::parse(bytes, src.label(), limits.index_memory)
+    {
+        let ranges: Vec<(u64, u64)> = idx
+            .entries
+            .iter()
+            .filter(|e| matches!(e.layout.as_str(), "sparsecsr" | "sparsecoo"))
+            .map(|e| (e.offset, e.size))
+            .collect();
+        if !ranges.is_empty() {
+            src.ensure_all(&ranges, false).map_err(io)?;
+        }
+    }
+    Ok(())
 }

@@ -287,10 +287,51 @@ impl Data {
             return Err(self.fail(bi, why));
         };
         s.guard.check()?;
+        // Fetched outside the once-only check: a failed fetch fails this
+        // read, not the file for good.
+        if s.checked.get().is_none() {
+            self.ensure_digested(b.source, s)?;
+        }
         s.checked
             .get_or_init(|| checks::source(&self.catalog, b.source, &s.file, &s.guard))
             .clone()?;
         Ok(s)
+    }
+
+    /// Makes bytes `[off, off+len)` of the file present before they are
+    /// touched (a remote object's blocks fetched; nothing for a local
+    /// file). A failure names blob `bi`, or says the object changed.
+    fn ensure(&self, s: &Served, bi: usize, off: u64, len: u64) -> Result<(), String> {
+        if !s.file.is_remote() {
+            return Ok(());
+        }
+        s.file
+            .ensure(off, len)
+            .map_err(|why| match s.guard.check() {
+                Err(changed) => changed,
+                Ok(()) => self.fail(bi, why),
+            })
+    }
+
+    /// [`Data::ensure`] for all of blob `bi`'s stored bytes.
+    fn ensure_blob(&self, s: &Served, bi: usize) -> Result<(), String> {
+        let b = self.blob(bi);
+        self.ensure(s, bi, b.offset, b.len)
+    }
+
+    /// Makes present what a source's whole-file digest covers.
+    fn ensure_digested(&self, i: usize, s: &Served) -> Result<(), String> {
+        let Some(r) = self.catalog.sources.get(i) else {
+            return Ok(());
+        };
+        if r.digest.is_none() || !s.file.is_remote() {
+            return Ok(());
+        }
+        let (at, len) = r.digest_span.unwrap_or((0, s.file.len()));
+        s.file.ensure(at, len).map_err(|why| match s.guard.check() {
+            Err(changed) => changed,
+            Ok(()) => why,
+        })
     }
 
     /// The stored bytes of blob `bi`.
@@ -361,6 +402,7 @@ impl Data {
         let blob = s.file.range(b.offset, b.len);
         if let Some((at, n)) = expose::direct_range(part, off, len) {
             let (start, end) = (b.offset + at, b.offset + b.len);
+            self.ensure(s, bi, start, n)?;
             if n < window::STREAMING as u64 {
                 // A small read: one copy costs less than mapping its pages
                 // and, later, letting go of them.
@@ -377,6 +419,7 @@ impl Data {
         }
         let mut touched = Touched::default();
         let v: Result<Vec<u8>, String> = expose::gather(part, off, len, |at, out| {
+            self.ensure(s, bi, b.offset + at, out.len() as u64)?;
             out.copy_from_slice(&blob[at as usize..at as usize + out.len()]);
             s.window
                 .touch(&mut touched, (b.offset + at) as usize, out.len());
@@ -390,6 +433,14 @@ impl Data {
 
     /// Runs the blob's checks once per mount, before any byte is served.
     fn checked(&self, s: &Served, bi: usize) -> Result<(), String> {
+        // The checks read the whole blob: fetched first, outside the
+        // once-only check (a failed fetch fails this read, not the blob).
+        if self.states[bi].checked.get().is_none()
+            && !self.blob(bi).checks.is_empty()
+            && !matches!(self.blob(bi).codec, Codec::Computed(_))
+        {
+            self.ensure_blob(s, bi)?;
+        }
         self.states[bi]
             .checked
             .get_or_init(|| {
@@ -435,6 +486,13 @@ impl Data {
     }
 
     fn plan(&self, s: &Served, bi: usize) -> Result<&Plan, String> {
+        // A plan made by walking the blob reads all of it: fetched first,
+        // outside the once-only plan (a failed fetch fails this read only).
+        if self.states[bi].plan.get().is_none()
+            && !matches!(&self.blob(bi).codec, Codec::Zstd { frames: Some(_) })
+        {
+            self.ensure_blob(s, bi)?;
+        }
         self.states[bi]
             .plan
             .get_or_init(|| self.make_plan(s, bi))
@@ -486,6 +544,7 @@ impl Data {
         if let Some(plan) = self.recorded_frames(bi) {
             return Ok(plan);
         }
+        self.ensure_blob(s, bi)?;
         let decoded = self.blob(bi).decoded_len;
         let limit = self.cache.limit();
         let span = self.span(s, bi);
@@ -650,6 +709,7 @@ impl Data {
     /// Frame `k` of blob `bi`, from the cache or decoded into it.
     fn decode_frame(&self, s: &Served, bi: usize, k: usize, f: &Frame) -> Result<Arc<Buf>, String> {
         let b = self.blob(bi);
+        s.file.ensure(b.offset + f.c_start, f.c_len)?;
         let src = s.file.range(b.offset + f.c_start, f.c_len);
         self.cache.get((bi as u32, k as u32), f.d_len, |dst| {
             let r = zstd_blob::decode_frame(src, dst, f.d_len as usize);
@@ -732,6 +792,7 @@ impl Data {
 
     fn whole(&self, s: &Served, bi: usize, one_frame: bool) -> Result<Arc<Buf>, String> {
         let decoded = self.blob(bi).decoded_len;
+        self.ensure_blob(s, bi)?;
         let span = self.span(s, bi);
         let src = span.bytes();
         let key = (bi as u32, 0);
@@ -755,6 +816,7 @@ impl Data {
     fn computed(&self, s: &Served, bi: usize, p: &Producer) -> Result<Arc<Buf>, String> {
         let b = self.blob(bi);
         let limit = self.cache.limit();
+        self.ensure_blob(s, bi)?;
         if b.decoded_len > limit / 2 {
             return Err(self.fail(
                 bi,
@@ -910,6 +972,7 @@ impl Data {
         if spill::room(dir, decoded).is_err() {
             self.drop_idle_spills(bi, dir, decoded);
         }
+        self.ensure_blob(s, bi)?;
         let span = self.span(s, bi);
         let early = self.trusted_early(bi, span.bytes(), one_frame);
         let spill = Spill::start(&span, &s.guard, decoded, dir, early, &self.stats)
@@ -1060,6 +1123,10 @@ fn serve_file(f: MappedFile) -> std::io::Result<Served> {
         bytes.as_ptr(),
         bytes.len(),
     );
+    let guard = match f.backing() {
+        Some(b) => guard.remote(b.clone()),
+        None => guard,
+    };
     let file = Arc::new(f);
     Ok(Served {
         window: MapWindow::new(file.clone(), window::BUDGET),

@@ -45,6 +45,9 @@ pub struct Guard {
     broken: OnceLock<String>,
     /// This file's place in [`FILES`], if one was free.
     slot: Option<usize>,
+    /// For a remote object's cache file (written as blocks arrive, so its
+    /// size and time say nothing): the object, which knows when it changed.
+    remote: Option<std::sync::Arc<dyn crate::source::Backing>>,
 }
 
 impl Guard {
@@ -74,7 +77,15 @@ impl Guard {
             orig: Stamp::from(opened),
             broken: OnceLock::new(),
             slot,
+            remote: None,
         }
+    }
+
+    /// Watches a remote object's cache file: the object says when it
+    /// changed (the file's own stamp changes with every block fetched).
+    pub fn remote(mut self, backing: std::sync::Arc<dyn crate::source::Backing>) -> Guard {
+        self.remote = Some(backing);
+        self
     }
 
     /// Why the file is no longer served, once [`Guard::check`] found it.
@@ -87,7 +98,17 @@ impl Guard {
         if let Some(why) = self.broken.get() {
             return Err(why.clone());
         }
-        let why = match stamp(&self.file) {
+        let now = match &self.remote {
+            Some(r) => match r.broken() {
+                Some(why) => {
+                    // The object logged it.
+                    return Err(self.broken.get_or_init(|| why).clone());
+                }
+                None => Ok(self.orig),
+            },
+            None => stamp(&self.file),
+        };
+        let why = match now {
             Err(e) => format!("{}: cannot stat the mounted file: {e}", self.label),
             Ok(now) if now.len != self.orig.len => format!(
                 "{}: file changed since mount (size {} -> {} bytes); refusing to serve its bytes",

@@ -16,6 +16,9 @@ pub struct MappedFile {
     /// served must still be (see `mount::guard`).
     opened: std::fs::Metadata,
     map: Mmap,
+    /// What makes the mapping's bytes present: `None` for a local file
+    /// (all of it is), the remote object for its cache file.
+    backing: Option<std::sync::Arc<dyn super::Backing>>,
 }
 
 /// The system's page size.
@@ -54,7 +57,75 @@ impl MappedFile {
             file,
             opened: meta,
             map,
+            backing: None,
         })
+    }
+
+    /// Maps `file` (at `path`), whose bytes `backing` makes present on
+    /// demand; `label` names it in messages (a URL).
+    pub fn with_backing(
+        path: &Path,
+        label: String,
+        file: File,
+        backing: std::sync::Arc<dyn super::Backing>,
+    ) -> Result<MappedFile> {
+        let io = |what: &str, e: std::io::Error| {
+            Error::new(ErrorKind::Io, &label, None, format!("{what}: {e}"))
+        };
+        let meta = file
+            .metadata()
+            .map_err(|e| io("cannot stat the cache file", e))?;
+        // SAFETY: read-only map of our own cache file, which is never
+        // shortened while mapped; bytes not yet fetched read as zeros and
+        // are never used before `ensure` fetched them.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| io("cannot mmap the cache file", e))?;
+        Ok(MappedFile {
+            path: path.to_path_buf(),
+            label,
+            file,
+            opened: meta,
+            map,
+            backing: Some(backing),
+        })
+    }
+
+    /// The remote object behind the mapping, if it is one.
+    pub fn backing(&self) -> Option<&std::sync::Arc<dyn super::Backing>> {
+        self.backing.as_ref()
+    }
+
+    pub fn is_remote(&self) -> bool {
+        self.backing.is_some()
+    }
+
+    /// Makes bytes `[off, off+len)` (clipped to the file) present in the
+    /// mapping: nothing to do for a local file.
+    pub fn ensure(&self, off: u64, len: u64) -> std::result::Result<(), String> {
+        self.ensure_all(&[(off, len)], false)
+    }
+
+    /// [`MappedFile::ensure`] for several ranges at once (fetched in
+    /// parallel); `index` asks for few requests rather than parallel ones.
+    pub fn ensure_all(
+        &self,
+        ranges: &[(u64, u64)],
+        index: bool,
+    ) -> std::result::Result<(), String> {
+        match &self.backing {
+            None => Ok(()),
+            Some(b) => b.ensure(ranges, index),
+        }
+    }
+
+    /// Opens the file named `name` beside this one (a shard), the same way.
+    pub fn sibling(&self, name: &str) -> Result<MappedFile> {
+        match &self.backing {
+            Some(b) => b.sibling(name),
+            None => {
+                let dir = self.path.parent().unwrap_or(Path::new("."));
+                MappedFile::open(&dir.join(name))
+            }
+        }
     }
 
     pub fn path(&self) -> &Path {

@@ -1,8 +1,39 @@
-//! Where a catalog's bytes come from. Today a local file, mapped: the
-//! data layer reads raw tensors straight out of the mapping and hands the
-//! pages back once served. Formats open their files through here, so that
-//! every file is opened, checked and mapped the same way.
+//! Where a catalog's bytes come from: a local file, mapped, or a remote
+//! object (S3, GCS, Azure, HTTP) mirrored into a sparse local file that is
+//! mapped the same way. Formats and the mount see one type, [`MappedFile`];
+//! what differs is its [`Backing`], which makes bytes of the mapping present
+//! before they are used ([`MappedFile::ensure`]: nothing to do for a local
+//! file, ranged GETs for a remote object). Formats open their files (and a
+//! file's siblings, [`MappedFile::sibling`]) through here, so that every
+//! file is opened, checked and mapped the same way.
 
 mod local;
+pub mod remote;
 
 pub use local::{MappedFile, Span, page_size};
+
+/// What stands behind a mapping whose bytes are not all there yet. A local
+/// file has none (every byte is present); a remote object fetches blocks on
+/// demand into the file it is mapped from.
+pub trait Backing: Send + Sync {
+    /// Makes every byte of `ranges` (offset, length; clipped to the file)
+    /// present in the mapping, or says why it cannot. `index` asks for as
+    /// few requests as possible (a format's index) rather than parallel ones.
+    fn ensure(&self, ranges: &[(u64, u64)], index: bool) -> Result<(), String>;
+    /// Why the bytes can no longer be served (the object changed), once known.
+    fn broken(&self) -> Option<String>;
+    /// The object named `name` beside this one (a shard), opened the same way.
+    fn sibling(&self, name: &str) -> crate::error::Result<MappedFile>;
+}
+
+/// Where and how remote objects are fetched; see [`remote::Options`].
+pub use remote::Options as RemoteOptions;
+
+/// Opens `arg`, a path or a URL (`s3://`, `gs://`, `az://`, `http(s)://`).
+pub fn open(arg: &str, remote: &RemoteOptions) -> crate::error::Result<MappedFile> {
+    if remote::is_url(arg) {
+        remote::open(arg, remote)
+    } else {
+        MappedFile::open(std::path::Path::new(arg))
+    }
+}

@@ -97,10 +97,18 @@ impl Builder {
         for (name, shard) in &manifest.shards {
             // The name was checked by the crate: [A-Za-z0-9._-], no leading
             // dot, so it is one path component.
-            let path = dir.join(format!("{stem}-{name}.zt"));
+            let file_name = format!("{stem}-{name}.zt");
+            let path = dir.join(&file_name);
             let digest =
                 Checksum::parse(&shard.digest).unwrap_or(Checksum::Unknown(shard.digest.clone()));
-            let (map, unusable) = match MappedFile::open(&path) {
+            // Beside the root however it was opened (a file, a remote object).
+            let opened = root.sibling(&file_name).and_then(|m| {
+                let n = m.len();
+                m.ensure_all(&[(0, 8.min(n)), (n.saturating_sub(16), 16.min(n))], true)
+                    .map_err(|why| Error::new(ErrorKind::Io, m.label(), None, why))?;
+                Ok(m)
+            });
+            let (map, unusable) = match opened {
                 Err(e) => (None, Some(format!("shard {name:?}: {e}"))),
                 Ok(m) if m.len() != shard.size => {
                     let why = format!(
@@ -400,10 +408,16 @@ impl Builder {
 
     /// The stored bytes of a part in a usable source (bounds were checked
     /// by the crate against the source's size, which we checked).
+    /// For a source fetched on demand, the bytes are fetched first; bytes
+    /// that cannot be are none (the checks over them then fail the tensor).
     fn stored(&self, source: usize, p: &V2Part) -> &[u8] {
         let Some(Some(map)) = self.maps.get(source) else {
             return &[];
         };
+        if let Err(why) = map.ensure(p.blob.offset, p.blob.length) {
+            log::error!("{why}");
+            return &[];
+        }
         let (o, l) = (p.blob.offset as usize, p.blob.length as usize);
         map.bytes().get(o..o.saturating_add(l)).unwrap_or_default()
     }

@@ -1,0 +1,834 @@
+//! A remote object (`s3://`, `gs://`, `az://`, `http(s)://`) served as a
+//! mapped file. At open the object is pinned (HEAD: size, ETag, version)
+//! and backed by a sparse file in the cache directory, named from the URL
+//! and the pin, with a bitmap of the blocks present saved beside it. Blocks
+//! are fetched on demand with ranged GETs pinned to that ETag/version
+//! (`If-Match`): an object that changed fails the read, it never mixes old
+//! and new bytes. A fetched block is written into the file and only then
+//! marked present, so the mapping (and every zero-copy path over it) holds
+//! the object's bytes wherever [`Backing::ensure`] said yes; the file lives
+//! in the page cache, so memory stays bounded, and a remount with the same
+//! ETag finds its blocks there.
+//!
+//! The clients are `object_store`'s (credentials and endpoints from the
+//! usual environment, retries with backoff, timeouts); they are async, and
+//! run on a small tokio runtime of this module's own. Readers wait on a
+//! block's flight (one request per cold block, however many wait for it).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use object_store::path::Path as Key;
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
+
+use super::{Backing, MappedFile};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Where and how remote objects are fetched.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Where the cache files go (under `ztensor-remote/`).
+    pub cache_dir: PathBuf,
+    /// Bytes fetched per block (a multiple of the page size).
+    pub block_size: u64,
+    /// Most bytes the cache files may take on disk; older files (not in
+    /// use) are deleted at open until the rest fits.
+    pub disk_cache_size: u64,
+    /// An S3-compatible server's endpoint (`http://host:port`).
+    pub endpoint: Option<String>,
+    /// One request's time limit (connect to last byte).
+    pub timeout: Duration,
+    /// Retries of a failed request (with backoff) before the read fails.
+    pub retries: usize,
+    /// Blocks fetched ahead of a sequential reader.
+    pub read_ahead: u64,
+}
+
+/// Default block: 4 MiB (see BENCHMARKS.md, remote reads): large enough
+/// that a request's round trip is small next to its transfer, small enough
+/// that a reader in the middle of a tensor waits for little it did not ask.
+pub const DEFAULT_BLOCK: u64 = 4 << 20;
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            cache_dir: PathBuf::from("/var/tmp"),
+            block_size: DEFAULT_BLOCK,
+            disk_cache_size: 16 << 30,
+            endpoint: None,
+            timeout: Duration::from_secs(30),
+            retries: 3,
+            read_ahead: 4,
+        }
+    }
+}
+
+/// Requests in flight at once, per object.
+const MAX_REQUESTS: usize = 8;
+/// A multi-block range is fetched as at most this many parallel requests.
+const PARALLEL: u64 = 4;
+
+const SCHEMES: &[&str] = &[
+    "s3", "s3a", "gs", "az", "adl", "azure", "abfs", "abfss", "http", "https",
+];
+
+/// Whether `arg` is a URL this module opens (rather than a path).
+pub fn is_url(arg: &str) -> bool {
+    arg.split_once("://")
+        .is_some_and(|(s, _)| SCHEMES.contains(&s.to_ascii_lowercase().as_str()))
+}
+
+fn fail(label: &str, why: impl std::fmt::Display) -> Error {
+    Error::new(ErrorKind::Io, label, None, one_line(why))
+}
+
+/// An error from a client or server as one line.
+fn one_line(why: impl std::fmt::Display) -> String {
+    let s = why.to_string();
+    let s: Vec<&str> = s.split_whitespace().collect();
+    let mut s = s.join(" ");
+    if s.len() > 400 {
+        let mut end = 400;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
+}
+
+/// The runtime the clients run on, made again in a forked child (a fork
+/// keeps none of the parent's threads).
+fn runtime() -> std::io::Result<tokio::runtime::Handle> {
+    static RT: Mutex<Option<(u32, tokio::runtime::Runtime)>> = Mutex::new(None);
+    let mut rt = RT.lock().unwrap_or_else(|p| p.into_inner());
+    let pid = std::process::id();
+    if let Some((p, r)) = rt.as_ref()
+        && *p == pid
+    {
+        return Ok(r.handle().clone());
+    }
+    if let Some((_, old)) = rt.take() {
+        // The parent's: its threads are not in this process; dropping it
+        // would wait for them.
+        std::mem::forget(old);
+    }
+    let r = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("zt-remote")
+        .enable_all()
+        .build()?;
+    let h = r.handle().clone();
+    *rt = Some((pid, r));
+    Ok(h)
+}
+
+/// How to reach one bucket (or HTTP server); the store itself is made per
+/// process, as its connections belong to the runtime.
+struct Client {
+    url: url::Url,
+    opts: Options,
+    store: Mutex<Option<(u32, Arc<dyn ObjectStore>)>>,
+}
+
+fn env_has(prefixes: &[&str]) -> bool {
+    std::env::vars_os().any(|(k, _)| {
+        let k = k.to_string_lossy();
+        prefixes.iter().any(|p| k.starts_with(p))
+    })
+}
+
+impl Client {
+    fn store(&self) -> std::result::Result<Arc<dyn ObjectStore>, String> {
+        let mut slot = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        let pid = std::process::id();
+        if let Some((p, s)) = slot.as_ref()
+            && *p == pid
+        {
+            return Ok(s.clone());
+        }
+        let s = self.build().map_err(one_line)?;
+        *slot = Some((pid, s.clone()));
+        Ok(s)
+    }
+
+    fn build(&self) -> std::result::Result<Arc<dyn ObjectStore>, object_store::Error> {
+        use object_store::{BackoffConfig, ClientOptions, RetryConfig};
+        let o = &self.opts;
+        let client = ClientOptions::new()
+            .with_timeout(o.timeout)
+            .with_connect_timeout(o.timeout.min(Duration::from_secs(10)))
+            .with_allow_http(true);
+        let retry = RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(5),
+                base: 2.0,
+            },
+            max_retries: o.retries,
+            retry_timeout: (o.timeout * (o.retries as u32 + 1)).min(Duration::from_secs(300)),
+        };
+        let url = self.url.as_str();
+        let scheme = self.url.scheme().to_ascii_lowercase();
+        Ok(match scheme.as_str() {
+            "s3" | "s3a" => {
+                let mut b = object_store::aws::AmazonS3Builder::from_env()
+                    .with_url(url)
+                    .with_client_options(client)
+                    .with_retry(retry);
+                if let Some(e) = &o.endpoint {
+                    b = b.with_endpoint(e).with_allow_http(true);
+                }
+                // No credentials in the environment: a public bucket, read
+                // anonymously (never the instance-metadata service).
+                if !env_has(&[
+                    "AWS_ACCESS_KEY_ID",
+                    "AWS_WEB_IDENTITY_TOKEN_FILE",
+                    "AWS_CONTAINER_CREDENTIALS",
+                ]) {
+                    b = b.with_skip_signature(true);
+                }
+                Arc::new(b.build()?)
+            }
+            "gs" => {
+                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                    .with_url(url)
+                    .with_client_options(client)
+                    .with_retry(retry);
+                if !env_has(&["GOOGLE_SERVICE_ACCOUNT", "GOOGLE_APPLICATION_CREDENTIALS"]) {
+                    b = b.with_skip_signature(true);
+                }
+                Arc::new(b.build()?)
+            }
+            "http" | "https" => {
+                let base = &self.url[..url::Position::BeforePath];
+                Arc::new(
+                    object_store::http::HttpBuilder::new()
+                        .with_url(base)
+                        .with_client_options(client)
+                        .with_retry(retry)
+                        .build()?,
+                )
+            }
+            _ => {
+                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_url(url)
+                    .with_client_options(client)
+                    .with_retry(retry);
+                if let Some(e) = &o.endpoint {
+                    b = b.with_endpoint(e.clone()).with_allow_http(true);
+                }
+                if !env_has(&[
+                    "AZURE_STORAGE_ACCOUNT_KEY",
+                    "AZURE_STORAGE_ACCESS_KEY",
+                    "AZURE_STORAGE_SAS",
+                    "AZURE_STORAGE_TOKEN",
+                    "AZURE_CLIENT_SECRET",
+                    "AZURE_USE_EMULATOR",
+                ]) {
+                    b = b.with_skip_signature(true);
+                }
+                Arc::new(b.build()?)
+            }
+        })
+    }
+}
+
+/// The key of the object at `url` in its store.
+fn key_of(url: &url::Url) -> std::result::Result<Key, String> {
+    // The bucket or container is the URL's host (an HTTP server's base is
+    // its origin); the key is the path, percent-decoded.
+    let path = url.path().trim_start_matches('/');
+    if path.is_empty() || path.ends_with('/') {
+        return Err("the URL names no object (it ends in /)".into());
+    }
+    Key::from_url_path(path).map_err(one_line)
+}
+
+/// Opens the object at `url`: pins it (HEAD) and maps its cache file.
+pub fn open(url: &str, opts: &Options) -> Result<MappedFile> {
+    let parsed = url::Url::parse(url).map_err(|e| fail(url, format!("not a valid URL: {e}")))?;
+    let client = Arc::new(Client {
+        url: parsed.clone(),
+        opts: opts.clone(),
+        store: Mutex::new(None),
+    });
+    open_with(client, parsed)
+}
+
+fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
+    let label = url.to_string();
+    let opts = &client.opts;
+    if opts.block_size == 0 || !opts.block_size.is_multiple_of(super::page_size() as u64) {
+        return Err(fail(
+            &label,
+            format!(
+                "block size {} is not a multiple of the page size",
+                opts.block_size
+            ),
+        ));
+    }
+    let key = key_of(&url).map_err(|e| fail(&label, e))?;
+    let rt = runtime().map_err(|e| fail(&label, format!("cannot start the I/O runtime: {e}")))?;
+    let store = client.store().map_err(|e| fail(&label, e))?;
+    let meta = {
+        let key = key.clone();
+        rt.block_on(async move { store.head(&key).await })
+    }
+    .map_err(|e| fail(&label, describe(&e)))?;
+    let pin = meta
+        .e_tag
+        .clone()
+        .or_else(|| meta.version.clone())
+        .unwrap_or_else(|| format!("lm{}", meta.last_modified.timestamp()));
+    let cache = Cache::open(opts, &label, &pin, meta.size)?;
+    let present = cache.present.clone();
+    let obj = Arc::new_cyclic(|me| Object {
+        me: me.clone(),
+        client: client.clone(),
+        url: url.clone(),
+        label: label.clone(),
+        key,
+        size: meta.size,
+        etag: meta.e_tag.clone(),
+        version: meta.version.clone(),
+        block: opts.block_size,
+        file: cache.file.try_clone().ok(),
+        present: present
+            .iter()
+            .map(|&w| AtomicU64::new(w))
+            .collect::<Vec<_>>(),
+        bitmap: cache.bitmap.map(Mutex::new),
+        flights: Mutex::new(HashMap::new()),
+        broken: OnceLock::new(),
+        next_seq: AtomicU64::new(u64::MAX),
+        requests: Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS)),
+        dirty: AtomicU64::new(0),
+    });
+    let have = obj
+        .present
+        .iter()
+        .map(|w| w.load(Relaxed).count_ones() as u64)
+        .sum::<u64>();
+    log::info!(
+        "{label}: {} bytes, pinned to {pin}; cache file {} ({have} of {} blocks present)",
+        meta.size,
+        cache.path.display(),
+        obj.blocks()
+    );
+    // The URL stands for its path (messages, a shard's name beside it).
+    MappedFile::with_backing(Path::new(&label), label.clone(), cache.file, obj)
+}
+
+/// One line for a failed HEAD or GET.
+fn describe(e: &object_store::Error) -> String {
+    match e {
+        object_store::Error::NotFound { .. } => "no such object (or bucket)".into(),
+        object_store::Error::PermissionDenied { source, .. } => {
+            format!("access denied: {}", one_line(source))
+        }
+        object_store::Error::Unauthenticated { source, .. } => {
+            format!(
+                "not authenticated (check the credentials): {}",
+                one_line(source)
+            )
+        }
+        other => one_line(other),
+    }
+}
+
+/// A cache file opened for an object, with its saved bitmap.
+struct Cache {
+    path: PathBuf,
+    file: File,
+    present: Vec<u64>,
+    bitmap: Option<File>,
+}
+
+const BITMAP_MAGIC: &[u8; 8] = b"ZTRBLK1\n";
+/// Magic, block size, object size.
+const BITMAP_HEADER: u64 = 24;
+
+impl Cache {
+    fn open(opts: &Options, label: &str, pin: &str, size: u64) -> Result<Cache> {
+        let blocks = size.div_ceil(opts.block_size);
+        let words = blocks.div_ceil(64) as usize;
+        let dir = opts.cache_dir.join("ztensor-remote");
+        let io = |what: &str, e: std::io::Error| fail(label, format!("cache: {what}: {e}"));
+        std::fs::create_dir_all(&dir).map_err(|e| io(&format!("{}", dir.display()), e))?;
+        let name = {
+            let h = xxhash_rust::xxh3::xxh3_128(format!("{label}\0{pin}\0{size}").as_bytes());
+            format!("{h:032x}")
+        };
+        let path = dir.join(format!("{name}.data"));
+        let bits_path = dir.join(format!("{name}.blocks"));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| io(&path.display().to_string(), e))?;
+        // SAFETY: flock on our own descriptor.
+        let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+        if !locked {
+            // Another mount of the same object owns the file: fetch into a
+            // private one instead (not kept).
+            log::info!("{label}: its cache file is in use by another mount; using a private one");
+            let file = tempfile::tempfile_in(&dir).map_err(|e| io("temporary file", e))?;
+            file.set_len(size)
+                .map_err(|e| io("sizing the cache file", e))?;
+            return Ok(Cache {
+                path: dir.join("(private)"),
+                file,
+                present: vec![0; words],
+                bitmap: None,
+            });
+        }
+        let saved = load_bitmap(&bits_path, opts.block_size, size, words)
+            .filter(|_| file.metadata().is_ok_and(|m| m.len() == size));
+        let present = match saved {
+            Some(bits) => bits,
+            None => {
+                // Stale or new: start empty.
+                file.set_len(0)
+                    .map_err(|e| io("clearing the cache file", e))?;
+                vec![0; words]
+            }
+        };
+        file.set_len(size)
+            .map_err(|e| io("sizing the cache file", e))?;
+        let bitmap = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&bits_path)
+            .map_err(|e| io(&bits_path.display().to_string(), e))?;
+        let mut head = Vec::with_capacity(BITMAP_HEADER as usize);
+        head.extend_from_slice(BITMAP_MAGIC);
+        head.extend_from_slice(&opts.block_size.to_le_bytes());
+        head.extend_from_slice(&size.to_le_bytes());
+        let words_bytes: Vec<u8> = present.iter().flat_map(|w| w.to_le_bytes()).collect();
+        (|| {
+            bitmap.set_len(BITMAP_HEADER + words_bytes.len() as u64)?;
+            bitmap.write_all_at(&head, 0)?;
+            bitmap.write_all_at(&words_bytes, BITMAP_HEADER)
+        })()
+        .map_err(|e| io("writing the block bitmap", e))?;
+        evict(&dir, opts.disk_cache_size, &name);
+        Ok(Cache {
+            path,
+            file,
+            present,
+            bitmap: Some(bitmap),
+        })
+    }
+}
+
+fn load_bitmap(path: &Path, block: u64, size: u64, words: usize) -> Option<Vec<u64>> {
+    let b = std::fs::read(path).ok()?;
+    let head = b.get(..BITMAP_HEADER as usize)?;
+    if &head[..8] != BITMAP_MAGIC
+        || head[8..16] != block.to_le_bytes()
+        || head[16..24] != size.to_le_bytes()
+    {
+        return None;
+    }
+    let rest = b.get(BITMAP_HEADER as usize..)?;
+    if rest.len() != words * 8 {
+        return None;
+    }
+    Some(
+        rest.chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+            .collect(),
+    )
+}
+
+/// Deletes the least recently used cache files (not `keep`, not in use)
+/// until the rest take at most `budget` bytes on disk.
+fn evict(dir: &Path, budget: u64, keep: &str) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut files: Vec<(i64, u64, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let p = e.path();
+            (p.extension()? == "data").then_some(())?;
+            let m = e.metadata().ok()?;
+            let used = p
+                .with_extension("blocks")
+                .metadata()
+                .map_or(m.mtime(), |b| b.mtime());
+            Some((used, m.blocks() * 512, p))
+        })
+        .collect();
+    let mut total: u64 = files.iter().map(|f| f.1).sum();
+    if total <= budget {
+        return;
+    }
+    files.sort();
+    for (_, bytes, p) in files {
+        if total <= budget {
+            break;
+        }
+        if p.file_stem().is_some_and(|s| s == keep) {
+            continue;
+        }
+        let Ok(f) = File::open(&p) else { continue };
+        // SAFETY: flock on our own descriptor; a file another mount holds
+        // is skipped.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            continue;
+        }
+        let _ = std::fs::remove_file(p.with_extension("blocks"));
+        if std::fs::remove_file(&p).is_ok() {
+            log::info!(
+                "remote cache: removed {} ({bytes} bytes) to stay within the disk cache size",
+                p.display()
+            );
+            total = total.saturating_sub(bytes);
+        }
+    }
+}
+
+/// A request under way for some blocks; its readers wait here.
+#[derive(Default)]
+struct Flight {
+    done: Mutex<Option<std::result::Result<(), String>>>,
+    cv: Condvar,
+}
+
+impl Flight {
+    fn finish(&self, r: std::result::Result<(), String>) {
+        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        self.cv.notify_all();
+    }
+
+    fn wait(&self, until: Instant) -> std::result::Result<(), String> {
+        let mut g = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(r) = g.as_ref() {
+                return r.clone();
+            }
+            let now = Instant::now();
+            if now >= until {
+                return Err("no answer from the server in time".into());
+            }
+            g = self
+                .cv
+                .wait_timeout(g, until - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+/// A pinned remote object and its cache file.
+pub struct Object {
+    me: Weak<Object>,
+    client: Arc<Client>,
+    url: url::Url,
+    label: String,
+    key: Key,
+    size: u64,
+    etag: Option<String>,
+    version: Option<String>,
+    block: u64,
+    /// The cache file, written with pwrite.
+    file: Option<File>,
+    present: Vec<AtomicU64>,
+    /// The saved bitmap (none for a private cache file).
+    bitmap: Option<Mutex<File>>,
+    flights: Mutex<HashMap<u64, Arc<Flight>>>,
+    broken: OnceLock<String>,
+    /// The block after the last one a reader asked for (read-ahead).
+    next_seq: AtomicU64,
+    requests: Arc<tokio::sync::Semaphore>,
+    /// Blocks fetched since the bitmap was last synced.
+    dirty: AtomicU64,
+}
+
+impl Object {
+    fn blocks(&self) -> u64 {
+        self.size.div_ceil(self.block)
+    }
+
+    fn has(&self, b: u64) -> bool {
+        self.present
+            .get((b / 64) as usize)
+            .is_some_and(|w| w.load(Acquire) & (1 << (b % 64)) != 0)
+    }
+
+    fn mark(&self, blocks: Range<u64>) {
+        for b in blocks {
+            if let Some(w) = self.present.get((b / 64) as usize) {
+                w.fetch_or(1 << (b % 64), Release);
+            }
+        }
+        self.save_bitmap();
+    }
+
+    fn save_bitmap(&self) {
+        let Some(bm) = &self.bitmap else { return };
+        let bytes: Vec<u8> = self
+            .present
+            .iter()
+            .flat_map(|w| w.load(Relaxed).to_le_bytes())
+            .collect();
+        let f = bm.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = f.write_all_at(&bytes, BITMAP_HEADER) {
+            log::warn!("{}: cannot save the cache's block bitmap: {e}", self.label);
+        }
+        self.dirty.fetch_add(1, Relaxed);
+    }
+
+    /// How long a reader waits for a flight before giving up: every retry
+    /// at its time limit, with backoff, and a margin.
+    fn patience(&self) -> Duration {
+        let o = &self.client.opts;
+        o.timeout * (o.retries as u32 + 2) + Duration::from_secs(5 * (o.retries as u64 + 1))
+    }
+
+    /// Starts requests for `blocks` (each led by this call: its flights are
+    /// in the map), split into `pieces` requests.
+    fn launch(&self, run: Range<u64>, pieces: u64, flights: Vec<Arc<Flight>>) {
+        let n = run.end - run.start;
+        let pieces = pieces.clamp(1, n.max(1));
+        let per = n.div_ceil(pieces);
+        let mut at = run.start;
+        let mut fl = flights.into_iter();
+        // This process's runtime (a daemon forks after open).
+        let rt = match runtime() {
+            Ok(rt) => rt,
+            Err(e) => {
+                let why = format!("{}: cannot start the I/O runtime: {e}", self.label);
+                let mut map = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+                for b in run {
+                    map.remove(&b);
+                }
+                for f in fl {
+                    f.finish(Err(why.clone()));
+                }
+                return;
+            }
+        };
+        while at < run.end {
+            let end = (at + per).min(run.end);
+            let mine: Vec<Arc<Flight>> = fl.by_ref().take((end - at) as usize).collect();
+            let Some(me) = self.me.upgrade() else { return };
+            let blocks = at..end;
+            rt.spawn(async move {
+                let r = me.fetch(blocks.clone()).await;
+                if let Err(why) = &r {
+                    log::debug!("{}: blocks {blocks:?}: {why}", me.label);
+                } else {
+                    me.mark(blocks.clone());
+                }
+                {
+                    let mut map = me.flights.lock().unwrap_or_else(|p| p.into_inner());
+                    for b in blocks {
+                        map.remove(&b);
+                    }
+                }
+                for f in mine {
+                    f.finish(r.clone());
+                }
+            });
+            at = end;
+        }
+    }
+
+    async fn fetch(&self, blocks: Range<u64>) -> std::result::Result<(), String> {
+        let start = blocks.start * self.block;
+        let end = (blocks.end * self.block).min(self.size);
+        let what = format!("bytes {start}..{end}");
+        if let Some(why) = self.broken.get() {
+            return Err(why.clone());
+        }
+        let _permit = self
+            .requests
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| format!("{what}: {e}"))?;
+        let store = self.client.store()?;
+        let opts = GetOptions {
+            if_match: self.etag.clone(),
+            version: self.version.clone(),
+            range: Some(GetRange::Bounded(start..end)),
+            ..Default::default()
+        };
+        let got = store.get_opts(&self.key, opts).await;
+        let got = match got {
+            Ok(g) => g,
+            Err(e @ object_store::Error::Precondition { .. })
+            | Err(e @ object_store::Error::NotFound { .. }) => {
+                return Err(self.changed(&describe(&e)));
+            }
+            Err(e) => return Err(format!("{what}: {}", describe(&e))),
+        };
+        if got.meta.size != self.size
+            || (self.etag.is_some() && got.meta.e_tag.is_some() && got.meta.e_tag != self.etag)
+        {
+            return Err(self.changed(&format!(
+                "the server now says {} bytes, ETag {:?}",
+                got.meta.size, got.meta.e_tag
+            )));
+        }
+        if got.range != (start..end) {
+            return Err(format!("{what}: the server sent bytes {:?}", got.range));
+        }
+        let bytes = got
+            .bytes()
+            .await
+            .map_err(|e| format!("{what}: {}", describe(&e)))?;
+        if bytes.len() as u64 != end - start {
+            return Err(format!(
+                "{what}: the server sent {} bytes, not {}",
+                bytes.len(),
+                end - start
+            ));
+        }
+        let file = self
+            .file
+            .as_ref()
+            .ok_or_else(|| format!("{what}: the cache file cannot be written"))?;
+        file.write_all_at(&bytes, start)
+            .map_err(|e| format!("{what}: cannot write the cache file: {e}"))
+    }
+
+    /// Marks the object changed since it was pinned (logged once).
+    fn changed(&self, why: &str) -> String {
+        self.broken
+            .get_or_init(|| {
+                let msg = format!(
+                    "{}: the object changed since mount ({why}); refusing to serve its bytes",
+                    self.label
+                );
+                log::error!("{msg}");
+                msg
+            })
+            .clone()
+    }
+}
+
+impl Backing for Object {
+    fn ensure(&self, ranges: &[(u64, u64)], index: bool) -> std::result::Result<(), String> {
+        if let Some(why) = self.broken.get() {
+            return Err(why.clone());
+        }
+        let mut wanted: Vec<u64> = Vec::new();
+        for &(off, len) in ranges {
+            let end = off.saturating_add(len).min(self.size);
+            if off >= end {
+                continue;
+            }
+            wanted.extend(off / self.block..end.div_ceil(self.block));
+        }
+        wanted.sort_unstable();
+        wanted.dedup();
+        // Read-ahead for a reader going on from where the last one ended
+        // (or reading that block again), whether or not its own blocks are
+        // here already: the blocks after them are fetched while it reads.
+        let mut ahead = Vec::new();
+        if !index && let (Some(&first), Some(&last)) = (wanted.first(), wanted.last()) {
+            let seq = self.next_seq.swap(last + 1, Relaxed);
+            if first <= seq && seq <= last + 1 {
+                let until = (last + 1 + self.client.opts.read_ahead).min(self.blocks());
+                ahead.extend((last + 1..until).filter(|&b| !self.has(b)));
+            }
+        }
+        wanted.retain(|&b| !self.has(b));
+        if wanted.is_empty() && ahead.is_empty() {
+            return Ok(());
+        }
+        let mut waits = Vec::new();
+        let mut led: Vec<(u64, Arc<Flight>)> = Vec::new();
+        let mut led_ahead: Vec<(u64, Arc<Flight>)> = Vec::new();
+        {
+            let mut map = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+            for (list, mine, wait) in [(&wanted, &mut led, true), (&ahead, &mut led_ahead, false)] {
+                for &b in list {
+                    // Fetched while we looked.
+                    if self.has(b) {
+                        continue;
+                    }
+                    match map.get(&b) {
+                        Some(f) => {
+                            if wait {
+                                waits.push(f.clone());
+                            }
+                        }
+                        None => {
+                            let f = Arc::new(Flight::default());
+                            map.insert(b, f.clone());
+                            if wait {
+                                waits.push(f.clone());
+                            }
+                            mine.push((b, f));
+                        }
+                    }
+                }
+            }
+        }
+        for (list, pieces) in [(led, if index { 1 } else { PARALLEL }), (led_ahead, 1)] {
+            // Contiguous runs, each fetched by up to `pieces` requests.
+            let mut i = 0;
+            while i < list.len() {
+                let mut j = i + 1;
+                while j < list.len() && list[j].0 == list[j - 1].0 + 1 {
+                    j += 1;
+                }
+                let run = list[i].0..list[j - 1].0 + 1;
+                let flights = list[i..j].iter().map(|(_, f)| f.clone()).collect();
+                self.launch(run, pieces, flights);
+                i = j;
+            }
+        }
+        let until = Instant::now() + self.patience();
+        for f in waits {
+            f.wait(until)
+                .map_err(|why| format!("{}: {why}", self.label))?;
+        }
+        Ok(())
+    }
+
+    fn broken(&self) -> Option<String> {
+        self.broken.get().cloned()
+    }
+
+    fn sibling(&self, name: &str) -> Result<MappedFile> {
+        let url = self
+            .url
+            .join(name)
+            .map_err(|e| fail(&self.label, format!("sibling {name:?}: {e}")))?;
+        open_with(self.client.clone(), url)
+    }
+}
+
+impl Drop for Object {
+    fn drop(&mut self) {
+        // What was fetched survives a crash of the machine only once on disk.
+        if self.dirty.load(Relaxed) > 0 {
+            if let Some(f) = &self.file {
+                let _ = f.sync_data();
+            }
+            if let Some(bm) = &self.bitmap {
+                let _ = bm.lock().map(|f| f.sync_data());
+            }
+        }
+    }
+}

@@ -1,0 +1,204 @@
+"""An HTTP server for the remote-mount tests: serves the files of a
+directory with HEAD and GET, honouring Range (one range) and If-Match, with
+an ETag per object generation; counts requests and injects faults.
+
+    python3 range_server.py DIR [LATENCY_MS]
+
+LATENCY_MS (default 0) delays every data answer, as a remote store's time
+to first byte would (for the benchmark).
+
+Listens on 127.0.0.1 and a free port, prints "PORT <n>" on stdout, and
+exits when stdin closes (or it is killed). Control requests (not counted):
+
+    GET /__stats                 {"requests": n, "log": [[method, path, range], ...]}
+    GET /__reset                 zero the counts and clear every fault
+    GET /__fault?kind=K&count=N[&status=S][&secs=T][&path=/x]
+        the next N data requests (GET with a Range, to path if given) fail:
+        drop    send the headers and half the body, then close the connection
+        status  answer S (500, 503) instead
+        stall   wait T seconds before answering (past the client's timeout)
+    GET /__replace?path=/x&from=/y
+        the object /x now has the bytes of /y, and a new ETag
+"""
+
+import json
+import os
+import re
+import sys
+import threading
+import time
+from email.utils import formatdate
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+ROOT = os.path.abspath(sys.argv[1])
+LATENCY = float(sys.argv[2]) / 1000 if len(sys.argv) > 2 else 0.0
+LOCK = threading.Lock()
+STATE = {"requests": 0, "log": [], "faults": [], "gen": {}, "data": {}}
+STARTED = time.time()
+
+
+class Stored:
+    """An object's bytes: a file on disk (read by range), or bytes."""
+
+    def __init__(self, path=None, data=None):
+        self.path, self.data = path, data
+        self.size = len(data) if data is not None else os.path.getsize(path)
+
+    def read(self, start, end):
+        if self.data is not None:
+            return self.data[start:end]
+        with open(self.path, "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+
+
+def load(path):
+    """The bytes and ETag of the object at `path`, or None."""
+    with LOCK:
+        if path in STATE["data"]:
+            data = STATE["data"][path]
+            return Stored(data=data), '"%s-%d"' % (abs(hash(path)) % 10**8, STATE["gen"][path])
+    full = os.path.realpath(os.path.join(ROOT, path.lstrip("/")))
+    if not full.startswith(ROOT + os.sep) or not os.path.isfile(full):
+        return None
+    return Stored(path=full), '"%s-0"' % (abs(hash(path)) % 10**8)
+
+
+def take_fault(path):
+    with LOCK:
+        for f in STATE["faults"]:
+            if f["count"] > 0 and f.get("path") in (None, path):
+                f["count"] -= 1
+                return dict(f)
+    return None
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def control(self, url):
+        q = {k: v[0] for k, v in parse_qs(url.query).items()}
+        body = b"ok"
+        with LOCK:
+            if url.path == "/__stats":
+                body = json.dumps(
+                    {"requests": STATE["requests"], "log": STATE["log"]}
+                ).encode()
+            elif url.path == "/__reset":
+                STATE["requests"] = 0
+                STATE["log"] = []
+                STATE["faults"] = []
+            elif url.path == "/__fault":
+                f = {"kind": q["kind"], "count": int(q.get("count", "1"))}
+                f["status"] = int(q.get("status", "503"))
+                f["secs"] = float(q.get("secs", "5"))
+                if "path" in q:
+                    f["path"] = q["path"]
+                STATE["faults"].append(f)
+        if url.path == "/__replace":
+            src, _ = load(q["from"])
+            data = src.read(0, src.size)
+            with LOCK:
+                STATE["data"][q["path"]] = data
+                STATE["gen"][q["path"]] = STATE["gen"].get(q["path"], 0) + 1
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_HEAD(self):
+        self.serve(head=True)
+
+    def do_GET(self):
+        self.serve(head=False)
+
+    def serve(self, head):
+        url = urlsplit(self.path)
+        if url.path.startswith("/__"):
+            return self.control(url)
+        rng = self.headers.get("Range")
+        with LOCK:
+            STATE["requests"] += 1
+            STATE["log"].append(["HEAD" if head else "GET", url.path, rng])
+        got = load(url.path)
+        if got is None:
+            return self.answer(404, b"no such object")
+        data, etag = got
+        want = self.headers.get("If-Match")
+        if want is not None and want != etag and want != "*":
+            return self.answer(412, b"precondition failed")
+        fault = None if head or rng is None else take_fault(url.path)
+        if fault and fault["kind"] == "status":
+            return self.answer(fault["status"], b"injected failure")
+        if fault and fault["kind"] == "stall":
+            time.sleep(fault["secs"])
+        if LATENCY and not head:
+            time.sleep(LATENCY)
+        size = data.size
+        start, end = 0, size
+        status = 200
+        if rng is not None:
+            m = re.fullmatch(r"bytes=(\d*)-(\d*)", rng.strip())
+            if not m or (m.group(1) == "" and m.group(2) == ""):
+                return self.answer(416, b"bad range")
+            if m.group(1) == "":
+                start = max(0, size - int(m.group(2)))
+            else:
+                start = int(m.group(1))
+                if m.group(2) != "":
+                    end = min(size, int(m.group(2)) + 1)
+            if start >= size or start >= end:
+                return self.answer(416, b"range not satisfiable")
+            status = 206
+        body = b"" if head else data.read(start, end)
+        self.send_response(status)
+        self.send_header("Content-Length", str(end - start))
+        self.send_header("ETag", etag)
+        self.send_header("Last-Modified", formatdate(STARTED, usegmt=True))
+        self.send_header("Accept-Ranges", "bytes")
+        if status == 206:
+            self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end - 1, size))
+        self.end_headers()
+        if head:
+            return
+        if fault and fault["kind"] == "drop":
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            try:
+                self.connection.shutdown(2)
+            except OSError:
+                pass
+            return
+        self.wfile.write(body)
+
+    def answer(self, status, body):
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+
+class Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        # A client that went away (after a dropped body, a timeout) is
+        # part of the tests, not news.
+        pass
+
+
+def main():
+    srv = Server(("127.0.0.1", 0), Handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    print("PORT %d" % srv.server_address[1], flush=True)
+    sys.stdin.read()
+    srv.shutdown()
+
+
+if __name__ == "__main__":
+    main()

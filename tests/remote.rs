@@ -1,0 +1,754 @@
+//! Mounting a model straight from object storage, through the real binary:
+//! `ztensor-mount http://…` against a local HTTP server that honours Range
+//! and If-Match, counts requests and injects faults
+//! (`tests/python/range_server.py`), and `ztensor-mount s3://…` against a
+//! local S3-compatible server (`moto_server`, from `moto[server]`). Both are
+//! started here on 127.0.0.1 and a free port and killed on drop.
+//!
+//! The interpreter is `$ZT_PYTHON`, else `.venv/bin/python` in the crate
+//! (`scripts/setup.sh` puts moto there); without it the tests skip, or fail
+//! when CI=true.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::{Mount, require};
+use ztensor_mount::catalog::Algorithm;
+use ztensor_mount::formats::zt_v01::DType;
+use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
+
+fn python() -> Option<PathBuf> {
+    let py = std::env::var_os("ZT_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
+    let check = Command::new(&py)
+        .args(["-c", "import moto, boto3, flask"])
+        .output()
+        .map_err(|e| format!("{}: {e}", py.display()))
+        .and_then(|o| {
+            o.status.success().then_some(()).ok_or_else(|| {
+                format!(
+                    "{} lacks moto[server]: {}",
+                    py.display(),
+                    String::from_utf8_lossy(&o.stderr).trim()
+                )
+            })
+        });
+    require("python with moto[server] (set ZT_PYTHON)", check).then_some(py)
+}
+
+/// A server process of the test's own, killed (and reaped) on drop.
+struct Server {
+    child: Child,
+    port: u16,
+    /// Where the server may write (moto's recording), gone with it.
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// One plain HTTP/1.1 request; the status and body.
+fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, Vec<u8>) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut req =
+        format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("Content-Length: 0\r\n\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let at = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an HTTP answer");
+    let head = String::from_utf8_lossy(&out[..at]).to_string();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, out[at + 4..].to_vec())
+}
+
+impl Server {
+    /// The Range server over the files of `dir`.
+    fn range(py: &Path, dir: &Path) -> Server {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/range_server.py");
+        let mut child = Command::new(py)
+            .arg(script)
+            .arg(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start range_server.py");
+        let mut line = String::new();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        let port = line
+            .trim()
+            .strip_prefix("PORT ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("range_server.py said {line:?}"));
+        Server {
+            child,
+            port,
+            _dir: None,
+        }
+    }
+
+    /// moto's S3 server, its recorder on; `auth` makes it check credentials.
+    fn moto(py: &Path, auth: bool) -> Server {
+        let port = free_port();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cmd = Command::new(py);
+        cmd.args([
+            "-m",
+            "moto.server",
+            "-H",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+        ])
+        .env("MOTO_ENABLE_RECORDING", "True")
+        .env("MOTO_RECORDER_FILEPATH", dir.path().join("recording"))
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        if auth {
+            cmd.env("INITIAL_NO_AUTH_ACTION_COUNT", "0");
+        }
+        let child = cmd.spawn().expect("start moto_server");
+        let s = Server {
+            child,
+            port,
+            _dir: Some(dir),
+        };
+        let until = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < until, "moto_server did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        s
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    fn control(&self, q: &str) {
+        let (st, body) = http(self.port, "GET", q, &[]);
+        assert_eq!(st, 200, "{q}: {}", String::from_utf8_lossy(&body));
+    }
+
+    /// The requests the range server saw: (method, path, Range).
+    fn log(&self) -> Vec<(String, String, Option<String>)> {
+        let (_, body) = http(self.port, "GET", "/__stats", &[]);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        v["log"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e[0].as_str().unwrap().to_string(),
+                    e[1].as_str().unwrap().to_string(),
+                    e[2].as_str().map(str::to_string),
+                )
+            })
+            .collect()
+    }
+
+    /// The S3 requests moto recorded since the recorder was (re)started.
+    fn moto_requests(&self) -> usize {
+        let (_, body) = http(
+            self.port,
+            "GET",
+            "/moto-api/recorder/download-recording",
+            &[],
+        );
+        String::from_utf8_lossy(&body)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .count()
+    }
+
+    fn moto_restart_recording(&self) {
+        http(self.port, "POST", "/moto-api/recorder/reset-recording", &[]);
+        http(self.port, "POST", "/moto-api/recorder/start-recording", &[]);
+    }
+}
+
+const MIB: usize = 1 << 20;
+
+/// A v0.1 file with raw, checksummed and zstd tensors spanning several
+/// 1 MiB blocks; its tensors' bytes.
+fn write_model(path: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut w = Writer::create(path).unwrap();
+    let mut out = Vec::new();
+    let tensors: Vec<(&str, usize, Options)> = vec![
+        ("embed", 3 * MIB + 123, Options::default()),
+        ("small", 1000, Options::default()),
+        (
+            "checked",
+            MIB + 8,
+            Options {
+                checksum: Some(Algorithm::Sha256),
+                ..Options::default()
+            },
+        ),
+        (
+            "packed",
+            2 * MIB,
+            Options {
+                compression: Compression::Zstd {
+                    level: 1,
+                    frame_size: 256 << 10,
+                },
+                checksum: Some(Algorithm::Crc32c),
+                ..Options::default()
+            },
+        ),
+        (
+            "whole",
+            MIB / 2,
+            Options {
+                compression: Compression::Zstd {
+                    level: 1,
+                    frame_size: 0,
+                },
+                ..Options::default()
+            },
+        ),
+        ("tail", 2 * MIB, Options::default()),
+    ];
+    for (i, (name, n, opts)) in tensors.into_iter().enumerate() {
+        let bytes = support::compressible(i as u64 + 7, n);
+        w.add(name, DType::Uint8, &[n as u64], &bytes, &opts)
+            .unwrap();
+        out.push((name.to_string(), bytes));
+    }
+    w.finish().unwrap();
+    out
+}
+
+/// Every file under `dir`, relative, sorted.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![PathBuf::new()];
+    while let Some(rel) = todo.pop() {
+        for e in std::fs::read_dir(dir.join(&rel)).unwrap() {
+            let e = e.unwrap();
+            let r = rel.join(e.file_name());
+            if e.file_type().unwrap().is_dir() {
+                todo.push(r);
+            } else {
+                out.push(r);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Every file of the remote mount has the local mount's bytes (sidecars
+/// differ only in the file's name, so they are compared by their tensors).
+fn same_tree(local: &Path, remote: &Path) {
+    let (a, b) = (walk(local), walk(remote));
+    assert_eq!(a, b, "the same files");
+    assert!(!a.is_empty());
+    for rel in a {
+        if rel.extension().is_some_and(|e| e == "json") || rel.starts_with(".ztensor") {
+            continue;
+        }
+        let (x, y) = (
+            std::fs::read(local.join(&rel)),
+            std::fs::read(remote.join(&rel)),
+        );
+        match (x, y) {
+            // The safetensors view names its source in its header.
+            (Ok(x), Ok(y)) if rel.extension().is_some_and(|e| e == "safetensors") => {
+                let body = |b: &[u8]| {
+                    b[8 + u64::from_le_bytes(b[..8].try_into().unwrap()) as usize..].to_vec()
+                };
+                assert!(
+                    body(&x) == body(&y),
+                    "{}: remote bytes differ",
+                    rel.display()
+                )
+            }
+            (Ok(x), Ok(y)) => assert!(x == y, "{}: remote bytes differ", rel.display()),
+            (Err(e1), Err(e2)) => assert_eq!(e1.kind(), e2.kind(), "{}", rel.display()),
+            (x, y) => panic!(
+                "{}: local {:?} remote {:?}",
+                rel.display(),
+                x.err(),
+                y.err()
+            ),
+        }
+    }
+}
+
+fn scratch_mount() -> Option<Mount> {
+    Mount::scratch()
+}
+
+/// A mount of `url` with its cache files in `cache`, 1 MiB blocks.
+fn mount_remote(m: &mut Mount, url: &str, cache: &Path, extra: &[&str]) {
+    std::fs::create_dir_all(cache).unwrap();
+    let mut args = vec![
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "-o",
+        "block_size=1M,remote_timeout=2,remote_retries=2",
+    ];
+    args.extend_from_slice(extra);
+    m.mount(Path::new(url), &args);
+}
+
+#[test]
+fn http_mount_serves_the_local_tree_fetching_the_index_in_few_requests() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut local) = scratch_mount() else {
+        return;
+    };
+    let Some(mut remote) = scratch_mount() else {
+        return;
+    };
+    let files = local.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    let zt = files.join("model.zt");
+    let tensors = write_model(&zt);
+    local.mount(&zt, &[]);
+    let srv = Server::range(&py, &files);
+    let cache = remote.scratch_path("cache");
+    let url = srv.url("/model.zt");
+
+    mount_remote(&mut remote, &url, &cache, &[]);
+    let opened = srv.log();
+    assert!(
+        opened.len() <= 3,
+        "opening took {} requests: {opened:?}",
+        opened.len()
+    );
+    // The index alone: the first and last blocks, not the tensors.
+    let gets = opened.iter().filter(|r| r.0 == "GET").count();
+    assert!(gets <= 2, "{opened:?}");
+    for (name, bytes) in &tensors {
+        assert!(remote.read(name) == *bytes, "{name}");
+    }
+    same_tree(&local.mp, &remote.mp);
+    let after_reads = srv.log().len();
+
+    // A second pass fetches nothing.
+    for (name, bytes) in &tensors {
+        assert!(remote.read(name) == *bytes, "{name}");
+    }
+    assert_eq!(srv.log().len(), after_reads, "a second read fetched again");
+    remote.unmount_ok();
+
+    // A remount with the same ETag: the pin (HEAD) and nothing else.
+    srv.control("/__reset");
+    mount_remote(&mut remote, &url, &cache, &[]);
+    for (name, bytes) in &tensors {
+        assert!(remote.read(name) == *bytes, "{name}");
+    }
+    let log = srv.log();
+    assert_eq!(log.len(), 1, "a remount fetched again: {log:?}");
+    assert_eq!(log[0].0, "HEAD");
+
+    // info and cat take the URL too.
+    let cat = Command::new(support::bin())
+        .args(["cat", &url, "embed"])
+        .env("TMPDIR", remote.scratch_path(""))
+        .output()
+        .unwrap();
+    assert!(
+        cat.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cat.stderr)
+    );
+    assert!(cat.stdout == tensors[0].1, "cat of a URL");
+    let info = support::run_with_timeout(
+        Command::new(support::bin()).args(["info", &url]),
+        Duration::from_secs(60),
+    );
+    assert!(
+        info.ok() && info.stdout.contains("packed"),
+        "{}",
+        info.stderr
+    );
+}
+
+#[test]
+fn two_cold_readers_of_one_block_make_one_request() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let files = m.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    let tensors = write_model(&files.join("model.zt"));
+    let srv = Server::range(&py, &files);
+    let cache = m.scratch_path("cache");
+    mount_remote(&mut m, &srv.url("/model.zt"), &cache, &[]);
+    srv.control("/__reset");
+    // The first data request waits a while, so the second reader comes
+    // while it is in flight.
+    srv.control("/__fault?kind=stall&count=1&secs=0.7");
+    let path = m.path("embed");
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                use std::os::unix::fs::FileExt;
+                let f = std::fs::File::open(&path).unwrap();
+                let mut buf = vec![0u8; 4096];
+                f.read_exact_at(&mut buf, (MIB + 4096) as u64).unwrap();
+                buf
+            })
+        })
+        .collect();
+    let want = &tensors[0].1;
+    for r in readers {
+        let got = r.join().unwrap();
+        // Tensor "embed" starts 64 bytes in; compare with what the mount says.
+        assert_eq!(got, m.read("embed")[MIB + 4096..MIB + 8192].to_vec());
+        assert_eq!(got, want[MIB + 4096..MIB + 8192].to_vec());
+    }
+    // Requests for the bytes read (read-ahead may fetch the blocks after).
+    let at = (64 + MIB + 4096) as u64;
+    let log = srv.log();
+    let covering: Vec<_> = log
+        .iter()
+        .filter(|r| {
+            let Some(range) = r.2.as_deref().and_then(|r| r.strip_prefix("bytes=")) else {
+                return false;
+            };
+            let (a, b) = range.split_once('-').unwrap();
+            let (a, b): (u64, u64) = (a.parse().unwrap(), b.parse().unwrap_or(u64::MAX));
+            r.0 == "GET" && a <= at && at <= b
+        })
+        .collect();
+    assert_eq!(covering.len(), 1, "two readers of one cold block: {log:?}");
+}
+
+/// Mounts the model over HTTP with short timeouts, injects `fault`, reads
+/// tensor "tail" cold: its bytes, or the error.
+/// What a read under a fault gave: its bytes or error, the bytes it should
+/// have, the daemon's log, and how long it took.
+type Outcome = (std::io::Result<Vec<u8>>, Vec<u8>, String, Duration);
+
+fn read_with_fault(fault: &str) -> Option<Outcome> {
+    let py = python()?;
+    let mut m = scratch_mount()?;
+    let files = m.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    let tensors = write_model(&files.join("model.zt"));
+    let srv = Server::range(&py, &files);
+    let cache = m.scratch_path("cache");
+    mount_remote(&mut m, &srv.url("/model.zt"), &cache, &[]);
+    if fault.starts_with("replace") {
+        // Another object of the same size: a new ETag.
+        let other = files.join("other.zt");
+        let mut b = std::fs::read(files.join("model.zt")).unwrap();
+        let n = b.len();
+        b[n / 2] ^= 0xff;
+        std::fs::write(&other, &b).unwrap();
+        srv.control("/__replace?path=/model.zt&from=/other.zt");
+    } else {
+        srv.control(fault);
+    }
+    let t = Instant::now();
+    let got = std::fs::read(m.path("tail"));
+    let took = t.elapsed();
+    // A tensor with a digest, checked before its first byte: under a fault
+    // that keeps on, it fails too.
+    let checked = std::fs::read(m.path("checked"));
+    // The daemon still serves: a tensor read before (its blocks present)
+    // or fetched now, faults cleared; and the reads that failed work now.
+    srv.control("/__reset");
+    let small = std::fs::read(m.path("small"));
+    assert!(m.is_mounted(), "{fault}: the daemon went away");
+    if !fault.starts_with("replace") {
+        assert_eq!(small.unwrap(), tensors[1].1, "{fault}: a neighbour");
+        if fault.contains("count=100") {
+            assert!(
+                checked.is_err(),
+                "{fault}: checked read under a lasting fault"
+            );
+        }
+        if let Ok(c) = checked {
+            assert!(c == tensors[2].1, "{fault}: wrong checked bytes");
+        }
+        let again = std::fs::read(m.path("tail")).unwrap();
+        assert!(again == tensors[5].1, "{fault}: tail after the fault");
+        let again = std::fs::read(m.path("checked")).unwrap();
+        assert!(again == tensors[2].1, "{fault}: checked after the fault");
+    } else {
+        assert!(checked.is_err(), "a changed object serves nothing new");
+    }
+    let log = m.log_text();
+    Some((got, tensors[5].1.clone(), log, took))
+}
+
+#[test]
+fn a_dropped_connection_or_a_503_then_success_serves_the_right_bytes() {
+    let _s = support::serial();
+    for fault in [
+        "/__fault?kind=drop&count=1",
+        "/__fault?kind=status&status=503&count=1",
+        "/__fault?kind=status&status=500&count=1",
+        "/__fault?kind=stall&secs=4&count=1",
+    ] {
+        let Some((got, want, log, took)) = read_with_fault(fault) else {
+            return;
+        };
+        let got = got.unwrap_or_else(|e| panic!("{fault}: {e}\nlog: {log}"));
+        assert!(got == want, "{fault}: wrong bytes");
+        assert!(took < Duration::from_secs(30), "{fault}: took {took:?}");
+    }
+}
+
+#[test]
+fn a_server_that_keeps_failing_gives_eio_and_a_log_line_never_a_hang() {
+    let _s = support::serial();
+    for fault in [
+        "/__fault?kind=status&status=503&count=100",
+        "/__fault?kind=stall&secs=5&count=100",
+        "/__fault?kind=drop&count=100",
+    ] {
+        let Some((got, _, log, took)) = read_with_fault(fault) else {
+            return;
+        };
+        let e = got.expect_err(fault);
+        assert_eq!(e.raw_os_error(), Some(libc::EIO), "{fault}: {e}");
+        assert!(took < Duration::from_secs(60), "{fault}: took {took:?}");
+        assert!(
+            log.lines()
+                .any(|l| l.contains("ERROR") && l.contains("model.zt")),
+            "{fault}: no log line: {log}"
+        );
+    }
+}
+
+#[test]
+fn an_object_replaced_after_mount_gives_eio_never_mixed_bytes() {
+    let _s = support::serial();
+    let Some((got, _, log, _)) = read_with_fault("replace") else {
+        return;
+    };
+    let e = got.expect_err("a changed object");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert!(log.contains("changed since mount"), "{log}");
+}
+
+#[test]
+fn a_missing_object_refuses_the_mount_in_one_line() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let files = m.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    let srv = Server::range(&py, &files);
+    let cache = m.scratch_path("cache");
+    std::fs::create_dir(&cache).unwrap();
+    let r = m.run(
+        Path::new(&srv.url("/nothing.zt")),
+        &["--cache-dir", cache.to_str().unwrap()],
+    );
+    assert!(!r.ok());
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    assert!(r.stderr.contains("no such object"), "{}", r.stderr);
+    assert!(!m.is_mounted());
+}
+
+fn s3_env<'a>(cmd: &'a mut Command, key: &str) -> &'a mut Command {
+    cmd.env("AWS_ACCESS_KEY_ID", key)
+        .env("AWS_SECRET_ACCESS_KEY", "testing")
+        .env("AWS_REGION", "us-east-1")
+        .env_remove("AWS_ENDPOINT")
+        .env_remove("AWS_ENDPOINT_URL")
+        .env_remove("AWS_SESSION_TOKEN")
+}
+
+/// Creates `bucket` on `srv` and uploads `files` as (key, path).
+fn s3_put(py: &Path, srv: &Server, bucket: &str, files: &[(&str, &Path)]) {
+    let mut cmd = Command::new(py);
+    cmd.args([
+        "-c",
+        "import boto3, sys\n\
+         s3 = boto3.client('s3', endpoint_url=sys.argv[1], region_name='us-east-1')\n\
+         s3.create_bucket(Bucket=sys.argv[2])\n\
+         a = sys.argv[3:]\n\
+         for k, f in zip(a[::2], a[1::2]):\n    s3.put_object(Bucket=sys.argv[2], Key=k, Body=open(f, 'rb').read())\n",
+        &srv.url(""),
+        bucket,
+    ]);
+    for (k, f) in files {
+        cmd.arg(k).arg(f);
+    }
+    let r = support::run_with_timeout(s3_env(&mut cmd, "testing"), Duration::from_secs(120));
+    assert!(r.ok(), "upload: {}", r.stderr);
+}
+
+#[test]
+fn s3_mount_serves_the_local_tree() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let srv = Server::moto(&py, false);
+    let Some(mut local) = scratch_mount() else {
+        return;
+    };
+    let Some(mut remote) = scratch_mount() else {
+        return;
+    };
+    let files = local.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    let zt = files.join("model.zt");
+    write_model(&zt);
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/zt_v2/corpus/valid");
+    let mut uploads: Vec<(String, PathBuf)> = vec![("models/model.zt".into(), zt.clone())];
+    for name in [
+        "canonical-basic.zt",
+        "attributes-kitchen-sink.zt",
+        "csr-data-valid.zt",
+    ] {
+        let p = corpus.join(name);
+        if p.exists() {
+            uploads.push((format!("models/{name}"), p));
+        }
+    }
+    let refs: Vec<(&str, &Path)> = uploads
+        .iter()
+        .map(|(k, p)| (k.as_str(), p.as_path()))
+        .collect();
+    s3_put(&py, &srv, "bucket", &refs);
+    // The mount runs the binary with this process's environment.
+    // SAFETY: the tests of this file run one at a time (serial) and set
+    // the same values.
+    unsafe {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
+        std::env::set_var("AWS_REGION", "us-east-1");
+    }
+    let cache = remote.scratch_path("cache");
+    let endpoint = srv.url("");
+    for (key, path) in &uploads {
+        local.mount(path, &[]);
+        srv.moto_restart_recording();
+        mount_remote(
+            &mut remote,
+            &format!("s3://bucket/{key}"),
+            &cache,
+            &["--endpoint", &endpoint],
+        );
+        let n = srv.moto_requests();
+        // At least the pin (HEAD) and one GET: the recorder counts.
+        assert!((2..=3).contains(&n), "{key}: opening took {n} requests");
+        same_tree(&local.mp, &remote.mp);
+        remote.unmount_ok();
+        local.unmount_ok();
+    }
+}
+
+#[test]
+fn wrong_credentials_or_a_missing_bucket_refuse_the_mount_in_one_line() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(m) = scratch_mount() else { return };
+    let open = |srv: &Server, url: &str, key: &str| {
+        let mut cmd = Command::new(support::bin());
+        cmd.arg(url)
+            .arg(&m.mp)
+            .args(["--endpoint", &srv.url("")])
+            .args(["--cache-dir", m.scratch_path("").to_str().unwrap()])
+            .args(["-o", "remote_timeout=2,remote_retries=1"]);
+        support::run_with_timeout(s3_env(&mut cmd, key), Duration::from_secs(60))
+    };
+    let srv = Server::moto(&py, false);
+    let r = open(&srv, "s3://no-such-bucket/model.zt", "testing");
+    assert!(!r.ok());
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("s3://no-such-bucket/model.zt"),
+        "{}",
+        r.stderr
+    );
+    drop(srv);
+    let srv = Server::moto(&py, true);
+    let r = open(&srv, "s3://bucket/model.zt", "AKIAWRONGWRONGWRONG1");
+    assert!(!r.ok());
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("s3://bucket/model.zt") && !r.stderr.contains("panick"),
+        "{}",
+        r.stderr
+    );
+    assert!(!m.is_mounted());
+}
+
+#[test]
+fn a_sharded_v2_set_mounts_from_sibling_keys() {
+    use ztensor2::format::DigestAlgorithm;
+    use ztensor2::{DType as V2, Writer as V2Writer};
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut local) = scratch_mount() else {
+        return;
+    };
+    let Some(mut remote) = scratch_mount() else {
+        return;
+    };
+    let files = local.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    // A root whose tensor "a" lives in shard "s1", "b" in the root.
+    let shard = files.join("model-s1.zt");
+    let a: Vec<u8> = (0..300_000u32)
+        .flat_map(|i| i.wrapping_mul(2654435761).to_le_bytes())
+        .collect();
+    let mut w = V2Writer::options().canonical(false).create(&shard).unwrap();
+    w.add("a", [a.len() as u64 / 4], V2::U32, &a).unwrap();
+    w.finish().unwrap();
+    let id = ztensor2::read::shard_identity(&shard, DigestAlgorithm::Sha256).unwrap();
+    let m = ztensor2::read::manifest_of(&shard).unwrap().unwrap();
+    let root = files.join("model.zt");
+    let mut w = V2Writer::options().canonical(false).create(&root).unwrap();
+    w.add_shard("s1", &id).unwrap();
+    w.link("a", m.object("a").unwrap(), "s1").unwrap();
+    let b: Vec<u8> = (0..64u32).flat_map(u32::to_le_bytes).collect();
+    w.add("b", [64u64], V2::U32, &b).unwrap();
+    w.finish().unwrap();
+
+    local.mount(&root, &[]);
+    let srv = Server::range(&py, &files);
+    let cache = remote.scratch_path("cache");
+    mount_remote(&mut remote, &srv.url("/model.zt"), &cache, &[]);
+    assert!(remote.read("a") == a, "the shard's tensor");
+    same_tree(&local.mp, &remote.mp);
+    let log = srv.log();
+    assert!(
+        log.iter().any(|r| r.1 == "/model-s1.zt"),
+        "the shard was fetched as a sibling key: {log:?}"
+    );
+}
