@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use serde_json::Value as Json;
 use support::Mount;
-use support::data::{hex_decode, serve};
+use support::data::{hex_decode, json_shape, serve, tensor_index};
 use support::python::{self, Python};
 use ztensor_mount::formats::{self, Limits, Opened};
 
@@ -79,15 +79,10 @@ fn writer_files_read_right_through_the_data_layer() {
         );
         for w in tensors {
             let name = w["name"].as_str().unwrap();
-            let ti = c.tensors.iter().position(|t| t.name == name).unwrap();
+            let ti = tensor_index(c, name);
             let t = &c.tensors[ti];
             assert_eq!(t.dtype, w["dtype"].as_str().unwrap(), "{kind} {name}");
-            let shape: Vec<u64> = w["shape"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|d| d.as_u64().unwrap())
-                .collect();
+            let shape = json_shape(&w["shape"]);
             assert_eq!(t.shape, shape, "{kind} {name}");
             assert_eq!(t.meta["metadata"], w["metadata"], "{kind} {name}");
             let bytes = hex_decode(w["data_hex"].as_str().unwrap());

@@ -9,7 +9,7 @@
 
 mod support;
 
-use support::data::hex_decode;
+use support::data::{hex_decode, json_shape};
 use support::python::{self, Python};
 use ztensor_mount::formats::zt_v01::ZtFile;
 
@@ -51,12 +51,7 @@ fn python_package_files_read_right() {
             item["dtype"].as_str(),
             "{name}: dtype"
         );
-        let shape: Vec<u64> = item["shape"]
-            .as_array()
-            .expect("shape")
-            .iter()
-            .map(|d| d.as_u64().expect("dimension"))
-            .collect();
+        let shape = json_shape(&item["shape"]);
         assert_eq!(t.shape, shape, "{name}: shape");
         let data = hex_decode(item["data_hex"].as_str().expect("data_hex"));
         let parts = f.read_all(t).unwrap_or_else(|e| panic!("{e}"));

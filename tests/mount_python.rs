@@ -31,13 +31,10 @@ fn run_python(py: &Python, m: &Mount, script: &str, spec: &Json) {
     std::fs::write(&sp, script).unwrap();
     let jp = m.scratch_path("spec.json");
     std::fs::write(&jp, serde_json::to_vec(spec).unwrap()).unwrap();
-    let r = support::run_with_timeout(py.cmd().arg(&sp).arg(&jp), Duration::from_secs(60));
-    assert!(
-        r.ok() && r.stdout.trim_end().ends_with("OK"),
-        "python check failed ({}):\n{}\n{}",
-        r.status,
-        r.stdout,
-        r.stderr
+    py.run_ok(
+        &[sp.as_ref(), jp.as_ref()],
+        Duration::from_secs(60),
+        "python check",
     );
 }
 

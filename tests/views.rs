@@ -32,16 +32,10 @@ fn check(py: &Python, m: &Mount, expect: serde_json::Value) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/check_views.py");
     let ep = m.scratch_path("expect.json");
     std::fs::write(&ep, expect.to_string()).unwrap();
-    let r = support::run_with_timeout(
-        py.cmd().arg(&script).arg(m.path("")).arg(&ep),
+    py.run_ok(
+        &[script.as_ref(), m.path("").as_ref(), ep.as_ref()],
         Duration::from_secs(120),
-    );
-    assert!(
-        r.ok() && r.stdout.trim_end().ends_with("OK"),
-        "check_views failed ({}):\n{}\n{}",
-        r.status,
-        r.stdout,
-        r.stderr
+        "check_views",
     );
 }
 

@@ -15,7 +15,7 @@ mod support;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value as Json;
-use support::data::{hex, hex_decode, read_whole, serve, sha256_hex};
+use support::data::{hex, hex_decode, json_shape, read_whole, serve, sha256_hex, tensor_index};
 use support::python::{self, Python};
 use ztensor_mount::catalog::{Codec, Endian};
 use ztensor_mount::formats::{self, Limits, Opened};
@@ -77,15 +77,11 @@ fn python_package_v1_files_read_right() {
     let mut parts_checked = 0;
     for want in tensors {
         let name = want["name"].as_str().unwrap();
-        let ti = cat
-            .tensors
-            .iter()
-            .position(|t| t.name == name)
-            .unwrap_or_else(|| panic!("{name} missing"));
+        let ti = tensor_index(cat, name);
         let t = &cat.tensors[ti];
         assert_eq!(t.layout, want["format"].as_str().unwrap(), "{name}");
         assert_eq!(t.dtype, want["dtype"].as_str().unwrap(), "{name}");
-        let shape: Vec<u64> = serde_json::from_value(want["shape"].clone()).unwrap();
+        let shape = json_shape(&want["shape"]);
         assert_eq!(t.shape, shape, "{name}");
         assert_eq!(t.directory, want["format"] != "dense", "{name}");
         let parts = t.parts.as_ref().unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -94,7 +90,7 @@ fn python_package_v1_files_read_right() {
         for (pi, wp) in wparts.iter().enumerate() {
             let p = &parts[pi];
             assert_eq!(p.name, wp["name"].as_str().unwrap(), "{name}");
-            let pshape: Vec<u64> = serde_json::from_value(wp["shape"].clone()).unwrap();
+            let pshape = json_shape(&wp["shape"]);
             assert_eq!(p.shape, pshape, "{name}/{}", p.name);
             if let Some(np) = want["numpy_dtype"].as_str() {
                 assert_eq!(p.dtype.numpy(), np, "{name}");
@@ -146,7 +142,7 @@ fn python_package_v1_files_read_right_through_the_data_layer() {
     let cat = data.catalog();
     let mut n = 0;
     for (name, part, _, bytes, sha) in expected_files(&expected) {
-        let ti = cat.tensors.iter().position(|t| t.name == name).unwrap();
+        let ti = tensor_index(cat, &name);
         let parts = cat.tensors[ti].parts.as_ref().unwrap();
         let pi = parts.iter().position(|p| p.name == part).unwrap();
         let got = read_whole(&data, ti, pi, 1000).unwrap_or_else(|e| panic!("read failed: {e}"));

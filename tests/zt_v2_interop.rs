@@ -19,7 +19,7 @@ mod read;
 mod support;
 
 use serde_json::Value as Json;
-use support::data::{hex, sha256_hex};
+use support::data::{hex, json_shape, sha256_hex};
 use support::python::Python;
 
 /// The venv's Python with ztensor 2.x; `None` when the test is skipped.
@@ -77,12 +77,7 @@ fn python_written_v2_files_read_the_same_through_our_pipeline() {
                 e["sha256"].as_str().unwrap(),
                 "{file}: {name}"
             );
-            let shape: Vec<u64> = e["shape"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap())
-                .collect();
+            let shape = json_shape(&e["shape"]);
             if e["part"].is_null() {
                 assert_eq!(t.shape, shape, "{file}: {name}");
                 assert_eq!(t.dtype, e["dtype"].as_str().unwrap(), "{file}: {name}");

@@ -74,3 +74,16 @@ pub fn hex(b: &[u8]) -> String {
 pub fn sha256_hex(b: &[u8]) -> String {
     hex(&Sha256::digest(b))
 }
+
+/// A JSON list of dimensions (a `shape` in an `expected.json`).
+pub fn json_shape(v: &serde_json::Value) -> Vec<u64> {
+    let dims = v
+        .as_array()
+        .unwrap_or_else(|| panic!("shape {v} is not a list"));
+    dims.iter()
+        .map(|d| {
+            d.as_u64()
+                .unwrap_or_else(|| panic!("shape {v}: {d} is not a dimension"))
+        })
+        .collect()
+}

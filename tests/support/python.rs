@@ -95,6 +95,20 @@ impl Python {
         super::require(what, check).then_some(self)
     }
 
+    /// Runs this interpreter with `args`, killed after `limit`; panics
+    /// with its output (as `what` failed) unless it exits 0 and its
+    /// output ends with "OK".
+    pub fn run_ok(&self, args: &[&std::ffi::OsStr], limit: std::time::Duration, what: &str) {
+        let r = super::run_with_timeout(self.cmd().args(args), limit);
+        assert!(
+            r.ok() && r.stdout.trim_end().ends_with("OK"),
+            "{what} failed ({}):\n{}\n{}",
+            r.status,
+            r.stdout,
+            r.stderr
+        );
+    }
+
     /// Runs `tests/python/<script> ARG`; panics with its stderr if it fails.
     pub fn run_script(&self, script: &str, arg: &Path) {
         let path = manifest_dir().join("tests/python").join(script);
