@@ -12,8 +12,7 @@ use support::Mount;
 use ztensor_mount::codec::digest::{Algorithm, compute};
 use ztensor_mount::error::ErrorKind;
 use ztensor_mount::formats::{self, Limits};
-use ztensor_mount::mount::data::{Data, DataOptions, PROGRESSIVE_MIN};
-use ztensor_mount::mount::stats::Stats;
+use ztensor_mount::mount::data::Data;
 
 const COMPRESSED: u32 = 1;
 const CHECKSUM: u32 = 2;
@@ -96,27 +95,12 @@ fn refused_with(bytes: &[u8], kind: Option<ErrorKind>, says: &str, limits: Limit
 
 fn serve(path: &Path, dir: &Path) -> Arc<Data> {
     let o = formats::open(path, Limits::default()).unwrap_or_else(|e| panic!("{e}"));
-    Data::new(
-        o.catalog,
-        o.sources,
-        DataOptions {
-            cache_size: 8 << 20,
-            cache_dir: dir.to_path_buf(),
-            verify_raw: true,
-            progressive_min: PROGRESSIVE_MIN,
-        },
-        Arc::new(Stats::default()),
-    )
-    .unwrap()
+    support::data::serve(o, dir, 8 << 20)
 }
 
+/// Tensor `name`'s bytes, in one read.
 fn read(d: &Data, name: &str) -> Result<Vec<u8>, String> {
-    let ti = d
-        .catalog()
-        .tensors
-        .iter()
-        .position(|t| t.name == name)
-        .unwrap();
+    let ti = support::data::tensor_index(d.catalog(), name);
     d.read(ti, 0, 0, 1 << 30).map(|b| b.to_vec())
 }
 
@@ -576,7 +560,7 @@ fn through_a_mount_bad_reads_are_eio_and_neighbours_serve() {
     m.mount(&index, &[]);
     assert_eq!(m.read("a"), (0..16u8).collect::<Vec<_>>());
     let e = std::fs::read(m.path("b")).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(libc_eio()), "{e}");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
     assert_eq!(m.read("a"), (0..16u8).collect::<Vec<_>>());
     m.unmount_ok();
     m.cleanup();
@@ -590,12 +574,8 @@ fn through_a_mount_bad_reads_are_eio_and_neighbours_serve() {
     std::fs::write(&p, zstd_file(&bomb, &[("a", "F32", "[4]", [0, 16])])).unwrap();
     m.mount(&p, &[]);
     let e = std::fs::read(m.path("a")).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(libc_eio()), "{e}");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
     assert_eq!(m.json("a.json")["dtype"], "float32");
     m.unmount_ok();
     m.cleanup();
-}
-
-fn libc_eio() -> i32 {
-    5
 }

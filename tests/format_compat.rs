@@ -8,77 +8,23 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::Value as Json;
-use sha2::{Digest, Sha256};
-use ztensor_mount::formats::{self, Limits, Opened};
-use ztensor_mount::mount::data::{Data, DataOptions, PROGRESSIVE_MIN};
-use ztensor_mount::mount::stats::Stats;
-
-fn python() -> PathBuf {
-    match std::env::var_os("ZT_PYTHON") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python3"),
-    }
-}
+use support::data::{serve, sha256_hex};
+use support::python::Python;
+use ztensor_mount::formats::{self, Limits};
+use ztensor_mount::mount::data::Data;
 
 /// Runs `write_<writer>.py` into a fresh directory; `None`: skipped.
 fn written(writer: &str) -> Option<(tempfile::TempDir, Json)> {
-    let py = python();
-    let probe = Command::new(&py)
-        .args(["-c", "import numpy, safetensors, gguf, onnx, h5py"])
-        .output();
-    let ok = match probe {
-        Ok(o) if o.status.success() => Ok(()),
-        Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_string()),
-        Err(e) => Err(format!("{}: {e}", py.display())),
-    };
-    if !support::require("Python with the format writers (scripts/setup.sh)", ok) {
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/python/formats")
-        .join(format!("write_{writer}.py"));
-    let out = Command::new(&py)
-        .arg(&script)
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}: {}",
-        script.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let exp = std::fs::read(dir.path().join("expected.json")).unwrap();
-    Some((dir, serde_json::from_slice(&exp).unwrap()))
-}
-
-fn sha(b: &[u8]) -> String {
-    Sha256::digest(b)
-        .iter()
-        .map(|x| format!("{x:02x}"))
-        .collect()
-}
-
-fn data_of(opened: Opened, dir: &Path) -> Arc<Data> {
-    let opts = DataOptions {
-        cache_size: 64 << 20,
-        cache_dir: dir.to_path_buf(),
-        verify_raw: true,
-        progressive_min: PROGRESSIVE_MIN,
-    };
-    Data::new(
-        opened.catalog,
-        opened.sources,
-        opts,
-        Arc::new(Stats::default()),
-    )
-    .unwrap()
+    let python = Python::from_env().require(
+        "Python with the format writers (scripts/setup.sh)",
+        "import numpy, safetensors, gguf, onnx, h5py",
+        |_| Ok(()),
+    )?;
+    Some(python.write_into_tempdir(&format!("formats/write_{writer}.py")))
 }
 
 /// Every expected tensor of `file`, through the pipeline.
@@ -87,7 +33,7 @@ fn check_pipeline(path: &Path, want: &Json, format: &str) -> Arc<Data> {
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert_eq!(opened.catalog.format, format);
     let scratch = tempfile::tempdir().unwrap();
-    let data = data_of(opened, scratch.path());
+    let data = serve(opened, scratch.path(), 64 << 20);
     let cat = data.catalog();
     let want = want.as_object().unwrap();
     assert_eq!(cat.len(), want.len(), "{}: tensor count", path.display());
@@ -106,7 +52,7 @@ fn check_pipeline(path: &Path, want: &Json, format: &str) -> Arc<Data> {
         let bytes = data.read(ti, 0, 0, p.nbytes + 10).unwrap();
         assert_eq!(bytes.len() as u64, p.nbytes, "{name}");
         assert_eq!(
-            sha(&bytes),
+            sha256_hex(&bytes),
             w["sha256"],
             "{}: {name}: bytes",
             path.display()
@@ -139,7 +85,7 @@ fn check_mount(path: &Path, want: &Json) -> Option<Json> {
         assert_eq!(side["supported"], true, "{name}");
         let bytes = m.read(rel);
         assert_eq!(
-            sha(&bytes),
+            sha256_hex(&bytes),
             w["sha256"],
             "mounted {}: {name}",
             path.display()
@@ -176,7 +122,7 @@ fn safetensors_plain_and_sharded() {
     let opened = formats::open(&set, Limits::default()).unwrap();
     assert!(opened.sources[1].is_none());
     let scratch = tempfile::tempdir().unwrap();
-    let data = data_of(opened, scratch.path());
+    let data = serve(opened, scratch.path(), 64 << 20);
     let cat = data.catalog();
     let mut failed = 0;
     for (ti, t) in cat.tensors.iter().enumerate() {
@@ -187,7 +133,12 @@ fn safetensors_plain_and_sharded() {
             failed += 1;
         } else {
             let bytes = data.read(ti, 0, 0, 1 << 20).unwrap();
-            assert_eq!(sha(&bytes), exp["sharded"][&t.name]["sha256"], "{}", t.name);
+            assert_eq!(
+                sha256_hex(&bytes),
+                exp["sharded"][&t.name]["sha256"],
+                "{}",
+                t.name
+            );
         }
     }
     assert!(failed > 0);

@@ -11,98 +11,25 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::Arc;
+use std::path::PathBuf;
 
 use serde_json::Value as Json;
 use support::Mount;
-use ztensor_mount::formats::{self, Limits};
-use ztensor_mount::mount::data::{Data, DataOptions, PROGRESSIVE_MIN};
-use ztensor_mount::mount::stats::Stats;
+use support::data::{hex_decode, json_shape, serve, tensor_index};
+use support::python::{self, Python};
+use ztensor_mount::formats::{self, Limits, Opened};
 
 const PACKAGE_VERSION: &str = "0.3.0";
 
-fn manifest_dir() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn python() -> PathBuf {
-    match std::env::var_os("ZT_PYTHON") {
-        Some(p) => PathBuf::from(p),
-        None => manifest_dir().join(".venv/bin/python3"),
-    }
-}
-
-/// Why the writer cannot run, if it cannot.
-fn python_problem(python: &Path) -> Option<String> {
-    let out = Command::new(python)
-        .args([
-            "-c",
-            "import importlib.metadata as m, deathtensors; print(m.version('deathtensors'))",
-        ])
-        .output();
-    match out {
-        Err(e) => Some(format!("cannot run {}: {e}", python.display())),
-        Ok(o) if !o.status.success() => Some(format!(
-            "{} cannot import deathtensors: {}",
-            python.display(),
-            String::from_utf8_lossy(&o.stderr)
-                .lines()
-                .rfind(|l| !l.trim().is_empty())
-                .unwrap_or("(no message)")
-                .trim()
-        )),
-        Ok(o) => {
-            let v = String::from_utf8_lossy(&o.stdout).trim().to_string();
-            (v != PACKAGE_VERSION).then(|| {
-                format!(
-                    "{} has deathtensors {v}, expected {PACKAGE_VERSION}",
-                    python.display()
-                )
-            })
-        }
-    }
-}
-
 /// Files the writer made, and what it was given; `None` when skipped.
 fn written() -> Option<(tempfile::TempDir, Json)> {
-    let python = python();
-    if let Some(problem) = python_problem(&python) {
-        let how = "run scripts/setup.sh (it installs deathtensors==0.3.0 into .venv) \
-                   or point ZT_PYTHON at an interpreter that has it";
-        if support::in_ci() {
-            panic!("the deathtensors interop test cannot run under CI: {problem}; {how}");
-        }
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipping: the deathtensors interop test: {problem}; {how}"
-        );
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let script = manifest_dir().join("tests/python/write_deathtensors.py");
-    let run = Command::new(&python)
-        .arg(&script)
-        .arg(dir.path())
-        .output()
-        .expect("run write_deathtensors.py");
-    assert!(
-        run.status.success(),
-        "write_deathtensors.py failed: {}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let expected: Json =
-        serde_json::from_slice(&std::fs::read(dir.path().join("expected.json")).unwrap()).unwrap();
-    Some((dir, expected))
-}
-
-fn hex_decode(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
+    let python = Python::from_env().require(
+        "Python with deathtensors==0.3.0 (run scripts/setup.sh, which installs it \
+         into .venv, or point ZT_PYTHON at an interpreter that has it)",
+        "import importlib.metadata as m, deathtensors; print(m.version('deathtensors'))",
+        |v| python::version_is("deathtensors", PACKAGE_VERSION, v),
+    )?;
+    Some(python.write_into_tempdir("write_deathtensors.py"))
 }
 
 fn files(expected: &Json) -> Vec<(String, PathBuf, &Json)> {
@@ -142,29 +69,20 @@ fn writer_files_read_right_through_the_data_layer() {
         }
         let tensors = want["tensors"].as_array().unwrap();
         assert_eq!(c.tensors.len(), tensors.len(), "{kind}");
-        let data = Data::new(
-            c.clone(),
-            opened.sources,
-            DataOptions {
-                cache_size: 16 << 20,
-                cache_dir: dir.path().to_path_buf(),
-                verify_raw: true,
-                progressive_min: PROGRESSIVE_MIN,
+        let data = serve(
+            Opened {
+                catalog: c.clone(),
+                sources: opened.sources,
             },
-            Arc::new(Stats::default()),
-        )
-        .unwrap();
+            dir.path(),
+            16 << 20,
+        );
         for w in tensors {
             let name = w["name"].as_str().unwrap();
-            let ti = c.tensors.iter().position(|t| t.name == name).unwrap();
+            let ti = tensor_index(c, name);
             let t = &c.tensors[ti];
             assert_eq!(t.dtype, w["dtype"].as_str().unwrap(), "{kind} {name}");
-            let shape: Vec<u64> = w["shape"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|d| d.as_u64().unwrap())
-                .collect();
+            let shape = json_shape(&w["shape"]);
             assert_eq!(t.shape, shape, "{kind} {name}");
             assert_eq!(t.meta["metadata"], w["metadata"], "{kind} {name}");
             let bytes = hex_decode(w["data_hex"].as_str().unwrap());

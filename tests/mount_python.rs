@@ -2,53 +2,39 @@
 //! gives the right values for every dtype and storage, and `np.memmap`
 //! (mmap(2) on the FUSE file) works on raw and zstd tensors.
 //!
-//! The interpreter is `$ZT_PYTHON`, else `.venv/bin/python` in the crate.
+//! The interpreter is `$ZT_PYTHON`, else `.venv/bin/python3` in the crate.
 //! Without python+numpy: fail when CI=true, else skip with a note.
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value as Json, json};
 use support::Mount;
+use support::python::Python;
 use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
 use ztensor_mount::formats::zt_v01::{DType, Endian};
 
-fn python() -> Option<PathBuf> {
-    let py = std::env::var_os("ZT_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
-    let check = match Command::new(&py)
-        .args(["-c", "import numpy; print(numpy.__version__)"])
-        .output()
-    {
-        Err(e) => Err(format!("{}: {e}", py.display())),
-        Ok(o) if !o.status.success() => Err(format!(
-            "{} cannot import numpy: {}",
-            py.display(),
-            String::from_utf8_lossy(&o.stderr).trim()
-        )),
-        Ok(_) => Ok(()),
-    };
-    support::require("python with numpy (set ZT_PYTHON)", check).then_some(py)
+fn python() -> Option<Python> {
+    Python::from_env().require(
+        "python with numpy (set ZT_PYTHON)",
+        "import numpy; print(numpy.__version__)",
+        |_| Ok(()),
+    )
 }
 
 /// Runs `script` with `spec` (JSON) as its argument; panics with its output
 /// unless it prints "OK".
-fn run_python(py: &Path, m: &Mount, script: &str, spec: &Json) {
+fn run_python(py: &Python, m: &Mount, script: &str, spec: &Json) {
     let sp = m.scratch_path("check.py");
     std::fs::write(&sp, script).unwrap();
     let jp = m.scratch_path("spec.json");
     std::fs::write(&jp, serde_json::to_vec(spec).unwrap()).unwrap();
-    let r = support::run_with_timeout(Command::new(py).arg(&sp).arg(&jp), Duration::from_secs(60));
-    assert!(
-        r.ok() && r.stdout.trim_end().ends_with("OK"),
-        "python check failed ({}):\n{}\n{}",
-        r.status,
-        r.stdout,
-        r.stderr
+    py.run_ok(
+        &[sp.as_ref(), jp.as_ref()],
+        Duration::from_secs(60),
+        "python check",
     );
 }
 

@@ -4,55 +4,38 @@
 //! the `user.ztensor.*` xattrs; each compared with the tensor's own file.
 //! `tests/python/check_views.py` does the reading.
 //!
-//! The interpreter is `$ZT_PYTHON`, else `.venv/bin/python`; without it (or
+//! The interpreter is `$ZT_PYTHON`, else `.venv/bin/python3`; without it (or
 //! its zarr, tensorstore, safetensors) the test fails under CI=true.
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::json;
 use support::Mount;
+use support::python::Python;
 use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
 use ztensor_mount::formats::zt_v01::{DType, Endian};
 
-fn python() -> Option<PathBuf> {
-    let py = std::env::var_os("ZT_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
-    let check = match Command::new(&py)
-        .args(["-c", "import numpy, zarr, tensorstore, safetensors"])
-        .output()
-    {
-        Err(e) => Err(format!("{}: {e}", py.display())),
-        Ok(o) if !o.status.success() => Err(format!(
-            "{} cannot import numpy, zarr, tensorstore, safetensors: {}",
-            py.display(),
-            String::from_utf8_lossy(&o.stderr).trim()
-        )),
-        Ok(_) => Ok(()),
-    };
-    support::require("python with zarr, tensorstore, safetensors", check).then_some(py)
+fn python() -> Option<Python> {
+    Python::from_env().require(
+        "python with zarr, tensorstore, safetensors",
+        "import numpy, zarr, tensorstore, safetensors",
+        |_| Ok(()),
+    )
 }
 
 /// Runs check_views.py over the mount; `expect` gives the least number of
 /// tensors each reader must check.
-fn check(py: &Path, m: &Mount, expect: serde_json::Value) {
+fn check(py: &Python, m: &Mount, expect: serde_json::Value) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/check_views.py");
     let ep = m.scratch_path("expect.json");
     std::fs::write(&ep, expect.to_string()).unwrap();
-    let r = support::run_with_timeout(
-        Command::new(py).arg(&script).arg(m.path("")).arg(&ep),
+    py.run_ok(
+        &[script.as_ref(), m.path("").as_ref(), ep.as_ref()],
         Duration::from_secs(120),
-    );
-    assert!(
-        r.ok() && r.stdout.trim_end().ends_with("OK"),
-        "check_views failed ({}):\n{}\n{}",
-        r.status,
-        r.stdout,
-        r.stderr
+        "check_views",
     );
 }
 

@@ -3,15 +3,14 @@
 //! file, the tensor and the field), or open with only the bad tensor
 //! unsupported; never a panic, never an allocation from a declared size.
 
+mod support;
+
 use std::path::Path;
-use std::sync::Arc;
 
 use ciborium::value::{Integer, Value};
 use ztensor_mount::catalog::{Catalog, Check, Checksum, Codec, DType};
 use ztensor_mount::error::{Error, ErrorKind};
 use ztensor_mount::formats::{self, Detected, Limits, zt_v1};
-use ztensor_mount::mount::data::{Data, DataOptions, PROGRESSIVE_MIN};
-use ztensor_mount::mount::stats::Stats;
 
 const MAGIC: &[u8; 8] = b"ZTEN1000";
 
@@ -718,33 +717,11 @@ fn read_all(bytes: &[u8]) -> Vec<(String, Result<Vec<u8>, String>)> {
     let path = dir.path().join("d.zt");
     std::fs::write(&path, bytes).unwrap();
     let opened = formats::open(&path, Limits::default()).unwrap();
-    let opts = DataOptions {
-        cache_size: 16 << 20,
-        cache_dir: dir.path().to_path_buf(),
-        verify_raw: true,
-        progressive_min: PROGRESSIVE_MIN,
-    };
-    let data = Data::new(
-        opened.catalog,
-        opened.sources,
-        opts,
-        Arc::new(Stats::default()),
-    )
-    .unwrap();
+    let data = support::data::serve(opened, dir.path(), 16 << 20);
     let mut out = Vec::new();
     for (ti, t) in data.catalog().tensors.iter().enumerate() {
-        let nbytes = t.parts.as_ref().unwrap()[0].nbytes;
-        let mut got = Vec::new();
-        let r = loop {
-            if got.len() as u64 == nbytes {
-                break Ok(got);
-            }
-            match data.read(ti, 0, got.len() as u64, 4096) {
-                Ok(b) if b.is_empty() => break Err("empty read".to_string()),
-                Ok(b) => got.extend_from_slice(&b),
-                Err(e) => break Err(e),
-            }
-        };
+        assert!(t.is_supported(), "{}: {:?}", t.name, t.parts);
+        let r = support::data::read_whole(&data, ti, 0, 4096);
         out.push((t.name.clone(), r));
     }
     out

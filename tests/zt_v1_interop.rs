@@ -13,104 +13,35 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::Arc;
 
 use serde_json::Value as Json;
-use sha2::{Digest, Sha256};
+use support::data::{hex, hex_decode, json_shape, read_whole, serve, sha256_hex, tensor_index};
+use support::python::{self, Python};
 use ztensor_mount::catalog::{Codec, Endian};
 use ztensor_mount::formats::{self, Limits, Opened};
-use ztensor_mount::mount::data::{Data, DataOptions, PROGRESSIVE_MIN};
-use ztensor_mount::mount::stats::Stats;
 
-fn venv() -> PathBuf {
-    match std::env::var_os("ZT_VENV") {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"),
-    }
-}
-
-use support::in_ci;
-
-fn python_cmd(venv: &Path) -> Command {
-    let mut c = Command::new(venv.join("bin/python3"));
-    c.env("PYTHONPATH", venv.join("ztensor/1"));
-    c
-}
-
-/// Why the Python side cannot run, if it cannot.
-fn python_problem(venv: &Path) -> Option<String> {
-    let probe = python_cmd(venv)
-        .args([
-            "-c",
-            "import importlib.metadata as m, ztensor, numpy, ml_dtypes; \
-             assert hasattr(ztensor, 'Tensor'), 'not ztensor 1.x'; \
-             print(m.version('ztensor'))",
-        ])
-        .output();
-    match probe {
-        Err(e) => Some(format!("cannot run {}/bin/python3: {e}", venv.display())),
-        Ok(out) if !out.status.success() => Some(format!(
-            "{}/bin/python3 cannot import ztensor 1.x/numpy/ml_dtypes: {}",
-            venv.display(),
-            String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .rfind(|l| !l.trim().is_empty())
-                .unwrap_or("(no message)")
-                .trim()
-        )),
-        Ok(out) => {
-            let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            (!version.starts_with("1.")).then(|| format!("ztensor {version} is not 1.x"))
-        }
-    }
-}
-
-/// Writes the files with the package, or says why it cannot (and panics
-/// under CI).
-fn write_with_python(dir: &Path) -> Option<(PathBuf, Json)> {
-    let venv = venv();
-    if let Some(problem) = python_problem(&venv) {
-        let how = "point ZT_VENV at a venv with numpy, ml_dtypes, zstandard and \
-                   ztensor 1.x installed under ZT_VENV/ztensor/1";
-        if in_ci() {
-            panic!("zTensor v1 interop cannot run under CI: {problem}; {how}");
-        }
-        eprintln!("skipping: {problem}; {how}");
-        return None;
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/write_zt1.py");
-    let out = python_cmd(&venv)
-        .arg(&script)
-        .arg(dir)
-        .output()
-        .expect("run write_zt1.py");
-    assert!(
-        out.status.success(),
-        "write_zt1.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let file = dir.join("all.zt");
-    let expected: Json = serde_json::from_slice(
-        &std::fs::read(dir.join("all.zt.expected.json")).expect("expected json"),
+/// The venv's Python with ztensor 1.x; `None` when the test is skipped.
+fn python() -> Option<Python> {
+    Python::ztensor(1).require(
+        "Python with numpy, ml_dtypes, zstandard and ztensor 1.x (point ZT_VENV \
+         at a venv with ztensor 1.x installed under ZT_VENV/ztensor/1)",
+        "import importlib.metadata as m, ztensor, numpy, ml_dtypes; \
+         assert hasattr(ztensor, 'Tensor'), 'not ztensor 1.x'; \
+         print(m.version('ztensor'))",
+        |v| {
+            v.starts_with("1.")
+                .then_some(())
+                .ok_or_else(|| format!("ztensor {v} is not 1.x"))
+        },
     )
-    .expect("expected json parses");
-    Some((file, expected))
 }
 
-fn hex_decode(s: &str) -> Vec<u8> {
-    assert!(s.len().is_multiple_of(2), "odd-length hex {s:?}");
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex digit"))
-        .collect()
-}
-
-fn sha256_hex(b: &[u8]) -> String {
-    Sha256::digest(b)
-        .iter()
-        .map(|x| format!("{x:02x}"))
-        .collect()
+/// Writes the files with the package; `None` when the test is skipped.
+fn write_with_python(dir: &Path) -> Option<(PathBuf, Json)> {
+    let python = python()?;
+    python.run_script("write_zt1.py", dir);
+    let expected = python::read_json(&dir.join("all.zt.expected.json"));
+    Some((dir.join("all.zt"), expected))
 }
 
 /// A part's bytes straight from the catalog: the blob's stored bytes,
@@ -146,15 +77,11 @@ fn python_package_v1_files_read_right() {
     let mut parts_checked = 0;
     for want in tensors {
         let name = want["name"].as_str().unwrap();
-        let ti = cat
-            .tensors
-            .iter()
-            .position(|t| t.name == name)
-            .unwrap_or_else(|| panic!("{name} missing"));
+        let ti = tensor_index(cat, name);
         let t = &cat.tensors[ti];
         assert_eq!(t.layout, want["format"].as_str().unwrap(), "{name}");
         assert_eq!(t.dtype, want["dtype"].as_str().unwrap(), "{name}");
-        let shape: Vec<u64> = serde_json::from_value(want["shape"].clone()).unwrap();
+        let shape = json_shape(&want["shape"]);
         assert_eq!(t.shape, shape, "{name}");
         assert_eq!(t.directory, want["format"] != "dense", "{name}");
         let parts = t.parts.as_ref().unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -163,7 +90,7 @@ fn python_package_v1_files_read_right() {
         for (pi, wp) in wparts.iter().enumerate() {
             let p = &parts[pi];
             assert_eq!(p.name, wp["name"].as_str().unwrap(), "{name}");
-            let pshape: Vec<u64> = serde_json::from_value(wp["shape"].clone()).unwrap();
+            let pshape = json_shape(&wp["shape"]);
             assert_eq!(p.shape, pshape, "{name}/{}", p.name);
             if let Some(np) = want["numpy_dtype"].as_str() {
                 assert_eq!(p.dtype.numpy(), np, "{name}");
@@ -177,19 +104,6 @@ fn python_package_v1_files_read_right() {
         }
     }
     assert!(parts_checked >= 79, "only {parts_checked} parts checked");
-}
-
-/// Every part read through the mount's data layer, in odd-sized chunks.
-fn bytes_by_data(data: &Data, t: usize, p: usize, nbytes: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    while (out.len() as u64) < nbytes {
-        let chunk = data
-            .read(t, p, out.len() as u64, 1000)
-            .unwrap_or_else(|e| panic!("read failed: {e}"));
-        assert!(!chunk.is_empty(), "short read at {}", out.len());
-        out.extend_from_slice(&chunk);
-    }
-    out
 }
 
 /// (tensor name, part name, path relative to the mount, expected bytes,
@@ -224,26 +138,14 @@ fn python_package_v1_files_read_right_through_the_data_layer() {
         return;
     };
     let opened = formats::open(&file, Limits::default()).expect("our reader opens it");
-    let opts = DataOptions {
-        cache_size: 64 << 20,
-        cache_dir: dir.path().to_path_buf(),
-        verify_raw: true,
-        progressive_min: PROGRESSIVE_MIN,
-    };
-    let data = Data::new(
-        opened.catalog,
-        opened.sources,
-        opts,
-        Arc::new(Stats::default()),
-    )
-    .unwrap();
+    let data = serve(opened, dir.path(), 64 << 20);
     let cat = data.catalog();
     let mut n = 0;
     for (name, part, _, bytes, sha) in expected_files(&expected) {
-        let ti = cat.tensors.iter().position(|t| t.name == name).unwrap();
+        let ti = tensor_index(cat, &name);
         let parts = cat.tensors[ti].parts.as_ref().unwrap();
         let pi = parts.iter().position(|p| p.name == part).unwrap();
-        let got = bytes_by_data(&data, ti, pi, parts[pi].nbytes);
+        let got = read_whole(&data, ti, pi, 1000).unwrap_or_else(|e| panic!("read failed: {e}"));
         assert!(got == bytes, "{name}/{part}: bytes differ");
         assert_eq!(sha256_hex(&got), sha, "{name}/{part}");
         n += 1;
@@ -311,12 +213,13 @@ fn python_package_v1_files_mount_and_numpy_reads_them() {
             "path": m.path(&rel),
             "sidecar": m.path(&format!("{rel}.json")),
             "shape": shapes[&(name, part)],
-            "hex": bytes.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+            "hex": hex(&bytes),
         }));
     }
     let spec_path = m.scratch_path("numpy_spec.json");
     std::fs::write(&spec_path, serde_json::to_vec(&spec).unwrap()).unwrap();
-    let out = python_cmd(&venv())
+    let out = Python::ztensor(1)
+        .cmd()
         .arg("-c")
         .arg(NUMPY_CHECK)
         .arg(&spec_path)

@@ -7,6 +7,7 @@
 
 #[path = "zt_v2/read.rs"]
 mod read;
+mod support;
 
 use std::path::{Path, PathBuf};
 
@@ -82,7 +83,7 @@ fn every_valid_file_opens_and_reads_like_the_reference() {
             };
             for (pi, p) in parts.iter().enumerate() {
                 let ours = read::catalog_bytes(&o, ti, pi);
-                let served = read::data_bytes(&data, ti, pi, 3);
+                let served = support::data::read_whole(&data, ti, pi, 3);
                 if DATA_LEVEL.contains(&name) {
                     assert!(ours.is_err(), "{name}: {:?} read must fail", t.name);
                     assert!(served.is_err(), "{name}: {:?} Data read must fail", t.name);
@@ -129,7 +130,7 @@ fn every_reject_file_is_refused() {
                 let data = read::data(o);
                 for (ti, t) in data.catalog().tensors.iter().enumerate() {
                     for pi in 0..t.parts.as_ref().map_or(0, Vec::len) {
-                        let e = read::data_bytes(&data, ti, pi, 1 << 20);
+                        let e = support::data::read_whole(&data, ti, pi, 1 << 20);
                         if let Err(e) = e {
                             assert!(!e.contains('\n'), "{name}: {e}");
                             failed += 1;

@@ -7,6 +7,7 @@
 
 #[path = "zt_v2/read.rs"]
 mod read;
+mod support;
 
 use std::path::{Path, PathBuf};
 
@@ -143,14 +144,15 @@ fn outcome(path: &Path) -> Outcome {
     let data = read::data(o);
     let c = data.catalog();
     let ti = |n: &str| c.tensors.iter().position(|t| t.name == n).unwrap();
-    let b = read::data_bytes(&data, ti("b"), 0, 100).expect("the neighbour must read");
+    let b = support::data::read_whole(&data, ti("b"), 0, 100).expect("the neighbour must read");
     assert_eq!(b, neighbour());
     let a = ti("a");
     if let Err(why) = &c.tensors[a].parts {
         assert!(!why.contains('\n'));
         return Outcome::ReadFailed;
     }
-    let e = read::data_bytes(&data, a, 0, 1 << 20).expect_err("the damaged tensor must fail");
+    let e =
+        support::data::read_whole(&data, a, 0, 1 << 20).expect_err("the damaged tensor must fail");
     assert!(!e.contains('\n'), "{e}");
     Outcome::ReadFailed
 }
@@ -166,7 +168,10 @@ fn baseline_reads() {
     let (_d, p) = tmp();
     write(&p, Some(honest));
     let data = read::data(read::open(&p).unwrap());
-    assert_eq!(read::data_bytes(&data, 0, 0, 999).unwrap(), payload());
+    assert_eq!(
+        support::data::read_whole(&data, 0, 0, 999).unwrap(),
+        payload()
+    );
 }
 
 #[test]
@@ -355,7 +360,10 @@ fn a_good_shard_reads() {
         .iter()
         .position(|t| t.name == "a")
         .unwrap();
-    assert_eq!(read::data_bytes(&data, a, 0, 1000).unwrap(), payload());
+    assert_eq!(
+        support::data::read_whole(&data, a, 0, 1000).unwrap(),
+        payload()
+    );
 }
 
 #[test]

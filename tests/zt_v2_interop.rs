@@ -18,68 +18,22 @@
 mod read;
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
 use serde_json::Value as Json;
-use sha2::{Digest, Sha256};
+use support::data::{hex, json_shape, sha256_hex};
+use support::python::Python;
 
-fn venv() -> PathBuf {
-    std::env::var_os("ZT_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"))
-}
-
-fn python(v: &Path) -> Command {
-    let mut c = Command::new(v.join("bin/python3"));
-    c.env("PYTHONPATH", v.join("ztensor/2"));
-    c
-}
-
-fn problem(v: &Path) -> Option<String> {
-    let out = python(v)
-        .args(["-c", "import ztensor, numpy, ml_dtypes; ztensor.Writer"])
-        .output();
-    match out {
-        Err(e) => Some(format!("cannot run {}/bin/python3: {e}", v.display())),
-        Ok(o) if !o.status.success() => Some(format!(
-            "{}: cannot import ztensor 2.x/numpy/ml_dtypes: {}",
-            v.display(),
-            String::from_utf8_lossy(&o.stderr).trim()
-        )),
-        Ok(_) => None,
-    }
+/// The venv's Python with ztensor 2.x; `None` when the test is skipped.
+fn python() -> Option<Python> {
+    Python::ztensor(2).require(
+        "the Python ztensor 2.x package with numpy and ml_dtypes (ZT_VENV)",
+        "import ztensor, numpy, ml_dtypes; ztensor.Writer",
+        |_| Ok(()),
+    )
 }
 
 /// Writes the files, or `None` when the test is skipped.
 fn written() -> Option<(tempfile::TempDir, Json)> {
-    let v = venv();
-    if let Some(p) = problem(&v) {
-        if support::in_ci() {
-            panic!("the Python ztensor 2.x package is required when CI=true: {p}");
-        }
-        eprintln!("skipping: {p}");
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/write_zt2.py");
-    let out = python(&v).arg(&script).arg(dir.path()).output().unwrap();
-    assert!(
-        out.status.success(),
-        "write_zt2.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let expected: Json =
-        serde_json::from_slice(&std::fs::read(dir.path().join("expected.json")).unwrap()).unwrap();
-    Some((dir, expected))
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn sha(b: &[u8]) -> String {
-    hex(&Sha256::digest(b))
+    Some(python()?.write_into_tempdir("write_zt2.py"))
 }
 
 #[test]
@@ -110,7 +64,7 @@ fn python_written_v2_files_read_the_same_through_our_pipeline() {
                 None => 0,
                 Some(p) => parts.iter().position(|x| x.name == p).unwrap(),
             };
-            let got = read::data_bytes(&data, ti, pi, 1 << 16)
+            let got = support::data::read_whole(&data, ti, pi, 1 << 16)
                 .unwrap_or_else(|w| panic!("{file}: {name}: {w}"));
             assert_eq!(
                 hex(&got),
@@ -118,13 +72,12 @@ fn python_written_v2_files_read_the_same_through_our_pipeline() {
                 "{file}: {name} {:?}",
                 e["part"]
             );
-            assert_eq!(sha(&got), e["sha256"].as_str().unwrap(), "{file}: {name}");
-            let shape: Vec<u64> = e["shape"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap())
-                .collect();
+            assert_eq!(
+                sha256_hex(&got),
+                e["sha256"].as_str().unwrap(),
+                "{file}: {name}"
+            );
+            let shape = json_shape(&e["shape"]);
             if e["part"].is_null() {
                 assert_eq!(t.shape, shape, "{file}: {name}");
                 assert_eq!(t.dtype, e["dtype"].as_str().unwrap(), "{file}: {name}");
@@ -184,7 +137,8 @@ for j in json.load(sys.stdin):
         bad.append(j["name"])
 print(json.dumps(bad))
 "#;
-        let mut child = python(&venv())
+        let mut child = Python::ztensor(2)
+            .cmd()
             .args(["-c", script])
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())

@@ -7,6 +7,9 @@
 //! "skipping: ..." note to stderr and returns early. No test is `#[ignore]`d.
 #![allow(dead_code)]
 
+pub mod data;
+pub mod python;
+
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

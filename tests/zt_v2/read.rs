@@ -1,13 +1,13 @@
 //! Shared by the zTensor v2 tests: reading a part's bytes straight from an
 //! `Opened` catalog (the blob's frames decoded, its checks applied), and
-//! the reference reader's bytes for the same part.
+//! the reference reader's bytes for the same part. A test file that
+//! includes it also has `mod support;`.
 #![allow(dead_code)]
 
 use std::path::Path;
 use std::sync::Arc;
 
-use ztensor_mount::mount::data::{Data, DataOptions, PROGRESSIVE_MIN};
-use ztensor_mount::mount::stats::Stats;
+use ztensor_mount::mount::data::Data;
 
 use ztensor_mount::catalog::{Check, Codec, FrameTable, PartMap, Verdict};
 use ztensor_mount::formats::{self, Limits, Opened};
@@ -110,30 +110,5 @@ pub fn reference_local_raw(path: &Path, tensor: &str, part: &str) -> Result<Vec<
 
 /// The mount's data layer over an opened file (checks on raw blobs on).
 pub fn data(o: Opened) -> Arc<Data> {
-    let opts = DataOptions {
-        cache_size: 64 << 20,
-        cache_dir: std::env::temp_dir(),
-        verify_raw: true,
-        progressive_min: PROGRESSIVE_MIN,
-    };
-    Data::new(o.catalog, o.sources, opts, Arc::new(Stats::default())).expect("data layer")
-}
-
-/// All exposed bytes of part `p` of tensor `t`, read through `Data` in
-/// chunks of `chunk` bytes.
-pub fn data_bytes(d: &Data, t: usize, p: usize, chunk: u64) -> Result<Vec<u8>, String> {
-    let parts = d.catalog().tensors[t]
-        .parts
-        .as_ref()
-        .map_err(|e| e.clone())?;
-    let n = parts[p].nbytes;
-    let mut out = Vec::with_capacity(n as usize);
-    while (out.len() as u64) < n {
-        let b = d.read(t, p, out.len() as u64, chunk)?;
-        if b.is_empty() {
-            return Err(format!("ended at byte {} of {n}", out.len()));
-        }
-        out.extend_from_slice(&b);
-    }
-    Ok(out)
+    crate::support::data::serve(o, &std::env::temp_dir(), 64 << 20)
 }
