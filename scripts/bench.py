@@ -59,14 +59,15 @@ SIZES = {
                   many=5_000, random_reads=2_000, rss_cache="32M"),
 }
 # The files of the v2, formats and model sections, made by the formats' own
-# writers (scripts/bench_writers.py): the v2 tensor (raw and seekable zstd),
-# the safetensors and GGUF tensor, and the whole model (model_n float32
-# tensors from model_min to model_max bytes, model bytes in all).
+# writers (scripts/bench_writers.py): the v2 tensor (raw and seekable zstd;
+# the values of "big", which zstd_frames.zt holds too), the safetensors and
+# GGUF tensor, and the whole model (model_n float32 tensors from model_min
+# to model_max bytes, model bytes in all).
 MORE_SIZES = {
-    "full": dict(v2=1 * GiB, fmt=1 * GiB, model=2 * GiB, model_n=300, model_min=64 << 10,
-                 model_max=64 * MiB, model_readers=4),
-    "quick": dict(v2=64 * MiB, fmt=64 * MiB, model=128 * MiB, model_n=300, model_min=16 << 10,
-                  model_max=4 * MiB, model_readers=4),
+    "full": dict(v2=SIZES["full"]["big"], fmt=1 * GiB, model=2 * GiB, model_n=300,
+                 model_min=64 << 10, model_max=64 * MiB, model_readers=4),
+    "quick": dict(v2=SIZES["quick"]["big"], fmt=64 * MiB, model=128 * MiB, model_n=300,
+                  model_min=16 << 10, model_max=4 * MiB, model_readers=4),
 }
 WRITERS = ROOT / "scripts/bench_writers.py"
 
@@ -1368,7 +1369,14 @@ class Bench:
         # The baseline must decode what the mount serves: zstd -d skips the
         # seek table frame and gives the raw file's bytes.
         self.zstd_d_equals(blob, raw, off, n, "v2 seekable blob")
-        first, second, ttfb, zbase = [], [], [], []
+        # The same values in zTensor v0.1 (pack --zstd, 1 MiB frames, no
+        # digest of the decoded bytes): what the v2 digest costs.
+        f = self.files
+        tb = f.tensor(f.zframes, "big")
+        if tb["nbytes"] != nbytes:
+            raise BenchError(f"zstd_frames.zt:big has {tb['nbytes']} bytes, v2 {nbytes}")
+        cache = self.sizes["rss_cache"]
+        first, second, ttfb, zbase, v01, small = [], [], [], [], [], []
         rng = np.random.default_rng(7)
         for i in range(self.runs):
             self.hot(blob)
@@ -1382,6 +1390,17 @@ class Bench:
                     k = int(rng.integers(0, nbytes - 4096))
                     self.same_bytes(p, k, raw, off + k, 4096, "v2 zstd through the mount")
                 st = m.stats()
+            with self.mounter.mount(f.zframes, [], tag="v2v01") as m:
+                p = m.mp / tb["path"]
+                self.hot(f.zframes, tb["offset"], tb["size"])
+                v01.append(dd(p, 0, nbytes))
+                if i == 0:
+                    k = int(rng.integers(0, nbytes - 4096))
+                    self.same_bytes(p, k, raw, off + k, 4096, "zstd_frames.zt:big (v2's values)")
+            with self.mounter.mount(z, ["--cache-size", cache], tag="v2zsmall") as m:
+                self.hot(z, zoff, zn)
+                small.append(dd(m.mp / tz["path"], 0, nbytes))
+                st_small = m.stats()
             with self.mounter.mount(z, [], tag="v2zttfb") as m:
                 self.hot(z, zoff, zn)
                 ttfb.append(self.first_byte(m.mp / tz["path"], nbytes // 2))
@@ -1394,7 +1413,10 @@ class Bench:
                   f"{part.get('digest', 'none').split(':')[0]}; first read: "
                   f"{st['decompressions']} decodes, {st['reads']} read requests; time to first "
                   f"byte: {st_ttfb['decompressions']} decodes of "
-                  f"{st_ttfb['decompressed_bytes'] / MiB:.1f} MiB before the 4 KiB")
+                  f"{st_ttfb['decompressed_bytes'] / MiB:.1f} MiB before the 4 KiB; with "
+                  f"--cache-size {cache}: {st_small['decompressions']} decodes of "
+                  f"{st_small['decompressed_bytes'] / MiB:.0f} MiB, "
+                  f"{st_small['evictions']} evictions")
         what = "zstd -d -c of the blob > /dev/null (one thread)"
         ok_target = 1.0
         m_, b_ = median(first), median(zbase)
@@ -1404,6 +1426,13 @@ class Bench:
                  dict(mount_s=first, baseline_s=zbase, baseline=what))
         self.throughput_row(f"zTensor v2 seekable zstd f32: second read, {label}", nbytes,
                             second, zbase, None, what)
+        self.throughput_row(f"zTensor v2 seekable zstd f32: first read, --cache-size {cache} "
+                            f"(smaller than the tensor), {label}", nbytes, small, zbase, None,
+                            what)
+        self.throughput_row(f"  v2 first read against v0.1's of the same values "
+                            f"(zstd_frames.zt:big, pack --zstd, no decoded digest), same run",
+                            nbytes, first, v01, None, "first read of zstd_frames.zt:big, "
+                            "fresh mount")
         ms = median(ttfb) * 1e3
         bms = median(zbase) * 1e3
         self.row(f"zTensor v2 seekable zstd f32: time to first byte, 4 KiB at the middle "

@@ -8,7 +8,7 @@
 # files for the next run), --regen, --runs N, --only SECTIONS (raw, memmap,
 # zstd, ttfb, random, many, rss, v2, formats, views, model), --workdir DIR.
 #
-#   bash scripts/bench.sh            # full run (about 1 GiB files, ~5 minutes)
+#   bash scripts/bench.sh            # full run (1-2 GiB files, about 25 GiB in all; ~20 minutes)
 #   bash scripts/bench.sh --quick    # small sizes, to try it out
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
