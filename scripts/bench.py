@@ -384,6 +384,7 @@ class More:
         self.manifest = work / "made.json"
         self.blobs = work / "blobs-more"
         self.infos = {}
+        self.built = set()  # keys made by this run (--regen makes each once)
         self._recipe = None
 
     @property
@@ -439,7 +440,8 @@ class More:
             have = json.loads(self.manifest.read_text())
         except (OSError, ValueError):
             have = {}
-        if not self.regen and have.get(key) == want and all(p.exists() for p in paths):
+        if ((key in self.built or not self.regen) and have.get(key) == want
+                and all(p.exists() for p in paths)):
             return paths
         have.pop(key, None)
         self.manifest.write_text(json.dumps(have))
@@ -448,6 +450,10 @@ class More:
         for p in paths:
             if not p.exists():
                 raise BenchError(f"{key}: the writer made no {p}")
+            self.infos.pop(p, None)
+            for b in self.blobs.glob(f"{p.stem}-*.zst"):  # blobs of the old file
+                b.unlink()
+        self.built.add(key)
         have[key] = want
         self.manifest.write_text(json.dumps(have))
         log(f"{key}: files made in {time.perf_counter() - t0:.1f} s")
