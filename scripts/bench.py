@@ -14,6 +14,15 @@ Conventions (see BENCHMARKS.md):
   tensor's byte range of the .zt (offset and size from `info --json`).
 - zstd baselines are `zstd -d -c -q BLOB > /dev/null` of the tensor's blob
   (the same bytes, extracted once to a file kept hot).
+- sections v2, formats and model read files written by the formats' own
+  writers (scripts/bench_writers.py: ztensor 2.x from .venv/ztensor/2,
+  safetensors.numpy.save_file, gguf.GGUFWriter) besides our `pack`; a
+  missing writer fails the run. views reads .npy/, .zarr/ and .safetensors/
+  against the tensor's own file, each through a fresh mount.
+- model: the whole model read by 4 reader threads taking the next tensor in
+  turn (one preadv of the whole tensor each), against the same threads
+  reading the file's ranges directly (raw) or running `zstd -d` of each
+  blob (compressed).
 """
 
 import argparse
@@ -49,6 +58,18 @@ SIZES = {
     "quick": dict(raw=64 * MiB, z=32 * MiB, bf16=32 * MiB, big=128 * MiB,
                   many=5_000, random_reads=2_000, rss_cache="32M"),
 }
+# The files of the v2, formats and model sections, made by the formats' own
+# writers (scripts/bench_writers.py): the v2 tensor (raw and seekable zstd;
+# the values of "big", which zstd_frames.zt holds too), the safetensors and
+# GGUF tensor, and the whole model (model_n float32 tensors from model_min
+# to model_max bytes, model bytes in all).
+MORE_SIZES = {
+    "full": dict(v2=SIZES["full"]["big"], fmt=1 * GiB, model=2 * GiB, model_n=300,
+                 model_min=64 << 10, model_max=64 * MiB, model_readers=4),
+    "quick": dict(v2=SIZES["quick"]["big"], fmt=64 * MiB, model=128 * MiB, model_n=300,
+                  model_min=16 << 10, model_max=4 * MiB, model_readers=4),
+}
+WRITERS = ROOT / "scripts/bench_writers.py"
 
 
 def log(msg):
@@ -307,6 +328,233 @@ class Files:
         log(f"page cache warm: {resident / MiB:.0f} of {size / MiB:.0f} MiB resident")
         if resident < 0.99 * size:
             log("WARNING: backing files are not fully in the page cache")
+
+
+def blob_range(t):
+    """(offset, stored length) of a one-blob tensor's bytes in its file, from
+    its `info --json` entry: `offset`/`size` (zTensor v0.1) or the one part's
+    `blob` (the other formats)."""
+    if "offset" in t and "size" in t:
+        return t["offset"], t["size"]
+    parts = t.get("parts") or {}
+    if len(parts) != 1:
+        raise BenchError(f"{t['name']}: expected one part, got {sorted(parts)}")
+    (part,) = parts.values()
+    off, n = part["blob"]
+    return off, n
+
+
+def model_sizes(n, total, lo, hi, seed=5):
+    """n tensor sizes (bytes, multiples of 4 KiB) from lo to hi, spread
+    log-uniformly and bent (x ** p) so that they add up to about total."""
+    if not n * lo <= total <= n * hi:
+        raise BenchError(f"model: {n} tensors of {lo}..{hi} bytes cannot add up to {total}")
+    x = np.random.default_rng(seed).uniform(0, 1, n)
+    x[0], x[1] = 1.0, 0.0  # the largest and the smallest are there
+
+    def sizes(p):
+        return lo * (hi / lo) ** (x ** p)
+
+    a, b = 1e-3, 1e3  # sum(sizes(p)) falls as p grows
+    for _ in range(100):
+        mid = (a * b) ** 0.5
+        if sizes(mid).sum() > total:
+            a = mid
+        else:
+            b = mid
+    return [int(v) // 4096 * 4096 for v in sizes(a)]
+
+
+def model_names(n):
+    projs = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
+             "post_attention_layernorm", "mlp.router"]
+    return [f"model.layers.{i // len(projs)}.{projs[i % len(projs)]}.weight"
+            for i in range(n)]
+
+
+class More:
+    """The files of the v2, formats, views and model sections, made the first
+    time a section needs them, by the formats' reference writers
+    (scripts/bench_writers.py: ztensor 2.x, safetensors, gguf) and our
+    `pack`; reused while their recipe is unchanged (made.json)."""
+
+    def __init__(self, work, sizes, regen):
+        self.work, self.sizes, self.regen = work, sizes, regen
+        self.manifest = work / "made.json"
+        self.blobs = work / "blobs-more"
+        self.infos = {}
+        self.built = set()  # keys made by this run (--regen makes each once)
+        self._recipe = None
+
+    @property
+    def recipe(self):
+        """What the files follow: our formats code (pack), the writer script
+        and the reference packages' versions (missing ones fail here)."""
+        if self._recipe is None:
+            git = lambda *a: subprocess.run(["git", "-C", ROOT, *a], capture_output=True,
+                                            text=True).stdout.strip()
+            self._recipe = dict(version=FORMAT_VERSION,
+                                formats=git("rev-parse", "HEAD:src/formats"),
+                                writers=git("hash-object", WRITERS),
+                                packages=self.package_versions())
+        return self._recipe
+
+    @staticmethod
+    def zt2_path():
+        """The folder of the ztensor 2.x package (put first on PYTHONPATH)."""
+        d = Path(sys.prefix) / "ztensor" / "2"
+        if not (d / "ztensor").is_dir():
+            raise BenchError(f"ztensor 2.x is missing: no {d}/ztensor (scripts/setup.sh "
+                             "installs it: pip install --target .venv/ztensor/2 'ztensor>=2,<3')")
+        return d
+
+    def package_versions(self):
+        from importlib.metadata import PackageNotFoundError, version
+        out = {}
+        for pkg in ("safetensors", "gguf", "numpy"):
+            try:
+                out[pkg] = version(pkg)
+            except PackageNotFoundError:
+                raise BenchError(f"the {pkg} package is missing from {sys.prefix} "
+                                 "(scripts/setup.sh installs it)")
+        dist = sorted(self.zt2_path().glob("ztensor-*.dist-info"))
+        out["ztensor2"] = dist[-1].name if dist else "?"
+        return out
+
+    def writer(self, fmt, out, specs):
+        """Runs scripts/bench_writers.py FORMAT OUT NAME=NPY...; the ztensor
+        2.x formats with .venv/ztensor/2 first on PYTHONPATH."""
+        env = dict(os.environ)
+        if fmt.startswith("zt2"):
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(self.zt2_path())] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        run([sys.executable, WRITERS, fmt, out, *specs], capture_output=True, text=True,
+            env=env)
+
+    def made(self, key, paths, build, **params):
+        """paths, built by build() unless made.json says they were made with
+        the same recipe and params (and they all exist)."""
+        want = dict(self.recipe, **params, paths=[str(p) for p in paths])
+        try:
+            have = json.loads(self.manifest.read_text())
+        except (OSError, ValueError):
+            have = {}
+        if ((key in self.built or not self.regen) and have.get(key) == want
+                and all(p.exists() for p in paths)):
+            return paths
+        have.pop(key, None)
+        self.manifest.write_text(json.dumps(have))
+        t0 = time.perf_counter()
+        build()
+        for p in paths:
+            if not p.exists():
+                raise BenchError(f"{key}: the writer made no {p}")
+            self.infos.pop(p, None)
+            for b in self.blobs.glob(f"{p.stem}-*.zst"):  # blobs of the old file
+                b.unlink()
+        self.built.add(key)
+        have[key] = want
+        self.manifest.write_text(json.dumps(have))
+        log(f"{key}: files made in {time.perf_counter() - t0:.1f} s")
+        return paths
+
+    def info(self, path):
+        if path not in self.infos:
+            out = run([BIN, "info", path, "--json"], capture_output=True, text=True).stdout
+            self.infos[path] = {t["name"]: t for t in json.loads(out)}
+        return self.infos[path]
+
+    def blob_file(self, path, name):
+        """The stored bytes of tensor name of path as a file of its own (for
+        `zstd -d`), extracted once."""
+        t = self.info(path)[name]
+        off, n = blob_range(t)
+        self.blobs.mkdir(exist_ok=True)
+        out = self.blobs / f"{path.stem}-{t['path'].replace('/', '_')}.zst"
+        if out.exists() and out.stat().st_size == n:
+            return out
+        with open(path, "rb") as src, open(f"{out}.partial", "wb") as dst:
+            src.seek(off)
+            left = n
+            while left:
+                b = src.read(min(left, 16 * MiB))
+                if not b:
+                    raise BenchError(f"{path}: short blob {name}")
+                dst.write(b)
+                left -= len(b)
+        os.replace(f"{out}.partial", out)
+        return out
+
+    def single(self):
+        """The v2 tensor "w" raw and seekable zstd (ztensor 2.x), and the same
+        float32 values as safetensors and GGUF files (one tensor "w")."""
+        s = self.sizes
+        paths = [self.work / "v2_raw.zt", self.work / "v2_zstd.zt",
+                 self.work / "fmt.safetensors", self.work / "fmt.gguf"]
+
+        def build():
+            src = self.work / "src-more"
+            src.mkdir(exist_ok=True)
+            try:
+                done = {}
+                for label, nbytes in (("v2", s["v2"]), ("fmt", s["fmt"])):
+                    if nbytes not in done:
+                        done[nbytes] = src / f"w-{nbytes}.npy"
+                        log(f"writing {nbytes / MiB:.0f} MiB of float32 N(0, 0.02) weights")
+                        write_normal_npy(done[nbytes], nbytes // 4, seed=1)
+                v2, fmt = f"w={done[s['v2']]}", f"w={done[s['fmt']]}"
+                log("writing v2_raw.zt and v2_zstd.zt (ztensor 2.x), fmt.safetensors "
+                    "(safetensors.numpy.save_file), fmt.gguf (gguf.GGUFWriter)")
+                self.writer("zt2", paths[0], [v2])
+                self.writer("zt2-zstd", paths[1], [v2])
+                self.writer("safetensors", paths[2], [fmt])
+                self.writer("gguf", paths[3], [fmt])
+            finally:
+                shutil.rmtree(src, ignore_errors=True)
+
+        return self.made("single", paths, build, v2=s["v2"], fmt=s["fmt"])
+
+    def model(self):
+        """The whole model in five files: .zt v0.1 raw and zstd (our pack),
+        v2 raw and seekable zstd (ztensor 2.x), safetensors. Returns
+        {label: path}."""
+        s = self.sizes
+        labels = {
+            "zt v0.1 raw (pack)": self.work / "model_v01_raw.zt",
+            "zt v0.1 zstd (pack --zstd)": self.work / "model_v01_zstd.zt",
+            "zt v2 raw (ztensor 2.x)": self.work / "model_v2_raw.zt",
+            "zt v2 seekable zstd (ztensor 2.x)": self.work / "model_v2_zstd.zt",
+            "safetensors (save_file)": self.work / "model.safetensors",
+        }
+        p = list(labels.values())
+        sizes = model_sizes(s["model_n"], s["model"], s["model_min"], s["model_max"])
+        names = model_names(len(sizes))
+
+        def build():
+            src = self.work / "src-model"
+            src.mkdir(exist_ok=True)
+            try:
+                log(f"model: writing {len(sizes)} float32 tensors, "
+                    f"{sum(sizes) / MiB:.0f} MiB ({min(sizes) >> 10} KiB .. "
+                    f"{max(sizes) / MiB:.0f} MiB)")
+                specs = []
+                for i, (name, n) in enumerate(zip(names, sizes)):
+                    f = src / f"{i:04d}.npy"
+                    write_normal_npy(f, n // 4, seed=100 + i)
+                    specs.append(f"{name}={f}")
+                log("model: pack, pack --zstd, ztensor 2.x raw and zstd, safetensors")
+                run([BIN, "pack", p[0], *specs], capture_output=True, text=True)
+                run([BIN, "pack", p[1], *specs, "--zstd"], capture_output=True, text=True)
+                self.writer("zt2", p[2], specs)
+                self.writer("zt2-zstd", p[3], specs)
+                self.writer("safetensors", p[4], specs)
+            finally:
+                shutil.rmtree(src, ignore_errors=True)
+
+        self.made("model", p, build, model=s["model"], n=s["model_n"], lo=s["model_min"],
+                  hi=s["model_max"])
+        return labels
 
 
 # ---------------------------------------------------------------- mounts
@@ -1015,6 +1263,455 @@ class Bench:
         self.row(f"  same, anonymous memory only (peak RssAnon, sampled every 5 ms)", an / MiB,
                  None, None, f"<= {cap / MiB:.0f} MiB", an <= cap, "MiB", dict(bytes=anons))
 
+    # v2, formats, views, model ------------------------------------------
+
+    def cold_dd(self, path, rel, off, n, opts=(), tag="c"):
+        """dd of path's bytes [off, off+n), then dd of the mounted file rel
+        through a fresh mount (the backing range hot before each):
+        (mount seconds, baseline seconds)."""
+        self.hot(path, off, n)
+        base = dd(path, off, n)
+        with self.mounter.mount(path, list(opts), tag=tag) as m:
+            self.hot(path, off, n)
+            got = dd(m.mp / rel, 0, n)
+        return got, base
+
+    def first_byte(self, path, off):
+        """Seconds to open path and pread 4 KiB at off."""
+        t0 = time.perf_counter()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            b = os.pread(fd, 4096, off)
+            dt = time.perf_counter() - t0
+        finally:
+            os.close(fd)
+        if len(b) != 4096:
+            raise BenchError(f"short read at {off} of {path}")
+        return dt
+
+    @staticmethod
+    def same_bytes(a, a_off, b, b_off, n, what):
+        """The n bytes at a_off of file a equal those at b_off of file b."""
+        with open(a, "rb", buffering=0) as fa, open(b, "rb", buffering=0) as fb:
+            fa.seek(a_off)
+            fb.seek(b_off)
+            left = n
+            while left:
+                k = min(left, 4 * MiB)
+                x, y = fa.read(k), fb.read(k)
+                if x != y or len(x) != k:
+                    raise BenchError(f"{what}: bytes differ near {n - left} of {n}")
+                left -= k
+
+    @staticmethod
+    def zstd_frames(blob):
+        """(zstd frames, skippable frames) of a .zst file (zstd -lv)."""
+        out = run(["zstd", "-lv", blob], capture_output=True, text=True).stdout
+        z = re.search(r"# Zstandard Frames: (\d+)", out)
+        sk = re.search(r"# Skippable Frames: (\d+)", out)
+        return int(z.group(1)) if z else None, int(sk.group(1)) if sk else 0
+
+    @staticmethod
+    def zstd_d_equals(blob, path, off, n, what):
+        """zstd -d of blob (skippable frames included) gives exactly the n
+        bytes at off of path."""
+        dec = subprocess.Popen(["zstd", "-d", "-c", "-q", blob], stdout=subprocess.PIPE)
+        try:
+            with open(path, "rb", buffering=0) as fh:
+                fh.seek(off)
+                got = 0
+                while True:
+                    x = dec.stdout.read(4 * MiB)
+                    if not x:
+                        break
+                    if fh.read(len(x)) != x:
+                        raise BenchError(f"{what}: zstd -d differs near byte {got}")
+                    got += len(x)
+        finally:
+            dec.stdout.close()
+            rc = dec.wait()
+        if rc != 0 or got != n:
+            raise BenchError(f"{what}: zstd -d exited {rc} after {got} of {n} bytes")
+
+    def section_v2(self):
+        log("zTensor v2 (ztensor 2.x): raw and seekable zstd first reads, time to first byte")
+        more = self.more
+        raw, z = more.single()[:2]
+        label = self.mode_label(self.default_mode)
+        t = more.info(raw)["w"]
+        off, n = blob_range(t)
+        if n != t["nbytes"] or t["encoding"] != "raw":
+            raise BenchError(f"{raw}: w is not a raw blob of {t['nbytes']} bytes")
+        cold, noverify, ttfb_raw, base = [], [], [], []
+        for _ in range(self.runs):
+            c, b = self.cold_dd(raw, t["path"], off, n, tag="v2raw")
+            cold.append(c)
+            base.append(b)
+            c, b = self.cold_dd(raw, t["path"], off, n, ["--no-verify-raw"], tag="v2raw")
+            noverify.append(c)
+            base.append(b)
+            with self.mounter.mount(raw, [], tag="v2ttfb") as m:
+                self.hot(raw, off, n)
+                ttfb_raw.append(self.first_byte(m.mp / t["path"], n // 2))
+        digest = t["parts"]["data"].get("digest", "none")
+        what = "dd bs=1M of the blob's range of the .zt"
+        self.throughput_row(f"zTensor v2 (ztensor 2.x), raw f32 {n / MiB:.0f} MiB: seq read, "
+                            f"cold (fresh mount, {digest.split(':')[0]} verified first), "
+                            f"{label}", n, cold, base, 0.4, what)
+        self.throughput_row("zTensor v2, raw f32: seq read, cold, --no-verify-raw", n, noverify,
+                            base, None, what)
+        ms = median(ttfb_raw) * 1e3
+        self.row(f"zTensor v2, raw f32: time to first byte, 4 KiB at the middle (open+pread), "
+                 f"fresh mount", ms, None, None, "-", None, "ms", dict(s=ttfb_raw))
+
+        tz = more.info(z)["w"]
+        part = tz["parts"]["data"]
+        zoff, zn = blob_range(tz)
+        nbytes = tz["nbytes"]
+        blob = more.blob_file(z, "w")
+        frames, skippable = self.zstd_frames(blob)
+        if not skippable:
+            raise BenchError(f"{blob}: no skippable (seek table) frame")
+        # The baseline must decode what the mount serves: zstd -d skips the
+        # seek table frame and gives the raw file's bytes.
+        self.zstd_d_equals(blob, raw, off, n, "v2 seekable blob")
+        # The same values in zTensor v0.1 (pack --zstd, 1 MiB frames, no
+        # digest of the decoded bytes): what the v2 digest costs.
+        f = self.files
+        tb = f.tensor(f.zframes, "big")
+        if tb["nbytes"] != nbytes:
+            raise BenchError(f"zstd_frames.zt:big has {tb['nbytes']} bytes, v2 {nbytes}")
+        cache = self.sizes["rss_cache"]
+        first, second, ttfb, zbase, v01, small = [], [], [], [], [], []
+        rng = np.random.default_rng(7)
+        for i in range(self.runs):
+            self.hot(blob)
+            zbase.append(zstd_d(blob))
+            with self.mounter.mount(z, [], tag="v2z") as m:
+                p = m.mp / tz["path"]
+                self.hot(z, zoff, zn)
+                first.append(dd(p, 0, nbytes))
+                second.append(dd(p, 0, nbytes))
+                if i == 0:
+                    k = int(rng.integers(0, nbytes - 4096))
+                    self.same_bytes(p, k, raw, off + k, 4096, "v2 zstd through the mount")
+                st = m.stats()
+            with self.mounter.mount(f.zframes, [], tag="v2v01") as m:
+                p = m.mp / tb["path"]
+                self.hot(f.zframes, tb["offset"], tb["size"])
+                v01.append(dd(p, 0, nbytes))
+                if i == 0:
+                    k = int(rng.integers(0, nbytes - 4096))
+                    self.same_bytes(p, k, raw, off + k, 4096, "zstd_frames.zt:big (v2's values)")
+            with self.mounter.mount(z, ["--cache-size", cache], tag="v2zsmall") as m:
+                self.hot(z, zoff, zn)
+                small.append(dd(m.mp / tz["path"], 0, nbytes))
+                st_small = m.stats()
+            with self.mounter.mount(z, [], tag="v2zttfb") as m:
+                self.hot(z, zoff, zn)
+                ttfb.append(self.first_byte(m.mp / tz["path"], nbytes // 2))
+                st_ttfb = m.stats()
+            self.hot(blob)
+            zbase.append(zstd_d(blob))
+        self.note(f"v2 seekable zstd: {zn / MiB:.1f} MiB stored (ratio {zn / nbytes:.3f}) in "
+                  f"{frames} zstd frames of {nbytes / frames / MiB:.2g} MiB and {skippable} "
+                  f"skippable frame (seek table; zstd -d skips it, checked); digest "
+                  f"{part.get('digest', 'none').split(':')[0]}; first read: "
+                  f"{st['decompressions']} decodes, {st['reads']} read requests; time to first "
+                  f"byte: {st_ttfb['decompressions']} decodes of "
+                  f"{st_ttfb['decompressed_bytes'] / MiB:.1f} MiB before the 4 KiB; with "
+                  f"--cache-size {cache}: {st_small['decompressions']} decodes of "
+                  f"{st_small['decompressed_bytes'] / MiB:.0f} MiB, "
+                  f"{st_small['evictions']} evictions")
+        what = "zstd -d -c of the blob > /dev/null (one thread)"
+        m_, b_ = median(first), median(zbase)
+        self.row(f"zTensor v2 seekable zstd f32 {nbytes / MiB:.0f} MiB ({frames} frames): first "
+                 f"read (fresh mount), {label}", nbytes / m_ / 1e9, nbytes / b_ / 1e9, b_ / m_,
+                 ">= 1.00x (issue 19: 1.60x)", b_ / m_ >= 1.0, "GB/s",
+                 dict(mount_s=first, baseline_s=zbase, baseline=what))
+        self.throughput_row(f"zTensor v2 seekable zstd f32: second read, {label}", nbytes,
+                            second, zbase, None, what)
+        self.throughput_row(f"zTensor v2 seekable zstd f32: first read, --cache-size {cache} "
+                            f"(smaller than the tensor), {label}", nbytes, small, zbase, None,
+                            what)
+        self.throughput_row(f"  v2 first read against v0.1's of the same values "
+                            f"(zstd_frames.zt:big, pack --zstd, no decoded digest), same run",
+                            nbytes, first, v01, None, "first read of zstd_frames.zt:big, "
+                            "fresh mount")
+        ms = median(ttfb) * 1e3
+        bms = median(zbase) * 1e3
+        self.row(f"zTensor v2 seekable zstd f32: time to first byte, 4 KiB at the middle "
+                 f"(open+pread), fresh mount; baseline: zstd -d of the whole blob", ms, bms,
+                 bms / ms, "-", None, "ms", dict(s=ttfb, baseline_s=zbase, baseline=what))
+
+    def section_formats(self):
+        log("safetensors and GGUF (their own writers): raw first read vs dd, beside the .zt")
+        f, more = self.files, self.more
+        _, _, st_file, gguf_file = more.single()
+        self.check_foreign_offsets(st_file, gguf_file)
+        cases = [(".zt v0.1 (pack)", f.raw, f.tensor(f.raw, "w")),
+                 ("safetensors (safetensors.numpy.save_file)", st_file,
+                  more.info(st_file)["w"]),
+                 ("GGUF (gguf.GGUFWriter, F32)", gguf_file, more.info(gguf_file)["w"])]
+        times = {c[0]: ([], []) for c in cases}
+        for i in range(self.runs):
+            order = cases[i % len(cases):] + cases[:i % len(cases)]
+            for label, path, t in order:
+                off, n = blob_range(t)
+                c, b = self.cold_dd(path, t["path"], off, n, tag="fmt")
+                times[label][0].append(c)
+                times[label][1].append(b)
+        dl = self.mode_label(self.default_mode)
+        ratios = {}
+        for label, path, t in cases:
+            n = t["nbytes"]
+            mt, bt = times[label]
+            ratios[label] = median(bt) / median(mt)
+            self.throughput_row(f"{label}, raw f32 {n / MiB:.0f} MiB at offset "
+                                f"{blob_range(t)[0]}: seq read, cold (fresh mount), {dl}", n,
+                                mt, bt, 0.4, "dd bs=1M of the tensor's range of the file")
+        zt = ratios[cases[0][0]]
+        for label, _, _ in cases[1:]:
+            r = ratios[label]
+            self.row(f"  {label.split(' (')[0]} row's ratio / the .zt row's ratio (same run)",
+                     r, zt, r / zt, ">= 0.90x", r / zt >= 0.9, "x", None)
+
+    def check_foreign_offsets(self, st_file, gguf_file):
+        """The tensor offsets `info --json` gives, computed again from the
+        formats' headers (safetensors' JSON header; gguf.GGUFReader)."""
+        with open(st_file, "rb") as fh:
+            hlen = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(hlen))
+        a, b = header["w"]["data_offsets"]
+        want = {st_file: (8 + hlen + a, b - a)}
+        try:
+            import gguf
+        except ImportError as e:
+            raise BenchError(f"the gguf package is missing ({e}): scripts/setup.sh installs it")
+        r = gguf.GGUFReader(gguf_file)
+        (gt,) = [t for t in r.tensors if t.name == "w"]
+        want[gguf_file] = (int(gt.data_offset), int(gt.n_bytes))
+        del r
+        for path, (off, n) in want.items():
+            got = blob_range(self.more.info(path)["w"])
+            if got != (off, n):
+                raise BenchError(f"{path.name}: info --json gives [{got[0]}, +{got[1]}), the "
+                                 f"header [{off}, +{n})")
+
+    def view_ranges(self, m, t):
+        """{view: (path in the mount, offset of the tensor's bytes in it)}
+        for tensor t: its own file, its .npy, its zarr chunk, its range in
+        .safetensors/model.safetensors. The bytes at each are checked against
+        the tensor file's (4 KiB at a random place)."""
+        rel = t["path"]
+        out = {"tensor file": (rel, 0)}
+        npy = f".npy/{rel}.npy"
+        with open(m.mp / npy, "rb") as fh:
+            head = fh.read(12)
+        if head[:6] != b"\x93NUMPY":
+            raise BenchError(f"{npy}: not a .npy file")
+        if head[6] == 1:
+            data = 10 + int.from_bytes(head[8:10], "little")
+        else:
+            data = 12 + int.from_bytes(head[8:12], "little")
+        out[".npy"] = (npy, data)
+        arr = json.loads((m.mp / f".zarr/{rel}/zarr.json").read_text())
+        chunk = f".zarr/{rel}/c/" + "/".join("0" * len(arr["shape"]))
+        if os.path.getsize(m.mp / chunk) != t["nbytes"]:
+            raise BenchError(f"{chunk}: {os.path.getsize(m.mp / chunk)} bytes, not the "
+                             f"tensor's {t['nbytes']} (a codec?)")
+        out[".zarr chunk"] = (chunk, 0)
+        st = ".safetensors/model.safetensors"
+        with open(m.mp / st, "rb") as fh:
+            hlen = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(hlen))
+        a, b = header[t["name"]]["data_offsets"]
+        if b - a != t["nbytes"]:
+            raise BenchError(f"{st}: {t['name']} has {b - a} bytes, not {t['nbytes']}")
+        out[".safetensors range"] = (st, 8 + hlen + a)
+        k = int(np.random.default_rng(3).integers(0, t["nbytes"] - 4096)) // 4 * 4
+        for v, (p, o) in out.items():
+            self.same_bytes(m.mp / p, o + k, m.mp / rel, k, 4096, f"view {v} of {rel}")
+        return out
+
+    def section_views(self):
+        log("views: .npy, zarr chunk and .safetensors against the tensor's own file")
+        f = self.files
+        cases = [("raw f32 (raw.zt)", f.raw, "w"),
+                 ("zstd f32, 1 MiB frames (zstd_frames.zt)", f.zframes, "f32")]
+        dl = self.mode_label(self.default_mode)
+        for label, zt, name in cases:
+            t = f.tensor(zt, name)
+            n = t["nbytes"]
+            with self.mounter.mount(zt, [], tag="views") as m:
+                views = self.view_ranges(m, t)
+            times = {v: [] for v in views}
+            for i in range(self.runs):
+                order = list(views)
+                order = order[i % len(order):] + order[:i % len(order)]
+                for v in order:
+                    p, o = views[v]
+                    with self.mounter.mount(zt, [], tag="view") as m:
+                        self.hot(zt, t["offset"], t["size"])
+                        times[v].append(dd(m.mp / p, o, n))
+            base = times.pop("tensor file")
+            for v, mt in times.items():
+                self.throughput_row(f"view {v} of {label} {n / MiB:.0f} MiB: the tensor's bytes, "
+                                    f"cold (fresh mount), {dl}", n, mt, base, 0.95,
+                                    "the tensor's own file, same dd, fresh mount")
+
+    def load(self, jobs, read, poll=None):
+        """Runs read(job, buf) for every job on the section's reader threads,
+        each taking the next job in order (as a loader's pool does); calls
+        poll() every 5 ms meanwhile. Seconds."""
+        nxt = [0]
+        lock = threading.Lock()
+        errors = []
+
+        def worker(buf):
+            while not errors:
+                with lock:
+                    i = nxt[0]
+                    nxt[0] += 1
+                if i >= len(jobs):
+                    return
+                try:
+                    read(jobs[i], buf)
+                except Exception as e:  # noqa: BLE001 - reported below
+                    errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(b,)) for b in self.model_bufs]
+        t0 = time.perf_counter()
+        for th in threads:
+            th.start()
+        while any(th.is_alive() for th in threads):
+            if poll:
+                poll()
+            time.sleep(0.005)
+        dt = time.perf_counter() - t0
+        for th in threads:
+            th.join()
+        if errors:
+            raise BenchError(f"model load: {errors[0]}")
+        return dt
+
+    @staticmethod
+    def read_into(path, off, n, buf):
+        view = memoryview(buf)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            got = 0
+            while got < n:
+                k = os.preadv(fd, [view[got:n]], off + got)
+                if k <= 0:
+                    raise BenchError(f"short read at {got} of {n} of {path}")
+                got += k
+        finally:
+            os.close(fd)
+
+    def section_model(self):
+        s = self.more.sizes
+        readers = s["model_readers"]
+        cache = self.sizes["rss_cache"]
+        cap = self._size(cache) + 64 * MiB
+        models = self.more.model()
+        log(f"whole model: {s['model_n']} tensors read whole by {readers} readers, through "
+            f"the mount (--cache-size {cache}) and directly")
+        ref_label = next(iter(models))
+        ref = self.more.info(models[ref_label])
+        biggest = max(t["nbytes"] for t in ref.values())
+        self.model_bufs = [bytearray(biggest) for _ in range(readers)]
+        for b in self.model_bufs:
+            b[:] = b"\1" * len(b)  # faulted in once, outside the timings
+        dl = self.mode_label(self.default_mode)
+        for label, path in models.items():
+            info = self.more.info(path)
+            if sorted(info) != sorted(ref):
+                raise BenchError(f"{path.name}: tensors differ from {models[ref_label].name}")
+            jobs = [(t["name"], t["path"], *blob_range(t), t["nbytes"]) for t in info.values()]
+            zstd = any(t["encoding"] != "raw" for t in info.values())
+            total = sum(j[4] for j in jobs)
+            blobs = {j[0]: self.more.blob_file(path, j[0]) for j in jobs} if zstd else {}
+            mt, bt, serial, hwm, anon = [], [], [], [], []
+
+            def direct(job, buf):
+                name, _, off, stored, n = job
+                if zstd:
+                    run(["zstd", "-d", "-c", "-q", blobs[name]], stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE, text=True)
+                else:
+                    self.read_into(path, off, n, buf)
+
+            def warm():
+                self.hot(path)
+                for b in blobs.values():
+                    self.hot(b)
+
+            for i in range(self.runs):
+                warm()
+                bt.append(self.load(jobs, direct))
+                if zstd:
+                    warm()
+                    t0 = time.perf_counter()
+                    for j in jobs:
+                        direct(j, None)
+                    serial.append(time.perf_counter() - t0)
+                with self.mounter.mount(path, ["--cache-size", cache], tag="model") as m:
+                    self.hot(path)
+                    peak = [0]
+
+                    def poll():
+                        peak[0] = max(peak[0], m.status()["RssAnon"])
+
+                    mt.append(self.load(
+                        jobs, lambda job, buf: self.read_into(m.mp / job[1], 0, job[4], buf),
+                        poll))
+                    st = m.stats()
+                    hwm.append(m.status()["VmHWM"])
+                    anon.append(peak[0])
+                    if i == 0:
+                        small = min(jobs, key=lambda j: j[4])
+                        big = max(jobs, key=lambda j: j[4])
+                        for j in (small, big):
+                            r = ref[j[0]]
+                            self.same_bytes(m.mp / j[1], 0, models[ref_label],
+                                            blob_range(r)[0], j[4], f"{path.name}:{j[0]}")
+            sizes = [j[4] for j in jobs]
+            if zstd:
+                # What the baseline pays that a decoder in a loader would
+                # not: one zstd process per blob.
+                smallest = blobs[min(jobs, key=lambda j: j[3])[0]]
+                self.hot(smallest)
+                spawn = median([zstd_d(smallest) for _ in range(20)])
+                self.note(f"model {label}: the zstd -d baseline starts {len(jobs)} processes; "
+                          f"one on the smallest blob ({smallest.stat().st_size >> 10} KiB) "
+                          f"takes {spawn * 1e3:.1f} ms, {len(jobs) * spawn:.2f} s in all of "
+                          f"the serial baseline's {median(serial):.2f} s")
+            self.note(f"model {label}: {len(jobs)} tensors, {total / MiB:.0f} MiB decoded "
+                      f"({min(sizes) >> 10} KiB .. {max(sizes) / MiB:.0f} MiB), stored "
+                      f"{sum(j[3] for j in jobs) / MiB:.0f} MiB; mount: {st['reads']} read "
+                      f"requests, {st.get('decompressions', 0)} decodes, cache peak "
+                      f"{st.get('cache_peak_bytes', 0) / MiB:.0f} MiB, peak RssAnon "
+                      f"{median(anon) / MiB:.0f} MiB")
+            if zstd:
+                what = f"{readers} workers running zstd -d -c of each blob > /dev/null"
+                target = 1.3
+            else:
+                what = f"{readers} readers reading each tensor's range of the file (preadv)"
+                target = 0.8
+            self.throughput_row(f"whole model, {label}: {len(jobs)} tensors read whole by "
+                                f"{readers} readers, cold (fresh mount), {dl}", total, mt, bt,
+                                target, what)
+            if serial:
+                self.throughput_row("  same, against one zstd -d after another (one thread)",
+                                    total, mt, serial, None,
+                                    "zstd -d -c of each blob in turn > /dev/null")
+            hw = median(hwm)
+            self.row(f"  peak daemon RSS (VmHWM) in that load, --cache-size {cache}", hw / MiB,
+                     None, None, f"<= {cap / MiB:.0f} MiB", hw <= cap, "MiB",
+                     dict(bytes=hwm, rss_anon=anon))
+        self.model_bufs = None
+
     @staticmethod
     def _size(s):
         units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -1052,6 +1749,10 @@ class Bench:
             "random": self.section_random,
             "many": self.section_many,
             "rss": self.section_rss,
+            "v2": self.section_v2,
+            "formats": self.section_formats,
+            "views": self.section_views,
+            "model": self.section_model,
         }
         only = self.args.only.split(",") if self.args.only else list(sections)
         for s in only:
@@ -1068,6 +1769,7 @@ class Bench:
             log(f"WARNING: {len(busy_processes())} fuzzer/cargo processes are running: "
                 "figures will be distorted")
         self.files = Files(self.work, self.sizes, self.args.regen)
+        self.more = More(self.work, MORE_SIZES[self.mode], self.args.regen)
         self.files.warm()
         self.detect_modes()
         fm = fresh_memory(False), fresh_memory(True)
@@ -1140,7 +1842,9 @@ class Bench:
               "range of the .zt (the same dd command reads the mounted file); memmap = "
               "np.memmap of the .zt at the tensor's offset; zstd = `zstd -d -c -q BLOB > "
               "/dev/null` of the tensor's blob; random = os.pread of the .zt; ls = `ls -l` of a "
-              "directory of the same names (empty files) on the backing disk. ratio = "
+              "directory of the same names (empty files) on the backing disk; views = the "
+              "tensor's own file through a fresh mount; whole model = the same reader "
+              "threads on the file's ranges (raw) or running `zstd -d` of each blob. ratio = "
               "baseline time / mount time (higher is better)")
         for n in self.notes:
             print(f"- {n}")
@@ -1158,6 +1862,8 @@ def fmt_val(v, unit):
         return f"{v:.3f} s"
     if unit == "MiB":
         return f"{v:.0f} MiB"
+    if unit == "x":
+        return f"{v:.2f}x"
     return f"{v:.1f} {unit}"
 
 
@@ -1175,10 +1881,11 @@ def main():
     ap.add_argument("--wait-quiet", type=float, metavar="MINUTES",
                     help="first wait up to MINUTES for cargo/fuzzer processes to finish")
     ap.add_argument("--only", help="comma-separated sections: raw,memmap,zstd,ttfb,random,"
-                                   "many,rss")
+                                   "many,rss,v2,formats,views,model")
     args = ap.parse_args()
-    if args.runs is not None and args.runs < 3:
-        ap.error("--runs must be at least 3 (figures are medians)")
+    if args.runs is not None and args.runs < (1 if args.quick else 3):
+        ap.error("--runs must be at least 3 (figures are medians); --quick allows 1, "
+                 "to try a section out")
     for tool in ("dd", "zstd", "fincore", "pgrep", "ls"):
         if not shutil.which(tool):
             sys.exit(f"bench: {tool} is missing (scripts/bench.sh installs it)")

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The benchmark: builds the release binary, installs what it needs (fuse3,
-# the .venv with numpy, zstd), then runs scripts/bench.py, which writes its
+# the .venv with numpy and the formats' writers: ztensor 2.x, safetensors,
+# gguf; zstd), then runs scripts/bench.py, which writes its
 # own files under /var/tmp/ztbench, mounts them and prints one table of
 # figures measured side by side against reading the same bytes without the
 # mount. Options go to bench.py: --quick (small files), --keep (keep the
-# files for the next run), --regen, --runs N, --only SECTIONS, --workdir DIR.
+# files for the next run), --regen, --runs N, --only SECTIONS (raw, memmap,
+# zstd, ttfb, random, many, rss, v2, formats, views, model), --workdir DIR.
 #
-#   bash scripts/bench.sh            # full run (about 1 GiB files, ~5 minutes)
+#   bash scripts/bench.sh            # full run (1-2 GiB files, about 25 GiB in all; ~20 minutes)
 #   bash scripts/bench.sh --quick    # small sizes, to try it out
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
