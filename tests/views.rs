@@ -162,3 +162,28 @@ fn views_can_be_turned_off() {
     assert_eq!(npy.len() % 64, 8, "a 64-aligned header, then 8 bytes");
     assert_eq!(&npy[npy.len() - 8..], &2.5f64.to_le_bytes());
 }
+
+#[test]
+fn gguf_and_deathtensors_files_open_through_every_view() {
+    let Some(py) = Python::from_env().require(
+        "python with gguf, deathtensors, zarr, tensorstore, safetensors",
+        "import gguf, deathtensors, zarr, tensorstore, safetensors",
+        |_| Ok(()),
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    py.run_script("write_view_sources.py", dir.path());
+    for (file, dense) in [("model.gguf", 3), ("model.deathtensors", 4)] {
+        let Some(mut m) = Mount::scratch() else {
+            return;
+        };
+        m.mount(&dir.path().join(file), &[]);
+        check(
+            &py,
+            &m,
+            json!({"npy": dense, "tensorstore": dense, "safetensors": dense, "xattr": dense}),
+        );
+        m.unmount_ok();
+    }
+}
