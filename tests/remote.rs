@@ -501,9 +501,11 @@ fn read_with_fault(fault: &str) -> Option<Outcome> {
         if let Ok(c) = checked {
             assert!(c == tensors[2].1, "{fault}: wrong checked bytes");
         }
-        let again = std::fs::read(m.path("tail")).unwrap();
+        let again = std::fs::read(m.path("tail"))
+            .unwrap_or_else(|e| panic!("{fault}: tail after the fault: {e}\n{}", m.log_text()));
         assert!(again == tensors[5].1, "{fault}: tail after the fault");
-        let again = std::fs::read(m.path("checked")).unwrap();
+        let again = std::fs::read(m.path("checked"))
+            .unwrap_or_else(|e| panic!("{fault}: checked after the fault: {e}\n{}", m.log_text()));
         assert!(again == tensors[2].1, "{fault}: checked after the fault");
     } else {
         assert!(checked.is_err(), "a changed object serves nothing new");

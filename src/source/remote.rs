@@ -727,8 +727,49 @@ impl Object {
 
 impl Backing for Object {
     fn ensure(&self, ranges: &[(u64, u64)], index: bool) -> std::result::Result<(), String> {
+        match self.ensure_once(ranges, index) {
+            // A reader that joined a request another started (a read-ahead
+            // under a fault that has since cleared) asks once for itself.
+            Err(Waited::Joined(_)) if self.broken.get().is_none() => self
+                .ensure_once(ranges, index)
+                .map_err(Waited::into_message),
+            r => r.map_err(Waited::into_message),
+        }
+    }
+
+    fn broken(&self) -> Option<String> {
+        self.broken.get().cloned()
+    }
+
+    fn sibling(&self, name: &str) -> Result<MappedFile> {
+        let url = self
+            .url
+            .join(name)
+            .map_err(|e| fail(&self.label, format!("sibling {name:?}: {e}")))?;
+        open_with(self.client.clone(), url)
+    }
+}
+
+/// Why an `ensure` failed: a request it started, or one it joined.
+enum Waited {
+    Led(String),
+    Joined(String),
+}
+
+impl Waited {
+    fn into_message(self) -> String {
+        match self {
+            Waited::Led(m) | Waited::Joined(m) => m,
+        }
+    }
+}
+
+impl Object {
+    /// Fetches the missing blocks of `ranges` (joining requests under way
+    /// for any of them), and starts read-ahead for a sequential reader.
+    fn ensure_once(&self, ranges: &[(u64, u64)], index: bool) -> std::result::Result<(), Waited> {
         if let Some(why) = self.broken.get() {
-            return Err(why.clone());
+            return Err(Waited::Led(why.clone()));
         }
         let mut wanted: Vec<u64> = Vec::new();
         for &(off, len) in ranges {
@@ -769,14 +810,14 @@ impl Backing for Object {
                     match map.get(&b) {
                         Some(f) => {
                             if wait {
-                                waits.push(f.clone());
+                                waits.push((f.clone(), false));
                             }
                         }
                         None => {
                             let f = Arc::new(Flight::default());
                             map.insert(b, f.clone());
                             if wait {
-                                waits.push(f.clone());
+                                waits.push((f.clone(), true));
                             }
                             mine.push((b, f));
                         }
@@ -799,23 +840,17 @@ impl Backing for Object {
             }
         }
         let until = Instant::now() + self.patience();
-        for f in waits {
-            f.wait(until)
-                .map_err(|why| format!("{}: {why}", self.label))?;
+        for (f, led) in waits {
+            f.wait(until).map_err(|why| {
+                let m = format!("{}: {why}", self.label);
+                if led {
+                    Waited::Led(m)
+                } else {
+                    Waited::Joined(m)
+                }
+            })?;
         }
         Ok(())
-    }
-
-    fn broken(&self) -> Option<String> {
-        self.broken.get().cloned()
-    }
-
-    fn sibling(&self, name: &str) -> Result<MappedFile> {
-        let url = self
-            .url
-            .join(name)
-            .map_err(|e| fail(&self.label, format!("sibling {name:?}: {e}")))?;
-        open_with(self.client.clone(), url)
     }
 }
 
