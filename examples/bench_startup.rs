@@ -53,6 +53,7 @@ fn main() {
             },
             direct_io: false,
             views: ztensor_mount::views::Views::ALL,
+            xattrs: true,
         },
     )
     .expect("fs");

@@ -77,6 +77,10 @@ struct MountCli {
     /// Do not verify raw tensors' checksums before serving them.
     #[arg(long)]
     no_verify_raw: bool,
+    /// Answer no extended attributes: `ls -l` then makes no xattr round
+    /// trip per entry (it asks two per file).
+    #[arg(long)]
+    no_xattrs: bool,
     /// Owner reported for every file (default: the mounting user).
     #[arg(long)]
     uid: Option<u32>,
@@ -198,6 +202,7 @@ pub fn main() -> ExitCode {
             s.direct_io = false;
         }
         s.verify_raw &= !cli.no_verify_raw;
+        s.xattrs &= !cli.no_xattrs;
         s.debug |= cli.debug;
         if let Some(v) = &cli.cache_size {
             s.cache_size = options::parse_size(v)?;

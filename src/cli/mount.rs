@@ -314,6 +314,7 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
         },
         direct_io: s.direct_io,
         views: s.views,
+        xattrs: s.xattrs,
     };
     let fs = match TensorFs::new(opened.catalog, opened.sources, opts) {
         Ok(fs) => fs,

@@ -28,6 +28,8 @@ pub struct Settings {
     /// How a remote FILE (a URL) is fetched; its `cache_dir` is set from
     /// the one above.
     pub remote: crate::source::RemoteOptions,
+    /// Answer `user.ztensor.*` extended attributes.
+    pub xattrs: bool,
 }
 
 impl Default for Settings {
@@ -51,6 +53,7 @@ impl Default for Settings {
             max_read: default_max_read(),
             views: crate::views::Views::ALL,
             remote: crate::source::RemoteOptions::default(),
+            xattrs: true,
         }
     }
 }
@@ -151,6 +154,7 @@ pub fn apply_o(s: &mut Settings, list: &str) -> Result<(), String> {
             "direct_io" => s.direct_io = true,
             "page_cache" => s.direct_io = false,
             "no_verify_raw" => s.verify_raw = false,
+            "no_xattrs" => s.xattrs = false,
             "debug" => s.debug = true,
             "foreground" => s.foreground = true,
             "log_file" => s.log_file = Some(PathBuf::from(need()?)),

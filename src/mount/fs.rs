@@ -49,6 +49,9 @@ pub struct FsOptions {
     pub direct_io: bool,
     /// Which views to make.
     pub views: Views,
+    /// Answer extended attributes (else ENOSYS, which the kernel remembers:
+    /// no xattr request reaches the daemon again).
+    pub xattrs: bool,
 }
 
 /// An open generated file: its inode and the text it reads.
@@ -60,6 +63,7 @@ type Held = (Ino, Text);
 pub struct TensorFs {
     tree: Tree,
     data: Arc<Data>,
+    xattrs: bool,
     /// The `model.safetensors` view's layout, when it is made.
     safetensors: Option<views::safetensors::Layout>,
     direct_io: bool,
@@ -129,6 +133,7 @@ impl TensorFs {
         let sizes = (0..tree.len()).map(|_| OnceLock::new()).collect();
         let data = Data::new(catalog, files, opts.data, Arc::new(Stats::default()))?;
         Ok(TensorFs {
+            xattrs: opts.xattrs,
             tree,
             data,
             safetensors,
@@ -537,6 +542,9 @@ impl TensorFs {
 
     /// The value of xattr `name`, or ENODATA.
     pub fn getxattr(&self, ino: Ino, name: &OsStr) -> Result<Vec<u8>, Errno> {
+        if !self.xattrs {
+            return Err(libc::ENOSYS);
+        }
         self.xattrs(ino)?
             .into_iter()
             .find(|(n, _)| OsStr::new(n) == name)
@@ -546,6 +554,9 @@ impl TensorFs {
 
     /// The names of the xattrs of `ino`, each ended by a NUL.
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<u8>, Errno> {
+        if !self.xattrs {
+            return Err(libc::ENOSYS);
+        }
         let mut out = Vec::new();
         for (n, _) in self.xattrs(ino)? {
             out.extend_from_slice(n.as_bytes());
@@ -593,6 +604,7 @@ mod tests {
             },
             direct_io: true,
             views: Views::ALL,
+            xattrs: true,
         };
         TensorFs::new(catalog, files, opts).unwrap()
     }
