@@ -754,3 +754,60 @@ fn a_sharded_v2_set_mounts_from_sibling_keys() {
         "the shard was fetched as a sibling key: {log:?}"
     );
 }
+
+#[test]
+fn safetensors_and_deathtensors_files_mount_over_http_and_gguf_is_refused_in_one_line() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut scratch) = scratch_mount() else {
+        return;
+    };
+    let files = scratch.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    // Files from the formats' own writers: a safetensors file, a compressed
+    // and checksummed deathtensors file (its footer is checked over what is
+    // fetched), and a GGUF file.
+    let script = r#"
+import sys, numpy as np, safetensors.numpy as st, deathtensors as dt, gguf
+out = sys.argv[1]
+rng = np.random.default_rng(9)
+st.save_file({"w": rng.standard_normal((512, 600)).astype("<f4"),
+              "b": np.arange(7, dtype="<i8")}, out + "/model.safetensors",
+             metadata={"k": "v"})
+dt.save(out + "/model.deathtensors",
+        {"w": ("F32", [300, 700], rng.standard_normal(210000).astype("<f4").tobytes()),
+         "m": ("BOOL", [3], bytes([1, 0, 1]))}, compress=True, checksum=True)
+g = gguf.GGUFWriter(out + "/model.gguf", "llama")
+g.add_tensor("t", np.ones(4, dtype="<f4"))
+g.write_header_to_file(); g.write_kv_data_to_file(); g.write_tensors_to_file(); g.close()
+"#;
+    let out = Command::new(&py)
+        .args(["-c", script])
+        .arg(&files)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let srv = Server::range(&py, &files);
+    for name in ["model.safetensors", "model.deathtensors"] {
+        let Some(mut local) = scratch_mount() else {
+            return;
+        };
+        let Some(mut remote) = scratch_mount() else {
+            return;
+        };
+        local.mount(&files.join(name), &[]);
+        let cache = remote.scratch_path("cache");
+        mount_remote(&mut remote, &srv.url(&format!("/{name}")), &cache, &[]);
+        same_tree(&local.mp, &remote.mp);
+    }
+    let r = scratch.run(Path::new(&srv.url("/model.gguf")), &[]);
+    assert!(!r.ok(), "{r:?}");
+    assert!(
+        r.stderr.contains("GGUF over a URL is not supported yet") && r.stderr.lines().count() == 1,
+        "{r:?}"
+    );
+}
