@@ -313,6 +313,17 @@ fn scratch_mount() -> Option<Mount> {
     Mount::scratch()
 }
 
+/// Two scratch mounts, one for a local file and one for its URL, and the
+/// folder (in the first's scratch space) the files are written to and
+/// served from.
+fn local_and_remote() -> Option<(Mount, Mount, PathBuf)> {
+    let local = scratch_mount()?;
+    let remote = scratch_mount()?;
+    let files = local.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    Some((local, remote, files))
+}
+
 /// A mount of `url` with its cache files in `cache`, 1 MiB blocks.
 fn mount_remote(m: &mut Mount, url: &str, cache: &Path, extra: &[&str]) {
     std::fs::create_dir_all(cache).unwrap();
@@ -330,14 +341,9 @@ fn mount_remote(m: &mut Mount, url: &str, cache: &Path, extra: &[&str]) {
 fn http_mount_serves_the_local_tree_fetching_the_index_in_few_requests() {
     let _s = support::serial();
     let Some(py) = python() else { return };
-    let Some(mut local) = scratch_mount() else {
+    let Some((mut local, mut remote, files)) = local_and_remote() else {
         return;
     };
-    let Some(mut remote) = scratch_mount() else {
-        return;
-    };
-    let files = local.scratch_path("files");
-    std::fs::create_dir(&files).unwrap();
     let zt = files.join("model.zt");
     let tensors = write_model(&zt);
     local.mount(&zt, &[]);
@@ -619,14 +625,9 @@ fn s3_mount_serves_the_local_tree() {
     let _s = support::serial();
     let Some(py) = python() else { return };
     let srv = Server::moto(&py, false);
-    let Some(mut local) = scratch_mount() else {
+    let Some((mut local, mut remote, files)) = local_and_remote() else {
         return;
     };
-    let Some(mut remote) = scratch_mount() else {
-        return;
-    };
-    let files = local.scratch_path("files");
-    std::fs::create_dir(&files).unwrap();
     let zt = files.join("model.zt");
     write_model(&zt);
     let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/zt_v2/corpus/valid");
@@ -716,14 +717,9 @@ fn a_sharded_v2_set_mounts_from_sibling_keys() {
     use ztensor2::{DType as V2, Writer as V2Writer};
     let _s = support::serial();
     let Some(py) = python() else { return };
-    let Some(mut local) = scratch_mount() else {
+    let Some((mut local, mut remote, files)) = local_and_remote() else {
         return;
     };
-    let Some(mut remote) = scratch_mount() else {
-        return;
-    };
-    let files = local.scratch_path("files");
-    std::fs::create_dir(&files).unwrap();
     // A root whose tensor "a" lives in shard "s1", "b" in the root.
     let shard = files.join("model-s1.zt");
     let a: Vec<u8> = (0..300_000u32)
