@@ -1147,7 +1147,7 @@ class Bench:
         log(f"{n} small tensors: mount, ls -l, RSS")
         f = self.files
         mount_s, ls_s, ls2_s, rss_m, rss_l, hwm, base_s = [], [], [], [], [], [], []
-        cold_base_s = []
+        cold_base_s, xattr_s = [], []
         env = dict(os.environ, LC_ALL="C")
         basedir = None
         for i in range(self.runs):
@@ -1169,6 +1169,10 @@ class Bench:
                 hwm.append(s["VmHWM"])
                 if basedir is None:
                     basedir = self.ls_baseline(os.listdir(m.mp))
+            with self.mounter.mount(f.many, ["--xattrs"], tag="many-xattrs") as m:
+                t0 = time.perf_counter()
+                run(["ls", "-l", m.mp], stdout=subprocess.DEVNULL, env=env)
+                xattr_s.append(time.perf_counter() - t0)
             run(["ls", "-l", basedir], stdout=subprocess.DEVNULL, env=env)  # warm
             t0 = time.perf_counter()
             run(["ls", "-l", basedir], stdout=subprocess.DEVNULL, env=env)
@@ -1187,6 +1191,9 @@ class Bench:
         base_what = "ls -l of the same names as empty files on the backing disk (cached)"
         self.row(f"ls -l, {n} tensors ({2 * n} entries), fresh mount", lt, bt, bt / lt,
                  "<= 2 s", lt <= 2.0, "s", dict(s=ls_s, baseline_s=base_s, baseline=base_what))
+        xt = median(xattr_s)
+        self.row("ls -l, fresh mount, with --xattrs (two xattr round trips per file)", xt, bt,
+                 bt / xt, "-", None, "s", dict(s=xattr_s, baseline_s=base_s, baseline=base_what))
         if cold_base_s:
             cb = median(cold_base_s)
             self.row("ls -l, fresh mount, against the backing disk's listing with its "

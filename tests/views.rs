@@ -96,7 +96,7 @@ fn write_model(path: &Path) {
 #[test]
 fn numpy_zarr_tensorstore_and_safetensors_open_a_mounted_zt_v01() {
     let Some(py) = python() else { return };
-    let Some(m) = Mount::with(&[], write_model) else {
+    let Some(m) = Mount::with(&["--xattrs"], write_model) else {
         return;
     };
     // 13 dtypes x 3 storages, the scalar, the empty one and the big one.
@@ -140,7 +140,7 @@ fn a_v2_file_opens_through_every_view() {
     let Some(mut m) = Mount::scratch() else {
         return;
     };
-    m.mount(&src, &[]);
+    m.mount(&src, &["-o", "xattrs"]);
     let n = m.index()["tensors"].as_array().unwrap().len();
     assert!(n > 0);
     check(
@@ -161,6 +161,17 @@ fn views_can_be_turned_off() {
     let npy = m.read(".npy/scalar.npy");
     assert_eq!(npy.len() % 64, 8, "a 64-aligned header, then 8 bytes");
     assert_eq!(&npy[npy.len() - 8..], &2.5f64.to_le_bytes());
+    // xattrs are off unless asked for: `ls -l` makes no round trips for them.
+    let path = std::ffi::CString::new(m.path("scalar").as_os_str().as_encoded_bytes()).unwrap();
+    let mut names = [0u8; 256];
+    let n = unsafe { libc::listxattr(path.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+    let errno = std::io::Error::last_os_error().raw_os_error();
+    assert!(
+        n <= 0,
+        "no xattrs by default, got {:?}",
+        String::from_utf8_lossy(&names[..n.max(0) as usize])
+    );
+    assert!(n == 0 || errno == Some(libc::EOPNOTSUPP), "{n} {errno:?}");
 }
 
 #[test]
@@ -178,7 +189,7 @@ fn gguf_and_deathtensors_files_open_through_every_view() {
         let Some(mut m) = Mount::scratch() else {
             return;
         };
-        m.mount(&dir.path().join(file), &[]);
+        m.mount(&dir.path().join(file), &["--xattrs"]);
         check(
             &py,
             &m,

@@ -53,7 +53,7 @@ impl Default for Settings {
             max_read: default_max_read(),
             views: crate::views::Views::ALL,
             remote: crate::source::RemoteOptions::default(),
-            xattrs: true,
+            xattrs: false,
         }
     }
 }
@@ -154,6 +154,7 @@ pub fn apply_o(s: &mut Settings, list: &str) -> Result<(), String> {
             "direct_io" => s.direct_io = true,
             "page_cache" => s.direct_io = false,
             "no_verify_raw" => s.verify_raw = false,
+            "xattrs" => s.xattrs = true,
             "no_xattrs" => s.xattrs = false,
             "debug" => s.debug = true,
             "foreground" => s.foreground = true,
@@ -227,6 +228,11 @@ mod tests {
         assert_eq!((s.threads, s.direct_io), (3, false));
         apply_o(&mut s, "direct_io").unwrap();
         assert!(s.direct_io);
+        assert!(!s.xattrs, "xattrs are off unless asked for");
+        apply_o(&mut s, "xattrs").unwrap();
+        assert!(s.xattrs);
+        apply_o(&mut s, "no_xattrs").unwrap();
+        assert!(!s.xattrs);
         assert!(apply_o(&mut s, "bogus").unwrap_err().contains("bogus"));
         assert!(apply_o(&mut s, "uid=x").is_err());
         apply_o(&mut s, "max_read=2M").unwrap();
