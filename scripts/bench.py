@@ -65,9 +65,9 @@ SIZES = {
 # to model_max bytes, model bytes in all).
 MORE_SIZES = {
     "full": dict(v2=SIZES["full"]["big"], fmt=1 * GiB, model=2 * GiB, model_n=300,
-                 model_min=64 << 10, model_max=64 * MiB, model_readers=4),
+                 model_min=64 << 10, model_max=64 * MiB, model_readers=4, frame=256 * MiB),
     "quick": dict(v2=SIZES["quick"]["big"], fmt=64 * MiB, model=128 * MiB, model_n=300,
-                  model_min=16 << 10, model_max=4 * MiB, model_readers=4),
+                  model_min=16 << 10, model_max=4 * MiB, model_readers=4, frame=32 * MiB),
 }
 WRITERS = ROOT / "scripts/bench_writers.py"
 
@@ -426,9 +426,10 @@ class More:
         """Runs scripts/bench_writers.py FORMAT OUT NAME=NPY...; the ztensor
         2.x formats with .venv/ztensor/2 first on PYTHONPATH."""
         env = dict(os.environ)
-        if fmt.startswith("zt2"):
+        first = {"zt2": self.zt2_path(), "zt1": Path(sys.prefix) / "ztensor" / "1"}.get(fmt[:3])
+        if first is not None:
             env["PYTHONPATH"] = os.pathsep.join(
-                [str(self.zt2_path())] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+                [str(first)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         run([sys.executable, WRITERS, fmt, out, *specs], capture_output=True, text=True,
             env=env)
 
@@ -465,11 +466,11 @@ class More:
             self.infos[path] = {t["name"]: t for t in json.loads(out)}
         return self.infos[path]
 
-    def blob_file(self, path, name):
-        """The stored bytes of tensor name of path as a file of its own (for
-        `zstd -d`), extracted once."""
+    def blob_file(self, path, name, where=None):
+        """The stored bytes of tensor name of path (or the range where) as a
+        file of its own (for `zstd -d`), extracted once."""
         t = self.info(path)[name]
-        off, n = blob_range(t)
+        off, n = where or blob_range(t)
         self.blobs.mkdir(exist_ok=True)
         out = self.blobs / f"{path.stem}-{t['path'].replace('/', '_')}.zst"
         if out.exists() and out.stat().st_size == n:
@@ -514,6 +515,53 @@ class More:
                 shutil.rmtree(src, ignore_errors=True)
 
         return self.made("single", paths, build, v2=s["v2"], fmt=s["fmt"])
+
+    WRITER_FRAMES = {
+        "pack --zstd --frame-size 0 (ours)": ("ours.zt", None),
+        "ztensor 1.x (write_numpy compress=True)": ("zt1.zt", "zt1-zstd"),
+        "deathtensors 0.3 (save compress=True, whole-blob stream)":
+            ("dt.deathtensors", "dt-zstd"),
+        "Python zstandard one-shot compress (in a deathtensors file)":
+            ("dt_zstandard.deathtensors", "dt-zstandard"),
+        "zstd CLI, zstd -3 FILE (in a deathtensors file)":
+            ("dt_zstdcli.deathtensors", "dt-zstdcli"),
+    }
+
+    def frames(self):
+        """One float32 tensor "w" (the same values in each) stored as a
+        single zstd frame by each writer the mount reads. Returns
+        ({label: path}, the values' .npy)."""
+        s = self.sizes
+        labels = {k: self.work / f"frame_{f}" for k, (f, _) in self.WRITER_FRAMES.items()}
+        npy = self.work / f"frame-w-{s['frame']}.npy"
+
+        def build():
+            log(f"frames: writing {s['frame'] / MiB:.0f} MiB of float32 N(0, 0.02) weights")
+            write_normal_npy(npy, s["frame"] // 4, seed=3)
+            for label, (_, fmt) in self.WRITER_FRAMES.items():
+                log(f"frames: {label}")
+                if fmt is None:
+                    run([BIN, "pack", labels[label], f"w={npy}", "--zstd", "--frame-size",
+                         "0"], capture_output=True, text=True)
+                else:
+                    self.writer(fmt, labels[label], [f"w={npy}"])
+
+        self.made("frames", [*labels.values(), npy], build, frame=s["frame"])
+        return labels, npy
+
+    def stream_range(self, path):
+        """(offset, length) of the one zstd frame holding tensor "w"."""
+        t = self.info(path)["w"]
+        if "components" in t:  # zTensor v1
+            c = t["components"]["data"]
+            return c["offset"], c["length"]
+        if path.suffix == ".deathtensors":
+            with open(path, "rb") as fh:
+                head = fh.read(24)
+            flags = int.from_bytes(head[12:16], "little")
+            start = 24 + (int.from_bytes(head[16:24], "little") + 7) // 8 * 8
+            return start, path.stat().st_size - start - (32 if flags & 2 else 0)
+        return blob_range(t)
 
     def model(self):
         """The whole model in five files: .zt v0.1 raw and zstd (our pack),
@@ -1451,6 +1499,49 @@ class Bench:
                  f"(open+pread), fresh mount; baseline: zstd -d of the whole blob", ms, bms,
                  bms / ms, "-", None, "ms", dict(s=ttfb, baseline_s=zbase, baseline=what))
 
+    def section_writers(self):
+        log("one zstd frame from each writer: first read vs zstd -d, time to first byte")
+        more = self.more
+        labels, npy = more.frames()
+        data_off = np.load(npy, mmap_mode="r").offset
+        dl = self.mode_label(self.default_mode)
+        rng = np.random.default_rng(11)
+        for label, path in labels.items():
+            t = more.info(path)["w"]
+            n = t["nbytes"]
+            where = more.stream_range(path)
+            blob = more.blob_file(path, "w", where)
+            frames, skippable = self.zstd_frames(blob)
+            if frames != 1 or skippable:
+                raise BenchError(f"{path.name}: {frames} frames, {skippable} skippable; "
+                                 "expected one frame")
+            first, ttfb, base = [], [], []
+            for i in range(self.runs):
+                self.hot(blob)
+                base.append(zstd_d(blob))
+                with self.mounter.mount(path, [], tag="wf") as m:
+                    self.hot(path, *where)
+                    first.append(dd(m.mp / t["path"], 0, n))
+                    if i == 0:
+                        k = int(rng.integers(0, n - 4096))
+                        self.same_bytes(m.mp / t["path"], k, npy, data_off + k, 4096, label)
+                        st = m.stats()
+                with self.mounter.mount(path, [], tag="wft") as m:
+                    self.hot(path, *where)
+                    ttfb.append(self.first_byte(m.mp / t["path"], 0))
+                self.hot(blob)
+                base.append(zstd_d(blob))
+            self.note(f"one frame, {label}: {where[1] / MiB:.1f} MiB -> {n / MiB:.0f} MiB; "
+                      f"first read: {st['decompressions']} decodes, {st['reads']} read requests")
+            what = "zstd -d -c of the frame > /dev/null"
+            self.throughput_row(f"one zstd frame, {label}: first read (fresh mount), {dl}", n,
+                                first, base, 1.0, what)
+            ms, whole = median(ttfb) * 1e3, median(first) * 1e3
+            self.row(f"  time to the first 4 KiB (open+pread at 0, fresh mount); baseline: "
+                     f"the first read of the whole frame", ms, whole, whole / ms,
+                     "< whole frame", ms < whole / 4, "ms",
+                     dict(s=ttfb, baseline_s=first, baseline="first read of the whole tensor"))
+
     def section_formats(self):
         log("safetensors and GGUF (their own writers): raw first read vs dd, beside the .zt")
         f, more = self.files, self.more
@@ -1758,6 +1849,7 @@ class Bench:
             "rss": self.section_rss,
             "v2": self.section_v2,
             "formats": self.section_formats,
+            "writers": self.section_writers,
             "views": self.section_views,
             "model": self.section_model,
         }

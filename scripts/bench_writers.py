@@ -6,12 +6,20 @@ small). Run by scripts/bench.py; fails loudly when a writer is missing.
 Usage: bench_writers.py FORMAT OUT NAME=NPY [NAME=NPY ...]
   FORMAT: zt2 (ztensor 2.x, raw), zt2-zstd (ztensor 2.x,
           encoding zt.zstd-seekable/1, canonical=False),
+          zt1-zstd (ztensor 1.x, write_numpy(compress=True): one frame),
           safetensors (safetensors.numpy.save_file),
-          gguf (gguf.GGUFWriter, F32 tensors)
-The ztensor 2.x package is the one first on PYTHONPATH (.venv/ztensor/2).
+          gguf (gguf.GGUFWriter, F32 tensors),
+          dt-zstd (deathtensors.save(compress=True): the whole data blob
+          one zstd stream), dt-zstandard and dt-zstdcli (the same file with
+          that stream made by Python zstandard's one-shot compress, or by
+          the zstd CLI, both level 3: the deathtensors header says only
+          "one zstd stream", so any writer's frame fits; deathtensors' own
+          reader checks the file)
+The ztensor 2.x (1.x) package is the one first on PYTHONPATH (.venv/ztensor/2, /1).
 """
 
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -77,6 +85,63 @@ def write_gguf(out, tensors):
     w.close()
 
 
+def write_zt1_zstd(out, tensors):
+    ztensor = need("ztensor", "zTensor v1 writer")
+    if not hasattr(ztensor.Writer, "write_numpy"):
+        sys.exit(f"bench_writers: {ztensor.__file__} is not ztensor 1.x: "
+                 "put .venv/ztensor/1 first on PYTHONPATH")
+    with ztensor.Writer(out) as w:
+        for name, a in tensors:
+            w.write_numpy(name, np.ascontiguousarray(a), compress=True, checksum="none")
+
+
+def write_dt(out, tensors, compress):
+    dt = need("deathtensors", "deathtensors writer")
+    dt.save(out, {name: np.ascontiguousarray(a) for name, a in tensors}, compress=compress)
+
+
+def reblob_dt(out, tensors, how):
+    """A plain deathtensors file from its own writer, its data blob then
+    replaced by one zstd stream from another writer and flag bit0 set."""
+    plain = f"{out}.plain"
+    write_dt(plain, tensors, compress=False)
+    with open(plain, "rb") as fh:
+        head = fh.read(24)
+        if head[:8] != b"DTLEGION":
+            sys.exit(f"bench_writers: {plain}: not a deathtensors file")
+        flags = int.from_bytes(head[12:16], "little")
+        hlen = int.from_bytes(head[16:24], "little")
+        if flags != 0:
+            sys.exit(f"bench_writers: {plain}: flags {flags}, expected a plain file")
+        start = 24 + (hlen + 7) // 8 * 8
+        fh.seek(0)
+        lead = bytearray(fh.read(start))
+    lead[12:16] = (1).to_bytes(4, "little")
+    if how == "zstandard":
+        zstandard = need("zstandard", "Python zstandard")
+        with open(plain, "rb") as fh:
+            fh.seek(start)
+            stream = zstandard.ZstdCompressor(level=3).compress(fh.read())
+    else:  # the zstd CLI, on the blob as a file of its own (the frame records its size)
+        blob = f"{out}.blob"
+        with open(plain, "rb") as fh, open(blob, "wb") as dst:
+            fh.seek(start)
+            while b := fh.read(16 << 20):
+                dst.write(b)
+        stream = subprocess.run(["zstd", "-3", "-q", "-c", blob], check=True,
+                                capture_output=True).stdout
+        os.unlink(blob)
+    os.unlink(plain)
+    with open(out, "wb") as fh:
+        fh.write(lead)
+        fh.write(stream)
+    dt = need("deathtensors", "deathtensors reader")
+    f = dt.open(out)
+    for name, a in tensors:
+        if not np.array_equal(f.get_tensor(name, framework="numpy"), a):
+            sys.exit(f"bench_writers: {out}: deathtensors reads {name} back wrong")
+
+
 def main():
     if len(sys.argv) < 4:
         sys.exit(__doc__)
@@ -87,6 +152,12 @@ def main():
         os.unlink(tmp)
     if fmt in ("zt2", "zt2-zstd"):
         write_zt2(tmp, tensors, fmt == "zt2-zstd")
+    elif fmt == "zt1-zstd":
+        write_zt1_zstd(tmp, tensors)
+    elif fmt == "dt-zstd":
+        write_dt(tmp, tensors, compress=True)
+    elif fmt in ("dt-zstandard", "dt-zstdcli"):
+        reblob_dt(tmp, tensors, fmt[3:])
     elif fmt == "safetensors":
         write_safetensors(tmp, tensors)
     elif fmt == "gguf":

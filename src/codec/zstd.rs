@@ -183,6 +183,12 @@ pub fn max_window(blob: &[u8], mut done: impl FnMut(&[u8])) -> Option<u64> {
     Some(max)
 }
 
+/// Whether `blob` is exactly one zstd frame (by its block headers; what
+/// the frame decodes to is the decoder's to check).
+pub fn is_one_frame(blob: &[u8]) -> bool {
+    !is_skippable(blob) && zstd_safe::find_frame_compressed_size(blob) == Ok(blob.len())
+}
+
 /// The decoded size the first frame of `src` declares, if it does.
 pub fn first_frame_size(src: &[u8]) -> Option<u64> {
     zstd_safe::get_frame_content_size(src).ok().flatten()
@@ -1048,5 +1054,36 @@ mod tests {
                 .contains("corrupt")
         );
         assert!(decode_frame(&blob[..sizes[0] as usize], &mut out, 4096).is_ok());
+    }
+
+    #[test]
+    fn one_frame_is_told_with_or_without_a_declared_size() {
+        let data: Vec<u8> = (0..300_000u32)
+            .flat_map(|i| (i % 251).to_le_bytes())
+            .collect();
+        let sized = zstd::bulk::compress(&data, 3).unwrap();
+        let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+        std::io::Write::write_all(&mut enc, &data).unwrap();
+        let streamed = enc.finish().unwrap();
+        assert_eq!(super::first_frame_size(&streamed), None, "a streamed frame");
+        assert!(is_one_frame(&sized) && is_one_frame(&streamed));
+        let two = [sized.clone(), streamed.clone()].concat();
+        assert!(!is_one_frame(&two), "two frames");
+        assert!(!is_one_frame(&sized[..sized.len() - 1]), "cut short");
+        assert!(
+            !is_one_frame(&[sized.as_slice(), &[0]].concat()),
+            "trailing byte"
+        );
+        let skippable = [
+            &0x184D_2A50u32.to_le_bytes()[..],
+            &4u32.to_le_bytes(),
+            &[0; 4],
+        ]
+        .concat();
+        assert!(
+            !is_one_frame(&skippable),
+            "a skippable frame is no data frame"
+        );
+        assert!(!is_one_frame(&[]));
     }
 }

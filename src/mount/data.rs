@@ -559,6 +559,14 @@ impl Data {
             s.guard.check()?;
             return Ok(whole_or_spill(decoded, limit, true));
         }
+        // One frame that does not declare its size (a streaming writer's:
+        // ztensor 1.x, deathtensors): one walk over its block headers says
+        // so, and makes it a single frame for trust, like the one above.
+        if zstd_blob::is_one_frame(blob) {
+            span.release_all();
+            s.guard.check()?;
+            return Ok(whole_or_spill(decoded, limit, true));
+        }
         // Counted before the list is built: a blob of a million tiny
         // frames gets no list it cannot keep.
         let count = zstd_blob::count_frames(blob).map_err(|why| self.fail(bi, why));
@@ -796,10 +804,14 @@ impl Data {
         let span = self.span(s, bi);
         let src = span.bytes();
         let key = (bi as u32, 0);
-        let out = if decoded >= self.opts.progressive_min && self.trusted_early(bi, src, one_frame)
-        {
+        // Big units are decoded on a thread of their own into a buffer
+        // faulted in ahead of it; their bytes are published as they come
+        // only when nothing checks them at the end ([`Data::trusted_early`]),
+        // else all at once when the stream has been checked to its end.
+        let out = if decoded >= self.opts.progressive_min {
+            let early = self.trusted_early(bi, src, one_frame);
             self.cache
-                .get_filling(key, decoded, |buf| self.start_decoder(bi, buf))
+                .get_filling(key, decoded, |buf| self.start_decoder(bi, buf, early))
         } else {
             self.cache.get(key, decoded, |dst| {
                 let r = zstd_blob::decode_to_vec(src, dst, decoded as usize);
@@ -863,7 +875,7 @@ impl Data {
 
     /// Decodes a filling unit on a thread of its own, one per core at most;
     /// past that the reader that asked decodes it on its own thread.
-    fn start_decoder(&self, bi: usize, buf: Arc<Buf>) {
+    fn start_decoder(&self, bi: usize, buf: Arc<Buf>, early: bool) {
         // A thread at low priority faults the buffer in ahead of the decoder,
         // wherever that runs: the decoder is the bound, and on two cores it
         // must not share its core with the faulting. It holds the buffer
@@ -887,17 +899,17 @@ impl Data {
                 .name("zt-decode".into())
                 .spawn(move || {
                     let _slot = Slot(&me.decoders);
-                    me.decode_filling(bi, &b);
+                    me.decode_filling(bi, &b, early);
                 });
             if spawned.is_ok() {
                 return;
             }
         }
         self.decoders.fetch_sub(1, Relaxed);
-        self.decode_filling(bi, &buf);
+        self.decode_filling(bi, &buf, early);
     }
 
-    fn decode_filling(&self, bi: usize, buf: &Arc<Buf>) {
+    fn decode_filling(&self, bi: usize, buf: &Arc<Buf>, early: bool) {
         let Some(Some(s)) = self.files.get(self.blob(bi).source) else {
             return;
         };
@@ -914,7 +926,7 @@ impl Data {
             armed: true,
         };
         let span = self.span(s, bi);
-        let r = self.decode_progressively(&s.guard, span.reader(), &mut w, buf.len());
+        let r = self.decode_progressively(&s.guard, span.reader(), &mut w, buf.len(), early);
         // The plan and the trust check read the frame header through the
         // mapping; let go of it with the rest.
         span.release_all();
@@ -927,10 +939,11 @@ impl Data {
         w.finish(r);
     }
 
-    /// Decodes `src` straight into `w`, publishing what is there after
-    /// each step of compressed input; the last byte only once the stream
-    /// has been checked to its end, so a reader of the whole tensor never
-    /// gets all of a blob that fails after it.
+    /// Decodes `src` straight into `w`. With `early`, what is there is
+    /// published after each step of compressed input, the last byte only
+    /// once the stream has been checked to its end, so a reader of the
+    /// whole tensor never gets all of a blob that fails after it; without,
+    /// nothing is published before that end (a frame checksum covers it).
     ///
     /// The buffer is faulted in ahead by the populate thread
     /// ([`Data::start_decoder`]), not here: on two cores, faulting from both
@@ -941,6 +954,7 @@ impl Data {
         src: zstd_blob::Source<'_>,
         w: &mut Writer,
         len: usize,
+        early: bool,
     ) -> Result<(), String> {
         // SAFETY: the writer's buffer is `len` bytes, lives as long as `w`
         // (which outlives the decoder), and only this decoder writes it, at
@@ -952,7 +966,9 @@ impl Data {
             // a change explains a failed step (a short read) best.
             guard.check()?;
             stepped?;
-            w.commit_to(dec.produced().min(len.saturating_sub(1)));
+            if early {
+                w.commit_to(dec.produced().min(len.saturating_sub(1)));
+            }
         }
         dec.finish()?;
         w.commit_to(len);

@@ -114,3 +114,72 @@ fn a_missing_source_fails_only_its_own_tensors_with_the_reason() {
     let err = read_all(&d, 1).unwrap_err();
     assert!(err.contains("model-00002.zt is missing"), "{err}");
 }
+
+/// A catalog of one tensor whose blob is `blob`, zstd of `decoded` bytes.
+fn zstd_catalog(
+    dir: &std::path::Path,
+    blob: &[u8],
+    decoded: usize,
+) -> (
+    crate::catalog::Catalog,
+    Vec<Option<crate::source::MappedFile>>,
+) {
+    use crate::catalog::{DType, Endian, Part};
+    let (mut c, files) = catalog_of(dir, &[("z", blob)]);
+    c.blobs[0].codec = Codec::Zstd { frames: None };
+    c.blobs[0].decoded_len = decoded as u64;
+    c.tensors[0].shape = vec![decoded as u64];
+    c.tensors[0].parts = Ok(vec![Part::dense(
+        DType::Uint8,
+        vec![decoded as u64],
+        decoded as u64,
+        0,
+        Endian::Little,
+    )]);
+    (c, files)
+}
+
+/// One frame as a streaming writer makes it (ztensor 1.x, deathtensors,
+/// the zstd CLI from a pipe): no declared size, with or without the
+/// content checksum.
+fn streamed_frame(data: &[u8], checksum: bool) -> Vec<u8> {
+    let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+    enc.include_checksum(checksum).unwrap();
+    std::io::Write::write_all(&mut enc, data).unwrap();
+    enc.finish().unwrap()
+}
+
+#[test]
+fn a_streamed_frame_is_served_and_its_checksum_is_checked_before_any_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..(3u32 << 20))
+        .map(|i| (i % 251) as u8 ^ (i >> 13) as u8)
+        .collect();
+    let mut o = opts(dir.path());
+    o.progressive_min = 1 << 20; // decoded on a thread of its own
+    for checksum in [false, true] {
+        let blob = streamed_frame(&data, checksum);
+        let (c, files) = zstd_catalog(dir.path(), &blob, data.len());
+        let d = Data::new(c, files, o.clone(), Arc::new(Stats::default())).unwrap();
+        for at in [0, 1 << 20, data.len() as u64 - 4096] {
+            let got = d.read(0, 0, at, 4096).unwrap();
+            assert_eq!(
+                &got[..],
+                &data[at as usize..at as usize + 4096],
+                "{checksum} {at}"
+            );
+        }
+    }
+    // The checksum is over the whole frame, so a frame that fails it gives
+    // no byte, not even its first ones.
+    let mut blob = streamed_frame(&data, true);
+    let n = blob.len();
+    blob[n - 1] ^= 1;
+    let (c, files) = zstd_catalog(dir.path(), &blob, data.len());
+    let d = Data::new(c, files, o, Arc::new(Stats::default())).unwrap();
+    let err = match d.read(0, 0, 0, 4096) {
+        Ok(_) => panic!("bytes of a frame that fails its checksum were served"),
+        Err(e) => e,
+    };
+    assert!(err.contains("checksum") || err.contains("corrupt"), "{err}");
+}
