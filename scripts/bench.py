@@ -549,9 +549,10 @@ class More:
         self.made("frames", [*labels.values(), npy], build, frame=s["frame"])
         return labels, npy
 
-    def stream_range(self, path):
-        """(offset, length) of the one zstd frame holding tensor "w"."""
-        t = self.info(path)["w"]
+    def stream_range(self, path, name="w"):
+        """(offset, stored length) of tensor name's bytes in path: for a
+        compressed deathtensors file, its whole data blob (one stream)."""
+        t = self.info(path)[name]
         if "components" in t:  # zTensor v1
             c = t["components"]["data"]
             return c["offset"], c["length"]
@@ -560,8 +561,39 @@ class More:
                 head = fh.read(24)
             flags = int.from_bytes(head[12:16], "little")
             start = 24 + (int.from_bytes(head[16:24], "little") + 7) // 8 * 8
-            return start, path.stat().st_size - start - (32 if flags & 2 else 0)
+            if flags & 1:
+                return start, path.stat().st_size - start - (32 if flags & 2 else 0)
+            a, b = t["data_offsets"]
+            return start + a, b - a
         return blob_range(t)
+
+    FORMATS_MORE = {
+        "zTensor v1 (ztensor 1.x write_numpy)": ("fmt_v1.zt", "zt1"),
+        "deathtensors (deathtensors.save)": ("fmt.deathtensors", "dt"),
+        "npz (numpy.savez)": ("fmt.npz", "npz"),
+        "ONNX (onnx.save, one initializer)": ("fmt.onnx", "onnx"),
+    }
+
+    def formats_more(self):
+        """Tensor "w" of single()'s safetensors and GGUF files (the same
+        values) as zTensor v1, deathtensors, npz and ONNX files, by their
+        own writers. Returns {label: path}."""
+        s = self.sizes
+        labels = {k: self.work / f for k, (f, _) in self.FORMATS_MORE.items()}
+
+        def build():
+            npy = self.work / "fmt-w.npy"
+            try:
+                log(f"writing {s['fmt'] / MiB:.0f} MiB of float32 N(0, 0.02) weights")
+                write_normal_npy(npy, s["fmt"] // 4, seed=1)
+                for label, (_, fmt) in self.FORMATS_MORE.items():
+                    log(f"formats: {label}")
+                    self.writer(fmt, labels[label], [f"w={npy}"])
+            finally:
+                npy.unlink(missing_ok=True)
+
+        self.made("formats_more", list(labels.values()), build, fmt=s["fmt"])
+        return labels
 
     def model(self):
         """The whole model in five files: .zt v0.1 raw and zstd (our pack),
@@ -1543,7 +1575,8 @@ class Bench:
                      dict(s=ttfb, baseline_s=first, baseline="first read of the whole tensor"))
 
     def section_formats(self):
-        log("safetensors and GGUF (their own writers): raw first read vs dd, beside the .zt")
+        log("safetensors, GGUF, zTensor v1, deathtensors, npz, ONNX (their own writers): raw "
+            "first read vs dd, beside the .zt")
         f, more = self.files, self.more
         _, _, st_file, gguf_file = more.single()
         self.check_foreign_offsets(st_file, gguf_file)
@@ -1551,11 +1584,30 @@ class Bench:
                  ("safetensors (safetensors.numpy.save_file)", st_file,
                   more.info(st_file)["w"]),
                  ("GGUF (gguf.GGUFWriter, F32)", gguf_file, more.info(gguf_file)["w"])]
+        ranges = {label: blob_range(t) for label, _, t in cases}
+        for label, path in more.formats_more().items():
+            t = more.info(path)["w"]
+            if t["encoding"] != "raw":
+                raise BenchError(f"{path.name}: w is {t['encoding']}, not raw")
+            cases.append((label, path, t))
+            ranges[label] = more.stream_range(path)
+        for label, path, t in cases[3:]:
+            off, n = ranges[label]
+            if n != t["nbytes"]:
+                raise BenchError(f"{path.name}: w stored in {n} bytes, not {t['nbytes']}")
+            with open(path, "rb") as fh:  # the values single() wrote: the same as GGUF's
+                fh.seek(off)
+                head = fh.read(4096)
+            g_off = ranges[cases[2][0]][0]
+            with open(gguf_file, "rb") as fh:
+                fh.seek(g_off)
+                if fh.read(4096) != head:
+                    raise BenchError(f"{path.name}: w's bytes at {off} differ from GGUF's")
         times = {c[0]: ([], []) for c in cases}
         for i in range(self.runs):
             order = cases[i % len(cases):] + cases[:i % len(cases)]
             for label, path, t in order:
-                off, n = blob_range(t)
+                off, n = ranges[label]
                 c, b = self.cold_dd(path, t["path"], off, n, tag="fmt")
                 times[label][0].append(c)
                 times[label][1].append(b)
@@ -1566,7 +1618,7 @@ class Bench:
             mt, bt = times[label]
             ratios[label] = median(bt) / median(mt)
             self.throughput_row(f"{label}, raw f32 {n / MiB:.0f} MiB at offset "
-                                f"{blob_range(t)[0]}: seq read, cold (fresh mount), {dl}", n,
+                                f"{ranges[label][0]}: seq read, cold (fresh mount), {dl}", n,
                                 mt, bt, 0.4, "dd bs=1M of the tensor's range of the file")
         zt = ratios[cases[0][0]]
         for label, _, _ in cases[1:]:

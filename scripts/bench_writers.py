@@ -6,7 +6,9 @@ small). Run by scripts/bench.py; fails loudly when a writer is missing.
 Usage: bench_writers.py FORMAT OUT NAME=NPY [NAME=NPY ...]
   FORMAT: zt2 (ztensor 2.x, raw), zt2-zstd (ztensor 2.x,
           encoding zt.zstd-seekable/1, canonical=False),
-          zt1-zstd (ztensor 1.x, write_numpy(compress=True): one frame),
+          zt1 / zt1-zstd (ztensor 1.x, write_numpy; compress=True: one frame),
+          dt (deathtensors.save, plain), npz (numpy.savez), onnx (the tensors
+          as initializers, onnx.numpy_helper.from_array, onnx.save),
           safetensors (safetensors.numpy.save_file),
           gguf (gguf.GGUFWriter, F32 tensors),
           dt-zstd (deathtensors.save(compress=True): the whole data blob
@@ -85,14 +87,27 @@ def write_gguf(out, tensors):
     w.close()
 
 
-def write_zt1_zstd(out, tensors):
+def write_npz(out, tensors):
+    with open(out, "wb") as fh:  # savez adds ".npz" to a name without it
+        np.savez(fh, **{name: np.ascontiguousarray(a) for name, a in tensors})
+
+
+def write_onnx(out, tensors):
+    onnx = need("onnx", "ONNX writer")
+    from onnx import helper, numpy_helper
+    inits = [numpy_helper.from_array(np.ascontiguousarray(a), name) for name, a in tensors]
+    graph = helper.make_graph([], "weights", [], [], initializer=inits)
+    onnx.save(helper.make_model(graph), out)
+
+
+def write_zt1(out, tensors, compress):
     ztensor = need("ztensor", "zTensor v1 writer")
     if not hasattr(ztensor.Writer, "write_numpy"):
         sys.exit(f"bench_writers: {ztensor.__file__} is not ztensor 1.x: "
                  "put .venv/ztensor/1 first on PYTHONPATH")
     with ztensor.Writer(out) as w:
         for name, a in tensors:
-            w.write_numpy(name, np.ascontiguousarray(a), compress=True, checksum="none")
+            w.write_numpy(name, np.ascontiguousarray(a), compress=compress, checksum="none")
 
 
 def write_dt(out, tensors, compress):
@@ -152,8 +167,14 @@ def main():
         os.unlink(tmp)
     if fmt in ("zt2", "zt2-zstd"):
         write_zt2(tmp, tensors, fmt == "zt2-zstd")
-    elif fmt == "zt1-zstd":
-        write_zt1_zstd(tmp, tensors)
+    elif fmt in ("zt1", "zt1-zstd"):
+        write_zt1(tmp, tensors, fmt == "zt1-zstd")
+    elif fmt == "dt":
+        write_dt(tmp, tensors, compress=False)
+    elif fmt == "npz":
+        write_npz(tmp, tensors)
+    elif fmt == "onnx":
+        write_onnx(tmp, tensors)
     elif fmt == "dt-zstd":
         write_dt(tmp, tensors, compress=True)
     elif fmt in ("dt-zstandard", "dt-zstdcli"):
