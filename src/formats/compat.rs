@@ -1,5 +1,6 @@
-//! The formats `ztensor-compat` reads (safetensors, GGUF, npz, PyTorch `.pt`,
-//! ONNX, HDF5), projected into the common catalog.
+//! The formats read through `ztensor-compat` (safetensors, GGUF, npz,
+//! ONNX, HDF5), projected into the common catalog. PyTorch `.pt` is
+//! recognised here (a zip with a `data.pkl`) and read by `super::pt`.
 //!
 //! The crate opens a path itself. So that the bytes it parses are the file
 //! we mapped, it is handed `/proc/self/fd/N` of our open file (through a
