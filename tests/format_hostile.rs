@@ -270,6 +270,13 @@ fn check(m: &mut support::Mount, what: &str, bytes: &[u8], i: usize) {
     eprintln!("{what}: mounted");
     let index = m.index();
     for t in index["tensors"].as_array().unwrap() {
+        if t["supported"] == false {
+            // Listed with the reason, no file to read.
+            assert!(t["unsupported_reason"].is_string(), "{what}: {t}");
+            let name = t["name"].as_str().unwrap();
+            assert!(std::fs::metadata(m.path(name)).is_err(), "{what}: {name}");
+            continue;
+        }
         let rel = t["path"].as_str().unwrap();
         match std::fs::read(m.path(rel)) {
             Ok(b) => assert_eq!(Some(b.len() as u64), t["nbytes"].as_u64(), "{what}: {rel}"),
@@ -324,6 +331,71 @@ fn bool_bytes_are_checked_neighbours_serve() {
     let err = std::fs::read(m.path("a")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EIO));
     assert_eq!(std::fs::read(m.path("b")).unwrap(), [5, 6]);
+    m.unmount_ok();
+}
+
+/// A tensor of a dtype with no element type here (`F6_E2M3`, `F6_E3M2`,
+/// or one safetensors adds later) is listed with the reason and not
+/// served; its neighbours are. Its range still counts for the tiling rule.
+#[test]
+fn a_tensor_of_an_unknown_dtype_is_listed_and_the_rest_served() {
+    let header = r#"{"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F6_E2M3","shape":[4],"data_offsets":[8,11]},"c":{"dtype":"U8","shape":[3],"data_offsets":[11,14]},"d":{"dtype":"F7_NEW","shape":[1],"data_offsets":[14,15]}}"#;
+    let data: Vec<u8> = (0..15u8).collect();
+    let bytes = st(header, &data);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mixed.safetensors");
+    std::fs::write(&path, &bytes).unwrap();
+    let opened = formats::open(&path, Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    let cat = &opened.catalog;
+    let names: Vec<&str> = cat.tensors.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["a", "b", "c", "d"]);
+    assert_eq!(cat.attributes["k"], "v");
+    for (n, dt) in [("b", "F6_E2M3"), ("d", "F7_NEW")] {
+        let t = cat.get(n).unwrap();
+        assert_eq!(t.dtype, dt);
+        let why = t.parts.as_ref().unwrap_err();
+        assert!(why.contains(dt) && why.contains("no element type"), "{why}");
+    }
+    let data_layer = support::data::serve(opened, dir.path(), 1 << 20);
+    let read = |n: &str| {
+        let ti = support::data::tensor_index(data_layer.catalog(), n);
+        data_layer.read(ti, 0, 0, 64).map(|b| b.to_vec())
+    };
+    assert_eq!(read("a").unwrap(), (0..8u8).collect::<Vec<_>>());
+    assert_eq!(read("c").unwrap(), [11, 12, 13]);
+
+    // The same range overlapping a neighbour: refused, whatever its dtype.
+    let overlapping = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F6_E2M3","shape":[4],"data_offsets":[6,9]}}"#;
+    std::fs::write(&path, st(overlapping, &[0; 9])).unwrap();
+    let e = formats::open(&path, Limits::default())
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("overlap"), "{e}");
+
+    let Some(mut m) = support::Mount::scratch() else {
+        return;
+    };
+    let path = m.scratch_path("mixed.safetensors");
+    std::fs::write(&path, &bytes).unwrap();
+    m.mount(&path, &[]);
+    assert_eq!(m.read("a"), (0..8u8).collect::<Vec<_>>());
+    assert_eq!(m.read("c"), [11, 12, 13]);
+    let side = m.json("b.json");
+    assert_eq!(side["supported"], false);
+    assert_eq!(side["dtype"], "F6_E2M3");
+    assert!(
+        side["unsupported_reason"]
+            .as_str()
+            .unwrap()
+            .contains("F6_E2M3"),
+        "{side}"
+    );
+    assert!(std::fs::metadata(m.path("b")).is_err());
+    let log = m.log_text();
+    assert!(
+        log.contains("\"b\"") && log.contains("F6_E2M3"),
+        "the log lacks the reason:\n{log}"
+    );
     m.unmount_ok();
 }
 

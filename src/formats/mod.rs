@@ -8,6 +8,7 @@ pub mod compat;
 pub mod deathtensors;
 mod gguf_header;
 pub mod pt;
+pub mod safetensors;
 pub mod sharded;
 pub mod zt_v01;
 pub mod zt_v1;
@@ -186,6 +187,7 @@ pub fn open_source(src: MappedFile, limits: Limits) -> Result<Opened> {
             })
         }
         Detected::Compat(compat::Kind::Pt) => pt::open(src, limits),
+        Detected::Compat(compat::Kind::Safetensors) => safetensors::open(src, limits),
         Detected::Compat(kind) => {
             if kind == compat::Kind::Gguf {
                 gguf_bounded(&src, limits)?;
