@@ -139,8 +139,35 @@ pub fn looks_like_onnx(bytes: &[u8]) -> bool {
 /// Reads `src` (a file of format `kind`) through the crate.
 pub fn open(src: MappedFile, kind: Kind) -> Result<(Catalog, MappedFile)> {
     let source = crate_open(&src, kind)?;
-    let catalog = project(&src, kind, Arc::new(source))?;
+    let mut catalog = project(&src, kind, Arc::new(source))?;
+    if kind == Kind::Gguf {
+        gguf_file_order(&src, &mut catalog)?;
+    }
     Ok((catalog, src))
+}
+
+/// A GGUF file's tensors in the order of its tensor-info table (the crate
+/// gives them by name). Two tensors claiming the same bytes were refused
+/// by the crate already ("tensor ranges overlap"), as an overlapping
+/// safetensors or deathtensors file is.
+fn gguf_file_order(src: &MappedFile, catalog: &mut Catalog) -> Result<()> {
+    let order = super::gguf_header::tensor_order(src.bytes()).map_err(|why| {
+        Error::new(
+            ErrorKind::Index,
+            src.label(),
+            None,
+            format!("GGUF header: {why}"),
+        )
+    })?;
+    let at: std::collections::HashMap<&str, usize> = order
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), i))
+        .collect();
+    catalog
+        .tensors
+        .sort_by_key(|t| at.get(t.name.as_str()).copied().unwrap_or(usize::MAX));
+    Ok(())
 }
 
 /// A crate error as one line naming our file (not the path we gave it).
