@@ -44,6 +44,8 @@ const WINDOW: u64 = 1 << 20;
 const MAX_OPS: u64 = 100_000_000;
 /// Deepest nesting of containers walked for tensors.
 const MAX_DEPTH: usize = 256;
+/// Longest tensor name made of nested keys.
+const MAX_NAME: usize = 64 << 10;
 
 /// The first bytes of a file `torch.save` wrote in the legacy format
 /// (`_use_new_zipfile_serialization=False`): pickle protocol 2, then the
@@ -984,7 +986,9 @@ impl<'a> Vm<'a> {
         let Val::Global(module, name) = f else {
             return Val::Opaque;
         };
-        let args = self.items(args).to_vec();
+        // At most the 7 arguments `_rebuild_tensor_v3` takes: a huge tuple
+        // reduced again and again costs nothing.
+        let args: Vec<Val> = self.items(args).iter().take(8).cloned().collect();
         match (&**module, &**name) {
             ("collections", "OrderedDict") | ("builtins", "dict") | ("__builtin__", "dict") => {
                 Val::Dict(self.node(Node::Dict(Vec::new())))
@@ -1072,12 +1076,15 @@ impl<'a> Vm<'a> {
         *budget = budget
             .checked_sub(1)
             .ok_or("the saved object has too many values to walk (--index-memory)")?;
-        let join = |k: &str| {
-            if name.is_empty() {
+        let join = |k: &str| -> VmResult<String> {
+            if name.len() + k.len() >= MAX_NAME {
+                return Err(format!("a tensor name over {MAX_NAME} bytes"));
+            }
+            Ok(if name.is_empty() {
                 k.to_string()
             } else {
                 format!("{name}.{k}")
-            }
+            })
         };
         match v {
             Val::Tensor(i) => {
@@ -1093,14 +1100,14 @@ impl<'a> Vm<'a> {
                             Val::Int(n) => n.to_string(),
                             _ => continue,
                         };
-                        self.collect(v, join(&key), depth + 1, budget, out)?;
+                        self.collect(v, join(&key)?, depth + 1, budget, out)?;
                     }
                 }
             }
             Val::Seq(i) => {
                 if let Some(Node::Seq(items)) = self.nodes.get(*i) {
                     for (k, v) in items.iter().enumerate() {
-                        self.collect(v, join(&k.to_string()), depth + 1, budget, out)?;
+                        self.collect(v, join(&k.to_string())?, depth + 1, budget, out)?;
                     }
                 }
             }
@@ -1164,6 +1171,21 @@ mod tests {
             vm.collect(&v, String::new(), 0, &mut budget, &mut out)
                 .is_err()
         );
+    }
+
+    #[test]
+    fn an_overlong_name_is_an_error() {
+        let mut p = b"}X".to_vec();
+        p.extend_from_slice(&70_000u32.to_le_bytes());
+        p.extend(std::iter::repeat_n(b'k', 70_000));
+        p.extend_from_slice(b"}s.");
+        let mut vm = Vm::new(&p, 1 << 20);
+        let v = vm.run().unwrap();
+        let (mut out, mut budget) = (Vec::new(), 1000);
+        let e = vm
+            .collect(&v, String::new(), 0, &mut budget, &mut out)
+            .unwrap_err();
+        assert!(e.contains("tensor name over"), "{e}");
     }
 
     #[test]
