@@ -459,7 +459,8 @@ fn gather(file: &std::fs::File, g: &Gather, out: &mut Vec<u8>) -> std::result::R
     for d in (0..nd.saturating_sub(1)).rev() {
         cstride[d] = cstride[d + 1] * g.shape[d + 1];
     }
-    let mut order: Vec<usize> = (0..nd).collect();
+    // Dimensions of one element never move (their stride may be anything).
+    let mut order: Vec<usize> = (0..nd).filter(|&d| g.shape[d] > 1).collect();
     order.sort_by(|&a, &b| g.stride[b].cmp(&g.stride[a]).then(a.cmp(&b)));
     let es = g.es as usize;
     let (base, slen) = g.storage;
@@ -480,7 +481,7 @@ fn gather(file: &std::fs::File, g: &Gather, out: &mut Vec<u8>) -> std::result::R
         let dst = (o * g.es) as usize;
         out[dst..dst + es].copy_from_slice(&window[w..w + es]);
         // Next index, the last dimension of `order` fastest.
-        let mut k = nd;
+        let mut k = order.len();
         loop {
             if k == 0 {
                 return Ok(());
@@ -1171,6 +1172,28 @@ mod tests {
             vm.collect(&v, String::new(), 0, &mut budget, &mut out)
                 .is_err()
         );
+    }
+
+    #[test]
+    fn gathering_follows_strides_and_ignores_unit_dimensions() {
+        // A 2x3 transposed from a 3x2 storage, with a unit dimension of
+        // absurd stride in front.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("storage");
+        let storage: Vec<u8> = (0..6u8).collect();
+        std::fs::write(&path, &storage).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let g = Gather {
+            storage: (0, 6),
+            es: 1,
+            offset: 0,
+            shape: vec![1, 2, 3],
+            stride: vec![u64::MAX, 1, 2],
+            nbytes: 6,
+        };
+        let mut out = Vec::with_capacity(6);
+        gather(&file, &g, &mut out).unwrap();
+        assert_eq!(out, [0, 2, 4, 1, 3, 5]);
     }
 
     #[test]
