@@ -71,8 +71,10 @@ def shared():
         "base": base,
         # Rows 2..4: contiguous, storage offset 8 elements into base's storage.
         "rows": base[2:5],
-        # One row of a different dtype storage would not share: keep it float.
         "last": base[5],
+        # The same tensor object under a second name (tied weights): the
+        # pickle refers back to the first.
+        "tied": base,
     }
 
 

@@ -109,8 +109,8 @@ fn every_tensor_torch_wrote_reads_through_the_data_layer() {
             strided += usize::from(!contiguous);
         }
     }
-    // dtypes 21, shared 3, strided 4, module 5.
-    assert_eq!(checked, 33);
+    // dtypes 21, shared 4, strided 4, module 5.
+    assert_eq!(checked, 34);
     assert_eq!(strided, 3, "the strided tensors are gathered, not refused");
 }
 
@@ -150,6 +150,13 @@ fn views_of_one_storage_share_it_and_read_their_own_elements() {
     let storage = |n: &str| cat.get(n).unwrap().meta["storage"].clone();
     assert_eq!(storage("base"), storage("rows"));
     assert_eq!(storage("base"), storage("last"));
+    // Tied: the same tensor object twice, a memo reference in the pickle.
+    assert_eq!(storage("base"), storage("tied"));
+    assert_eq!(cat.get("tied").unwrap().shape, [6, 4]);
+    assert_eq!(
+        cat.get("tied").unwrap().meta["offset"],
+        cat.get("base").unwrap().meta["offset"]
+    );
     assert_eq!(cat.get("rows").unwrap().meta["storage_offset"], 8);
     assert_eq!(cat.get("last").unwrap().meta["storage_offset"], 20);
     let m = manifest();
