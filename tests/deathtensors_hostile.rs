@@ -579,3 +579,99 @@ fn through_a_mount_bad_reads_are_eio_and_neighbours_serve() {
     m.unmount_ok();
     m.cleanup();
 }
+
+/// F32 "a", BOOL "flags" holding `bools`, U8 "c"; the blob and header.
+fn with_bools(bools: [u8; 4]) -> (Vec<u8>, String) {
+    let mut blob: Vec<u8> = (0..16u8).collect();
+    blob.extend_from_slice(&bools);
+    blob.extend_from_slice(&[7, 8, 9, 10]);
+    let h = header(
+        &[
+            ("a", "F32", "[4]", [0, 16]),
+            ("flags", "BOOL", "[4]", [16, 20]),
+            ("c", "U8", "[4]", [20, 24]),
+        ],
+        "",
+    );
+    (blob, h)
+}
+
+/// A BOOL tensor holding a 2, in a plain file and in a compressed one
+/// (where every tensor is a part of one zstd stream): its reads fail
+/// with the reason, its neighbours read, and good bools read.
+#[test]
+fn a_bool_byte_of_2_fails_that_tensor_only() {
+    let dir = tempfile::tempdir().unwrap();
+    for compressed in [false, true] {
+        for (bools, good) in [([0, 1, 2, 1], false), ([1, 0, 0, 1], true)] {
+            let (blob, h) = with_bools(bools);
+            let f = if compressed {
+                dt(COMPRESSED, &h, &zstd::encode_all(&blob[..], 3).unwrap())
+            } else {
+                dt(CHECKSUM, &h, &blob)
+            };
+            let p = write(dir.path(), "bools.deathtensors", &f);
+            let d = serve(&p, dir.path());
+            let what = format!("compressed {compressed}, bools {bools:?}");
+            // The neighbours first and after: a failure touches only it.
+            assert_eq!(read(&d, "c").unwrap(), [7, 8, 9, 10], "{what}");
+            match read(&d, "flags") {
+                Ok(b) => {
+                    assert!(good, "{what}: a 2 was served");
+                    assert_eq!(b, bools, "{what}");
+                }
+                Err(e) => {
+                    assert!(!good, "{what}: {e}");
+                    assert!(e.contains("\"flags\""), "{what}: {e}");
+                    assert!(
+                        e.contains("bool element 2 is neither 0 nor 1"),
+                        "{what}: {e}"
+                    );
+                    // Sticky, and a read past the bad byte fails too.
+                    let ti = support::data::tensor_index(d.catalog(), "flags");
+                    assert!(d.read(ti, 0, 3, 1).is_err(), "{what}");
+                }
+            }
+            assert_eq!(
+                read(&d, "a").unwrap(),
+                (0..16u8).collect::<Vec<_>>(),
+                "{what}"
+            );
+        }
+    }
+}
+
+#[test]
+fn through_a_mount_a_bad_bool_is_eio_with_a_log_line() {
+    let _serial = support::serial();
+    for compressed in [false, true] {
+        let Some(mut m) = Mount::scratch() else {
+            return;
+        };
+        let (blob, h) = with_bools([0, 1, 2, 1]);
+        let f = if compressed {
+            dt(COMPRESSED, &h, &zstd::encode_all(&blob[..], 3).unwrap())
+        } else {
+            dt(0, &h, &blob)
+        };
+        let p = m.scratch_path("bools.deathtensors");
+        std::fs::write(&p, f).unwrap();
+        m.mount(&p, &[]);
+        let e = std::fs::read(m.path("flags")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+        assert_eq!(m.read("c"), [7, 8, 9, 10]);
+        assert_eq!(m.read("a"), (0..16u8).collect::<Vec<_>>());
+        let log = m.log_text();
+        assert!(
+            log.contains("\"flags\"") && log.contains("neither 0 nor 1"),
+            "compressed {compressed}: the log lacks it:\n{log}"
+        );
+        let listed = String::from_utf8(m.read(".ztensor/errors")).unwrap();
+        assert!(
+            listed.contains("\"flags\"") && listed.contains("neither 0 nor 1"),
+            "{listed}"
+        );
+        m.unmount_ok();
+        m.cleanup();
+    }
+}

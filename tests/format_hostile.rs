@@ -161,6 +161,24 @@ impl Gguf {
     }
 }
 
+/// Three F32 [2] tensors whose info table lists "zeta", "alpha", "mid"
+/// (at data offsets 0, 32, 64), so file order is not name order.
+fn gguf_unsorted() -> Vec<u8> {
+    let mut data = Vec::new();
+    for v in [1f32, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 3.0, 4.0] {
+        data.extend(v.to_le_bytes());
+    }
+    data.resize(64, 0);
+    for v in [5f32, 6.0] {
+        data.extend(v.to_le_bytes());
+    }
+    Gguf::new(3, 3, 0)
+        .info("zeta", &[2], 0, 0)
+        .info("alpha", &[2], 0, 32)
+        .info("mid", &[2], 0, 64)
+        .data(&data)
+}
+
 fn gguf_cases() -> Vec<(&'static str, Vec<u8>)> {
     let f32x2 = |name| Gguf::new(3, 1, 0).info(name, &[2], 0, 0);
     let mut nested = Gguf::new(3, 0, 1).str("k").u32(9);
@@ -270,6 +288,13 @@ fn check(m: &mut support::Mount, what: &str, bytes: &[u8], i: usize) {
     eprintln!("{what}: mounted");
     let index = m.index();
     for t in index["tensors"].as_array().unwrap() {
+        if t["supported"] == false {
+            // Listed with the reason, no file to read.
+            assert!(t["unsupported_reason"].is_string(), "{what}: {t}");
+            let name = t["name"].as_str().unwrap();
+            assert!(std::fs::metadata(m.path(name)).is_err(), "{what}: {name}");
+            continue;
+        }
         let rel = t["path"].as_str().unwrap();
         match std::fs::read(m.path(rel)) {
             Ok(b) => assert_eq!(Some(b.len() as u64), t["nbytes"].as_u64(), "{what}: {rel}"),
@@ -325,6 +350,166 @@ fn bool_bytes_are_checked_neighbours_serve() {
     assert_eq!(err.raw_os_error(), Some(libc::EIO));
     assert_eq!(std::fs::read(m.path("b")).unwrap(), [5, 6]);
     m.unmount_ok();
+}
+
+/// A tensor of a dtype with no element type here (`F6_E2M3`, `F6_E3M2`,
+/// or one safetensors adds later) is listed with the reason and not
+/// served; its neighbours are. Its range still counts for the tiling rule.
+#[test]
+fn a_tensor_of_an_unknown_dtype_is_listed_and_the_rest_served() {
+    let header = r#"{"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F6_E2M3","shape":[4],"data_offsets":[8,11]},"c":{"dtype":"U8","shape":[3],"data_offsets":[11,14]},"d":{"dtype":"F7_NEW","shape":[1],"data_offsets":[14,15]}}"#;
+    let data: Vec<u8> = (0..15u8).collect();
+    let bytes = st(header, &data);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mixed.safetensors");
+    std::fs::write(&path, &bytes).unwrap();
+    let opened = formats::open(&path, Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    let cat = &opened.catalog;
+    let names: Vec<&str> = cat.tensors.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["a", "b", "c", "d"]);
+    assert_eq!(cat.attributes["k"], "v");
+    for (n, dt) in [("b", "F6_E2M3"), ("d", "F7_NEW")] {
+        let t = cat.get(n).unwrap();
+        assert_eq!(t.dtype, dt);
+        let why = t.parts.as_ref().unwrap_err();
+        assert!(why.contains(dt) && why.contains("no element type"), "{why}");
+    }
+    let data_layer = support::data::serve(opened, dir.path(), 1 << 20);
+    let read = |n: &str| {
+        let ti = support::data::tensor_index(data_layer.catalog(), n);
+        data_layer.read(ti, 0, 0, 64).map(|b| b.to_vec())
+    };
+    assert_eq!(read("a").unwrap(), (0..8u8).collect::<Vec<_>>());
+    assert_eq!(read("c").unwrap(), [11, 12, 13]);
+
+    // The same range overlapping a neighbour: refused, whatever its dtype.
+    let overlapping = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F6_E2M3","shape":[4],"data_offsets":[6,9]}}"#;
+    std::fs::write(&path, st(overlapping, &[0; 9])).unwrap();
+    let e = formats::open(&path, Limits::default())
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("overlap"), "{e}");
+
+    let Some(mut m) = support::Mount::scratch() else {
+        return;
+    };
+    let path = m.scratch_path("mixed.safetensors");
+    std::fs::write(&path, &bytes).unwrap();
+    m.mount(&path, &[]);
+    assert_eq!(m.read("a"), (0..8u8).collect::<Vec<_>>());
+    assert_eq!(m.read("c"), [11, 12, 13]);
+    let side = m.json("b.json");
+    assert_eq!(side["supported"], false);
+    assert_eq!(side["dtype"], "F6_E2M3");
+    assert!(
+        side["unsupported_reason"]
+            .as_str()
+            .unwrap()
+            .contains("F6_E2M3"),
+        "{side}"
+    );
+    assert!(std::fs::metadata(m.path("b")).is_err());
+    let log = m.log_text();
+    assert!(
+        log.contains("\"b\"") && log.contains("F6_E2M3"),
+        "the log lacks the reason:\n{log}"
+    );
+    m.unmount_ok();
+}
+
+/// GGUF tensors come in the order of the file's tensor-info table, in the
+/// catalog, `.ztensor/index.json`, `info` and a directory listing.
+#[test]
+fn gguf_tensors_come_in_file_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("unsorted.gguf");
+    std::fs::write(&path, gguf_unsorted()).unwrap();
+    let want = ["zeta", "alpha", "mid"];
+    let opened = formats::open(&path, Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    let names: Vec<&str> = opened
+        .catalog
+        .tensors
+        .iter()
+        .map(|t| t.name.as_str())
+        .collect();
+    assert_eq!(names, want);
+    let data = support::data::serve(opened, dir.path(), 1 << 20);
+    let alpha = support::data::tensor_index(data.catalog(), "alpha");
+    assert_eq!(
+        data.read(alpha, 0, 0, 64).map(|b| b.to_vec()).unwrap(),
+        [3f32.to_le_bytes(), 4f32.to_le_bytes()].concat()
+    );
+    let out = std::process::Command::new(support::bin())
+        .arg("info")
+        .arg(&path)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed: Vec<&str> = info
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, want, "info --json");
+
+    let Some(mut m) = support::Mount::scratch() else {
+        return;
+    };
+    let path = m.scratch_path("unsorted.gguf");
+    std::fs::write(&path, gguf_unsorted()).unwrap();
+    m.mount(&path, &[]);
+    let index = m.index();
+    let listed: Vec<&str> = index["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, want, "index.json");
+    let files: Vec<String> = std::fs::read_dir(&m.mp)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.') && !n.ends_with(".json"))
+        .collect();
+    assert_eq!(files, want, "readdir");
+    assert_eq!(
+        m.read("mid"),
+        [5f32.to_le_bytes(), 6f32.to_le_bytes()].concat()
+    );
+    m.unmount_ok();
+}
+
+/// Two GGUF tensors claiming the same bytes: the file is refused in one
+/// line (by `ztensor-compat`), as an overlapping safetensors or
+/// deathtensors file is.
+#[test]
+fn gguf_tensors_sharing_bytes_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("alias.gguf");
+    for (what, second_at, dims) in [("same start", 0, 2), ("inside", 32, 4)] {
+        let bytes = Gguf::new(3, 2, 0)
+            .info("a", &[16], 0, 0)
+            .info("b", &[dims], 0, second_at)
+            .data(&[0; 64]);
+        std::fs::write(&path, bytes).unwrap();
+        let e = formats::open(&path, Limits::default())
+            .err()
+            .unwrap_or_else(|| panic!("{what}: aliasing tensors were let through"));
+        let line = e.to_string();
+        assert!(!line.contains('\n'), "{line}");
+        assert!(line.contains("overlap"), "{what}: {line}");
+        assert!(line.starts_with(&path.display().to_string()), "{line}");
+    }
+    // Touching, not sharing: served.
+    let bytes = Gguf::new(3, 2, 0)
+        .info("a", &[8], 0, 0)
+        .info("b", &[8], 0, 32)
+        .data(&[0; 64]);
+    std::fs::write(&path, bytes).unwrap();
+    formats::open(&path, Limits::default()).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// A shard index naming a file outside its directory is refused.

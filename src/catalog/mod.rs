@@ -154,6 +154,11 @@ pub enum Check {
     /// The high nibble of the last decoded byte is zero (an odd count of
     /// 4-bit elements packed two per byte).
     ZeroLastNibble,
+    /// Every decoded byte in `[start, start+len)` is 0 or 1: a bool tensor
+    /// that is one part of a blob it shares with others (one zstd stream
+    /// for a whole file). Checked before a part reading from that range
+    /// is first served; a failure fails only those parts.
+    BoolBytesIn { start: u64, len: u64 },
 }
 
 /// One tensor: one exposed file, or a directory of parts.

@@ -1,5 +1,7 @@
-//! The formats `ztensor-compat` reads (safetensors, GGUF, npz, PyTorch `.pt`,
-//! ONNX, HDF5), projected into the common catalog.
+//! The formats read through `ztensor-compat` (GGUF, npz, ONNX, HDF5),
+//! projected into the common catalog. PyTorch `.pt` and safetensors are
+//! recognised here and read by modules of their own (`super::pt`,
+//! `super::safetensors`).
 //!
 //! The crate opens a path itself. So that the bytes it parses are the file
 //! we mapped, it is handed `/proc/self/fd/N` of our open file (through a
@@ -137,8 +139,35 @@ pub fn looks_like_onnx(bytes: &[u8]) -> bool {
 /// Reads `src` (a file of format `kind`) through the crate.
 pub fn open(src: MappedFile, kind: Kind) -> Result<(Catalog, MappedFile)> {
     let source = crate_open(&src, kind)?;
-    let catalog = project(&src, kind, Arc::new(source))?;
+    let mut catalog = project(&src, kind, Arc::new(source))?;
+    if kind == Kind::Gguf {
+        gguf_file_order(&src, &mut catalog)?;
+    }
     Ok((catalog, src))
+}
+
+/// A GGUF file's tensors in the order of its tensor-info table (the crate
+/// gives them by name). Two tensors claiming the same bytes were refused
+/// by the crate already ("tensor ranges overlap"), as an overlapping
+/// safetensors or deathtensors file is.
+fn gguf_file_order(src: &MappedFile, catalog: &mut Catalog) -> Result<()> {
+    let order = super::gguf_header::tensor_order(src.bytes()).map_err(|why| {
+        Error::new(
+            ErrorKind::Index,
+            src.label(),
+            None,
+            format!("GGUF header: {why}"),
+        )
+    })?;
+    let at: std::collections::HashMap<&str, usize> = order
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), i))
+        .collect();
+    catalog
+        .tensors
+        .sort_by_key(|t| at.get(t.name.as_str()).copied().unwrap_or(usize::MAX));
+    Ok(())
 }
 
 /// A crate error as one line naming our file (not the path we gave it).
@@ -225,7 +254,6 @@ fn check_store(
 
 /// The catalog of what the crate read from `src`.
 fn project(src: &MappedFile, kind: Kind, source: Arc<Source>) -> Result<Catalog> {
-    let names = FormatNames::read(src, kind);
     let mut blobs = Vec::new();
     let mut tensors = Vec::with_capacity(source.len());
     for t in source.tensors() {
@@ -342,7 +370,7 @@ fn project(src: &MappedFile, kind: Kind, source: Arc<Source>) -> Result<Catalog>
         }
         let (zd, logical) = first.unwrap_or((ZDType::U8, None));
         let layout = t.layout().to_string();
-        let dtype_name = names.dtype(kind, &name, &layout, zd, logical.as_deref());
+        let dtype_name = format_dtype(kind, &layout, zd, logical.as_deref());
         if kind == Kind::Gguf {
             gguf_meta(
                 &mut meta,
@@ -469,7 +497,7 @@ fn our_dtype(d: ZDType, logical: Option<&str>) -> (DType, Option<&'static str>) 
 
 /// A packed 4-bit type's shape in stored units (the last dimension halved,
 /// rounded up), and whether the last byte holds one element only.
-fn packed_shape(d: DType, mut shape: Vec<u64>, nbytes: u64) -> (Vec<u64>, bool) {
+pub(crate) fn packed_shape(d: DType, mut shape: Vec<u64>, nbytes: u64) -> (Vec<u64>, bool) {
     if d != DType::Float4E2M1FnX2 {
         return (shape, false);
     }
@@ -501,97 +529,38 @@ fn gguf_meta(meta: &mut JsonMap, layout: &str, dtype: &str, shape: &[u64], attrs
     }
 }
 
-/// What the crate does not carry: each format's own dtype names.
-enum FormatNames {
-    None,
-    /// safetensors: tensor name → its header's dtype.
-    Safetensors(std::collections::HashMap<String, String>),
-}
-
-impl FormatNames {
-    fn read(src: &MappedFile, kind: Kind) -> FormatNames {
-        if kind != Kind::Safetensors {
-            return FormatNames::None;
-        }
-        #[derive(serde::Deserialize)]
-        struct Entry {
-            #[serde(default)]
-            dtype: Option<serde_json::Value>,
-        }
-        let b = src.bytes();
-        let Some(n) = b
-            .get(..8)
-            .and_then(|h| h.try_into().ok())
-            .map(u64::from_le_bytes)
-        else {
-            return FormatNames::None;
-        };
-        let Some(header) = usize::try_from(n)
-            .ok()
-            .and_then(|n| n.checked_add(8))
-            .and_then(|end| b.get(8..end))
-        else {
-            return FormatNames::None;
-        };
-        match serde_json::from_slice::<std::collections::HashMap<String, Entry>>(header) {
-            Ok(m) => FormatNames::Safetensors(
-                m.into_iter()
-                    .filter_map(|(k, e)| Some((k, e.dtype?.as_str()?.to_string())))
-                    .collect(),
-            ),
-            Err(_) => FormatNames::None,
-        }
+/// Each format's own name for a tensor's type, which the crate does not
+/// carry.
+fn format_dtype(kind: Kind, layout: &str, d: ZDType, l: Option<&str>) -> String {
+    if kind == Kind::Gguf
+        && let Some(q) = layout.strip_prefix("gguf.")
+    {
+        return q.trim_end_matches("/1").to_uppercase();
     }
-
-    fn dtype(&self, kind: Kind, name: &str, layout: &str, d: ZDType, l: Option<&str>) -> String {
-        if let FormatNames::Safetensors(m) = self
-            && let Some(s) = m.get(name)
-        {
-            return s.clone();
-        }
-        if kind == Kind::Gguf
-            && let Some(q) = layout.strip_prefix("gguf.")
-        {
-            return q.trim_end_matches("/1").to_uppercase();
-        }
-        let (w, z) = (d.width(), d.as_str());
-        match kind {
-            Kind::Gguf | Kind::Safetensors => match l {
-                Some(l) => l.to_uppercase(),
-                None => z.to_uppercase(),
-            },
-            Kind::Npz | Kind::Hdf5 => match (l, z.as_bytes()[0]) {
-                (Some("bool"), _) => "|b1".into(),
-                (Some(l), _) => l.into(),
-                (None, b'b') => "bfloat16".into(),
-                (None, c) if w == 1 => format!("|{}1", c as char),
-                (None, c) => format!("<{}{w}", c as char),
-            },
-            Kind::Onnx => match (l, d) {
-                (Some("bool"), _) => "BOOL".into(),
-                (Some(l), _) => l.to_uppercase(),
-                (None, ZDType::F32) => "FLOAT".into(),
-                (None, ZDType::F64) => "DOUBLE".into(),
-                (None, ZDType::F16) => "FLOAT16".into(),
-                (None, ZDType::BF16) => "BFLOAT16".into(),
-                (None, _) => format!("{}INT{}", if z.starts_with('u') { "U" } else { "" }, w * 8),
-            },
-            Kind::Pt => match (l, d) {
-                (Some("bool"), _) => "torch.bool".into(),
-                (Some(l), _) => format!("torch.{}", l.replace("f8_", "float8_")),
-                (None, ZDType::BF16) => "torch.bfloat16".into(),
-                (None, ZDType::U8) => "torch.uint8".into(),
-                (None, _) => format!(
-                    "torch.{}{}",
-                    match z.as_bytes()[0] {
-                        b'f' => "float",
-                        b'u' => "uint",
-                        _ => "int",
-                    },
-                    w * 8
-                ),
-            },
-        }
+    let (w, z) = (d.width(), d.as_str());
+    match kind {
+        // safetensors and .pt have readers of their own; their arm is
+        // GGUF's for want of a better.
+        Kind::Gguf | Kind::Safetensors | Kind::Pt => match l {
+            Some(l) => l.to_uppercase(),
+            None => z.to_uppercase(),
+        },
+        Kind::Npz | Kind::Hdf5 => match (l, z.as_bytes()[0]) {
+            (Some("bool"), _) => "|b1".into(),
+            (Some(l), _) => l.into(),
+            (None, b'b') => "bfloat16".into(),
+            (None, c) if w == 1 => format!("|{}1", c as char),
+            (None, c) => format!("<{}{w}", c as char),
+        },
+        Kind::Onnx => match (l, d) {
+            (Some("bool"), _) => "BOOL".into(),
+            (Some(l), _) => l.to_uppercase(),
+            (None, ZDType::F32) => "FLOAT".into(),
+            (None, ZDType::F64) => "DOUBLE".into(),
+            (None, ZDType::F16) => "FLOAT16".into(),
+            (None, ZDType::BF16) => "BFLOAT16".into(),
+            (None, _) => format!("{}INT{}", if z.starts_with('u') { "U" } else { "" }, w * 8),
+        },
     }
 }
 

@@ -49,7 +49,8 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 
 use super::{Limits, Opened};
 use crate::catalog::{
-    Blob, Catalog, Checksum, Codec, DType, Endian, Json, JsonMap, Part, PartMap, SourceRef, Tensor,
+    Blob, Catalog, Check, Checksum, Codec, DType, Endian, Json, JsonMap, Part, PartMap, SourceRef,
+    Tensor,
 };
 use crate::codec::digest::{Algorithm, compute};
 use crate::error::{Error, ErrorKind, Result};
@@ -497,8 +498,19 @@ fn add_tensors(catalog: &mut Catalog, source: usize, p: Parsed, shard: Option<&s
     });
     for t in p.tensors {
         let nbytes = t.end - t.start;
+        let bool_bytes = t.dtype == DType::Bool;
         let (blob, start) = match shared {
-            Some(b) => (b, t.start),
+            Some(b) => {
+                // Its bytes are checked as they are first read, in the
+                // shared stream: a bad one fails this tensor only.
+                if bool_bytes && nbytes > 0 {
+                    catalog.blobs[b].checks.push(Check::BoolBytesIn {
+                        start: t.start,
+                        len: nbytes,
+                    });
+                }
+                (b, t.start)
+            }
             None => {
                 catalog.blobs.push(Blob {
                     source,
@@ -506,7 +518,11 @@ fn add_tensors(catalog: &mut Catalog, source: usize, p: Parsed, shard: Option<&s
                     len: nbytes,
                     codec: Codec::Raw,
                     decoded_len: nbytes,
-                    checks: Vec::new(),
+                    checks: if bool_bytes {
+                        vec![Check::BoolBytes]
+                    } else {
+                        Vec::new()
+                    },
                     label: format!("tensor {:?}", t.name),
                 });
                 (catalog.blobs.len() - 1, 0)

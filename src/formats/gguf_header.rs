@@ -11,6 +11,15 @@ const PER_VALUE: u64 = 48;
 /// What decoding the header's key/values would take, in bytes, or why the
 /// header is broken (the crate then says the same in its own words).
 pub fn decoded_cost(b: &[u8]) -> Result<u64, String> {
+    walk(b, false).map(|(cost, _)| cost)
+}
+
+/// The tensors' names in the order of the header's tensor-info table.
+pub fn tensor_order(b: &[u8]) -> Result<Vec<String>, String> {
+    walk(b, true).map(|(_, names)| names)
+}
+
+fn walk(b: &[u8], infos: bool) -> Result<(u64, Vec<String>), String> {
     let mut r = Reader { b, at: 0 };
     if r.take(4)? != b"GGUF" {
         return Err("no GGUF magic".into());
@@ -19,7 +28,7 @@ pub fn decoded_cost(b: &[u8]) -> Result<u64, String> {
     if version < 2 {
         return Err(format!("GGUF version {version} is not read"));
     }
-    let _tensors = r.u64()?;
+    let tensors = r.u64()?;
     let kvs = r.u64()?;
     let mut cost = 0u64;
     for _ in 0..kvs {
@@ -29,7 +38,20 @@ pub fn decoded_cost(b: &[u8]) -> Result<u64, String> {
         cost = cost.saturating_add(PER_VALUE + key);
         cost = cost.saturating_add(r.value(ty, 0)?);
     }
-    Ok(cost)
+    let mut names = Vec::new();
+    if infos {
+        // Each info: name, n_dims, the dims, type, offset. Every length is
+        // checked against the file before anything is kept.
+        for _ in 0..tensors {
+            let n = r.u64()?;
+            let name = String::from_utf8_lossy(r.take(n)?).into_owned();
+            let dims = r.u32()?;
+            r.skip(u64::from(dims) * 8)?;
+            r.skip(4 + 8)?;
+            names.push(name);
+        }
+    }
+    Ok((cost, names))
 }
 
 struct Reader<'a> {

@@ -7,6 +7,8 @@ pub mod cbor_json;
 pub mod compat;
 pub mod deathtensors;
 mod gguf_header;
+pub mod pt;
+pub mod safetensors;
 pub mod sharded;
 pub mod zt_v01;
 pub mod zt_v1;
@@ -87,6 +89,12 @@ pub fn detect(bytes: &[u8]) -> Detected {
     }
     if bytes.starts_with(b"PK\x03\x04") {
         return Detected::Compat(compat::zip_kind(bytes));
+    }
+    if bytes.starts_with(pt::LEGACY_MAGIC) {
+        return Detected::Known(
+            "a PyTorch file in torch.save's legacy format (_use_new_zipfile_serialization=False, \
+             or torch before 1.6; save it again with torch.save's default zip format)",
+        );
     }
     if let Some((_, name)) = KNOWN.iter().find(|(m, _)| bytes.starts_with(m)) {
         return Detected::Known(name);
@@ -178,6 +186,8 @@ pub fn open_source(src: MappedFile, limits: Limits) -> Result<Opened> {
                 sources: vec![Some(src)],
             })
         }
+        Detected::Compat(compat::Kind::Pt) => pt::open(src, limits),
+        Detected::Compat(compat::Kind::Safetensors) => safetensors::open(src, limits),
         Detected::Compat(kind) => {
             if kind == compat::Kind::Gguf {
                 gguf_bounded(&src, limits)?;

@@ -3,7 +3,8 @@
 //! it), and GGUF split files (`NAME-00001-of-0000N.gguf`, whose headers say
 //! `split.count`).
 //!
-//! Each shard is read on its own (through [`super::compat`]) and the
+//! Each shard is read on its own (by [`super::safetensors`] or
+//! [`super::compat`]) and the
 //! catalogs are joined: blob sources renumbered, tensors appended. A shard
 //! that is missing or refused becomes an unusable source: the tensors the
 //! index gives it are listed and fail with its reason, the rest serve.
@@ -122,7 +123,7 @@ pub fn open_hf_index(index: MappedFile, limits: Limits) -> Result<Opened> {
     );
     for (file, wanted) in &shards {
         let path = dir.join(file);
-        let shard = open_shard(&path, Kind::Safetensors);
+        let shard = open_shard(&path, Kind::Safetensors, limits);
         set.add(&path, shard, Some(wanted));
     }
     Ok(set.finish())
@@ -138,7 +139,7 @@ pub fn gguf_split_count(c: &Catalog) -> u64 {
 
 /// A GGUF split set from its first file, already read as `first`: the
 /// others are named as llama.cpp's gguf-split names them.
-pub fn open_gguf_split(first: Catalog, src: MappedFile, _limits: Limits) -> Result<Opened> {
+pub fn open_gguf_split(first: Catalog, src: MappedFile, limits: Limits) -> Result<Opened> {
     let label = src.label().to_string();
     let bad = |m: String| Error::new(ErrorKind::Index, &label, None, m);
     let count = gguf_split_count(&first);
@@ -172,7 +173,7 @@ pub fn open_gguf_split(first: Catalog, src: MappedFile, _limits: Limits) -> Resu
     set.add(&first_path, Ok((first, src)), None);
     for i in 2..=count {
         let path = dir.join(format!("{stem}-{i:05}-of-{count:05}.gguf"));
-        let shard = open_shard(&path, Kind::Gguf).and_then(|(c, s)| {
+        let shard = open_shard(&path, Kind::Gguf, limits).and_then(|(c, s)| {
             let n = c.attributes.get("split.no").and_then(Json::as_u64);
             if n == Some(i - 1) && gguf_split_count(&c) == count {
                 Ok((c, s))
@@ -192,9 +193,20 @@ pub fn open_gguf_split(first: Catalog, src: MappedFile, _limits: Limits) -> Resu
 }
 
 /// One shard read on its own, or why it cannot be.
-fn open_shard(path: &Path, kind: Kind) -> std::result::Result<(Catalog, MappedFile), String> {
+fn open_shard(
+    path: &Path,
+    kind: Kind,
+    limits: Limits,
+) -> std::result::Result<(Catalog, MappedFile), String> {
     let src = MappedFile::open(path).map_err(|e| e.to_string())?;
     match detect(src.bytes()) {
+        Detected::Compat(Kind::Safetensors) if kind == Kind::Safetensors => {
+            let label = src.label().to_string();
+            let mut o = super::safetensors::open(src, limits).map_err(|e| e.to_string())?;
+            let catalog = std::mem::take(&mut o.catalog);
+            let src = o.sources.pop().flatten().ok_or(label)?;
+            Ok((catalog, src))
+        }
         Detected::Compat(k) if k == kind => compat::open(src, kind).map_err(|e| e.to_string()),
         _ => Err(format!("{}: not a {} file", src.label(), kind.name())),
     }

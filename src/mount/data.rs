@@ -16,7 +16,9 @@ use super::prefetch::Prefetcher;
 use super::spill::{self, Spill};
 use super::stats::Stats;
 use super::window::{self, MapWindow, Touched};
-use crate::catalog::{Blob, Catalog, Codec, FrameTable, Part, Producer, Tensor, expose};
+use crate::catalog::{
+    Blob, Catalog, Check, Codec, FrameTable, Part, PartMap, Producer, Tensor, expose,
+};
 use crate::codec::zstd::{self as zstd_blob, Frame};
 use crate::source::{MappedFile, Span};
 
@@ -91,6 +93,8 @@ enum Plan {
 #[derive(Default)]
 struct BlobState {
     checked: OnceLock<Result<(), String>>,
+    /// The verdicts of its range checks ([`Check::BoolBytesIn`]), by start.
+    ranges: Mutex<std::collections::HashMap<u64, Result<(), String>>>,
     plan: OnceLock<Result<Plan, String>>,
     /// Not a `OnceLock`: a spill that could not start or failed for want
     /// of disk is tried again by the next read.
@@ -375,6 +379,7 @@ impl Data {
             Codec::Zstd { .. } => {
                 self.checked(s, bi)?;
                 let plan = self.plan(s, bi)?;
+                self.ranges_checked(s, bi, plan, t, part)?;
                 // One unit holds the whole range: reply from it without a copy.
                 if let Some((at, n)) = expose::direct_range(part, off, len)
                     && let Some((buf, start)) = self.unit_containing(s, bi, plan, at, n)?
@@ -436,7 +441,7 @@ impl Data {
         // The checks read the whole blob: fetched first, outside the
         // once-only check (a failed fetch fails this read, not the blob).
         if self.states[bi].checked.get().is_none()
-            && !self.blob(bi).checks.is_empty()
+            && (self.blob(bi).checks.iter()).any(|c| !matches!(c, Check::BoolBytesIn { .. }))
             && !matches!(self.blob(bi).codec, Codec::Computed(_))
         {
             self.ensure_blob(s, bi)?;
@@ -454,6 +459,66 @@ impl Data {
                 })
             })
             .clone()
+    }
+
+    /// Runs, once each, the blob's range checks whose range `part` reads
+    /// from (a bool tensor in a zstd stream shared with other tensors):
+    /// its bytes are not served unless they pass, and its neighbours are.
+    fn ranges_checked(
+        &self,
+        s: &Served,
+        bi: usize,
+        plan: &Plan,
+        t: &Tensor,
+        part: &Part,
+    ) -> Result<(), String> {
+        let PartMap::Contiguous { start: p0 } = part.map else {
+            return Ok(());
+        };
+        let p1 = p0 + part.nbytes;
+        for c in &self.blob(bi).checks {
+            let &Check::BoolBytesIn { start, len } = c else {
+                continue;
+            };
+            if len == 0 || start >= p1 || p0 >= start + len {
+                continue;
+            }
+            if let Some(r) = super::lock(&self.states[bi].ranges).get(&start) {
+                r.clone()?;
+                continue;
+            }
+            // A failed decode fails this read; only a verdict is kept.
+            let verdict = self
+                .scan_bools(s, bi, plan, start, len)?
+                .map_err(|why| self.fail_tensor(t, why));
+            super::lock(&self.states[bi].ranges).insert(start, verdict.clone());
+            verdict?;
+        }
+        Ok(())
+    }
+
+    /// Whether decoded bytes `[start, start+len)` are all 0 or 1, read in
+    /// chunks of at most 1 MiB.
+    fn scan_bools(
+        &self,
+        s: &Served,
+        bi: usize,
+        plan: &Plan,
+        start: u64,
+        len: u64,
+    ) -> Result<Result<(), String>, String> {
+        let mut buf = vec![0u8; len.min(1 << 20) as usize];
+        let mut at = start;
+        while at < start + len {
+            let n = (start + len - at).min(buf.len() as u64) as usize;
+            self.fetch(s, bi, plan, at, &mut buf[..n])?;
+            if let Some(i) = buf[..n].iter().position(|&b| b > 1) {
+                let e = at - start + i as u64;
+                return Ok(Err(format!("bool element {e} is neither 0 nor 1")));
+            }
+            at += n as u64;
+        }
+        Ok(Ok(()))
     }
 
     fn run_checks(&self, s: &Served, bi: usize) -> Result<(), checks::Failed> {

@@ -117,6 +117,13 @@ impl TensorFs {
             tree.placements[e.tensor].views |= super::tree::VIEW_SAFETENSORS;
         }
         for (t, p) in catalog.tensors.iter().zip(&tree.placements) {
+            if let Err(why) = &t.parts {
+                log::warn!(
+                    "{}: tensor {:?} is listed, not served: {why}",
+                    catalog.label,
+                    t.name
+                );
+            }
             if let Some(why) = &p.escaped {
                 log::warn!(
                     "{}: tensor {:?} is served as {:?}: {why}",

@@ -69,6 +69,12 @@ pub fn catalog_bytes(o: &Opened, t: usize, p: usize) -> Result<Vec<u8>, String> 
                     return Err("odd f4 nibble not zero".into());
                 }
             }
+            Check::BoolBytesIn { start, len } => {
+                let range = decoded.get(*start as usize..(start + len) as usize);
+                if range.is_none_or(|r| r.iter().any(|&b| b > 1)) {
+                    return Err("bool byte not 0/1".into());
+                }
+            }
         }
     }
     let PartMap::Contiguous { start } = part.map else {

@@ -92,7 +92,8 @@ impl Decoded {
                 Check::Decoded(x) => d.digests.extend(hasher(x, &b.label)),
                 Check::BoolBytes => d.rules.bool_bytes = true,
                 Check::ZeroLastNibble => d.rules.zero_last_nibble = true,
-                Check::Stored(_) => {}
+                // Checked per part, as its range is first read.
+                Check::Stored(_) | Check::BoolBytesIn { .. } => {}
             }
         }
         (!d.digests.is_empty() || d.rules.any()).then_some(d)

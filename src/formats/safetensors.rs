@@ -1,0 +1,272 @@
+//! safetensors: a little-endian u64 header length, a JSON header mapping
+//! each tensor name to `{dtype, shape, data_offsets: [begin, end]}` (offsets
+//! into the data after the header), then the data.
+//!
+//! Read here rather than through `ztensor-compat` (which reads the other
+//! foreign formats) because the crate refuses the whole file when one
+//! tensor has a dtype it has no projection for (`F6_E2M3`, or a type added
+//! to safetensors later); the `safetensors` crate's closed `Dtype` enum
+//! refuses such a header too. Here that tensor is listed with the reason
+//! and the rest served. The header is JSON read with `serde_json`; the
+//! rules are the crate's: at most 100 MB of header, ranges that tile the
+//! data exactly (sorted, no gap, no overlap, ending at the end of the
+//! file), a known dtype's range the size its shape implies, no name twice.
+
+use std::fmt;
+
+use serde::de::{Deserializer, MapAccess, Visitor};
+
+use crate::catalog::{
+    Blob, Catalog, Check, Codec, DType, Endian, Json, JsonMap, Part, SourceRef, Tensor,
+};
+use crate::error::{Error, ErrorKind, Result};
+use crate::formats::{Limits, Opened};
+use crate::source::MappedFile;
+
+/// Largest header read (the reference implementation's cap).
+pub const MAX_HEADER: u64 = 100 << 20;
+
+/// Reads a safetensors file into the catalog.
+pub fn open(src: MappedFile, limits: Limits) -> Result<Opened> {
+    let catalog = read(&src, limits)?;
+    Ok(Opened {
+        catalog,
+        sources: vec![Some(src)],
+    })
+}
+
+/// Our element type for a safetensors dtype, and whether its elements
+/// are packed two to a byte.
+fn element_type(dtype: &str) -> Option<(DType, bool)> {
+    Some(match dtype {
+        "F64" => (DType::Float64, false),
+        "F32" => (DType::Float32, false),
+        "F16" => (DType::Float16, false),
+        "BF16" => (DType::BFloat16, false),
+        "I64" => (DType::Int64, false),
+        "I32" => (DType::Int32, false),
+        "I16" => (DType::Int16, false),
+        "I8" => (DType::Int8, false),
+        "U64" => (DType::Uint64, false),
+        "U32" => (DType::Uint32, false),
+        "U16" => (DType::Uint16, false),
+        "U8" => (DType::Uint8, false),
+        "BOOL" => (DType::Bool, false),
+        "F8_E4M3" => (DType::Float8E4M3Fn, false),
+        "F8_E5M2" => (DType::Float8E5M2, false),
+        "F8_E8M0" => (DType::Float8E8M0Fnu, false),
+        "C64" => (DType::Complex64, false),
+        "F4" | "F4_E2M1" => (DType::Float4E2M1FnX2, true),
+        _ => return None,
+    })
+}
+
+/// The header's entries in file order, duplicates kept (a JSON parser
+/// would silently keep one of two same-named tensors).
+struct Entries(Vec<(String, Json)>);
+
+impl<'de> serde::Deserialize<'de> for Entries {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Entries;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> std::result::Result<Entries, A::Error> {
+                let mut out = Vec::new();
+                while let Some(kv) = m.next_entry::<String, Json>()? {
+                    out.push(kv);
+                }
+                Ok(Entries(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
+    let label = src.label().to_string();
+    let bad = |msg: String| Error::new(ErrorKind::Index, &label, None, msg);
+    let bad_tensor = |name: &str, kind, msg: String| Error::new(kind, &label, Some(name), msg);
+    let bytes = src.bytes();
+    let file_len = src.len();
+    let header_len = bytes
+        .get(..8)
+        .and_then(|h| h.try_into().ok())
+        .map(u64::from_le_bytes)
+        .ok_or_else(|| bad("shorter than the 8-byte header length".into()))?;
+    let cap = MAX_HEADER.min(limits.index_memory);
+    if header_len > cap {
+        return Err(bad(format!(
+            "header length {header_len} is over the {cap}-byte limit"
+        )));
+    }
+    let data_start = 8 + header_len;
+    if data_start > file_len {
+        return Err(bad(format!(
+            "header length {header_len} reaches past the end of the file ({file_len} bytes)"
+        )));
+    }
+    let data_len = file_len - data_start;
+    let header = &bytes[8..data_start as usize];
+    let Entries(entries) = serde_json::from_slice(header)
+        .map_err(|e| bad(format!("header is not a JSON object: {e}")))?;
+
+    let mut catalog = Catalog {
+        format: "safetensors".into(),
+        label: label.clone(),
+        sources: vec![SourceRef {
+            path: src.path().to_path_buf(),
+            ..SourceRef::default()
+        }],
+        ..Catalog::default()
+    };
+    let mut names = std::collections::HashSet::new();
+    // (begin, end, tensor) in data-section offsets, for the tiling check.
+    let mut ranges: Vec<(u64, u64, usize)> = Vec::new();
+    for (name, entry) in entries {
+        if !names.insert(name.clone()) {
+            return Err(bad_tensor(
+                &name,
+                ErrorKind::Duplicate,
+                "named twice in the header".into(),
+            ));
+        }
+        if name == "__metadata__" {
+            let Json::Object(meta) = entry else {
+                return Err(bad("__metadata__ is not an object".into()));
+            };
+            for (k, v) in meta {
+                if !v.is_string() {
+                    return Err(bad(format!("__metadata__[{k:?}] is not a string")));
+                }
+                catalog.attributes.insert(k, v);
+            }
+            continue;
+        }
+        let field = |msg: &str| bad_tensor(&name, ErrorKind::Field, msg.to_string());
+        let Json::Object(fields) = entry else {
+            return Err(field("its entry is not an object"));
+        };
+        let dtype = fields
+            .get("dtype")
+            .and_then(Json::as_str)
+            .ok_or_else(|| field("no dtype string"))?
+            .to_string();
+        let shape: Vec<u64> = fields
+            .get("shape")
+            .and_then(Json::as_array)
+            .ok_or_else(|| field("no shape array"))?
+            .iter()
+            .map(Json::as_u64)
+            .collect::<Option<_>>()
+            .ok_or_else(|| field("a dimension of its shape is not a non-negative integer"))?;
+        let (begin, end) = match fields
+            .get("data_offsets")
+            .and_then(Json::as_array)
+            .map(|a| a.iter().map(Json::as_u64).collect::<Vec<_>>())
+            .as_deref()
+        {
+            Some([Some(b), Some(e)]) if b <= e && *e <= data_len => (*b, *e),
+            _ => {
+                return Err(bad_tensor(
+                    &name,
+                    ErrorKind::Placement,
+                    format!(
+                        "data_offsets {} are not [begin, end] within the {data_len} bytes of data",
+                        fields.get("data_offsets").unwrap_or(&Json::Null)
+                    ),
+                ));
+            }
+        };
+        let nbytes = end - begin;
+        let mut meta = JsonMap::new();
+        meta.insert("offset".into(), (data_start + begin).into());
+        meta.insert("size".into(), nbytes.into());
+        let parts = match element_type(&dtype) {
+            None => Err(format!(
+                "safetensors dtype {dtype:?} has no element type here: listed, not served"
+            )),
+            Some((d, packed)) => {
+                let elems = shape
+                    .iter()
+                    .try_fold(1u64, |a, &x| a.checked_mul(x))
+                    .ok_or_else(|| field("its shape's element count overflows"))?;
+                let want = if packed {
+                    elems.div_ceil(2)
+                } else {
+                    elems
+                        .checked_mul(d.size())
+                        .ok_or_else(|| field("its byte size overflows"))?
+                };
+                if nbytes != want {
+                    return Err(bad_tensor(
+                        &name,
+                        ErrorKind::Size,
+                        format!("holds {nbytes} bytes but {dtype} of shape {shape:?} is {want}"),
+                    ));
+                }
+                let (pshape, odd) = crate::formats::compat::packed_shape(d, shape.clone(), nbytes);
+                let mut checks = Vec::new();
+                if d == DType::Bool {
+                    checks.push(Check::BoolBytes);
+                }
+                if odd {
+                    checks.push(Check::ZeroLastNibble);
+                }
+                catalog.blobs.push(Blob {
+                    source: 0,
+                    offset: data_start + begin,
+                    len: nbytes,
+                    codec: Codec::Raw,
+                    decoded_len: nbytes,
+                    checks,
+                    label: format!("tensor {name:?}"),
+                });
+                let blob = catalog.blobs.len() - 1;
+                Ok(vec![Part::dense(d, pshape, nbytes, blob, Endian::Little)])
+            }
+        };
+        ranges.push((begin, end, catalog.tensors.len()));
+        catalog.tensors.push(Tensor {
+            name,
+            dtype,
+            shape,
+            layout: "dense".into(),
+            encoding: "raw".into(),
+            directory: false,
+            parts,
+            meta,
+        });
+    }
+
+    // The ranges tile the data exactly: no byte is two tensors', none
+    // is no tensor's, whatever a JSON parser would have made of the header.
+    ranges.sort_unstable();
+    let mut cursor = 0u64;
+    for &(begin, end, t) in &ranges {
+        if begin != cursor {
+            let name = &catalog.tensors[t].name;
+            return Err(bad_tensor(
+                name,
+                ErrorKind::Placement,
+                if begin < cursor {
+                    format!("its bytes [{begin}, {end}) overlap another tensor's (up to {cursor})")
+                } else {
+                    format!("the data is not tiled exactly: a gap of [{cursor}, {begin}) before it")
+                },
+            ));
+        }
+        cursor = end;
+    }
+    if cursor != data_len {
+        return Err(bad(format!(
+            "the data is {data_len} bytes but the tensors cover {cursor}"
+        )));
+    }
+    Ok(catalog)
+}
