@@ -1,5 +1,5 @@
 //! The formats `ztensor-compat` reads (safetensors, GGUF, npz, PyTorch `.pt`,
-//! ONNX, HDF5), projected into the common catalog.
+//! ONNX), projected into the common catalog.
 //!
 //! The crate opens a path itself. So that the bytes it parses are the file
 //! we mapped, it is handed `/proc/self/fd/N` of our open file (through a
@@ -10,7 +10,7 @@
 //!
 //! Each part the crate projects is one of: a raw range of the file (a
 //! [`Codec::Raw`] blob served from our mapping), or bytes only its reader
-//! can produce (a deflated npz member, a chunked HDF5 dataset, a typed
+//! can produce (a deflated npz member, a typed
 //! ONNX field: a [`Codec::Computed`] blob whose producer asks the crate).
 
 use std::os::unix::fs::MetadataExt;
@@ -34,7 +34,6 @@ pub enum Kind {
     Gguf,
     Npz,
     Pt,
-    Hdf5,
     Onnx,
 }
 
@@ -46,7 +45,6 @@ impl Kind {
             Kind::Gguf => "GGUF",
             Kind::Npz => "npz",
             Kind::Pt => "PyTorch .pt",
-            Kind::Hdf5 => "HDF5",
             Kind::Onnx => "ONNX",
         }
     }
@@ -58,7 +56,6 @@ impl Kind {
             Kind::Gguf => "gguf",
             Kind::Npz => "npz",
             Kind::Pt => "pt",
-            Kind::Hdf5 => "hdf5",
             Kind::Onnx => "onnx",
         }
     }
@@ -560,7 +557,7 @@ impl FormatNames {
                 Some(l) => l.to_uppercase(),
                 None => z.to_uppercase(),
             },
-            Kind::Npz | Kind::Hdf5 => match (l, z.as_bytes()[0]) {
+            Kind::Npz => match (l, z.as_bytes()[0]) {
                 (Some("bool"), _) => "|b1".into(),
                 (Some(l), _) => l.into(),
                 (None, b'b') => "bfloat16".into(),
