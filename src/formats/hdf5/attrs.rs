@@ -11,11 +11,13 @@ use crate::catalog::{Json, JsonMap};
 const MAX_VALUES: u64 = 1024;
 /// Bytes one string value may show.
 const MAX_STRING: u64 = 64 << 10;
+/// Attributes one object may show.
+const MAX_ATTRS: usize = 256;
 
 /// The simple attributes among `msgs`, by name.
 pub fn collect(f: &H5, msgs: &[Message]) -> JsonMap {
     let mut out = JsonMap::new();
-    for m in msgs.iter().filter(|m| m.kind == 0x0C) {
+    for m in msgs.iter().filter(|m| m.kind == 0x0C).take(MAX_ATTRS) {
         if let Some((k, v)) = attribute(f, m.body) {
             out.insert(k, v);
         }

@@ -11,6 +11,10 @@ use super::read::{Cur, H5, Res, lookup3};
 /// Direct blocks one heap may have, and B-tree nodes one index may have.
 const MAX_BLOCKS: usize = 1 << 16;
 const MAX_NODES: usize = 1 << 16;
+/// Bytes of one v2 B-tree node (libhdf5 writes 512), and records one index
+/// may hold.
+const MAX_NODE: u64 = 1 << 20;
+const MAX_RECORDS: u64 = 1 << 20;
 
 struct Heap {
     id_len: usize,
@@ -18,6 +22,9 @@ struct Heap {
     len_size: usize,
     /// (heap offset, absolute file position, size) of each direct block.
     blocks: Vec<(u64, usize, u64)>,
+    /// Blocks visited, direct and indirect (a forged heap may name one
+    /// block from many places).
+    visits: usize,
 }
 
 fn bytes_for_bits(bits: u32) -> usize {
@@ -94,6 +101,7 @@ fn heap(f: &H5, addr: u64) -> Res<Heap> {
         off_size,
         len_size,
         blocks: Vec::new(),
+        visits: 0,
     };
     let t = Table {
         width,
@@ -132,7 +140,8 @@ impl Table {
 }
 
 fn direct(f: &H5, t: &Table, h: &mut Heap, addr: u64, off: u64, size: u64) -> Res<()> {
-    if h.blocks.len() >= MAX_BLOCKS {
+    h.visits += 1;
+    if h.visits > MAX_BLOCKS {
         return Err("a fractal heap with too many blocks".into());
     }
     let mut c = f.span(addr, size, "fractal heap direct block")?;
@@ -158,8 +167,9 @@ fn indirect(
     rows: u64,
     depth: u32,
 ) -> Res<()> {
-    if depth > 16 {
-        return Err("fractal heap indirect blocks nest too deep".into());
+    h.visits += 1;
+    if depth > 16 || h.visits > MAX_BLOCKS {
+        return Err("fractal heap indirect blocks nest too deep or are too many".into());
     }
     let max_drows = u64::from(log2(t.max_direct) - log2(t.start)) + 2;
     let nd = rows.min(max_drows) * t.width;
@@ -192,7 +202,17 @@ fn indirect(
                 if size <= t.max_direct {
                     direct(f, t, h, child, at, size)?;
                 } else {
-                    let sub = u64::from(log2(size) - log2(t.start * t.width)) + 1;
+                    // An indirect block of `size` bytes has the rows
+                    // whose blocks add up to it.
+                    let unit = t
+                        .start
+                        .checked_mul(t.width)
+                        .ok_or("fractal heap table overflows")?;
+                    let sub = log2(size)
+                        .checked_sub(log2(unit))
+                        .filter(|_| size.is_power_of_two() && size >= unit)
+                        .ok_or("fractal heap block sizes do not add up")?;
+                    let sub = u64::from(sub) + 1;
                     indirect(f, t, h, child, at, sub, depth + 1)?;
                 }
             }
@@ -245,9 +265,9 @@ pub fn links<'a>(f: &H5<'a>, heap_addr: u64, btree: u64) -> Res<Vec<&'a [u8]>> {
     sum_ok(f.slice(btree, end + 4, "v2 B-tree")?, "v2 B-tree")?;
     if kind != 5
         || rec != 4 + h.id_len as u64
-        || node < 32
+        || !(32..=MAX_NODE).contains(&node)
         || depth > 16
-        || total > MAX_BLOCKS as u64 * 64
+        || total > MAX_RECORDS
     {
         return Err(format!(
             "v2 B-tree at {btree:#x}: type {kind}, {rec}-byte records, {node}-byte nodes, depth {depth}"
@@ -343,6 +363,9 @@ impl<'a> Tree<'a, '_> {
         let end = c.pos;
         sum_ok(&whole[..end + 4], "v2 B-tree node")?;
         for id in recs {
+            if out.len() as u64 >= MAX_RECORDS {
+                return Err("a v2 B-tree with too many records".into());
+            }
             out.push(self.h.object(self.f, id)?);
         }
         for (a, k) in kids {

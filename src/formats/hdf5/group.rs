@@ -3,7 +3,8 @@
 //! link messages in their header. Every dataset found is returned with its
 //! path; a group that cannot be read here is returned with the reason.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
 
 use super::dense;
 use super::header::{self, Message};
@@ -17,8 +18,9 @@ pub const MAX_VISITS: u64 = 200_000;
 
 /// What the walk found at one path.
 pub enum Found<'a> {
-    /// A dataset: its header's messages.
-    Dataset(Vec<Message<'a>>),
+    /// A dataset: its header's address and messages (shared by every path
+    /// that reaches it).
+    Dataset(u64, Rc<Vec<Message<'a>>>),
     /// A group (or link) that is not read, and why; the rest of the file is.
     Refused(String),
 }
@@ -26,6 +28,9 @@ pub enum Found<'a> {
 pub struct Walk<'a> {
     f: H5<'a>,
     visits: u64,
+    /// Headers already read, by address: a file whose groups share
+    /// children names one object many times, and it is read once.
+    headers: HashMap<u64, Rc<Vec<Message<'a>>>>,
     pub found: Vec<(String, Found<'a>)>,
     /// The root group's header messages (its attributes).
     pub root: Vec<Message<'a>>,
@@ -37,6 +42,7 @@ pub fn walk<'a>(f: H5<'a>, root: u64, cache: Option<(u64, u64)>) -> Res<Walk<'a>
     let mut w = Walk {
         f,
         visits: 0,
+        headers: HashMap::new(),
         found: Vec::new(),
         root: Vec::new(),
     };
@@ -114,9 +120,18 @@ impl<'a> Walk<'a> {
                 ));
                 continue;
             }
-            let msgs = header::messages(&self.f, addr).map_err(|e| format!("{full:?}: {e}"))?;
+            let msgs = match self.headers.get(&addr) {
+                Some(m) => m.clone(),
+                None => {
+                    let m =
+                        header::messages(&self.f, addr).map_err(|e| format!("{full:?}: {e}"))?;
+                    let m = Rc::new(m);
+                    self.headers.insert(addr, m.clone());
+                    m
+                }
+            };
             match classify(&msgs) {
-                Kind::Dataset => self.found.push((full, Found::Dataset(msgs))),
+                Kind::Dataset => self.found.push((full, Found::Dataset(addr, msgs))),
                 Kind::Other => {} // a committed datatype, or nothing served
                 Kind::Group => {
                     let links = match self.links(&msgs, &full)? {

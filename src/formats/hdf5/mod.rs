@@ -71,8 +71,10 @@ fn read_catalog(src: &MappedFile, limits: Limits) -> read::Res<Catalog> {
     // Chunk lists are the index memory this reader keeps.
     let mut budget = limits.index_memory;
     let mut blobs = Vec::new();
-    let mut tensors = Vec::new();
+    let mut tensors: Vec<Tensor> = Vec::new();
     let mut names = std::collections::HashSet::new();
+    // A dataset reached by several paths is projected once.
+    let mut done: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
     for (name, found) in &walk.found {
         if !names.insert(name.clone()) {
             return Err(format!("two objects are named {name:?}"));
@@ -82,7 +84,15 @@ fn read_catalog(src: &MappedFile, limits: Limits) -> read::Res<Catalog> {
                 log::warn!("{}: HDF5 {name:?}: {why}", src.label());
                 unreadable(name, "group", Vec::new(), why.clone(), JsonMap::new())
             }
-            group::Found::Dataset(msgs) => dataset(&f, src, name, msgs, &mut blobs, &mut budget)?,
+            group::Found::Dataset(addr, _) if done.contains_key(addr) => {
+                let mut t = tensors[done[addr]].clone();
+                t.name = name.clone();
+                t
+            }
+            group::Found::Dataset(addr, msgs) => {
+                done.insert(*addr, tensors.len());
+                dataset(&f, src, name, msgs, &mut blobs, &mut budget)?
+            }
         };
         tensors.push(t);
     }
