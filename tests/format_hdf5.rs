@@ -649,6 +649,26 @@ fn hostile_files_are_refused_in_one_line_or_fail_one_tensor() {
     assert!(failed.is_empty(), "cases failed: {failed:?}");
 }
 
+/// One dataset under 50 hard links: 51 tensors, one blob, the same bytes.
+#[test]
+fn a_dataset_under_many_names_is_read_once() {
+    let Some((dir, _)) = written() else {
+        return;
+    };
+    let o = formats::open(&dir.path().join("hostile/shared.h5"), Limits::default()).unwrap();
+    assert_eq!(o.catalog.len(), 51);
+    assert_eq!(o.catalog.blobs.len(), 1);
+    let scratch = tempfile::tempdir().unwrap();
+    let data = serve(o, scratch.path(), 1 << 20);
+    for ti in 0..data.catalog().len() {
+        let got = read_whole(&data, ti, 0, 1 << 20).unwrap();
+        assert_eq!(
+            got,
+            [0u8, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0]
+        );
+    }
+}
+
 /// Every prefix (in steps) and seeded byte flips of both h5py files: open
 /// refuses in one line, or every tensor reads or fails; never a panic.
 #[test]

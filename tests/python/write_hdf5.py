@@ -143,6 +143,17 @@ def hostile(out):
         f["named_link"] = np.arange(6, dtype="<i2")
     with h5py.File(os.path.join(out, "deep.h5"), "w") as f:
         f["/".join(["g"] * 70) + "/x"] = np.arange(3, dtype="<i4")
+    with h5py.File(os.path.join(out, "dag.h5"), "w") as f:
+        # g0 -> g1 -> ... -> g24, two links each time: 2^24 paths to "x".
+        groups = [f.create_group(f"g{i}") for i in range(25)]
+        groups[-1]["x"] = np.arange(3, dtype="<i4")
+        for a, b in zip(groups, groups[1:]):
+            a["l"] = b
+            a["r"] = b
+    with h5py.File(os.path.join(out, "shared.h5"), "w") as f:
+        f["x"] = np.arange(5, dtype="<i4")
+        for i in range(50):
+            f[f"alias/{i}"] = f["x"]
     with h5py.File(os.path.join(out, "strings.h5"), "w") as f:
         f["s"] = np.array([b"abc", b"de"], dtype="S3")
         f["c"] = np.array([1 + 2j], dtype="<c8")
