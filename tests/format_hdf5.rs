@@ -51,8 +51,8 @@ fn h5py_files_read_the_same_through_the_data_layer() {
         assert_eq!(attrs["scale"], 0.5, "{file}");
         assert_eq!(attrs["sizes"], serde_json::json!([1, 2, 3]), "{file}");
         let scratch = tempfile::tempdir().unwrap();
-        // A cache smaller than the largest dataset assembled, so the data
-        // layer evicts and reassembles.
+        // A small cache (256 KiB): assembled datasets are evicted and
+        // assembled again as the reads go on.
         let data = serve(opened, scratch.path(), 256 << 10);
         let cat = data.catalog();
         let want = want.as_object().unwrap();

@@ -383,7 +383,7 @@ pub fn check_filters(filters: &[Filter], elem: u64) -> Result<(), String> {
 
 /// Everything the producer needs, owned.
 pub struct Assembly {
-    pub file: std::fs::File,
+    pub file: std::sync::Arc<std::fs::File>,
     pub grid: Grid,
     pub chunks: Vec<Chunk>,
     pub filters: Vec<Filter>,

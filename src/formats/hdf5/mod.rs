@@ -69,7 +69,10 @@ fn read_catalog(src: &MappedFile, limits: Limits) -> read::Res<Catalog> {
     };
     let walk = group::walk(f, sb.root, sb.root_cache)?;
     // Chunk lists are the index memory this reader keeps.
-    let mut budget = limits.index_memory;
+    let mut budget = Budget {
+        index: limits.index_memory,
+        file: None,
+    };
     let mut blobs = Vec::new();
     let mut tensors: Vec<Tensor> = Vec::new();
     let mut names = std::collections::HashSet::new();
@@ -108,6 +111,14 @@ fn read_catalog(src: &MappedFile, limits: Limits) -> read::Res<Catalog> {
         tensors,
         attributes,
     })
+}
+
+/// What the datasets of one file share while they are projected.
+struct Budget {
+    /// Bytes the chunk lists may still take (`--index-memory`).
+    index: u64,
+    /// The descriptor the producers read chunks through.
+    file: Option<Arc<std::fs::File>>,
 }
 
 fn unreadable(name: &str, dtype: &str, shape: Vec<u64>, why: String, meta: JsonMap) -> Tensor {
@@ -178,7 +189,7 @@ fn dataset(
     name: &str,
     msgs: &[Message],
     blobs: &mut Vec<Blob>,
-    budget: &mut u64,
+    budget: &mut Budget,
 ) -> read::Res<Tensor> {
     let mut meta = JsonMap::new();
     let a = attrs::collect(f, msgs);
@@ -310,7 +321,7 @@ fn serve(
     nbytes: u64,
     meta: &mut JsonMap,
     blobs: &mut Vec<Blob>,
-    budget: &mut u64,
+    budget: &mut Budget,
 ) -> std::result::Result<(usize, String), String> {
     let find = |k: u16| msgs.iter().find(|m| m.kind == k);
     let layout = header::layout(find(0x08).ok_or("no layout message")?, f.l, f.o)?;
@@ -415,7 +426,7 @@ fn serve(
             let list = chunks::list(f, &index, &grid, !filters.is_empty())?;
             let cost =
                 (list.len() as u64).saturating_mul(std::mem::size_of::<chunks::Chunk>() as u64);
-            *budget = budget.checked_sub(cost).ok_or_else(|| {
+            budget.index = budget.index.checked_sub(cost).ok_or_else(|| {
                 "its chunk list, with those before it, is over --index-memory".to_string()
             })?;
             if (list.len() as u64) < grid.ncells() && fill_nonzero {
@@ -437,10 +448,17 @@ fn serve(
                 return Ok((push(at, nbytes, Codec::Raw), "raw".into()));
             }
             computed_ok(nbytes)?;
-            let file = src
-                .file()
-                .try_clone()
-                .map_err(|e| format!("cannot reopen the file: {e}"))?;
+            // One descriptor shared by every producer of the file.
+            let file = match &budget.file {
+                Some(f) => f.clone(),
+                None => {
+                    let f = src
+                        .file()
+                        .try_clone()
+                        .map_err(|e| format!("cannot reopen the file: {e}"))?;
+                    budget.file.insert(Arc::new(f)).clone()
+                }
+            };
             let asm = Assembly {
                 file,
                 grid,
