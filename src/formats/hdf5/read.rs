@@ -336,3 +336,33 @@ pub fn lookup3(k: &[u8]) -> u32 {
     c = c.wrapping_sub(rot(b, 24));
     c
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup3_matches_its_published_vectors() {
+        // From the self-test in Bob Jenkins' lookup3.c (seed 0).
+        assert_eq!(lookup3(b""), 0xdead_beef);
+        assert_eq!(lookup3(b"Four score and seven years ago"), 0x1777_0551);
+    }
+
+    #[test]
+    fn cursor_reads_stop_at_the_end() {
+        let mut c = Cur::new(&[1, 2, 3], 8, 8);
+        assert_eq!(c.u16("x").unwrap(), 0x0201);
+        assert!(c.u16("x").is_err());
+        assert!(c.addr("x").is_err());
+        let f = H5 {
+            data: &[0u8; 16],
+            base: 0,
+            o: 8,
+            l: 8,
+        };
+        assert!(f.pos(8, 8, "x").is_ok());
+        assert!(f.pos(9, 8, "x").is_err());
+        assert!(f.pos(u64::MAX, 1, "x").is_err());
+        assert_eq!(undefined(4), 0xffff_ffff);
+    }
+}
