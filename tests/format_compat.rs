@@ -195,26 +195,15 @@ fn onnx_initializers_found_by_content() {
     check_mount(&path, &exp["model.bin"]);
 }
 
-/// h5py's files use object header and dataspace versions ztensor-compat
-/// 2.1 does not read: refused in one line naming the file (see the report
-/// in the commit that added this). When the crate reads them, this test
-/// turns into a check of the bytes.
+/// h5py's file (contiguous, chunked, deflated and shuffled datasets, one
+/// in a group), read by our own HDF5 reader (`src/formats/hdf5/`; the full
+/// checks are in `tests/format_hdf5.rs`).
 #[test]
 fn hdf5_from_h5py() {
     let Some((dir, exp)) = written("hdf5") else {
         return;
     };
     let path = dir.path().join("data.h5");
-    match formats::open(&path, Limits::default()) {
-        Ok(_) => {
-            check_pipeline(&path, &exp["data.h5"], "HDF5");
-            check_mount(&path, &exp["data.h5"]);
-        }
-        Err(e) => {
-            let line = e.to_string();
-            assert!(line.starts_with(&path.display().to_string()), "{line}");
-            assert!(line.contains("hdf5"), "{line}");
-            assert!(!line.contains('\n'));
-        }
-    }
+    check_pipeline(&path, &exp["data.h5"], "HDF5");
+    check_mount(&path, &exp["data.h5"]);
 }

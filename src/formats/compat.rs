@@ -1,7 +1,7 @@
-//! The formats read through `ztensor-compat` (GGUF, npz, ONNX, HDF5),
-//! projected into the common catalog. PyTorch `.pt` and safetensors are
-//! recognised here and read by modules of their own (`super::pt`,
-//! `super::safetensors`).
+//! The formats read through `ztensor-compat` (GGUF, npz, ONNX), projected
+//! into the common catalog. PyTorch `.pt` and safetensors are recognised
+//! here and read by modules of their own (`super::pt`,
+//! `super::safetensors`); HDF5 has its own reader (`super::hdf5`).
 //!
 //! The crate opens a path itself. So that the bytes it parses are the file
 //! we mapped, it is handed `/proc/self/fd/N` of our open file (through a
@@ -12,7 +12,7 @@
 //!
 //! Each part the crate projects is one of: a raw range of the file (a
 //! [`Codec::Raw`] blob served from our mapping), or bytes only its reader
-//! can produce (a deflated npz member, a chunked HDF5 dataset, a typed
+//! can produce (a deflated npz member, a typed
 //! ONNX field: a [`Codec::Computed`] blob whose producer asks the crate).
 
 use std::os::unix::fs::MetadataExt;
@@ -36,7 +36,6 @@ pub enum Kind {
     Gguf,
     Npz,
     Pt,
-    Hdf5,
     Onnx,
 }
 
@@ -48,7 +47,6 @@ impl Kind {
             Kind::Gguf => "GGUF",
             Kind::Npz => "npz",
             Kind::Pt => "PyTorch .pt",
-            Kind::Hdf5 => "HDF5",
             Kind::Onnx => "ONNX",
         }
     }
@@ -60,7 +58,6 @@ impl Kind {
             Kind::Gguf => "gguf",
             Kind::Npz => "npz",
             Kind::Pt => "pt",
-            Kind::Hdf5 => "hdf5",
             Kind::Onnx => "onnx",
         }
     }
@@ -545,7 +542,7 @@ fn format_dtype(kind: Kind, layout: &str, d: ZDType, l: Option<&str>) -> String 
             Some(l) => l.to_uppercase(),
             None => z.to_uppercase(),
         },
-        Kind::Npz | Kind::Hdf5 => match (l, z.as_bytes()[0]) {
+        Kind::Npz => match (l, z.as_bytes()[0]) {
             (Some("bool"), _) => "|b1".into(),
             (Some(l), _) => l.into(),
             (None, b'b') => "bfloat16".into(),

@@ -7,6 +7,7 @@ pub mod cbor_json;
 pub mod compat;
 pub mod deathtensors;
 mod gguf_header;
+pub mod hdf5;
 pub mod pt;
 pub mod safetensors;
 pub mod sharded;
@@ -25,7 +26,7 @@ use crate::source::MappedFile;
 const ENDS: u64 = 64 << 10;
 
 /// The formats this version reads, for messages.
-pub const READS: &str = "zTensor v0.1, v1 and v2, safetensors (and sharded sets), GGUF (and split files), deathtensors (and sharded sets), npz, PyTorch .pt, ONNX";
+pub const READS: &str = "zTensor v0.1, v1 and v2, safetensors (and sharded sets), GGUF (and split files), deathtensors (and sharded sets), npz, PyTorch .pt, ONNX, HDF5";
 
 /// A file read into the common catalog, with the files its bytes are in.
 pub struct Opened {
@@ -59,6 +60,8 @@ pub enum Detected {
     ZtV2,
     /// deathtensors: `DTLEGION`.
     DeathTensors,
+    /// HDF5: `\x89HDF\r\n\x1a\n`, read by our own reader.
+    Hdf5,
     /// A format read through `ztensor-compat`.
     Compat(compat::Kind),
     /// A format this version recognises but does not read.
@@ -84,8 +87,8 @@ pub fn detect(bytes: &[u8]) -> Detected {
     if bytes.starts_with(b"GGUF") {
         return Detected::Compat(compat::Kind::Gguf);
     }
-    if bytes.starts_with(b"\x89HDF\r\n\x1a\n") {
-        return Detected::Compat(compat::Kind::Hdf5);
+    if bytes.starts_with(hdf5::MAGIC) {
+        return Detected::Hdf5;
     }
     if bytes.starts_with(b"PK\x03\x04") {
         return Detected::Compat(compat::zip_kind(bytes));
@@ -179,6 +182,7 @@ pub fn open_source(src: MappedFile, limits: Limits) -> Result<Opened> {
         }
         Detected::ZtV2 => zt_v2::open(src, limits),
         Detected::DeathTensors => deathtensors::open(src, limits),
+        Detected::Hdf5 => hdf5::open(src, limits),
         Detected::ZtV1 => {
             let catalog = zt_v1::read(&src, limits)?;
             Ok(Opened {
@@ -256,6 +260,17 @@ fn fetch_index(src: &MappedFile, limits: Limits) -> Result<()> {
         Detected::DeathTensors => u64_at(16)
             .map(|len| (24, len))
             .filter(|&(at, len)| within(at, len)),
+        Detected::Hdf5 => {
+            // Our reader reads the file where its links point; only what
+            // was fetched is there.
+            return Err(Error::new(
+                ErrorKind::NotSupported,
+                src.label(),
+                None,
+                "HDF5 over a URL is not supported yet (zTensor, safetensors and deathtensors \
+                 are): mount a local copy",
+            ));
+        }
         Detected::Compat(kind) => {
             // Their readers read the file where they please: only what was
             // fetched is there, so nothing else is handed to them.

@@ -2,7 +2,8 @@
 //! the packages a test needs (with the skip rule of [`super::require`]),
 //! and running a writer script from `tests/python/`.
 //!
-//! The interpreter is `$ZT_PYTHON`, else `.venv/bin/python3` in the crate.
+//! The interpreter is `$ZT_PYTHON`, else `$ZT_VENV/bin/python3`, else
+//! `.venv/bin/python3` in the crate.
 //! The ztensor 1.x and 2.x packages live beside the venv's own: the venv is
 //! `$ZT_VENV` (default `.venv` in the crate), run with
 //! `PYTHONPATH=$ZT_VENV/ztensor/<major>`.
@@ -24,10 +25,12 @@ pub struct Python {
 }
 
 impl Python {
-    /// `$ZT_PYTHON`, else `.venv/bin/python3` in the crate.
+    /// `$ZT_PYTHON`, else `$ZT_VENV/bin/python3`, else `.venv/bin/python3`
+    /// in the crate.
     pub fn from_env() -> Python {
         let exe = std::env::var_os("ZT_PYTHON")
             .map(PathBuf::from)
+            .or_else(|| std::env::var_os("ZT_VENV").map(|v| PathBuf::from(v).join("bin/python3")))
             .unwrap_or_else(|| manifest_dir().join(".venv/bin/python3"));
         Python { exe, path: None }
     }

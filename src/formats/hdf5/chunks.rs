@@ -1,0 +1,613 @@
+//! Chunked datasets: the chunk index (version 1 B-tree, single chunk,
+//! implicit, fixed array) read into a checked list, and the producer that
+//! assembles the dataset from its chunks (inflating and unshuffling them)
+//! into the buffer the mount's cache gives it.
+
+use std::collections::HashSet;
+use std::os::unix::fs::FileExt;
+
+use super::header::{Filter, Index};
+use super::read::{Cur, H5, Res, lookup3};
+
+/// Largest chunk (decoded) a dataset may have: the producer holds one
+/// chunk's stored and decoded bytes besides the output.
+pub const MAX_CHUNK: u64 = 16 << 20;
+/// Chunks one dataset may have.
+pub const MAX_CHUNKS: u64 = 1 << 20;
+
+/// One stored chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    /// Its cell in the chunk grid, row-major.
+    pub cell: u64,
+    /// Absolute file position and stored size.
+    pub at: u64,
+    pub size: u64,
+    /// Filters skipped for this chunk (bit i: filter i).
+    pub mask: u32,
+}
+
+/// The geometry of a chunked dataset.
+#[derive(Debug, Clone)]
+pub struct Grid {
+    pub shape: Vec<u64>,
+    pub chunk: Vec<u64>,
+    pub elem: u64,
+    /// Chunks along each dimension.
+    pub cells: Vec<u64>,
+}
+
+impl Grid {
+    /// Checks the chunk dimensions (the layout's, whose last is the element
+    /// size) against the dataspace.
+    pub fn new(shape: &[u64], dims: &[u64], elem: u64) -> Res<Grid> {
+        if shape.is_empty() {
+            return Err("a chunked scalar".into());
+        }
+        if dims.len() != shape.len() + 1 {
+            return Err(format!(
+                "chunks of {} dimensions for a dataset of {}",
+                dims.len().saturating_sub(1),
+                shape.len()
+            ));
+        }
+        let chunk = dims[..shape.len()].to_vec();
+        if chunk.contains(&0) {
+            return Err("a chunk dimension of 0".into());
+        }
+        let bytes = chunk
+            .iter()
+            .try_fold(elem, |a, &d| a.checked_mul(d))
+            .filter(|&b| b <= MAX_CHUNK)
+            .ok_or_else(|| format!("chunks {chunk:?} are over the {MAX_CHUNK}-byte limit"))?;
+        let _ = bytes;
+        let cells: Vec<u64> = shape
+            .iter()
+            .zip(&chunk)
+            .map(|(s, c)| s.div_ceil(*c))
+            .collect();
+        let n = cells.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+        if n.is_none_or(|n| n > MAX_CHUNKS) {
+            return Err(format!("more than {MAX_CHUNKS} chunks"));
+        }
+        Ok(Grid {
+            shape: shape.to_vec(),
+            chunk,
+            elem,
+            cells,
+        })
+    }
+
+    pub fn ncells(&self) -> u64 {
+        self.cells.iter().product()
+    }
+
+    pub fn chunk_bytes(&self) -> u64 {
+        self.chunk.iter().product::<u64>() * self.elem
+    }
+
+    /// The cell of a chunk starting at element `offsets`.
+    fn cell_of(&self, offsets: &[u64]) -> Res<u64> {
+        let mut cell = 0u64;
+        for ((&o, &c), (&s, &n)) in offsets
+            .iter()
+            .zip(&self.chunk)
+            .zip(self.shape.iter().zip(&self.cells))
+        {
+            if o % c != 0 || o >= s {
+                return Err(format!(
+                    "a chunk at {offsets:?} is not on the chunk grid inside the dataset"
+                ));
+            }
+            cell = cell * n + o / c;
+        }
+        Ok(cell)
+    }
+}
+
+/// Reads the chunk index into the list of stored chunks, each checked to be
+/// on the grid, once, and inside the file.
+pub fn list(f: &H5, index: &Index, g: &Grid, filtered: bool) -> Res<Vec<Chunk>> {
+    let cb = g.chunk_bytes();
+    let mut out = Vec::new();
+    match *index {
+        Index::Other(what) => {
+            return Err(format!("its chunks are indexed by {what}, not read here"));
+        }
+        Index::Single {
+            addr,
+            filtered: fsize,
+        } => {
+            if g.ncells() != 1 {
+                return Err("a single-chunk index for a dataset of several chunks".into());
+            }
+            if !f.undefined(addr) {
+                let (size, mask) = fsize.unwrap_or((cb, 0));
+                out.push(Chunk {
+                    cell: 0,
+                    at: addr,
+                    size,
+                    mask,
+                });
+            }
+        }
+        Index::Implicit { addr } => {
+            if filtered {
+                return Err("an implicit chunk index with filters".into());
+            }
+            if !f.undefined(addr) {
+                for cell in 0..g.ncells() {
+                    let at = cell
+                        .checked_mul(cb)
+                        .and_then(|o| o.checked_add(addr))
+                        .ok_or("chunk address overflows")?;
+                    out.push(Chunk {
+                        cell,
+                        at,
+                        size: cb,
+                        mask: 0,
+                    });
+                }
+            }
+        }
+        Index::BTreeV1 { addr } => {
+            if !f.undefined(addr) {
+                let mut seen = HashSet::new();
+                btree(f, addr, g, 0, &mut out, &mut seen)?;
+            }
+        }
+        Index::FixedArray { addr } => {
+            if !f.undefined(addr) {
+                fixed_array(f, addr, g, filtered, &mut out)?;
+            }
+        }
+    }
+    let mut cells = HashSet::with_capacity(out.len());
+    for ch in &mut out {
+        if ch.cell >= g.ncells() || !cells.insert(ch.cell) {
+            return Err(format!(
+                "the chunk index names cell {} twice or outside the grid",
+                ch.cell
+            ));
+        }
+        if !filtered && ch.size != cb {
+            return Err(format!(
+                "an unfiltered chunk of {} bytes where chunks are {cb} bytes",
+                ch.size
+            ));
+        }
+        if ch.size > 2 * MAX_CHUNK + 4096 {
+            return Err(format!("a chunk stored in {} bytes", ch.size));
+        }
+        let pos = f.pos(ch.at, ch.size, "chunk")?;
+        ch.at = pos as u64;
+    }
+    out.sort_by_key(|c| c.cell);
+    Ok(out)
+}
+
+fn btree(
+    f: &H5,
+    addr: u64,
+    g: &Grid,
+    depth: usize,
+    out: &mut Vec<Chunk>,
+    seen: &mut HashSet<u64>,
+) -> Res<()> {
+    if depth > 32 || !seen.insert(addr) || seen.len() as u64 > g.ncells() + 64 {
+        return Err(format!(
+            "chunk B-tree node at {addr:#x} is reached twice, too deep or too often"
+        ));
+    }
+    let mut c = f.at(addr, "chunk B-tree node")?;
+    c.tag(b"TREE", "chunk B-tree node")?;
+    let kind = c.u8("chunk B-tree node")?;
+    if kind != 1 {
+        return Err(format!(
+            "B-tree node at {addr:#x}: type {kind} in a chunk index"
+        ));
+    }
+    let level = c.u8("chunk B-tree node")?;
+    let n = c.u16("chunk B-tree node")?;
+    c.addr("chunk B-tree node")?;
+    c.addr("chunk B-tree node")?;
+    let rank = g.shape.len();
+    let mut offsets = vec![0u64; rank];
+    for _ in 0..n {
+        let size = u64::from(c.u32("chunk key")?);
+        let mask = c.u32("chunk key")?;
+        for o in offsets.iter_mut() {
+            *o = c.uint(8, "chunk key")?;
+        }
+        c.uint(8, "chunk key")?; // the element-size dimension: 0
+        let child = c.addr("chunk B-tree child")?;
+        if level == 0 {
+            if out.len() as u64 >= g.ncells() {
+                return Err("the chunk B-tree lists more chunks than the grid has cells".into());
+            }
+            out.push(Chunk {
+                cell: g.cell_of(&offsets)?,
+                at: child,
+                size,
+                mask,
+            });
+        } else {
+            btree(f, child, g, depth + 1, out, seen)?;
+        }
+    }
+    Ok(())
+}
+
+fn fixed_array(f: &H5, addr: u64, g: &Grid, filtered: bool, out: &mut Vec<Chunk>) -> Res<()> {
+    let o = f.o;
+    let head_len = 4 + 1 + 1 + 1 + 1 + f.l + o + 4;
+    let head = f.slice(addr, head_len as u64, "fixed array header")?;
+    sum_ok(head, "fixed array header")?;
+    let mut c = Cur::new(head, o, f.l);
+    c.tag(b"FAHD", "fixed array header")?;
+    c.skip(1, "fixed array header")?;
+    let client = c.u8("fixed array header")?;
+    let entry = c.u8("fixed array header")? as u64;
+    let bits = c.u8("fixed array header")?;
+    let n = c.len("fixed array header")?;
+    let dblk = c.addr("fixed array header")?;
+    let want_entry = if filtered { o as u64 + 4 + 1 } else { o as u64 };
+    if client != u8::from(filtered)
+        || entry < want_entry
+        || entry > o as u64 + 4 + 8
+        || n != g.ncells()
+        || bits > 32
+    {
+        return Err(format!(
+            "fixed array header at {addr:#x} disagrees with its dataset (client {client}, \
+             entry {entry} bytes, {n} entries for {} chunks, page bits {bits})",
+            g.ncells()
+        ));
+    }
+    if f.undefined(dblk) {
+        return Ok(());
+    }
+    let page = 1u64 << bits;
+    let paged = n > page;
+    let npages = n.div_ceil(page);
+    let bitmap = if paged { npages.div_ceil(8) } else { 0 };
+    let prefix = 4 + 1 + 1 + o as u64 + bitmap;
+    let mut pc = f.at(dblk, "fixed array data block")?;
+    pc.tag(b"FADB", "fixed array data block")?;
+    pc.skip(2, "fixed array data block")?;
+    if pc.addr("fixed array data block")? != addr {
+        return Err("a fixed array data block names another header".into());
+    }
+    let bm = pc
+        .bytes(bitmap as usize, "fixed array data block")?
+        .to_vec();
+    let ctx = (
+        o,
+        f.l,
+        entry,
+        filtered,
+        g.chunk_bytes(),
+        super::read::undefined(o),
+    );
+    if !paged {
+        // Prefix and elements share one checksum.
+        let len = prefix + n * entry + 4;
+        let whole = f.slice(dblk, len, "fixed array data block")?;
+        sum_ok(whole, "fixed array data block")?;
+        return elements(&whole[prefix as usize..whole.len() - 4], 0, n, ctx, out);
+    }
+    sum_ok(
+        f.slice(dblk, prefix + 4, "fixed array data block")?,
+        "fixed array data block",
+    )?;
+    let mut at = dblk
+        .checked_add(prefix + 4)
+        .ok_or("fixed array overflows")?;
+    for p in 0..npages {
+        let first = p * page;
+        let count = page.min(n - first);
+        let len = count * entry + 4;
+        if bm[(p / 8) as usize] & (0x80 >> (p % 8)) != 0 {
+            let run = f.slice(at, len, "fixed array page")?;
+            sum_ok(run, "fixed array page")?;
+            elements(&run[..run.len() - 4], first, count, ctx, out)?;
+        }
+        at = at.checked_add(len).ok_or("fixed array overflows")?;
+    }
+    Ok(())
+}
+
+/// `count` fixed array elements from cell `first`: (address size, length
+/// size, entry size, filtered, chunk bytes, undefined address).
+fn elements(
+    run: &[u8],
+    first: u64,
+    count: u64,
+    (o, l, entry, filtered, cb, undef): (usize, usize, u64, bool, u64, u64),
+    out: &mut Vec<Chunk>,
+) -> Res<()> {
+    let mut c = Cur::new(run, o, l);
+    for i in 0..count {
+        let a = c.addr("fixed array element")?;
+        let (size, mask) = if filtered {
+            let s = c.uint(entry as usize - o - 4, "fixed array element")?;
+            (s, c.u32("fixed array element")?)
+        } else {
+            c.skip(entry as usize - o, "fixed array element")?;
+            (cb, 0)
+        };
+        if a != undef {
+            out.push(Chunk {
+                cell: first + i,
+                at: a,
+                size,
+                mask,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn sum_ok(whole: &[u8], what: &str) -> Res<()> {
+    let (data, sum) = whole.split_at(whole.len() - 4);
+    if lookup3(data) != u32::from_le_bytes([sum[0], sum[1], sum[2], sum[3]]) {
+        return Err(format!("{what}: checksum mismatch"));
+    }
+    Ok(())
+}
+
+/// The filters a pipeline may hold here: deflate (1) and shuffle (2).
+pub fn check_filters(filters: &[Filter], elem: u64) -> Result<(), String> {
+    for fl in filters {
+        match fl.id {
+            1 => {}
+            2 => {
+                if fl.values.first().is_some_and(|&v| u64::from(v) != elem) {
+                    return Err(format!(
+                        "a shuffle filter for {}-byte elements on {elem}-byte ones",
+                        fl.values[0]
+                    ));
+                }
+            }
+            3 => return Err("the fletcher32 filter is not read here".into()),
+            4 => return Err("the szip filter is not read here".into()),
+            id => {
+                return Err(format!(
+                    "filter {id} is not read here (deflate and shuffle are)"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Everything the producer needs, owned.
+pub struct Assembly {
+    pub file: std::sync::Arc<std::fs::File>,
+    pub grid: Grid,
+    pub chunks: Vec<Chunk>,
+    pub filters: Vec<Filter>,
+    pub nbytes: u64,
+}
+
+impl Assembly {
+    /// Appends the dataset's `nbytes` (row-major) to `out`, whose capacity
+    /// is at least that; never-written chunks are zeros.
+    pub fn produce(&self, out: &mut Vec<u8>) -> Result<(), String> {
+        let n = usize::try_from(self.nbytes).map_err(|_| "too large".to_string())?;
+        if out.capacity() < n {
+            return Err(format!(
+                "{n} bytes to make, over the room given ({} bytes)",
+                out.capacity()
+            ));
+        }
+        out.clear();
+        out.resize(n, 0);
+        let cb = self.grid.chunk_bytes() as usize;
+        let mut stored = Vec::new();
+        let mut decoded = vec![0u8; cb];
+        let mut spare = Vec::new();
+        for ch in &self.chunks {
+            stored.resize(ch.size as usize, 0);
+            self.file
+                .read_exact_at(&mut stored, ch.at)
+                .map_err(|e| format!("chunk {} at byte {}: cannot read it: {e}", ch.cell, ch.at))?;
+            self.decode(ch, &stored, &mut decoded, &mut spare)
+                .map_err(|e| format!("chunk {} at byte {}: {e}", ch.cell, ch.at))?;
+            self.place(ch.cell, &decoded, out);
+        }
+        Ok(())
+    }
+
+    /// The chunk's decoded bytes, exactly `decoded.len()` of them.
+    fn decode(
+        &self,
+        ch: &Chunk,
+        stored: &[u8],
+        decoded: &mut [u8],
+        spare: &mut Vec<u8>,
+    ) -> Result<(), String> {
+        // The pipeline in reverse: the last filter applied is undone first.
+        let active: Vec<&Filter> = self
+            .filters
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| ch.mask & (1 << i) == 0)
+            .map(|(_, f)| f)
+            .rev()
+            .collect();
+        let mut cur: Vec<u8> = Vec::new();
+        let mut have_cur = false;
+        for fl in active {
+            let input: &[u8] = if have_cur { &cur } else { stored };
+            match fl.id {
+                1 => {
+                    inflate(input, decoded)?;
+                    cur.clear();
+                    cur.extend_from_slice(decoded);
+                }
+                2 => {
+                    if input.len() != decoded.len() {
+                        return Err(format!(
+                            "{} bytes to unshuffle, {} expected",
+                            input.len(),
+                            decoded.len()
+                        ));
+                    }
+                    spare.clear();
+                    spare.resize(input.len(), 0);
+                    unshuffle(input, spare, self.grid.elem as usize);
+                    cur.clear();
+                    cur.extend_from_slice(spare);
+                }
+                id => return Err(format!("filter {id} is not read here")),
+            }
+            have_cur = true;
+        }
+        let last: &[u8] = if have_cur { &cur } else { stored };
+        if last.len() != decoded.len() {
+            return Err(format!(
+                "{} bytes decoded, the chunk holds {}",
+                last.len(),
+                decoded.len()
+            ));
+        }
+        decoded.copy_from_slice(last);
+        Ok(())
+    }
+
+    /// Copies the part of chunk `cell` inside the dataset into `out`.
+    fn place(&self, cell: u64, chunk: &[u8], out: &mut [u8]) {
+        let g = &self.grid;
+        let rank = g.shape.len();
+        // The chunk's first element, per dimension.
+        let mut start = vec![0u64; rank];
+        let mut rest = cell;
+        for d in (0..rank).rev() {
+            start[d] = (rest % g.cells[d]) * g.chunk[d];
+            rest /= g.cells[d];
+        }
+        // Extent of the chunk inside the dataset.
+        let ext: Vec<u64> = (0..rank)
+            .map(|d| g.chunk[d].min(g.shape[d] - start[d]))
+            .collect();
+        let row = (ext[rank - 1] * g.elem) as usize;
+        // Walk every row (all dims but the last) of the inside part.
+        let mut idx = vec![0u64; rank - 1];
+        loop {
+            let (mut src, mut dst) = (0u64, 0u64);
+            for d in 0..rank - 1 {
+                src = src * g.chunk[d] + idx[d];
+                dst = dst * g.shape[d] + start[d] + idx[d];
+            }
+            src = (src * g.chunk[rank - 1]) * g.elem;
+            dst = (dst * g.shape[rank - 1] + start[rank - 1]) * g.elem;
+            let (s, t) = (src as usize, dst as usize);
+            out[t..t + row].copy_from_slice(&chunk[s..s + row]);
+            // Next row index.
+            let mut d = rank - 1;
+            loop {
+                if d == 0 {
+                    return;
+                }
+                d -= 1;
+                idx[d] += 1;
+                if idx[d] < ext[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+    }
+}
+
+/// Inflates one zlib stream into exactly `out`: more or fewer bytes, or a
+/// stream that does not end, is an error. Never writes past `out`.
+fn inflate(input: &[u8], out: &mut [u8]) -> Result<(), String> {
+    use flate2::{Decompress, FlushDecompress, Status};
+    let mut d = Decompress::new(true);
+    let mut probe = [0u8; 1];
+    loop {
+        let (i, o) = (d.total_in() as usize, d.total_out() as usize);
+        let full = o == out.len();
+        let dst: &mut [u8] = if full { &mut probe } else { &mut out[o..] };
+        let st = d
+            .decompress(&input[i..], dst, FlushDecompress::None)
+            .map_err(|e| format!("deflate: {e}"))?;
+        if full && d.total_out() as usize > o {
+            return Err(format!(
+                "deflate: inflates to more than the chunk's {} bytes",
+                out.len()
+            ));
+        }
+        if st == Status::StreamEnd {
+            break;
+        }
+        if d.total_out() as usize == o && d.total_in() as usize == i {
+            return Err("deflate: the stream is cut short or corrupt".into());
+        }
+    }
+    if d.total_out() as usize != out.len() {
+        return Err(format!(
+            "deflate: {} bytes where the chunk holds {}",
+            d.total_out(),
+            out.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Undoes HDF5's shuffle: byte b of element i was stored at b*n + i.
+fn unshuffle(input: &[u8], out: &mut [u8], es: usize) {
+    if es <= 1 {
+        out.copy_from_slice(input);
+        return;
+    }
+    let n = input.len() / es;
+    for b in 0..es {
+        let plane = &input[b * n..(b + 1) * n];
+        for (i, &x) in plane.iter().enumerate() {
+            out[i * es + b] = x;
+        }
+    }
+    let tail = n * es;
+    out[tail..].copy_from_slice(&input[tail..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unshuffle_inverts_shuffle() {
+        let data: Vec<u8> = (0..23).collect();
+        let es = 4;
+        let n = data.len() / es;
+        let mut shuffled = vec![0u8; data.len()];
+        for i in 0..n {
+            for b in 0..es {
+                shuffled[b * n + i] = data[i * es + b];
+            }
+        }
+        shuffled[n * es..].copy_from_slice(&data[n * es..]);
+        let mut back = vec![0u8; data.len()];
+        unshuffle(&shuffled, &mut back, es);
+        assert_eq!(back, data);
+    }
+
+    #[test]
+    fn inflate_refuses_more_than_its_room() {
+        use std::io::Write;
+        let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(&[7u8; 1000]).unwrap();
+        let z = e.finish().unwrap();
+        let mut exact = vec![0u8; 1000];
+        inflate(&z, &mut exact).unwrap();
+        assert!(exact.iter().all(|&b| b == 7));
+        let mut small = vec![0u8; 999];
+        assert!(inflate(&z, &mut small).is_err());
+        let mut big = vec![0u8; 1001];
+        assert!(inflate(&z, &mut big).is_err());
+        assert!(inflate(&z[..z.len() / 2], &mut exact).is_err());
+    }
+}
