@@ -752,19 +752,19 @@ fn a_sharded_v2_set_mounts_from_sibling_keys() {
 }
 
 #[test]
-fn safetensors_and_deathtensors_files_mount_over_http_and_gguf_is_refused_in_one_line() {
+fn safetensors_and_deathtensors_files_mount_over_http() {
     let _s = support::serial();
     let Some(py) = python() else { return };
-    let Some(mut scratch) = scratch_mount() else {
+    let Some(scratch) = scratch_mount() else {
         return;
     };
     let files = scratch.scratch_path("files");
     std::fs::create_dir(&files).unwrap();
-    // Files from the formats' own writers: a safetensors file, a compressed
-    // and checksummed deathtensors file (its footer is checked over what is
-    // fetched), and a GGUF file.
+    // Files from the formats' own writers: a safetensors file, and a
+    // compressed and checksummed deathtensors file (its footer is checked
+    // over what is fetched).
     let script = r#"
-import sys, numpy as np, safetensors.numpy as st, deathtensors as dt, gguf
+import sys, numpy as np, safetensors.numpy as st, deathtensors as dt
 out = sys.argv[1]
 rng = np.random.default_rng(9)
 st.save_file({"w": rng.standard_normal((512, 600)).astype("<f4"),
@@ -773,9 +773,6 @@ st.save_file({"w": rng.standard_normal((512, 600)).astype("<f4"),
 dt.save(out + "/model.deathtensors",
         {"w": ("F32", [300, 700], rng.standard_normal(210000).astype("<f4").tobytes()),
          "m": ("BOOL", [3], bytes([1, 0, 1]))}, compress=True, checksum=True)
-g = gguf.GGUFWriter(out + "/model.gguf", "llama")
-g.add_tensor("t", np.ones(4, dtype="<f4"))
-g.write_header_to_file(); g.write_kv_data_to_file(); g.write_tensors_to_file(); g.close()
 "#;
     let out = Command::new(&py)
         .args(["-c", script])
@@ -800,10 +797,194 @@ g.write_header_to_file(); g.write_kv_data_to_file(); g.write_tensors_to_file(); 
         mount_remote(&mut remote, &srv.url(&format!("/{name}")), &cache, &[]);
         same_tree(&local.mp, &remote.mp);
     }
-    let r = scratch.run(Path::new(&srv.url("/model.gguf")), &[]);
+}
+
+/// Writes `tests/python/write_remote_formats.py`'s files into `dir`.
+fn write_remote_formats(py: &Path, dir: &Path) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/write_remote_formats.py");
+    let r = support::run_with_timeout(
+        Command::new(py).arg(script).arg(dir),
+        Duration::from_secs(300),
+    );
+    assert!(r.ok(), "write_remote_formats.py: {}", r.stderr);
+}
+
+/// Bytes the GETs of `log` asked for (their Range headers).
+fn bytes_asked(log: &[(String, String, Option<String>)]) -> u64 {
+    log.iter()
+        .filter_map(|r| r.2.as_deref()?.strip_prefix("bytes="))
+        .filter_map(|r| {
+            let (a, b) = r.split_once('-')?;
+            Some(b.parse::<u64>().ok()? + 1 - a.parse::<u64>().ok()?)
+        })
+        .sum()
+}
+
+/// Each format `ztensor-compat` reads, and each kind of sharded set, over
+/// HTTP with 64 KiB blocks: the mount equals the local file's, opening
+/// takes a handful of requests, and (where the format has an index) not
+/// the whole file; a missing shard fails only its tensor.
+#[test]
+fn every_format_and_sharded_set_mounts_over_http_as_the_local_file_does() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(scratch) = scratch_mount() else {
+        return;
+    };
+    let files = scratch.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    write_remote_formats(&py, &files);
+    let srv = Server::range(&py, &files);
+    // (path, most requests at open, fetched whole at open): HEAD and the
+    // two ends, then the format's own: a zip's member headers in one
+    // batch; a GGUF header of some 700 KB grown 64K -> 256K -> 1M; ONNX
+    // whole; per shard, its own HEAD and ends (and GGUF header).
+    let cases: &[(&str, usize, bool)] = &[
+        ("stored.npz", 4, false),
+        ("deflated.npz", 5, false),
+        ("model.pt", 4, false),
+        ("model.onnx", 4, true),
+        ("model.gguf", 5, false),
+        ("split/m-00001-of-00003.gguf", 10, false),
+        ("hf/model.safetensors.index.json", 11, false),
+        ("dt/sharded.deathtensors", 10, false),
+    ];
+    for &(name, most, whole) in cases {
+        let Some(mut local) = scratch_mount() else {
+            return;
+        };
+        let Some(mut remote) = scratch_mount() else {
+            return;
+        };
+        local.mount(&files.join(name), &[]);
+        let cache = remote.scratch_path("cache");
+        srv.control("/__reset");
+        mount_remote(
+            &mut remote,
+            &srv.url(&format!("/{name}")),
+            &cache,
+            &["-o", "block_size=64K"],
+        );
+        let opened = srv.log();
+        eprintln!("{name}: {} requests at open", opened.len());
+        assert!(
+            opened.len() <= most,
+            "{name}: opening took {} requests: {opened:?}",
+            opened.len()
+        );
+        let size = std::fs::metadata(files.join(name)).unwrap().len();
+        let asked = bytes_asked(&opened);
+        if whole {
+            assert!(asked >= size, "{name}: {asked} of {size} bytes at open");
+        } else if size > 256 << 10 {
+            assert!(asked < size, "{name}: all {size} bytes fetched at open");
+        }
+        same_tree(&local.mp, &remote.mp);
+        remote.unmount_ok();
+        local.unmount_ok();
+    }
+    // The missing shard's tensor fails; the others were compared above.
+    let Some(mut remote) = scratch_mount() else {
+        return;
+    };
+    let cache = remote.scratch_path("cache");
+    mount_remote(
+        &mut remote,
+        &srv.url("/hf/model.safetensors.index.json"),
+        &cache,
+        &[],
+    );
+    assert!(std::fs::read(remote.path("lost")).is_err());
+    assert_eq!(remote.read("small").len(), 28);
+}
+
+/// HDF5 over a URL, and an ONNX model (read whole at open) over the
+/// `--index-memory` allowed, are refused in one line.
+#[test]
+fn hdf5_and_an_onnx_model_over_the_index_memory_are_refused_in_one_line() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut scratch) = scratch_mount() else {
+        return;
+    };
+    let files = scratch.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    write_remote_formats(&py, &files);
+    let srv = Server::range(&py, &files);
+    let r = scratch.run(Path::new(&srv.url("/model.h5")), &[]);
     assert!(!r.ok(), "{r:?}");
     assert!(
-        r.stderr.contains("GGUF over a URL is not supported yet") && r.stderr.lines().count() == 1,
+        r.stderr.contains("HDF5 over a URL is not supported yet") && r.stderr.lines().count() == 1,
         "{r:?}"
     );
+    let r = scratch.run(
+        Path::new(&srv.url("/model.onnx")),
+        &["--index-memory", "100K"],
+    );
+    assert!(!r.ok(), "{r:?}");
+    assert!(
+        r.stderr.contains("--index-memory")
+            && r.stderr.contains("model.onnx")
+            && r.stderr.lines().count() == 1,
+        "{r:?}"
+    );
+}
+
+/// A Hugging Face sharded set and a GGUF split set in a bucket: the shards
+/// are sibling keys.
+#[test]
+fn sharded_sets_mount_from_s3_as_one_tree() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let srv = Server::moto(&py, false);
+    let Some(scratch) = scratch_mount() else {
+        return;
+    };
+    let files = scratch.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    write_remote_formats(&py, &files);
+    let mut uploads = Vec::new();
+    for dir in ["hf", "split", "dt"] {
+        for e in std::fs::read_dir(files.join(dir)).unwrap() {
+            let p = e.unwrap().path();
+            let key = format!("{dir}/{}", p.file_name().unwrap().to_string_lossy());
+            uploads.push((key, p));
+        }
+    }
+    let refs: Vec<(&str, &Path)> = uploads
+        .iter()
+        .map(|(k, p)| (k.as_str(), p.as_path()))
+        .collect();
+    s3_put(&py, &srv, "bucket", &refs);
+    // SAFETY: the tests of this file run one at a time (serial) and set
+    // the same values.
+    unsafe {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
+        std::env::set_var("AWS_REGION", "us-east-1");
+    }
+    let endpoint = srv.url("");
+    for key in [
+        "hf/model.safetensors.index.json",
+        "split/m-00001-of-00003.gguf",
+        "dt/sharded.deathtensors",
+    ] {
+        let Some(mut local) = scratch_mount() else {
+            return;
+        };
+        let Some(mut remote) = scratch_mount() else {
+            return;
+        };
+        local.mount(&files.join(key), &[]);
+        let cache = remote.scratch_path("cache");
+        mount_remote(
+            &mut remote,
+            &format!("s3://bucket/{key}"),
+            &cache,
+            &["--endpoint", &endpoint, "-o", "block_size=64K"],
+        );
+        same_tree(&local.mp, &remote.mp);
+        remote.unmount_ok();
+        local.unmount_ok();
+    }
 }
