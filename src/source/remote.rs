@@ -204,6 +204,10 @@ impl Client {
                     .with_url(url)
                     .with_client_options(client)
                     .with_retry(retry);
+                // A GCS-compatible server (an emulator): its base URL.
+                if let Some(e) = &o.endpoint {
+                    b = b.with_base_url(e.trim_end_matches('/'));
+                }
                 if !env_has(&["GOOGLE_SERVICE_ACCOUNT", "GOOGLE_APPLICATION_CREDENTIALS"]) {
                     b = b.with_skip_signature(true);
                 }
@@ -233,7 +237,7 @@ impl Client {
                     "AZURE_STORAGE_SAS",
                     "AZURE_STORAGE_TOKEN",
                     "AZURE_CLIENT_SECRET",
-                    "AZURE_USE_EMULATOR",
+                    "AZURE_STORAGE_USE_EMULATOR",
                 ]) {
                     b = b.with_skip_signature(true);
                 }
