@@ -1177,3 +1177,56 @@ fn gs_and_az_objects_mount_from_local_emulators() {
         std::env::remove_var("AZURITE_BLOB_STORAGE_URL");
     }
 }
+
+/// A zTensor v1 file (from the `ztensor` 1.x package, every dtype and
+/// layout) over HTTP with 64 KiB blocks: its manifest found from the
+/// footer, the tree equal to the local mount's.
+#[test]
+fn a_zt_v1_file_mounts_over_http() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let zt1 = support::python::Python::ztensor(1);
+    let version = zt1.probe("import importlib.metadata as m; print(m.version('ztensor'))");
+    let ok = version.and_then(|v| {
+        v.starts_with("1.")
+            .then_some(())
+            .ok_or_else(|| format!("ztensor {v} is not 1.x"))
+    });
+    if !require("the ztensor 1.x Python package", ok) {
+        return;
+    }
+    let Some((mut local, mut remote, files)) = local_and_remote() else {
+        return;
+    };
+    zt1.run_script("write_zt1.py", &files);
+    // And one whose manifest (some 300 KB) is larger than the ends fetched
+    // to recognise it.
+    let big = "import sys, ztensor, numpy as np\n\
+               with ztensor.Writer(sys.argv[1]) as w:\n\
+               \x20   w.write('big', ztensor.Tensor({'data': np.arange(100000, dtype='<f4')}))\n\
+               \x20   for i in range(3000):\n\
+               \x20       w.write(f'tensor_with_a_longish_name_{i:05d}', \
+               ztensor.Tensor({'data': np.arange(i, i + 3, dtype='<i4')}))\n";
+    let r = support::run_with_timeout(
+        zt1.cmd().args(["-c", big]).arg(files.join("manifest.zt")),
+        Duration::from_secs(120),
+    );
+    assert!(r.ok(), "{}", r.stderr);
+    let srv = Server::range(&py, &files);
+    for name in ["all.zt", "manifest.zt"] {
+        local.mount(&files.join(name), &[]);
+        let cache = remote.scratch_path("cache");
+        srv.control("/__reset");
+        mount_remote(
+            &mut remote,
+            &srv.url(&format!("/{name}")),
+            &cache,
+            &["-o", "block_size=64K"],
+        );
+        let opened = srv.log();
+        assert!(opened.len() <= 4, "{name}: opening took {opened:?}");
+        same_tree(&local.mp, &remote.mp);
+        remote.unmount_ok();
+        local.unmount_ok();
+    }
+}

@@ -3,8 +3,8 @@
 //! fetched read as zeros, so every byte a reader will touch is fetched
 //! first, in as few requests as the format allows.
 //!
-//! Our own readers (zTensor, safetensors, deathtensors) read an index the
-//! file's ends point at. The formats read by `ztensor-compat` read the
+//! Our own readers (zTensor v0.1, v1 and v2, safetensors, deathtensors)
+//! read an index the file's ends point at. The formats read by `ztensor-compat` read the
 //! file by path where they please, so for each the bytes it reads at open
 //! are worked out here from what that crate does (`ztensor-compat` 2.1.1):
 //!
@@ -76,6 +76,10 @@ pub fn fetch_index(src: &MappedFile, limits: Limits) -> Result<()> {
         Detected::ZtV01 => u64_at(n.saturating_sub(8))
             .filter(|&len| len <= limits.index_memory && len.saturating_add(16) <= n)
             .map(|len| (n - 8 - len, len)),
+        // The manifest, then its u64 size and the magic.
+        Detected::ZtV1 => u64_at(n.saturating_sub(16))
+            .filter(|&len| len <= limits.index_memory && len.saturating_add(24) <= n)
+            .map(|len| (n - 16 - len, len)),
         Detected::ZtV2 if n >= 40 => u64_at(n - 40)
             .zip(u64_at(n - 32))
             .filter(|&(at, len)| within(at, len)),
