@@ -1230,3 +1230,55 @@ fn a_zt_v1_file_mounts_over_http() {
         local.unmount_ok();
     }
 }
+
+/// A damaged zip archive and a GGUF header whose first key claims a
+/// terabyte, over HTTP: refused in one line, after a handful of requests
+/// (neither is searched or grown through the whole object).
+#[test]
+fn a_damaged_zip_or_gguf_over_http_is_refused_in_one_line_without_fetching_it_all() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut scratch) = scratch_mount() else {
+        return;
+    };
+    let files = scratch.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    let mut rng = support::Rng(5);
+    let noise: Vec<u8> = (0..600_000).map(|_| rng.next_u64() as u8).collect();
+    let mut zip = b"PK\x03\x04".to_vec();
+    zip.extend(&noise);
+    std::fs::write(files.join("bad.npz"), &zip).unwrap();
+    let mut gguf = b"GGUF".to_vec();
+    gguf.extend(3u32.to_le_bytes());
+    gguf.extend(0u64.to_le_bytes());
+    gguf.extend(1u64.to_le_bytes());
+    gguf.extend((1u64 << 40).to_le_bytes());
+    gguf.extend(&noise);
+    std::fs::write(files.join("lie.gguf"), &gguf).unwrap();
+    let srv = Server::range(&py, &files);
+    let cache = scratch.scratch_path("cache");
+    std::fs::create_dir(&cache).unwrap();
+    for name in ["bad.npz", "lie.gguf"] {
+        srv.control("/__reset");
+        let r = scratch.run(
+            Path::new(&srv.url(&format!("/{name}"))),
+            &[
+                "--cache-dir",
+                cache.to_str().unwrap(),
+                "-o",
+                "block_size=64K",
+            ],
+        );
+        assert!(!r.ok(), "{name}: {r:?}");
+        assert!(
+            r.stderr.trim().lines().count() == 1 && r.stderr.contains(name),
+            "{name}: {r:?}"
+        );
+        let log = srv.log();
+        let asked = bytes_asked(&log);
+        assert!(
+            log.len() <= 3 && asked < 300_000,
+            "{name}: {asked} bytes in {log:?}"
+        );
+    }
+}

@@ -163,7 +163,7 @@ fn gguf(src: &MappedFile, limits: Limits) -> Result<()> {
     let n = src.len();
     let mut have = ENDS.min(n);
     loop {
-        match gguf_header::extent(&src.bytes()[..have as usize]) {
+        match gguf_header::extent(&src.bytes()[..have as usize], n) {
             gguf_header::Extent::Ends(_) | gguf_header::Extent::Broken(_) => return Ok(()),
             gguf_header::Extent::Short if have >= n => return Ok(()),
             gguf_header::Extent::Short => {}
@@ -197,6 +197,9 @@ struct Ensuring<'a> {
     src: &'a MappedFile,
     pos: u64,
     failed: Rc<RefCell<Option<String>>>,
+    /// Bytes it may still read: a broken archive sends the `zip` crate
+    /// searching the whole file for its records.
+    budget: u64,
 }
 
 impl Read for Ensuring<'_> {
@@ -206,6 +209,14 @@ impl Read for Ensuring<'_> {
         if n == 0 {
             return Ok(0);
         }
+        let Some(left) = self.budget.checked_sub(n) else {
+            let why = "reading its zip directory and headers would read more than the \
+                       bytes allowed (--index-memory)"
+                .to_string();
+            *self.failed.borrow_mut() = Some(why.clone());
+            return Err(std::io::Error::other(why));
+        };
+        self.budget = left;
         if let Err(why) = self.src.ensure_all(&[(self.pos, n)], true) {
             *self.failed.borrow_mut() = Some(why.clone());
             return Err(std::io::Error::other(why));
@@ -320,11 +331,28 @@ fn central_directory(b: &[u8], mut at: usize, count: usize, offset: u64) -> Vec<
 /// A zip archive (npz or `.pt`): see the module's documentation.
 fn zip(src: &MappedFile, limits: Limits) -> Result<()> {
     let io = |why: String| Error::new(ErrorKind::Io, src.label(), None, why);
+    // The end record is within the last 64 KiB and 22 bytes (its comment
+    // is at most 65 535 bytes), fetched already: without one, the zip
+    // crate would search the whole object for it.
+    let n = src.len();
+    let from = n.saturating_sub(ENDS + 22);
+    src.ensure_all(&[(from, n - from)], true).map_err(io)?;
+    let tail = &src.bytes()[from as usize..];
+    if !tail.windows(4).any(|w| w == b"PK\x05\x06") {
+        return Err(Error::new(
+            ErrorKind::Index,
+            src.label(),
+            None,
+            "a zip archive (npz or .pt) with no end-of-central-directory record in its last \
+             64 KiB: truncated or damaged",
+        ));
+    }
     let failed = Rc::new(RefCell::new(None));
     let reader = Ensuring {
         src,
         pos: 0,
         failed: failed.clone(),
+        budget: limits.index_memory,
     };
     let fetch_failed = || failed.borrow().clone().map(io);
     // The end records and the central directory (within the ends fetched

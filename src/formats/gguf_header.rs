@@ -15,6 +15,7 @@ const PER_VALUE: u64 = 48;
 pub fn decoded_cost(b: &[u8]) -> Result<u64, String> {
     let mut r = Reader {
         b,
+        whole: b.len() as u64,
         at: 0,
         short: false,
     };
@@ -29,16 +30,19 @@ pub fn decoded_cost(b: &[u8]) -> Result<u64, String> {
 pub enum Extent {
     /// The header ends at this offset, within `prefix`.
     Ends(u64),
-    /// It runs past `prefix`: more of the file is needed to say.
+    /// It runs past `prefix`, within the file: more of it is needed to say.
     Short,
     /// It is broken within `prefix` (the crate refuses it too).
     Broken(String),
 }
 
-/// The end of the header whose first bytes are `prefix` (see [`Extent`]).
-pub fn extent(prefix: &[u8]) -> Extent {
+/// The end of the header whose first bytes are `prefix`, of a file of
+/// `whole` bytes (see [`Extent`]): a length running past the file is
+/// broken, not short.
+pub fn extent(prefix: &[u8], whole: u64) -> Extent {
     let mut r = Reader {
         b: prefix,
+        whole,
         at: 0,
         short: false,
     };
@@ -64,6 +68,8 @@ pub fn extent(prefix: &[u8]) -> Extent {
 
 struct Reader<'a> {
     b: &'a [u8],
+    /// The file's length (`b` may be a prefix of it).
+    whole: u64,
     at: usize,
     /// The last failure was a length running past the bytes.
     short: bool,
@@ -94,11 +100,13 @@ impl Reader<'_> {
     }
 
     fn take(&mut self, n: u64) -> Result<&[u8], String> {
+        let want = (self.at as u64).saturating_add(n);
         let end = usize::try_from(n)
             .ok()
             .and_then(|n| self.at.checked_add(n))
             .filter(|&e| e <= self.b.len());
-        self.short = end.is_none();
+        // Past the bytes at hand but within the file: more is needed.
+        self.short = end.is_none() && want <= self.whole;
         let end =
             end.ok_or_else(|| format!("a length of {n} bytes at {} runs past the file", self.at))?;
         let s = &self.b[self.at..end];
@@ -216,13 +224,24 @@ mod tests {
         }
         let end = b.len() as u64;
         b.extend([0u8; 100]);
-        assert_eq!(extent(&b), Extent::Ends(end));
+        let whole = b.len() as u64;
+        assert_eq!(extent(&b, whole), Extent::Ends(end));
         for cut in [3, 20, end as usize - 1] {
-            assert_eq!(extent(&b[..cut]), Extent::Short, "cut at {cut}");
+            assert_eq!(extent(&b[..cut], whole), Extent::Short, "cut at {cut}");
         }
+        // The file itself ends before the header does.
+        assert!(matches!(
+            extent(&b[..20], 20),
+            Extent::Broken(why) if why.contains("runs past")
+        ));
         let mut bad = b.clone();
         bad[..4].copy_from_slice(b"GGUX");
-        assert!(matches!(extent(&bad), Extent::Broken(_)));
+        assert!(matches!(extent(&bad, whole), Extent::Broken(_)));
+        // A key length past the file is broken at once, not a reason to
+        // fetch more of it.
+        let mut lie = b.clone();
+        lie[24..32].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        assert!(matches!(extent(&lie[..64], whole), Extent::Broken(_)));
     }
 
     #[test]
