@@ -19,6 +19,10 @@ Conventions (see BENCHMARKS.md):
   safetensors.numpy.save_file, gguf.GGUFWriter) besides our `pack`; a
   missing writer fails the run. views reads .npy/, .zarr/ and .safetensors/
   against the tensor's own file, each through a fresh mount.
+- remote: raw.zt's tensor mounted as http://127.0.0.1:PORT/raw.zt from the
+  tests' Range server (4 MiB blocks); its baselines are curl fetching the
+  same blocks 4 at a time, curl of the same 4 KiB, and dd of the .zt with
+  its pages evicted (the second read comes from the cache file on disk).
 - model: the whole model read by 4 reader threads taking the next tensor in
   turn (one preadv of the whole tensor each), against the same threads
   reading the file's ranges directly (raw) or running `zstd -d` of each
@@ -867,6 +871,53 @@ def bdi_read_ahead_kb(mp):
         return None
 
 
+@contextlib.contextmanager
+def range_server(folder):
+    """The tests' Range server (tests/python/range_server.py) over folder,
+    on 127.0.0.1: its port. It serves until its stdin closes."""
+    proc = subprocess.Popen([sys.executable, ROOT / "tests/python/range_server.py", folder],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().split()
+        if len(line) != 2 or line[0] != "PORT":
+            raise BenchError(f"range_server.py said {line!r}")
+        yield int(line[1])
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def curl_ranges(url, ranges, parallel):
+    """Seconds for curl to fetch ranges [(start, end)) of url to /dev/null,
+    parallel ranged GETs at a time (process start to exit)."""
+    # "next" ends one URL's options.
+    cfg = "\nnext\n".join(f'url = "{url}"\nrange = "{a}-{b - 1}"\noutput = "/dev/null"'
+                           for a, b in ranges)
+    t0 = time.perf_counter()
+    r = subprocess.run(["curl", "-s", "-f", "--parallel", "--parallel-max", str(parallel),
+                        "-K", "-"], input=cfg, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise BenchError(f"curl of {url} exited {r.returncode}: {r.stderr.strip()}")
+    return dt
+
+
+def drop_file_pages(*paths):
+    """Evicts the files' pages from the page cache (POSIX_FADV_DONTNEED,
+    after a sync), so that the next read comes from the disk."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 class Bench:
     def __init__(self, args):
         self.args = args
@@ -1186,6 +1237,79 @@ class Bench:
         self.row(f"time to first byte, 4 KiB at the middle of a "
                  f"{t['nbytes'] / GiB:.2g} GiB multi-frame zstd tensor (open+pread)",
                  ms, None, None, "<= 20 ms", ms <= 20, "ms", dict(s=times))
+
+    def section_remote(self):
+        """raw.zt's tensor over HTTP (the tests' Range server on 127.0.0.1),
+        default 4 MiB blocks and read-ahead: the first sequential read
+        against curl fetching the same blocks with as many ranged GETs at a
+        time as the mount has in flight for a sequential reader (its block
+        and 4 ahead, 4 here); time to a first byte in the middle; a second
+        read from the disk cache (remounted, the cache file's pages
+        evicted) against dd of the .zt from disk; the daemon's peak RSS."""
+        f = self.files
+        t = f.tensor(f.raw, "w")
+        off, n = t["offset"], t["nbytes"]
+        size = f.raw.stat().st_size
+        block, parallel = 4 * MiB, 4
+        log(f"remote: a {n / MiB:.0f} MiB raw tensor over HTTP, {block // MiB} MiB blocks")
+        served = self.work / "remote-served"
+        served.mkdir(exist_ok=True)
+        # A hard link: the server serves nothing that resolves outside
+        # its folder.
+        link = served / "raw.zt"
+        link.unlink(missing_ok=True)
+        os.link(f.raw, link)
+        cache = self.work / "remote-cache"
+        # The blocks the mount fetches for the tensor: those covering it.
+        ranges = [(a, min(a + block, size)) for a in range(off // block * block, off + n, block)]
+        cold, curl, ttfb, curl_small, second, disk, rss = [], [], [], [], [], [], []
+
+        def fresh():
+            shutil.rmtree(cache, ignore_errors=True)
+            cache.mkdir()
+            return ["--cache-dir", cache, "-o", f"block_size={block // MiB}M"]
+
+        with range_server(served) as port:
+            url = f"http://127.0.0.1:{port}/raw.zt"
+            for _ in range(self.runs):
+                self.hot(f.raw)
+                curl.append(curl_ranges(url, ranges, parallel))
+                opts = fresh()
+                with self.mounter.mount(url, opts, tag="remote") as m:
+                    self.hot(f.raw)
+                    cold.append(dd(m.mp / t["path"], 0, n))
+                    rss.append(m.status()["VmHWM"])
+                drop_file_pages(*cache.rglob("*.data"))
+                with self.mounter.mount(url, opts, tag="remote") as m:
+                    second.append(dd(m.mp / t["path"], 0, n))
+                drop_file_pages(f.raw)
+                disk.append(dd(f.raw, off, n))
+                # A first byte in the middle, on a fresh cache.
+                self.hot(f.raw)
+                mid = n // 2 // 4096 * 4096
+                with self.mounter.mount(url, fresh(), tag="remote") as m:
+                    t0 = time.perf_counter()
+                    fd = os.open(m.mp / t["path"], os.O_RDONLY)
+                    got = os.pread(fd, 4096, mid)
+                    ttfb.append(time.perf_counter() - t0)
+                    os.close(fd)
+                    if len(got) != 4096:
+                        raise BenchError("short read in the remote ttfb test")
+                curl_small.append(curl_ranges(url, [(off + mid, off + mid + 4096)], 1))
+        shutil.rmtree(cache, ignore_errors=True)
+        what = f"curl, ranged GETs of one {block // MiB} MiB block, {parallel} at a time"
+        self.throughput_row(f"remote seq read, cold (fresh cache), {n / GiB:.2g} GiB over "
+                            f"HTTP on loopback", n, cold, curl, None, what)
+        self.row("remote time to first byte, 4 KiB at the middle (fresh mount and cache; "
+                 "open+pread), against curl of those 4 KiB",
+                 median(ttfb) * 1e3, median(curl_small) * 1e3,
+                 median(curl_small) / median(ttfb), "-", None, "ms",
+                 dict(s=ttfb, curl_s=curl_small))
+        self.throughput_row("remote second read, from the disk cache (remount, the cache "
+                            "file's pages evicted)", n, second, disk, None,
+                            "dd of the .zt range, its pages evicted")
+        self.row("remote daemon peak RSS over the cold read", median(rss) / MiB, None, None,
+                 "-", None, "MiB", dict(bytes=rss))
 
     def section_random(self):
         log("random 4 KiB reads")
@@ -1904,6 +2028,7 @@ class Bench:
             "writers": self.section_writers,
             "views": self.section_views,
             "model": self.section_model,
+            "remote": self.section_remote,
         }
         only = self.args.only.split(",") if self.args.only else list(sections)
         for s in only:
@@ -1920,7 +2045,9 @@ class Bench:
             log(f"WARNING: {len(busy_processes())} fuzzer/cargo processes are running: "
                 "figures will be distorted")
         self.files = Files(self.work, self.sizes, self.args.regen)
-        self.more = More(self.work, MORE_SIZES[self.mode], self.args.regen)
+        # The writers' files only for the sections that read them.
+        if {"v2", "formats", "views", "model"} & set(only):
+            self.more = More(self.work, MORE_SIZES[self.mode], self.args.regen)
         self.files.warm()
         self.detect_modes()
         fm = fresh_memory(False), fresh_memory(True)
@@ -1995,7 +2122,9 @@ class Bench:
               "/dev/null` of the tensor's blob; random = os.pread of the .zt; ls = `ls -l` of a "
               "directory of the same names (empty files) on the backing disk; views = the "
               "tensor's own file through a fresh mount; whole model = the same reader "
-              "threads on the file's ranges (raw) or running `zstd -d` of each blob. ratio = "
+              "threads on the file's ranges (raw) or running `zstd -d` of each blob; remote = "
+              "curl of the same blocks, 4 ranged GETs at a time (or of the same 4 KiB), and dd "
+              "of the .zt with its pages evicted for the second read. ratio = "
               "baseline time / mount time (higher is better)")
         for n in self.notes:
             print(f"- {n}")
@@ -2032,12 +2161,12 @@ def main():
     ap.add_argument("--wait-quiet", type=float, metavar="MINUTES",
                     help="first wait up to MINUTES for cargo/fuzzer processes to finish")
     ap.add_argument("--only", help="comma-separated sections: raw,memmap,zstd,ttfb,random,"
-                                   "many,rss,v2,formats,views,model")
+                                   "many,rss,v2,formats,views,model,remote")
     args = ap.parse_args()
     if args.runs is not None and args.runs < (1 if args.quick else 3):
         ap.error("--runs must be at least 3 (figures are medians); --quick allows 1, "
                  "to try a section out")
-    for tool in ("dd", "zstd", "fincore", "pgrep", "ls"):
+    for tool in ("dd", "zstd", "fincore", "pgrep", "ls", "curl"):
         if not shutil.which(tool):
             sys.exit(f"bench: {tool} is missing (scripts/bench.sh installs it)")
     if not BIN.exists() or not MANY_BIN.exists():

@@ -6,11 +6,12 @@
 # figures measured side by side against reading the same bytes without the
 # mount. Options go to bench.py: --quick (small files), --keep (keep the
 # files for the next run), --regen, --runs N, --only SECTIONS (raw, memmap,
-# zstd, ttfb, random, many, rss, v2, formats, writers, views, model),
+# zstd, ttfb, random, many, rss, v2, formats, writers, views, model, remote),
 # --workdir DIR.
 #
 #   bash scripts/bench.sh            # full run (1-2 GiB files, about 25 GiB in all; ~20 minutes)
 #   bash scripts/bench.sh --quick    # small sizes, to try it out
+#   bash scripts/bench.sh --only remote   # the raw tensor over HTTP (needs curl)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -19,6 +20,7 @@ missing=()
 command -v zstd >/dev/null 2>&1 || missing+=(zstd)
 command -v fincore >/dev/null 2>&1 || missing+=(util-linux)
 command -v pgrep >/dev/null 2>&1 || missing+=(procps)
+command -v curl >/dev/null 2>&1 || missing+=(curl)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "bench: installing ${missing[*]}"
   apt_install "${missing[@]}"

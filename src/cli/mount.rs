@@ -64,7 +64,9 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
         Err(e) => return fail(e),
     };
     if s.foreground {
-        return serve(opened, &mountpoint, &s, None);
+        let code = serve(opened, &mountpoint, &s, None);
+        crate::source::before_exit();
+        return code;
     }
     let code = daemonize(opened, &mountpoint, &s);
     if code == ExitCode::SUCCESS
@@ -163,6 +165,7 @@ fn daemonize(opened: Opened, mountpoint: &Path, s: &Settings) -> ExitCode {
             }
             detach_stdio();
             let code = serve(opened, mountpoint, s, Some(File::from(wr)));
+            crate::source::before_exit();
             std::process::exit(if code == ExitCode::SUCCESS { 0 } else { 1 });
         }
         _child => {
@@ -578,6 +581,7 @@ fn abort_and_exit(mp: &Path, dev: Option<&str>) -> ! {
     // write it. Exiting closes /dev/fuse, which aborts the connection too.
     std::thread::sleep(std::time::Duration::from_millis(500));
     log::warn!("exiting with files still open on {}", mp.display());
+    crate::source::before_exit();
     std::process::exit(0);
 }
 

@@ -133,7 +133,9 @@ pub fn looks_like_onnx(bytes: &[u8]) -> bool {
     graph
 }
 
-/// Reads `src` (a file of format `kind`) through the crate.
+/// Reads `src` (a file of format `kind`) through the crate. A remote
+/// file must have had what the crate reads at open made present
+/// ([`super::prepare`]).
 pub fn open(src: MappedFile, kind: Kind) -> Result<(Catalog, MappedFile)> {
     let source = crate_open(&src, kind)?;
     let mut catalog = project(&src, kind, Arc::new(source))?;
@@ -165,6 +167,52 @@ fn gguf_file_order(src: &MappedFile, catalog: &mut Catalog) -> Result<()> {
         .tensors
         .sort_by_key(|t| at.get(t.name.as_str()).copied().unwrap_or(usize::MAX));
     Ok(())
+}
+
+/// For a remote file, what a computed part's producer makes present
+/// before the crate reads it: the stored bytes of the zip members it
+/// inflates. (A remote ONNX model is present whole; HDF5 is not read
+/// over a URL.)
+struct Fetches {
+    backing: Arc<dyn crate::source::Backing>,
+    kind: Kind,
+    /// Each compressed member's name and stored range.
+    members: Vec<(String, (u64, u64))>,
+}
+
+impl Fetches {
+    fn of(src: &MappedFile, kind: Kind) -> Option<Fetches> {
+        let backing = src.backing()?.clone();
+        let members = match kind {
+            Kind::Npz | Kind::Pt => super::fetch::compressed_members(src),
+            _ => Vec::new(),
+        };
+        Some(Fetches {
+            backing,
+            kind,
+            members,
+        })
+    }
+
+    /// The ranges tensor `name`'s producer reads: an npz tensor's own
+    /// member; for a checkpoint, whose tensors name their storage only in
+    /// the pickle the crate keeps to itself, every compressed storage.
+    fn ranges(&self, name: &str) -> Vec<(u64, u64)> {
+        let own: Vec<(u64, u64)> = self
+            .members
+            .iter()
+            .filter(|(m, _)| self.kind == Kind::Npz && m.strip_suffix(".npy") == Some(name))
+            .map(|(_, r)| *r)
+            .collect();
+        if !own.is_empty() {
+            return own;
+        }
+        self.members
+            .iter()
+            .filter(|(m, _)| !m.ends_with("data.pkl"))
+            .map(|(_, r)| *r)
+            .collect()
+    }
 }
 
 /// A crate error as one line naming our file (not the path we gave it).
@@ -251,6 +299,7 @@ fn check_store(
 
 /// The catalog of what the crate read from `src`.
 fn project(src: &MappedFile, kind: Kind, source: Arc<Source>) -> Result<Catalog> {
+    let fetches = Fetches::of(src, kind);
     let mut blobs = Vec::new();
     let mut tensors = Vec::with_capacity(source.len());
     for t in source.tensors() {
@@ -335,7 +384,15 @@ fn project(src: &MappedFile, kind: Kind, source: Arc<Source>) -> Result<Catalog>
                         source: 0,
                         offset: 0,
                         len: 0,
-                        codec: Codec::Computed(producer(&source, &name, pname, *decoded_len)),
+                        codec: Codec::Computed(producer(
+                            &source,
+                            &name,
+                            pname,
+                            *decoded_len,
+                            fetches
+                                .as_ref()
+                                .map(|f| (f.backing.clone(), f.ranges(&name))),
+                        )),
                         decoded_len: *decoded_len,
                         checks,
                         label,
@@ -420,8 +477,18 @@ fn is_computed(blobs: &[Blob], b: usize) -> bool {
         .is_some_and(|b| matches!(b.codec, Codec::Computed(_)))
 }
 
-/// A producer that asks the crate for the part's bytes.
-fn producer(source: &Arc<Source>, tensor: &str, part: &str, decoded_len: u64) -> Producer {
+/// The stored ranges a producer makes present before the crate reads them.
+type Fetch = (Arc<dyn crate::source::Backing>, Vec<(u64, u64)>);
+
+/// A producer that asks the crate for the part's bytes (after `fetch`
+/// made present what the crate will read, for a remote file).
+fn producer(
+    source: &Arc<Source>,
+    tensor: &str,
+    part: &str,
+    decoded_len: u64,
+    fetch: Option<Fetch>,
+) -> Producer {
     let (source, tensor, part) = (source.clone(), tensor.to_string(), part.to_string());
     Producer {
         name: "ztensor-compat",
@@ -434,6 +501,9 @@ fn producer(source: &Arc<Source>, tensor: &str, part: &str, decoded_len: u64) ->
                     "{decoded_len} bytes to make, over the room given ({} bytes)",
                     out.capacity()
                 ));
+            }
+            if let Some((backing, ranges)) = &fetch {
+                backing.ensure(ranges, false)?;
             }
             let t = source.tensor(&tensor).map_err(|e| e.to_string())?;
             let p = t.part(&part).map_err(|e| e.to_string())?;

@@ -580,7 +580,8 @@ pub fn open(src: MappedFile, limits: Limits) -> Result<Opened> {
     for s in shards {
         let path = dir.join(&s.path);
         let i = catalog.sources.len();
-        match open_shard(&path, &s, limits) {
+        let beside = sources.first().and_then(Option::as_ref);
+        match open_shard(beside, &s, limits) {
             Ok((file, parsed)) => {
                 catalog.sources.push(source_ref(&path, &parsed));
                 let mut parsed = parsed;
@@ -694,11 +695,16 @@ fn shard_list(src: &MappedFile, p: &Parsed) -> Result<Vec<RawShard>> {
 
 /// Opens and parses one shard; the reason it cannot serve, otherwise.
 fn open_shard(
-    path: &Path,
+    beside: Option<&MappedFile>,
     s: &RawShard,
     limits: Limits,
 ) -> std::result::Result<(MappedFile, Parsed), String> {
-    let file = MappedFile::open(path).map_err(|e| format!("shard {:?}: {e}", s.path))?;
+    let beside = beside.ok_or_else(|| format!("shard {:?}: the index is gone", s.path))?;
+    // Beside the index however it was opened (a file, a remote object).
+    let file = beside
+        .sibling(&s.path)
+        .map_err(|e| format!("shard {:?}: {e}", s.path))?;
+    super::prepare(&file, limits).map_err(|e| format!("shard {:?}: {e}", s.path))?;
     let p = parse(file.bytes(), file.label(), limits).map_err(|e| e.to_string())?;
     if p.is_sharded_index() {
         return Err(format!(

@@ -1,8 +1,10 @@
-//! A walk over a GGUF header's key/value section that counts what decoding
-//! it would cost, before `ztensor-compat` decodes it: that crate makes a
+//! A walk over a GGUF header that counts what decoding its key/values
+//! would cost, before `ztensor-compat` decodes them: that crate makes a
 //! value per array element (some 40 bytes each, on top of string bytes),
-//! so a header of a 100 MB array would take gigabytes. Nothing is
-//! allocated here; every length is checked against the file.
+//! so a header of a 100 MB array would take gigabytes. The same walk goes
+//! on over the tensor infos to find where the header ends: the bytes the
+//! crate reads at open, which a remote object must have present first.
+//! Nothing is allocated here; every length is checked against the bytes.
 
 /// Bytes a decoded value takes beyond its own bytes (an enum and a vector
 /// slot, as the crate holds it).
@@ -11,62 +13,123 @@ const PER_VALUE: u64 = 48;
 /// What decoding the header's key/values would take, in bytes, or why the
 /// header is broken (the crate then says the same in its own words).
 pub fn decoded_cost(b: &[u8]) -> Result<u64, String> {
-    walk(b, false).map(|(cost, _)| cost)
+    let mut r = Reader {
+        b,
+        whole: b.len() as u64,
+        at: 0,
+        short: false,
+    };
+    let (_tensors, cost) = r.kvs()?;
+    Ok(cost)
 }
 
 /// The tensors' names in the order of the header's tensor-info table.
 pub fn tensor_order(b: &[u8]) -> Result<Vec<String>, String> {
-    walk(b, true).map(|(_, names)| names)
+    let mut r = Reader {
+        b,
+        whole: b.len() as u64,
+        at: 0,
+        short: false,
+    };
+    let (tensors, _) = r.kvs()?;
+    let mut names = Vec::new();
+    // Each info: name, n_dims, the dims, type, offset. Every length is
+    // checked against the bytes before anything is kept.
+    for _ in 0..tensors {
+        let n = r.u64()?;
+        names.push(String::from_utf8_lossy(r.take(n)?).into_owned());
+        let dims = r.u32()?;
+        r.skip(u64::from(dims) * 8 + 4 + 8)?;
+    }
+    Ok(names)
 }
 
-fn walk(b: &[u8], infos: bool) -> Result<(u64, Vec<String>), String> {
-    let mut r = Reader { b, at: 0 };
-    if r.take(4)? != b"GGUF" {
-        return Err("no GGUF magic".into());
-    }
-    let version = r.u32()?;
-    if version < 2 {
-        return Err(format!("GGUF version {version} is not read"));
-    }
-    let tensors = r.u64()?;
-    let kvs = r.u64()?;
-    let mut cost = 0u64;
-    for _ in 0..kvs {
-        let key = r.u64()?;
-        r.skip(key)?;
-        let ty = r.u32()?;
-        cost = cost.saturating_add(PER_VALUE + key);
-        cost = cost.saturating_add(r.value(ty, 0)?);
-    }
-    let mut names = Vec::new();
-    if infos {
-        // Each info: name, n_dims, the dims, type, offset. Every length is
-        // checked against the file before anything is kept.
+/// Where a header whose first bytes are `prefix` ends (past its last
+/// tensor info): what the crate reads at open, the data section's
+/// alignment padding aside.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Extent {
+    /// The header ends at this offset, within `prefix`.
+    Ends(u64),
+    /// It runs past `prefix`, within the file: more of it is needed to say.
+    Short,
+    /// It is broken within `prefix` (the crate refuses it too).
+    Broken(String),
+}
+
+/// The end of the header whose first bytes are `prefix`, of a file of
+/// `whole` bytes (see [`Extent`]): a length running past the file is
+/// broken, not short.
+pub fn extent(prefix: &[u8], whole: u64) -> Extent {
+    let mut r = Reader {
+        b: prefix,
+        whole,
+        at: 0,
+        short: false,
+    };
+    let walked = r.kvs().and_then(|(tensors, _)| {
         for _ in 0..tensors {
-            let n = r.u64()?;
-            let name = String::from_utf8_lossy(r.take(n)?).into_owned();
+            let name = r.u64()?;
+            r.skip(name)?;
             let dims = r.u32()?;
-            r.skip(u64::from(dims) * 8)?;
-            r.skip(4 + 8)?;
-            names.push(name);
+            if dims > 64 {
+                return Err(format!("a tensor of {dims} dimensions"));
+            }
+            // Each dimension, then the type and the offset.
+            r.skip(u64::from(dims) * 8 + 4 + 8)?;
         }
+        Ok(r.at as u64)
+    });
+    match walked {
+        Ok(end) => Extent::Ends(end),
+        Err(_) if r.short => Extent::Short,
+        Err(why) => Extent::Broken(why),
     }
-    Ok((cost, names))
 }
 
 struct Reader<'a> {
     b: &'a [u8],
+    /// The file's length (`b` may be a prefix of it).
+    whole: u64,
     at: usize,
+    /// The last failure was a length running past the bytes.
+    short: bool,
 }
 
 impl Reader<'_> {
+    /// The magic, version and counts, then the key/values: the tensor
+    /// count and what the key/values cost decoded.
+    fn kvs(&mut self) -> Result<(u64, u64), String> {
+        if self.take(4)? != b"GGUF" {
+            return Err("no GGUF magic".into());
+        }
+        let version = self.u32()?;
+        if version < 2 {
+            return Err(format!("GGUF version {version} is not read"));
+        }
+        let tensors = self.u64()?;
+        let kvs = self.u64()?;
+        let mut cost = 0u64;
+        for _ in 0..kvs {
+            let key = self.u64()?;
+            self.skip(key)?;
+            let ty = self.u32()?;
+            cost = cost.saturating_add(PER_VALUE + key);
+            cost = cost.saturating_add(self.value(ty, 0)?);
+        }
+        Ok((tensors, cost))
+    }
+
     fn take(&mut self, n: u64) -> Result<&[u8], String> {
-        let n = usize::try_from(n).map_err(|_| "a length past the file".to_string())?;
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&e| e <= self.b.len())
-            .ok_or_else(|| format!("a length of {n} bytes at {} runs past the file", self.at))?;
+        let want = (self.at as u64).saturating_add(n);
+        let end = usize::try_from(n)
+            .ok()
+            .and_then(|n| self.at.checked_add(n))
+            .filter(|&e| e <= self.b.len());
+        // Past the bytes at hand but within the file: more is needed.
+        self.short = end.is_none() && want <= self.whole;
+        let end =
+            end.ok_or_else(|| format!("a length of {n} bytes at {} runs past the file", self.at))?;
         let s = &self.b[self.at..end];
         self.at = end;
         Ok(s)
@@ -163,6 +226,43 @@ mod tests {
         huge.extend(u64::MAX.to_le_bytes());
         assert!(decoded_cost(&header(&[("a", 9, huge)])).is_err());
         assert!(decoded_cost(b"GGUF").is_err());
+    }
+
+    #[test]
+    fn the_extent_runs_past_the_tensor_infos_and_says_when_it_needs_more() {
+        let mut b = header(&[("general.alignment", 4, 32u32.to_le_bytes().to_vec())]);
+        // Two tensor infos: name, dims, each dim, type, offset.
+        b[8..16].copy_from_slice(&2u64.to_le_bytes());
+        for (name, dims) in [("a", vec![4u64]), ("bb", vec![2, 3])] {
+            b.extend((name.len() as u64).to_le_bytes());
+            b.extend(name.as_bytes());
+            b.extend((dims.len() as u32).to_le_bytes());
+            for d in dims {
+                b.extend(d.to_le_bytes());
+            }
+            b.extend(0u32.to_le_bytes());
+            b.extend(0u64.to_le_bytes());
+        }
+        let end = b.len() as u64;
+        b.extend([0u8; 100]);
+        let whole = b.len() as u64;
+        assert_eq!(extent(&b, whole), Extent::Ends(end));
+        for cut in [3, 20, end as usize - 1] {
+            assert_eq!(extent(&b[..cut], whole), Extent::Short, "cut at {cut}");
+        }
+        // The file itself ends before the header does.
+        assert!(matches!(
+            extent(&b[..20], 20),
+            Extent::Broken(why) if why.contains("runs past")
+        ));
+        let mut bad = b.clone();
+        bad[..4].copy_from_slice(b"GGUX");
+        assert!(matches!(extent(&bad, whole), Extent::Broken(_)));
+        // A key length past the file is broken at once, not a reason to
+        // fetch more of it.
+        let mut lie = b.clone();
+        lie[24..32].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        assert!(matches!(extent(&lie[..64], whole), Extent::Broken(_)));
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod cbor;
 pub mod cbor_json;
 pub mod compat;
 pub mod deathtensors;
+mod fetch;
 mod gguf_header;
 pub mod hdf5;
 pub mod pt;
@@ -20,10 +21,6 @@ use std::path::Path;
 use crate::catalog::Catalog;
 use crate::error::{Error, ErrorKind, Result};
 use crate::source::MappedFile;
-
-/// Bytes of each end of a remote file fetched to recognise it (rounded up
-/// to the source's blocks, so a small index comes with them).
-const ENDS: u64 = 64 << 10;
 
 /// The formats this version reads, for messages.
 pub const READS: &str = "zTensor v0.1, v1 and v2, safetensors (and sharded sets), GGUF (and split files), deathtensors (and sharded sets), npz, PyTorch .pt, ONNX, HDF5";
@@ -112,6 +109,29 @@ pub fn detect(bytes: &[u8]) -> Detected {
     Detected::Unknown
 }
 
+/// Makes present what `src`'s format reads at open, if its bytes are
+/// fetched on demand (a remote object; see [`fetch`]); nothing for a
+/// local file. Every file a format opens (a shard too) goes through here.
+pub(crate) fn prepare(src: &MappedFile, limits: Limits) -> Result<()> {
+    if src.is_remote() {
+        fetch::fetch_index(src, limits)?;
+    }
+    Ok(())
+}
+
+/// Reads `src`, prepared, through `ztensor-compat`, a GGUF header first
+/// checked against `limits`.
+pub(crate) fn open_compat(
+    src: MappedFile,
+    kind: compat::Kind,
+    limits: Limits,
+) -> Result<(Catalog, MappedFile)> {
+    if kind == compat::Kind::Gguf {
+        gguf_bounded(&src, limits)?;
+    }
+    compat::open(src, kind)
+}
+
 /// Refuses a GGUF header that is broken or would take more memory decoded
 /// than `limits` allow, before the crate that reads GGUF decodes it.
 fn gguf_bounded(src: &MappedFile, limits: Limits) -> Result<()> {
@@ -164,9 +184,7 @@ pub fn open_arg(
 
 /// Reads the catalog of `src` with the module its first bytes name.
 pub fn open_source(src: MappedFile, limits: Limits) -> Result<Opened> {
-    if src.is_remote() {
-        fetch_index(&src, limits)?;
-    }
+    prepare(&src, limits)?;
     if sharded::is_hf_index(src.bytes()) {
         return sharded::open_hf_index(src, limits);
     }
@@ -193,10 +211,7 @@ pub fn open_source(src: MappedFile, limits: Limits) -> Result<Opened> {
         Detected::Compat(compat::Kind::Pt) => pt::open(src, limits),
         Detected::Compat(compat::Kind::Safetensors) => safetensors::open(src, limits),
         Detected::Compat(kind) => {
-            if kind == compat::Kind::Gguf {
-                gguf_bounded(&src, limits)?;
-            }
-            let (catalog, src) = compat::open(src, kind)?;
+            let (catalog, src) = open_compat(src, kind, limits)?;
             if kind == compat::Kind::Gguf && sharded::gguf_split_count(&catalog) > 1 {
                 return sharded::open_gguf_split(catalog, src, limits);
             }
@@ -221,88 +236,4 @@ pub fn open_source(src: MappedFile, limits: Limits) -> Result<Opened> {
             ),
         )),
     }
-}
-
-/// Makes present, for a source whose bytes are fetched on demand, what its
-/// format reads at open: its first and last bytes (the magic, a trailing
-/// index size or footer), then the index they point at, in as few requests
-/// as the format allows. Whatever a format module reads beyond this (the
-/// data of a sparse tensor it checks at open) it makes present itself.
-fn fetch_index(src: &MappedFile, limits: Limits) -> Result<()> {
-    let n = src.len();
-    let io = |why: String| Error::new(ErrorKind::Io, src.label(), None, why);
-    let tail = n.saturating_sub(ENDS);
-    src.ensure_all(&[(0, ENDS.min(n)), (tail, n - tail)], true)
-        .map_err(io)?;
-    let bytes = src.bytes();
-    let u64_at = |at: u64| -> Option<u64> {
-        let at = usize::try_from(at).ok()?;
-        Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
-    };
-    // The index range each format's trailer or prefix names; a lying one
-    // is left to the format module to refuse (nothing past the budget is
-    // fetched).
-    let within = |at: u64, len: u64| {
-        len <= limits.index_memory && at.checked_add(len).is_some_and(|e| e <= n)
-    };
-    let index = match detect(bytes) {
-        Detected::ZtV01 => u64_at(n.saturating_sub(8))
-            .filter(|&len| len <= limits.index_memory && len.saturating_add(16) <= n)
-            .map(|len| (n - 8 - len, len)),
-        Detected::ZtV2 if n >= 40 => u64_at(n - 40)
-            .zip(u64_at(n - 32))
-            .filter(|&(at, len)| within(at, len)),
-        // A u64 header length, then the header.
-        Detected::Compat(compat::Kind::Safetensors) => u64_at(0)
-            .map(|len| (8, len))
-            .filter(|&(at, len)| within(at, len)),
-        // Magic, version, flags, then a u64 header length.
-        Detected::DeathTensors => u64_at(16)
-            .map(|len| (24, len))
-            .filter(|&(at, len)| within(at, len)),
-        Detected::Hdf5 => {
-            // Our reader reads the file where its links point; only what
-            // was fetched is there.
-            return Err(Error::new(
-                ErrorKind::NotSupported,
-                src.label(),
-                None,
-                "HDF5 over a URL is not supported yet (zTensor, safetensors and deathtensors \
-                 are): mount a local copy",
-            ));
-        }
-        Detected::Compat(kind) => {
-            // Their readers read the file where they please: only what was
-            // fetched is there, so nothing else is handed to them.
-            return Err(Error::new(
-                ErrorKind::NotSupported,
-                src.label(),
-                None,
-                format!(
-                    "{} over a URL is not supported yet (zTensor, safetensors and deathtensors \
-                     are): mount a local copy",
-                    kind.name()
-                ),
-            ));
-        }
-        _ => None,
-    };
-    if let Some((at, len)) = index {
-        src.ensure_all(&[(at, len)], true).map_err(io)?;
-    }
-    // v0.1 sparse tensors in the reference layouts are read at open.
-    if detect(bytes) == Detected::ZtV01
-        && let Ok(idx) = zt_v01::index::parse(bytes, src.label(), limits.index_memory)
-    {
-        let ranges: Vec<(u64, u64)> = idx
-            .entries
-            .iter()
-            .filter(|e| matches!(e.layout.as_str(), "sparsecsr" | "sparsecoo"))
-            .map(|e| (e.offset, e.size))
-            .collect();
-        if !ranges.is_empty() {
-            src.ensure_all(&ranges, false).map_err(io)?;
-        }
-    }
-    Ok(())
 }

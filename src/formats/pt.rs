@@ -375,10 +375,12 @@ fn place(
             "note".into(),
             "strided in its storage: gathered into C order when first read".into(),
         );
+        // The stored range is the storage the gatherer reads: over a URL
+        // the data layer makes it present before the gatherer runs.
         Blob {
             source: 0,
-            offset: 0,
-            len: 0,
+            offset: start,
+            len,
             codec: Codec::Computed(gatherer(
                 file,
                 Gather {

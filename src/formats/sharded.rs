@@ -11,14 +11,14 @@
 
 use std::path::{Path, PathBuf};
 
-use super::compat::{self, Kind};
+use super::compat::Kind;
 use super::{Detected, Limits, Opened, detect};
 use crate::catalog::{Catalog, Json, JsonMap, SourceRef, Tensor};
 use crate::error::{Error, ErrorKind, Result};
 use crate::source::MappedFile;
 
 /// Largest index JSON read (a real one is well under a few MB).
-const MAX_INDEX: u64 = 64 << 20;
+pub(crate) const MAX_INDEX: u64 = 64 << 20;
 
 /// Whether `bytes` are a Hugging Face sharded-safetensors index: a JSON
 /// object (checked cheaply here: `{` first, and a `weight_map` key).
@@ -123,7 +123,7 @@ pub fn open_hf_index(index: MappedFile, limits: Limits) -> Result<Opened> {
     );
     for (file, wanted) in &shards {
         let path = dir.join(file);
-        let shard = open_shard(&path, Kind::Safetensors, limits);
+        let shard = open_shard(&index, file, Kind::Safetensors, limits);
         set.add(&path, shard, Some(wanted));
     }
     Ok(set.finish())
@@ -170,10 +170,13 @@ pub fn open_gguf_split(first: Catalog, src: MappedFile, limits: Limits) -> Resul
     let mut set = Set::new("GGUF (split)", &label);
     set.catalog.attributes = first.attributes.clone();
     let first_path = src.path().to_path_buf();
-    set.add(&first_path, Ok((first, src)), None);
+    // The others beside the first however it was opened (a file, a
+    // remote object).
+    let mut others = Vec::new();
     for i in 2..=count {
-        let path = dir.join(format!("{stem}-{i:05}-of-{count:05}.gguf"));
-        let shard = open_shard(&path, Kind::Gguf, limits).and_then(|(c, s)| {
+        let name = format!("{stem}-{i:05}-of-{count:05}.gguf");
+        let path = dir.join(&name);
+        let shard = open_shard(&src, &name, Kind::Gguf, limits).and_then(|(c, s)| {
             let n = c.attributes.get("split.no").and_then(Json::as_u64);
             if n == Some(i - 1) && gguf_split_count(&c) == count {
                 Ok((c, s))
@@ -187,18 +190,25 @@ pub fn open_gguf_split(first: Catalog, src: MappedFile, limits: Limits) -> Resul
                 ))
             }
         });
+        others.push((path, shard));
+    }
+    set.add(&first_path, Ok((first, src)), None);
+    for (path, shard) in others {
         set.add(&path, shard, None);
     }
     Ok(set.finish())
 }
 
-/// One shard read on its own, or why it cannot be.
+/// The shard named `name` beside `beside`, read on its own, or why it
+/// cannot be.
 fn open_shard(
-    path: &Path,
+    beside: &MappedFile,
+    name: &str,
     kind: Kind,
     limits: Limits,
 ) -> std::result::Result<(Catalog, MappedFile), String> {
-    let src = MappedFile::open(path).map_err(|e| e.to_string())?;
+    let src = beside.sibling(name).map_err(|e| e.to_string())?;
+    super::prepare(&src, limits).map_err(|e| e.to_string())?;
     match detect(src.bytes()) {
         Detected::Compat(Kind::Safetensors) if kind == Kind::Safetensors => {
             let label = src.label().to_string();
@@ -207,7 +217,9 @@ fn open_shard(
             let src = o.sources.pop().flatten().ok_or(label)?;
             Ok((catalog, src))
         }
-        Detected::Compat(k) if k == kind => compat::open(src, kind).map_err(|e| e.to_string()),
+        Detected::Compat(k) if k == kind => {
+            super::open_compat(src, kind, limits).map_err(|e| e.to_string())
+        }
         _ => Err(format!("{}: not a {} file", src.label(), kind.name())),
     }
 }

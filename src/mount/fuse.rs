@@ -90,6 +90,7 @@ impl Filesystem for Adapter {
     fn destroy(&mut self) {
         if (self.unmounted)() {
             log::info!("unmounted; the session is over, exiting");
+            crate::source::before_exit();
             log::logger().flush();
             std::process::exit(0);
         }

@@ -37,3 +37,9 @@ pub fn open(arg: &str, remote: &RemoteOptions) -> crate::error::Result<MappedFil
         MappedFile::open(std::path::Path::new(arg))
     }
 }
+
+/// What the byte sources must do before the process exits without
+/// dropping them (`process::exit`): a remote object's cache bitmap saved.
+pub fn before_exit() {
+    remote::commit_all();
+}

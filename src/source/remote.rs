@@ -204,6 +204,10 @@ impl Client {
                     .with_url(url)
                     .with_client_options(client)
                     .with_retry(retry);
+                // A GCS-compatible server (an emulator): its base URL.
+                if let Some(e) = &o.endpoint {
+                    b = b.with_base_url(e.trim_end_matches('/'));
+                }
                 if !env_has(&["GOOGLE_SERVICE_ACCOUNT", "GOOGLE_APPLICATION_CREDENTIALS"]) {
                     b = b.with_skip_signature(true);
                 }
@@ -233,7 +237,7 @@ impl Client {
                     "AZURE_STORAGE_SAS",
                     "AZURE_STORAGE_TOKEN",
                     "AZURE_CLIENT_SECRET",
-                    "AZURE_USE_EMULATOR",
+                    "AZURE_STORAGE_USE_EMULATOR",
                 ]) {
                     b = b.with_skip_signature(true);
                 }
@@ -313,7 +317,11 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         next_seq: AtomicU64::new(u64::MAX),
         requests: Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS)),
         dirty: AtomicU64::new(0),
+        committed: Mutex::new(Instant::now()),
     });
+    LIVE.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(Arc::downgrade(&obj));
     let have = obj
         .present
         .iter()
@@ -397,7 +405,16 @@ impl Cache {
         let saved = load_bitmap(&bits_path, opts.block_size, size, words)
             .filter(|_| file.metadata().is_ok_and(|m| m.len() == size));
         let present = match saved {
-            Some(bits) => bits,
+            Some(mut bits) => {
+                let dropped = drop_holes(&file, &mut bits, opts.block_size, size);
+                if dropped > 0 {
+                    log::warn!(
+                        "{label}: the cache's bitmap claimed {dropped} blocks whose bytes are \
+                         not on disk; they will be fetched again"
+                    );
+                }
+                bits
+            }
             None => {
                 // Stale or new: start empty.
                 file.set_len(0)
@@ -557,8 +574,10 @@ pub struct Object {
     /// The block after the last one a reader asked for (read-ahead).
     next_seq: AtomicU64,
     requests: Arc<tokio::sync::Semaphore>,
-    /// Blocks fetched since the bitmap was last synced.
+    /// Blocks fetched since the bitmap was last committed.
     dirty: AtomicU64,
+    /// When the bitmap was last committed; held while committing.
+    committed: Mutex<Instant>,
 }
 
 impl Object {
@@ -572,27 +591,52 @@ impl Object {
             .is_some_and(|w| w.load(Acquire) & (1 << (b % 64)) != 0)
     }
 
+    /// Marks `blocks` present (their bytes are in the cache file). The
+    /// saved bitmap learns of them later, in [`Object::commit`], once
+    /// their bytes are on disk.
     fn mark(&self, blocks: Range<u64>) {
+        let n = blocks.end - blocks.start;
         for b in blocks {
             if let Some(w) = self.present.get((b / 64) as usize) {
                 w.fetch_or(1 << (b % 64), Release);
             }
         }
-        self.save_bitmap();
+        self.dirty.fetch_add(n, Relaxed);
     }
 
-    fn save_bitmap(&self) {
+    /// Whether enough was fetched, or long enough ago, to commit.
+    fn commit_due(&self) -> bool {
+        let dirty = self.dirty.load(Relaxed);
+        dirty > 0
+            && (dirty >= COMMIT_BLOCKS
+                || self
+                    .committed
+                    .try_lock()
+                    .is_ok_and(|t| t.elapsed() >= COMMIT_EVERY))
+    }
+
+    /// Saves the bitmap of the blocks present, after their bytes reached
+    /// the disk (see [`commit`]).
+    fn commit(&self) {
         let Some(bm) = &self.bitmap else { return };
-        let bytes: Vec<u8> = self
-            .present
-            .iter()
-            .flat_map(|w| w.load(Relaxed).to_le_bytes())
-            .collect();
-        let f = bm.lock().unwrap_or_else(|p| p.into_inner());
-        if let Err(e) = f.write_all_at(&bytes, BITMAP_HEADER) {
-            log::warn!("{}: cannot save the cache's block bitmap: {e}", self.label);
+        let Some(data) = &self.file else { return };
+        let mut at = self.committed.lock().unwrap_or_else(|p| p.into_inner());
+        // Taken before the data is synced: every bit in it is of a block
+        // whose bytes were written before the sync.
+        let dirty = self.dirty.load(Acquire);
+        let words: Vec<u64> = self.present.iter().map(|w| w.load(Acquire)).collect();
+        let bits = bm.lock().unwrap_or_else(|p| p.into_inner());
+        match commit(&Files { data, bits: &bits }, &words) {
+            Ok(()) => {
+                self.dirty.fetch_sub(dirty, Relaxed);
+            }
+            Err(e) => log::warn!(
+                "{}: cannot save the cache's block bitmap (the blocks will be fetched again \
+                 after a restart): {e}",
+                self.label
+            ),
         }
-        self.dirty.fetch_add(1, Relaxed);
+        *at = Instant::now();
     }
 
     /// How long a reader waits for a flight before giving up: every retry
@@ -636,6 +680,10 @@ impl Object {
                     log::debug!("{}: blocks {blocks:?}: {why}", me.label);
                 } else {
                     me.mark(blocks.clone());
+                    if me.commit_due() {
+                        let me = me.clone();
+                        tokio::task::spawn_blocking(move || me.commit());
+                    }
                 }
                 {
                     let mut map = me.flights.lock().unwrap_or_else(|p| p.into_inner());
@@ -856,14 +904,192 @@ impl Object {
 
 impl Drop for Object {
     fn drop(&mut self) {
-        // What was fetched survives a crash of the machine only once on disk.
+        // What was fetched is known after a restart only once committed.
         if self.dirty.load(Relaxed) > 0 {
-            if let Some(f) = &self.file {
-                let _ = f.sync_data();
+            self.commit();
+        }
+    }
+}
+
+/// Every object opened in this process, for [`commit_all`].
+static LIVE: Mutex<Vec<Weak<Object>>> = Mutex::new(Vec::new());
+
+/// Commits the bitmap of every object still open: for a process about to
+/// exit, whose objects may never be dropped.
+pub fn commit_all() {
+    let live: Vec<Arc<Object>> = {
+        let mut l = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+        l.retain(|w| w.strong_count() > 0);
+        l.iter().filter_map(Weak::upgrade).collect()
+    };
+    for o in live {
+        if o.dirty.load(Relaxed) > 0 {
+            o.commit();
+        }
+    }
+}
+
+/// Blocks fetched between two commits of the bitmap (at most), and the
+/// longest time between them while fetching.
+const COMMIT_BLOCKS: u64 = 64;
+const COMMIT_EVERY: Duration = Duration::from_secs(5);
+
+/// What a commit does to the disk, in order.
+trait Disk {
+    /// The cache file's bytes, to the disk.
+    fn sync_data(&self) -> std::io::Result<()>;
+    /// The bitmap's words, written.
+    fn write_bits(&self, bytes: &[u8]) -> std::io::Result<()>;
+    /// The bitmap, to the disk.
+    fn sync_bits(&self) -> std::io::Result<()>;
+}
+
+struct Files<'a> {
+    data: &'a File,
+    bits: &'a File,
+}
+
+impl Disk for Files<'_> {
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.data.sync_data()
+    }
+
+    fn write_bits(&self, bytes: &[u8]) -> std::io::Result<()> {
+        self.bits.write_all_at(bytes, BITMAP_HEADER)
+    }
+
+    fn sync_bits(&self) -> std::io::Result<()> {
+        self.bits.sync_data()
+    }
+}
+
+/// Saves `words`, a bitmap of blocks whose bytes were written to the cache
+/// file, so that no bit reaches the disk before its block's bytes: after a
+/// crash (of the machine, not only of the daemon) the bitmap may lack
+/// blocks that are there, never claim ones that are not. The bytes are
+/// synced first (one fdatasync for every block since the last commit);
+/// a failed sync writes no bit.
+fn commit(disk: &impl Disk, words: &[u64]) -> std::io::Result<()> {
+    disk.sync_data()?;
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    disk.write_bits(&bytes)?;
+    disk.sync_bits()
+}
+
+/// Clears from `present` each block of `file` that is not all data on
+/// disk (a hole in it): what a bitmap saved by a version that did not sync
+/// first, or a file system that lost the bytes, may claim. Holes are what
+/// a lost write leaves in a file grown by `set_len`; a file system that
+/// cannot tell holes says none, and one that stores zeros as holes costs
+/// those blocks a fetch again.
+fn drop_holes(file: &File, present: &mut [u64], block: u64, size: u64) -> u64 {
+    let fd = file.as_raw_fd();
+    let mut dropped = 0;
+    for (wi, w) in present.iter_mut().enumerate() {
+        let mut bits = *w;
+        while bits != 0 {
+            let bit = bits.trailing_zeros() as u64;
+            bits &= bits - 1;
+            let b = wi as u64 * 64 + bit;
+            let (start, end) = (b * block, ((b + 1) * block).min(size));
+            if start >= size {
+                *w &= !(1 << bit);
+                dropped += 1;
+                continue;
             }
-            if let Some(bm) = &self.bitmap {
-                let _ = bm.lock().map(|f| f.sync_data());
+            let Ok(at) = libc::off_t::try_from(start) else {
+                continue;
+            };
+            // SAFETY: lseek on our own descriptor; the offset is left
+            // wherever, as every read and write here is positioned.
+            let hole = unsafe { libc::lseek(fd, at, libc::SEEK_HOLE) };
+            if hole >= 0 && (hole as u64) < end {
+                *w &= !(1 << bit);
+                dropped += 1;
             }
         }
+    }
+    dropped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    /// Records what a commit does, failing the step named.
+    struct Recorder {
+        steps: RefCell<Vec<&'static str>>,
+        fail: Option<&'static str>,
+    }
+
+    impl Recorder {
+        fn step(&self, s: &'static str) -> std::io::Result<()> {
+            self.steps.borrow_mut().push(s);
+            if self.fail == Some(s) {
+                return Err(std::io::Error::other("injected"));
+            }
+            Ok(())
+        }
+    }
+
+    impl Disk for Recorder {
+        fn sync_data(&self) -> std::io::Result<()> {
+            self.step("sync data")
+        }
+        fn write_bits(&self, _: &[u8]) -> std::io::Result<()> {
+            self.step("write bits")
+        }
+        fn sync_bits(&self) -> std::io::Result<()> {
+            self.step("sync bits")
+        }
+    }
+
+    #[test]
+    fn a_commit_syncs_the_bytes_before_any_bit_is_written() {
+        let r = Recorder {
+            steps: RefCell::new(Vec::new()),
+            fail: None,
+        };
+        commit(&r, &[1]).unwrap();
+        assert_eq!(*r.steps.borrow(), ["sync data", "write bits", "sync bits"]);
+        let r = Recorder {
+            steps: RefCell::new(Vec::new()),
+            fail: Some("sync data"),
+        };
+        assert!(commit(&r, &[1]).is_err());
+        assert_eq!(*r.steps.borrow(), ["sync data"], "a bit written unsynced");
+    }
+
+    fn opts(dir: &Path) -> Options {
+        Options {
+            cache_dir: dir.to_path_buf(),
+            block_size: 64 << 10,
+            ..Options::default()
+        }
+    }
+
+    #[test]
+    fn a_saved_bitmap_claiming_a_block_that_is_a_hole_is_not_believed() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = 5 * (64 << 10) + 100;
+        let o = opts(dir.path());
+        let c = Cache::open(&o, "http://h/x", "e1", size).unwrap();
+        // Blocks 0 and 2 written; the bitmap claims 0, 1, 2 and 5 (the
+        // last), as one saved out of order might after a crash.
+        c.file.write_all_at(&[7u8; 64 << 10], 0).unwrap();
+        c.file
+            .write_all_at(&[9u8; 64 << 10], 2 * (64 << 10))
+            .unwrap();
+        let bits = c.bitmap.as_ref().unwrap();
+        bits.write_all_at(&0b100111u64.to_le_bytes(), BITMAP_HEADER)
+            .unwrap();
+        drop(c);
+        let c = Cache::open(&o, "http://h/x", "e1", size).unwrap();
+        assert_eq!(c.present, vec![0b101], "only the blocks with bytes");
+        // And what was believed is what is saved.
+        drop(c);
+        let c = Cache::open(&o, "http://h/x", "e1", size).unwrap();
+        assert_eq!(c.present, vec![0b101]);
     }
 }
