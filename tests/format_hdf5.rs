@@ -543,6 +543,48 @@ fn cases() -> Vec<Case> {
         Want::Unsupported("x", "past the end"),
     );
     add(
+        "extensible array header checksum broken",
+        "resizable.h5",
+        Box::new(|b| {
+            let p = find(b, b"EAHD");
+            b[p + 7] ^= 1;
+        }),
+        Want::Unsupported("x", "extensible array header: checksum mismatch"),
+    );
+    add(
+        "extensible array of 0-element data blocks",
+        "resizable.h5",
+        Box::new(|b| {
+            let p = find(b, b"EAHD");
+            b[p + 9] = 0;
+            // 12 bytes of fields, 6 lengths, an address, then the checksum.
+            reseal(b, p, p + 12 + 48 + 8);
+        }),
+        Want::Unsupported("x", "not one this reader can follow"),
+    );
+    add(
+        "extensible array data block naming another header",
+        "resizable.h5",
+        Box::new(|b| {
+            let p = find(b, b"EADB");
+            put_u64(b, p + 6, 8);
+            // The first data block: 16 entries of 8 bytes, a 4-byte offset.
+            reseal(b, p, p + 6 + 8 + 4 + 16 * 8);
+        }),
+        Want::Unsupported("x", "names another header"),
+    );
+    add(
+        "extensible array super block pointing past the end",
+        "resizable.h5",
+        Box::new(|b| {
+            let p = find(b, b"EASB");
+            put_u64(b, p + 6 + 8 + 4, 1 << 40);
+            // Super block 4: 4 data block addresses.
+            reseal(b, p, p + 6 + 8 + 4 + 4 * 8);
+        }),
+        Want::Unsupported("x", "past the end"),
+    );
+    add(
         "groups nested 70 deep",
         "deep.h5",
         Box::new(|_| {}),
@@ -690,6 +732,7 @@ fn cut_and_flipped_files_never_panic() {
         "latest.h5",
         "hostile/latest.h5",
         "hostile/chunked.h5",
+        "hostile/resizable.h5",
     ] {
         let orig = std::fs::read(dir.path().join(file)).unwrap();
         let mut variants: Vec<Vec<u8>> = Vec::new();

@@ -54,6 +54,17 @@ def arrays():
                 {"chunks": (3, 4), "compression": "gzip"}))
     out.append(("layout/bool_gzip", (np.arange(999) % 3 == 0), {"chunks": (100,), "compression": "gzip"}))
     out.append(("layout/unwritten", None, {"shape": (4, 5), "dtype": "<f4"}))
+    # Resizable: an extensible array index under libver="latest" (300
+    # chunks reach its super blocks), a v1 B-tree otherwise.
+    out.append(("resizable/rows", np.arange(300 * 7, dtype="<f4").reshape(300, 7),
+                {"chunks": (1, 7), "maxshape": (None, 7)}))
+    out.append(("resizable/gzip", np.arange(50 * 5, dtype=">i8").reshape(50, 5),
+                {"chunks": (4, 5), "maxshape": (None, 5), "compression": "gzip"}))
+    out.append(("resizable/second_dim", np.arange(6 * 40, dtype="<u2").reshape(6, 40),
+                {"chunks": (4, 8), "maxshape": (6, None)}))
+    out.append(("resizable/bounded", np.arange(100, dtype="<i4").reshape(10, 10),
+                {"chunks": (3, 4), "maxshape": (20, 30)}))
+    out.append(("resizable/grown", "grown", {}))
     out.append(("layout/unwritten_chunked", None, {"shape": (40, 50), "dtype": "<i2", "chunks": (8, 8)}))
     return out
 
@@ -90,6 +101,16 @@ def write(path, libver):
                 dsid = h5py.h5d.create(f.id, name.encode(), tid, space, dcpl=dcpl)
                 dsid.write(h5py.h5s.ALL, h5py.h5s.ALL, a)
                 d = f[name]
+            elif isinstance(a, str) and a == "grown":
+                # Grown after it was written, partly written again: the
+                # chunks between were never written (zeros).
+                first = np.arange(30, dtype="<i2").reshape(10, 3)
+                d = f.create_dataset(name, data=first, chunks=(4, 3), maxshape=(None, 3))
+                d.resize((25, 3))
+                d[20:25] = np.full((5, 3), 7, dtype="<i2")
+                a = np.zeros((25, 3), dtype="<i2")
+                a[:10] = first
+                a[20:] = 7
             elif a is None:
                 d = f.create_dataset(name, **opts)
                 a = np.zeros(opts["shape"], dtype=opts["dtype"])
@@ -141,6 +162,10 @@ def hostile(out):
         f.create_dataset("x", data=np.arange(64 * 64, dtype="<i4").reshape(64, 64),
                          chunks=(16, 16), compression="gzip")
         f["named_link"] = np.arange(6, dtype="<i2")
+    with h5py.File(os.path.join(out, "resizable.h5"), "w", libver="latest") as f:
+        f.create_dataset("x", data=np.arange(300 * 7, dtype="<f4").reshape(300, 7),
+                         chunks=(1, 7), maxshape=(None, 7))
+        f["ok"] = np.arange(6, dtype="<i2")
     with h5py.File(os.path.join(out, "deep.h5"), "w") as f:
         f["/".join(["g"] * 70) + "/x"] = np.arange(3, dtype="<i4")
     with h5py.File(os.path.join(out, "dag.h5"), "w") as f:

@@ -35,12 +35,19 @@ pub struct Grid {
     pub elem: u64,
     /// Chunks along each dimension.
     pub cells: Vec<u64>,
+    /// Chunks along each dimension of the maximum extent: the grid that
+    /// fixed and extensible array indexes number their entries on (an
+    /// unlimited dimension counts its current chunks).
+    pub max_cells: Vec<u64>,
+    /// The one unlimited dimension, if any: extensible arrays number
+    /// chunks with it first.
+    pub unlimited: Option<usize>,
 }
 
 impl Grid {
     /// Checks the chunk dimensions (the layout's, whose last is the element
     /// size) against the dataspace.
-    pub fn new(shape: &[u64], dims: &[u64], elem: u64) -> Res<Grid> {
+    pub fn new(shape: &[u64], dims: &[u64], elem: u64, max: Option<&[u64]>) -> Res<Grid> {
         if shape.is_empty() {
             return Err("a chunked scalar".into());
         }
@@ -70,11 +77,30 @@ impl Grid {
         if n.is_none_or(|n| n > MAX_CHUNKS) {
             return Err(format!("more than {MAX_CHUNKS} chunks"));
         }
+        let max = max.filter(|m| m.len() == shape.len());
+        let mut unlimited = None;
+        let mut max_cells = cells.clone();
+        if let Some(m) = max {
+            for (d, &x) in m.iter().enumerate() {
+                if x == u64::MAX {
+                    if unlimited.replace(d).is_some() {
+                        unlimited = None;
+                        break;
+                    }
+                } else if x < shape[d] {
+                    return Err(format!("dimension {d} is over its maximum {x}"));
+                } else {
+                    max_cells[d] = x.div_ceil(chunk[d]);
+                }
+            }
+        }
         Ok(Grid {
             shape: shape.to_vec(),
             chunk,
             elem,
             cells,
+            max_cells,
+            unlimited,
         })
     }
 
@@ -84,6 +110,45 @@ impl Grid {
 
     pub fn chunk_bytes(&self) -> u64 {
         self.chunk.iter().product::<u64>() * self.elem
+    }
+
+    /// Entries of an array index (its grid of maximum extent), bounded.
+    fn max_ncells(&self) -> Res<u64> {
+        self.max_cells
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .filter(|&n| n <= MAX_CHUNKS)
+            .ok_or_else(|| format!("an index of more than {MAX_CHUNKS} entries"))
+    }
+
+    /// The cell (row-major on the current grid) of entry `idx` of an array
+    /// index numbered on the maximum grid, the unlimited dimension first
+    /// when `swizzled`; `None` for an entry outside the current extent.
+    fn cell_of_entry(&self, idx: u64, swizzled: bool) -> Option<u64> {
+        let rank = self.cells.len();
+        let mut order: Vec<usize> = (0..rank).collect();
+        if let (true, Some(u)) = (swizzled, self.unlimited) {
+            order.retain(|&d| d != u);
+            order.insert(0, u);
+        }
+        let mut scaled = vec![0u64; rank];
+        let mut rest = idx;
+        for &d in order.iter().rev() {
+            let n = self.max_cells[d].max(1);
+            scaled[d] = rest % n;
+            rest /= n;
+        }
+        if rest != 0 {
+            return None;
+        }
+        let mut cell = 0u64;
+        for (&s, &n) in scaled.iter().zip(&self.cells) {
+            if s >= n {
+                return None;
+            }
+            cell = cell * n + s;
+        }
+        Some(cell)
     }
 
     /// The cell of a chunk starting at element `offsets`.
@@ -159,6 +224,14 @@ pub fn list(f: &H5, index: &Index, g: &Grid, filtered: bool) -> Res<Vec<Chunk>> 
         Index::FixedArray { addr } => {
             if !f.undefined(addr) {
                 fixed_array(f, addr, g, filtered, &mut out)?;
+            }
+        }
+        Index::ExtensibleArray { addr } => {
+            if g.unlimited.is_none() {
+                return Err("an extensible array index without one unlimited dimension".into());
+            }
+            if !f.undefined(addr) {
+                extensible_array(f, addr, g, filtered, &mut out)?;
             }
         }
     }
@@ -255,13 +328,13 @@ fn fixed_array(f: &H5, addr: u64, g: &Grid, filtered: bool, out: &mut Vec<Chunk>
     if client != u8::from(filtered)
         || entry < want_entry
         || entry > o as u64 + 4 + 8
-        || n != g.ncells()
+        || n != g.max_ncells()?
         || bits > 32
     {
         return Err(format!(
             "fixed array header at {addr:#x} disagrees with its dataset (client {client}, \
              entry {entry} bytes, {n} entries for {} chunks, page bits {bits})",
-            g.ncells()
+            g.max_ncells()?
         ));
     }
     if f.undefined(dblk) {
@@ -281,20 +354,21 @@ fn fixed_array(f: &H5, addr: u64, g: &Grid, filtered: bool, out: &mut Vec<Chunk>
     let bm = pc
         .bytes(bitmap as usize, "fixed array data block")?
         .to_vec();
-    let ctx = (
+    let ctx = Entries {
         o,
-        f.l,
+        l: f.l,
         entry,
         filtered,
-        g.chunk_bytes(),
-        super::read::undefined(o),
-    );
+        undef: super::read::undefined(o),
+        g,
+        swizzled: false,
+    };
     if !paged {
         // Prefix and elements share one checksum.
         let len = prefix + n * entry + 4;
         let whole = f.slice(dblk, len, "fixed array data block")?;
         sum_ok(whole, "fixed array data block")?;
-        return elements(&whole[prefix as usize..whole.len() - 4], 0, n, ctx, out);
+        return ctx.read(&whole[prefix as usize..whole.len() - 4], 0, n, out);
     }
     sum_ok(
         f.slice(dblk, prefix + 4, "fixed array data block")?,
@@ -310,40 +384,199 @@ fn fixed_array(f: &H5, addr: u64, g: &Grid, filtered: bool, out: &mut Vec<Chunk>
         if bm[(p / 8) as usize] & (0x80 >> (p % 8)) != 0 {
             let run = f.slice(at, len, "fixed array page")?;
             sum_ok(run, "fixed array page")?;
-            elements(&run[..run.len() - 4], first, count, ctx, out)?;
+            ctx.read(&run[..run.len() - 4], first, count, out)?;
         }
         at = at.checked_add(len).ok_or("fixed array overflows")?;
     }
     Ok(())
 }
 
-/// `count` fixed array elements from cell `first`: (address size, length
-/// size, entry size, filtered, chunk bytes, undefined address).
-fn elements(
-    run: &[u8],
-    first: u64,
-    count: u64,
-    (o, l, entry, filtered, cb, undef): (usize, usize, u64, bool, u64, u64),
-    out: &mut Vec<Chunk>,
-) -> Res<()> {
-    let mut c = Cur::new(run, o, l);
-    for i in 0..count {
-        let a = c.addr("fixed array element")?;
-        let (size, mask) = if filtered {
-            let s = c.uint(entry as usize - o - 4, "fixed array element")?;
-            (s, c.u32("fixed array element")?)
-        } else {
-            c.skip(entry as usize - o, "fixed array element")?;
-            (cb, 0)
-        };
-        if a != undef {
-            out.push(Chunk {
-                cell: first + i,
-                at: a,
-                size,
-                mask,
-            });
+/// How the entries of a fixed or extensible array are stored.
+struct Entries<'g> {
+    o: usize,
+    l: usize,
+    /// Bytes of one entry: an address, and for filtered chunks the stored
+    /// size and the filter mask.
+    entry: u64,
+    filtered: bool,
+    undef: u64,
+    g: &'g Grid,
+    /// Entries numbered with the unlimited dimension first.
+    swizzled: bool,
+}
+
+impl Entries<'_> {
+    /// `count` entries from entry `first`; those outside the current extent
+    /// or never written are left out.
+    fn read(&self, run: &[u8], first: u64, count: u64, out: &mut Vec<Chunk>) -> Res<()> {
+        let o = self.o;
+        let mut c = Cur::new(run, o, self.l);
+        for i in 0..count {
+            let a = c.addr("chunk index entry")?;
+            let (size, mask) = if self.filtered {
+                let s = c.uint(self.entry as usize - o - 4, "chunk index entry")?;
+                (s, c.u32("chunk index entry")?)
+            } else {
+                c.skip(self.entry as usize - o, "chunk index entry")?;
+                (self.g.chunk_bytes(), 0)
+            };
+            let cell = self.g.cell_of_entry(first + i, self.swizzled);
+            if let (false, Some(cell)) = (a == self.undef, cell) {
+                out.push(Chunk {
+                    cell,
+                    at: a,
+                    size,
+                    mask,
+                });
+            }
         }
+        Ok(())
+    }
+}
+
+/// An extensible array (the index of a dataset with one unlimited
+/// dimension): header, index block (its first entries, the data blocks of
+/// the first super blocks, the addresses of the other super blocks), super
+/// blocks, data blocks. Paged data blocks (from about 131 000 chunks with
+/// libhdf5's defaults) are not read.
+fn extensible_array(f: &H5, addr: u64, g: &Grid, filtered: bool, out: &mut Vec<Chunk>) -> Res<()> {
+    let (o, l) = (f.o, f.l);
+    let head_len = 12 + 6 * l + o + 4;
+    let head = f.slice(addr, head_len as u64, "extensible array header")?;
+    sum_ok(head, "extensible array header")?;
+    let mut c = Cur::new(head, o, l);
+    c.tag(b"EAHD", "extensible array header")?;
+    c.skip(1, "extensible array header")?;
+    let client = c.u8("extensible array header")?;
+    let entry = u64::from(c.u8("extensible array header")?);
+    let max_bits = u32::from(c.u8("extensible array header")?);
+    let idx_elmts = u64::from(c.u8("extensible array header")?);
+    let dmin = u64::from(c.u8("extensible array header")?);
+    let smin = u64::from(c.u8("extensible array header")?);
+    let page_bits = u32::from(c.u8("extensible array header")?);
+    for _ in 0..6 {
+        c.len("extensible array header")?;
+    }
+    let iblock = c.addr("extensible array header")?;
+    let want_entry = if filtered { o as u64 + 5 } else { o as u64 };
+    let ok = client == u8::from(filtered)
+        && (want_entry..=o as u64 + 12).contains(&entry)
+        && dmin.is_power_of_two()
+        && smin.is_power_of_two()
+        && (1..=64).contains(&max_bits)
+        && dmin.ilog2() <= max_bits
+        && page_bits <= 32;
+    if !ok {
+        return Err(format!(
+            "extensible array header at {addr:#x} is not one this reader can follow (client \
+             {client}, entry {entry} bytes, {max_bits} bits, blocks from {dmin}, super blocks \
+             from {smin}, pages of 2^{page_bits})"
+        ));
+    }
+    let n = g.max_ncells()?;
+    if f.undefined(iblock) || n == 0 {
+        return Ok(());
+    }
+    let nsblks = u64::from(1 + max_bits - dmin.ilog2());
+    let iblock_nsblks = 2 * u64::from(smin.ilog2());
+    let ndblk_addrs = 2 * (smin - 1);
+    let nsblk_addrs = nsblks.saturating_sub(iblock_nsblks);
+    let ctx = Entries {
+        o,
+        l,
+        entry,
+        filtered,
+        undef: super::read::undefined(o),
+        g,
+        swizzled: true,
+    };
+    // The index block.
+    let ib_len = (6 + o as u64)
+        .checked_add(idx_elmts * entry)
+        .and_then(|x| x.checked_add((ndblk_addrs + nsblk_addrs) * o as u64 + 4))
+        .ok_or("extensible array index block overflows")?;
+    let ib = f.slice(iblock, ib_len, "extensible array index block")?;
+    sum_ok(ib, "extensible array index block")?;
+    let mut c = Cur::new(ib, o, l);
+    c.tag(b"EAIB", "extensible array index block")?;
+    c.skip(2, "extensible array index block")?;
+    if c.addr("extensible array index block")? != addr {
+        return Err("an extensible array index block names another header".into());
+    }
+    let first = c.bytes((idx_elmts * entry) as usize, "extensible array index block")?;
+    ctx.read(first, 0, idx_elmts.min(n), out)?;
+    let mut dblks = Vec::new();
+    for _ in 0..ndblk_addrs {
+        dblks.push(c.addr("extensible array index block")?);
+    }
+    let mut sblks = Vec::new();
+    for _ in 0..nsblk_addrs {
+        sblks.push(c.addr("extensible array index block")?);
+    }
+    // The super blocks, while they hold entries the dataset has.
+    let off_size = max_bits.div_ceil(8) as usize;
+    let page = 1u64 << page_bits;
+    let (mut start, mut start_dblk) = (idx_elmts, 0u64);
+    let mut u = 0u64;
+    while start < n && u < nsblks {
+        let nd = 1u64 << (u / 2);
+        let ne = dmin << u.div_ceil(2);
+        if ne > page {
+            return Err("paged extensible array data blocks are not read here".into());
+        }
+        let addrs: Vec<u64> = if u < iblock_nsblks {
+            (0..nd)
+                .map(|k| {
+                    dblks
+                        .get((start_dblk + k) as usize)
+                        .copied()
+                        .unwrap_or(ctx.undef)
+                })
+                .collect()
+        } else {
+            let sa = sblks[(u - iblock_nsblks) as usize];
+            if f.undefined(sa) {
+                vec![ctx.undef; nd as usize]
+            } else {
+                let len = 6 + o as u64 + off_size as u64 + nd * o as u64 + 4;
+                let sb = f.slice(sa, len, "extensible array super block")?;
+                sum_ok(sb, "extensible array super block")?;
+                let mut c = Cur::new(sb, o, l);
+                c.tag(b"EASB", "extensible array super block")?;
+                c.skip(2, "extensible array super block")?;
+                if c.addr("extensible array super block")? != addr {
+                    return Err("an extensible array super block names another header".into());
+                }
+                c.skip(off_size, "extensible array super block")?;
+                (0..nd)
+                    .map(|_| c.addr("extensible array super block"))
+                    .collect::<Res<_>>()?
+            }
+        };
+        for (k, da) in addrs.into_iter().enumerate() {
+            let at = start + k as u64 * ne;
+            if at >= n {
+                break;
+            }
+            if da == ctx.undef {
+                continue;
+            }
+            let len = 6 + o as u64 + off_size as u64 + ne * entry + 4;
+            let db = f.slice(da, len, "extensible array data block")?;
+            sum_ok(db, "extensible array data block")?;
+            let mut c = Cur::new(db, o, l);
+            c.tag(b"EADB", "extensible array data block")?;
+            c.skip(2, "extensible array data block")?;
+            if c.addr("extensible array data block")? != addr {
+                return Err("an extensible array data block names another header".into());
+            }
+            c.skip(off_size, "extensible array data block")?;
+            let run = c.bytes((ne * entry) as usize, "extensible array data block")?;
+            ctx.read(run, at, ne.min(n - at), out)?;
+        }
+        start = start.saturating_add(nd.saturating_mul(ne));
+        start_dblk += nd;
+        u += 1;
     }
     Ok(())
 }

@@ -411,6 +411,28 @@ pub fn dataspace(body: &[u8], l: usize) -> Res<Option<Vec<u64>>> {
         .map(Some)
 }
 
+/// The dataspace's maximum dimensions, when it records them (`u64::MAX`:
+/// unlimited).
+pub fn max_dims(body: &[u8], l: usize) -> Option<Vec<u64>> {
+    let mut c = Cur::new(body, 8, l);
+    let version = c.u8("").ok()?;
+    let rank = c.u8("").ok()? as usize;
+    let flags = c.u8("").ok()?;
+    c.skip(if version == 1 { 5 } else { 1 }, "").ok()?;
+    if flags & 1 == 0 || rank > 32 {
+        return None;
+    }
+    c.skip(rank * l, "").ok()?;
+    let undef = super::read::undefined(l);
+    (0..rank)
+        .map(|_| {
+            c.len("")
+                .ok()
+                .map(|d| if d == undef { u64::MAX } else { d })
+        })
+        .collect()
+}
+
 /// Where a dataset's elements are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Layout {
@@ -448,7 +470,12 @@ pub enum Index {
     FixedArray {
         addr: u64,
     },
-    /// Indexes not read here (h5py uses them for resizable datasets).
+    /// Datasets with one unlimited dimension.
+    ExtensibleArray {
+        addr: u64,
+    },
+    /// Indexes not read here (a version 2 B-tree: more than one unlimited
+    /// dimension).
     Other(&'static str),
 }
 
@@ -549,7 +576,12 @@ pub fn layout(m: &Message, l: usize, o: usize) -> Res<Layout> {
                                 addr: c.addr("layout address")?,
                             }
                         }
-                        4 => Index::Other("an extensible array"),
+                        4 => {
+                            c.skip(5, "layout")?;
+                            Index::ExtensibleArray {
+                                addr: c.addr("layout address")?,
+                            }
+                        }
                         5 => Index::Other("a version 2 B-tree"),
                         k => return Err(format!("layout: chunk index type {k}")),
                     };

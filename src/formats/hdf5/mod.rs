@@ -404,7 +404,8 @@ fn serve(
         Layout::Chunked { dims, index } => {
             meta.insert("hdf5_layout".into(), "chunked".into());
             let esize = elem.size();
-            let grid = Grid::new(shape, &dims, esize)?;
+            let max = find(0x01).and_then(|m| header::max_dims(m.body, f.l));
+            let grid = Grid::new(shape, &dims, esize, max.as_deref())?;
             if dims.last() != Some(&esize) {
                 return Err(format!(
                     "chunks of {}-byte elements",
