@@ -834,6 +834,16 @@ fn every_format_and_sharded_set_mounts_over_http_as_the_local_file_does() {
     let files = scratch.scratch_path("files");
     std::fs::create_dir(&files).unwrap();
     write_remote_formats(&py, &files);
+    // Checkpoints torch itself wrote: views of one storage, strided
+    // tensors gathered from their storage, every dtype.
+    let torch = files.join("torch");
+    std::fs::create_dir(&torch).unwrap();
+    for f in ["dtypes.pt", "shared.pt", "strided.pt", "module.pt"] {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/pt")
+            .join(f);
+        std::fs::copy(fixture, torch.join(f)).unwrap();
+    }
     let srv = Server::range(&py, &files);
     // (path, most requests at open, fetched whole at open): HEAD and the
     // two ends, then the format's own: a zip's member headers in one
@@ -843,6 +853,10 @@ fn every_format_and_sharded_set_mounts_over_http_as_the_local_file_does() {
         ("stored.npz", 4, false),
         ("deflated.npz", 5, false),
         ("model.pt", 4, false),
+        ("torch/dtypes.pt", 4, false),
+        ("torch/shared.pt", 4, false),
+        ("torch/strided.pt", 4, false),
+        ("torch/module.pt", 4, false),
         ("model.onnx", 4, true),
         ("model.gguf", 5, false),
         ("split/m-00001-of-00003.gguf", 10, false),
