@@ -620,6 +620,23 @@ fn s3_put(py: &Path, srv: &Server, bucket: &str, files: &[(&str, &Path)]) {
     assert!(r.ok(), "upload: {}", r.stderr);
 }
 
+/// Uploads (key, path) to "bucket" on `srv`, and gives this process (whose
+/// environment the mounts run with) the server's credentials.
+fn upload_to_bucket(py: &Path, srv: &Server, uploads: &[(String, PathBuf)]) {
+    let refs: Vec<(&str, &Path)> = uploads
+        .iter()
+        .map(|(k, p)| (k.as_str(), p.as_path()))
+        .collect();
+    s3_put(py, srv, "bucket", &refs);
+    // SAFETY: the tests of this file run one at a time (serial) and set
+    // the same values.
+    unsafe {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
+        std::env::set_var("AWS_REGION", "us-east-1");
+    }
+}
+
 #[test]
 fn s3_mount_serves_the_local_tree() {
     let _s = support::serial();
@@ -642,19 +659,7 @@ fn s3_mount_serves_the_local_tree() {
             uploads.push((format!("models/{name}"), p));
         }
     }
-    let refs: Vec<(&str, &Path)> = uploads
-        .iter()
-        .map(|(k, p)| (k.as_str(), p.as_path()))
-        .collect();
-    s3_put(&py, &srv, "bucket", &refs);
-    // The mount runs the binary with this process's environment.
-    // SAFETY: the tests of this file run one at a time (serial) and set
-    // the same values.
-    unsafe {
-        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
-        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
-        std::env::set_var("AWS_REGION", "us-east-1");
-    }
+    upload_to_bucket(&py, &srv, &uploads);
     let cache = remote.scratch_path("cache");
     let endpoint = srv.url("");
     for (key, path) in &uploads {
@@ -965,18 +970,7 @@ fn sharded_sets_mount_from_s3_as_one_tree() {
             uploads.push((key, p));
         }
     }
-    let refs: Vec<(&str, &Path)> = uploads
-        .iter()
-        .map(|(k, p)| (k.as_str(), p.as_path()))
-        .collect();
-    s3_put(&py, &srv, "bucket", &refs);
-    // SAFETY: the tests of this file run one at a time (serial) and set
-    // the same values.
-    unsafe {
-        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
-        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
-        std::env::set_var("AWS_REGION", "us-east-1");
-    }
+    upload_to_bucket(&py, &srv, &uploads);
     let endpoint = srv.url("");
     for key in [
         "hf/model.safetensors.index.json",
