@@ -863,6 +863,7 @@ fn every_format_and_sharded_set_mounts_over_http_as_the_local_file_does() {
         ("torch/strided.pt", 4, false),
         ("torch/module.pt", 4, false),
         ("model.onnx", 4, true),
+        ("model.h5", 4, true),
         ("model.gguf", 5, false),
         ("split/m-00001-of-00003.gguf", 10, false),
         ("hf/model.safetensors.index.json", 11, false),
@@ -917,10 +918,10 @@ fn every_format_and_sharded_set_mounts_over_http_as_the_local_file_does() {
     assert_eq!(remote.read("small").len(), 28);
 }
 
-/// HDF5 over a URL, and an ONNX model (read whole at open) over the
-/// `--index-memory` allowed, are refused in one line.
+/// An HDF5 file and an ONNX model (each fetched whole at open) over the
+/// `--index-memory` allowed are refused in one line.
 #[test]
-fn hdf5_and_an_onnx_model_over_the_index_memory_are_refused_in_one_line() {
+fn hdf5_and_onnx_files_over_the_index_memory_are_refused_in_one_line() {
     let _s = support::serial();
     let Some(py) = python() else { return };
     let Some(mut scratch) = scratch_mount() else {
@@ -930,23 +931,24 @@ fn hdf5_and_an_onnx_model_over_the_index_memory_are_refused_in_one_line() {
     std::fs::create_dir(&files).unwrap();
     write_remote_formats(&py, &files);
     let srv = Server::range(&py, &files);
-    let r = scratch.run(Path::new(&srv.url("/model.h5")), &[]);
-    assert!(!r.ok(), "{r:?}");
-    assert!(
-        r.stderr.contains("HDF5 over a URL is not supported yet") && r.stderr.lines().count() == 1,
-        "{r:?}"
-    );
-    let r = scratch.run(
-        Path::new(&srv.url("/model.onnx")),
-        &["--index-memory", "100K"],
-    );
-    assert!(!r.ok(), "{r:?}");
-    assert!(
-        r.stderr.contains("--index-memory")
-            && r.stderr.contains("model.onnx")
-            && r.stderr.lines().count() == 1,
-        "{r:?}"
-    );
+    for name in ["model.h5", "model.onnx"] {
+        let size = std::fs::metadata(files.join(name)).unwrap().len();
+        assert!(
+            size > 100 << 10,
+            "{name}: {size} bytes, too few for this test"
+        );
+        let r = scratch.run(
+            Path::new(&srv.url(&format!("/{name}"))),
+            &["--index-memory", "100K"],
+        );
+        assert!(!r.ok(), "{r:?}");
+        assert!(
+            r.stderr.contains("--index-memory")
+                && r.stderr.contains(name)
+                && r.stderr.lines().count() == 1,
+            "{r:?}"
+        );
+    }
 }
 
 /// A Hugging Face sharded set and a GGUF split set in a bucket: the shards

@@ -23,7 +23,8 @@
 //!   open, so the whole object is fetched when it is within
 //!   `--index-memory`, and refused in one line otherwise. So is a Hugging
 //!   Face index (JSON).
-//! - HDF5 is refused over a URL.
+//! - HDF5: our reader follows the file's addresses wherever they point,
+//!   so the whole object is fetched, within `--index-memory`, as ONNX is.
 
 use std::cell::RefCell;
 use std::io::{Read, Seek, SeekFrom};
@@ -93,15 +94,9 @@ pub fn fetch_index(src: &MappedFile, limits: Limits) -> Result<()> {
             .filter(|&(at, len)| within(at, len)),
         Detected::Compat(compat::Kind::Gguf) => return gguf(src, limits),
         Detected::Compat(compat::Kind::Npz | compat::Kind::Pt) => return zip(src, limits),
-        Detected::Hdf5 => {
-            return Err(Error::new(
-                ErrorKind::NotSupported,
-                src.label(),
-                None,
-                "HDF5 over a URL is not supported yet (its reader reads the file where it \
-                 pleases): mount a local copy",
-            ));
-        }
+        // Our HDF5 reader follows the file's links where they point: it is
+        // read whole at open, like ONNX.
+        Detected::Hdf5 => return whole(src, limits, "an HDF5 file"),
         // ONNX (recognised only by a walk over the whole file, so perhaps
         // not yet) and a Hugging Face index (JSON): read whole.
         Detected::Compat(compat::Kind::Onnx) => return whole(src, limits, "an ONNX model"),

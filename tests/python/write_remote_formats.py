@@ -11,7 +11,7 @@ mount of them has blocks it has not fetched at open:
   hf/                        a Hugging Face sharded safetensors set whose
                              index names a fourth shard that is missing
   dt/sharded.deathtensors    a deathtensors sharded set
-  model.h5                   h5py (refused over a URL)
+  model.h5                   h5py (contiguous, and chunked gzip+shuffle)
 """
 import collections
 import io
@@ -174,8 +174,12 @@ def write_dt(out):
 
 def write_h5(out):
     import h5py
+    rng = np.random.default_rng(7)
     with h5py.File(os.path.join(out, "model.h5"), "w") as f:
         f["x"] = np.arange(10, dtype="<f4")
+        f["layers/0/weight"] = rng.standard_normal((256, 256)).astype("<f4")
+        f.create_dataset("layers/0/packed", data=rng.integers(0, 9, (128, 300)).astype(">i2"),
+                         chunks=(32, 100), compression="gzip", shuffle=True)
 
 
 if __name__ == "__main__":
