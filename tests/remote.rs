@@ -324,6 +324,22 @@ fn local_and_remote() -> Option<(Mount, Mount, PathBuf)> {
     Some((local, remote, files))
 }
 
+/// Mounts `file` and `url` (with `extra`) side by side and checks that
+/// the two trees are the same; both are unmounted after. False when the
+/// test is skipped (no FUSE here and not CI).
+fn same_as_local(file: &Path, url: &str, extra: &[&str]) -> bool {
+    let (Some(mut local), Some(mut remote)) = (scratch_mount(), scratch_mount()) else {
+        return false;
+    };
+    local.mount(file, &[]);
+    let cache = remote.scratch_path("cache");
+    mount_remote(&mut remote, url, &cache, extra);
+    same_tree(&local.mp, &remote.mp);
+    remote.unmount_ok();
+    local.unmount_ok();
+    true
+}
+
 /// A mount of `url` with its cache files in `cache`, 1 MiB blocks.
 fn mount_remote(m: &mut Mount, url: &str, cache: &Path, extra: &[&str]) {
     std::fs::create_dir_all(cache).unwrap();
@@ -791,16 +807,9 @@ dt.save(out + "/model.deathtensors",
     );
     let srv = Server::range(&py, &files);
     for name in ["model.safetensors", "model.deathtensors"] {
-        let Some(mut local) = scratch_mount() else {
+        if !same_as_local(&files.join(name), &srv.url(&format!("/{name}")), &[]) {
             return;
-        };
-        let Some(mut remote) = scratch_mount() else {
-            return;
-        };
-        local.mount(&files.join(name), &[]);
-        let cache = remote.scratch_path("cache");
-        mount_remote(&mut remote, &srv.url(&format!("/{name}")), &cache, &[]);
-        same_tree(&local.mp, &remote.mp);
+        }
     }
 }
 
@@ -979,23 +988,10 @@ fn sharded_sets_mount_from_s3_as_one_tree() {
         "split/m-00001-of-00003.gguf",
         "dt/sharded.deathtensors",
     ] {
-        let Some(mut local) = scratch_mount() else {
+        let extra = ["--endpoint", &endpoint, "-o", "block_size=64K"];
+        if !same_as_local(&files.join(key), &format!("s3://bucket/{key}"), &extra) {
             return;
-        };
-        let Some(mut remote) = scratch_mount() else {
-            return;
-        };
-        local.mount(&files.join(key), &[]);
-        let cache = remote.scratch_path("cache");
-        mount_remote(
-            &mut remote,
-            &format!("s3://bucket/{key}"),
-            &cache,
-            &["--endpoint", &endpoint, "-o", "block_size=64K"],
-        );
-        same_tree(&local.mp, &remote.mp);
-        remote.unmount_ok();
-        local.unmount_ok();
+        }
     }
 }
 
@@ -1124,20 +1120,11 @@ fn gs_and_az_objects_mount_from_local_emulators() {
     let mounted = ["stored.npz", "hf/model.safetensors.index.json"];
     let check = |url_of: &dyn Fn(&str) -> String, extra: &[&str]| {
         for key in mounted {
-            let Some(mut local) = scratch_mount() else {
-                return;
-            };
-            let Some(mut remote) = scratch_mount() else {
-                return;
-            };
-            local.mount(&files.join(key), &[]);
-            let cache = remote.scratch_path("cache");
             let mut args = vec!["-o", "block_size=64K"];
             args.extend_from_slice(extra);
-            mount_remote(&mut remote, &url_of(key), &cache, &args);
-            same_tree(&local.mp, &remote.mp);
-            remote.unmount_ok();
-            local.unmount_ok();
+            if !same_as_local(&files.join(key), &url_of(key), &args) {
+                return;
+            }
         }
     };
 
