@@ -26,6 +26,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use object_store::path::Path as Key;
 use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 
@@ -739,23 +740,36 @@ impl Object {
         if got.range != (start..end) {
             return Err(format!("{what}: the server sent bytes {:?}", got.range));
         }
-        let bytes = got
-            .bytes()
-            .await
-            .map_err(|e| format!("{what}: {}", describe(&e)))?;
-        if bytes.len() as u64 != end - start {
-            return Err(format!(
-                "{what}: the server sent {} bytes, not {}",
-                bytes.len(),
-                end - start
-            ));
-        }
         let file = self
             .file
             .as_ref()
             .ok_or_else(|| format!("{what}: the cache file cannot be written"))?;
-        file.write_all_at(&bytes, start)
-            .map_err(|e| format!("{what}: cannot write the cache file: {e}"))
+        // Each piece of the body goes into the cache file as it arrives:
+        // collecting the block first would cost a copy and a fresh buffer
+        // per block. The block is marked present only once all of it is
+        // written, so a body cut short leaves nothing believed.
+        let mut body = got.into_stream();
+        let mut at = start;
+        while let Some(piece) = body.next().await {
+            let piece = piece.map_err(|e| format!("{what}: {}", describe(&e)))?;
+            if at + piece.len() as u64 > end {
+                return Err(format!(
+                    "{what}: the server sent more than {} bytes",
+                    end - start
+                ));
+            }
+            file.write_all_at(&piece, at)
+                .map_err(|e| format!("{what}: cannot write the cache file: {e}"))?;
+            at += piece.len() as u64;
+        }
+        if at != end {
+            return Err(format!(
+                "{what}: the server sent {} bytes, not {}",
+                at - start,
+                end - start
+            ));
+        }
+        Ok(())
     }
 
     /// Marks the object changed since it was pinned (logged once).
