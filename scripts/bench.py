@@ -871,11 +871,18 @@ def bdi_read_ahead_kb(mp):
         return None
 
 
+# The latency of the second remote row: an object store's time to first
+# byte is tens of milliseconds (S3: 10-30 ms).
+REMOTE_LATENCY_MS = 20
+
+
 @contextlib.contextmanager
-def range_server(folder):
+def range_server(folder, latency_ms=0):
     """The tests' Range server (tests/python/range_server.py) over folder,
-    on 127.0.0.1: its port. It serves until its stdin closes."""
-    proc = subprocess.Popen([sys.executable, ROOT / "tests/python/range_server.py", folder],
+    on 127.0.0.1, answering each data request latency_ms late: its port.
+    It serves until its stdin closes."""
+    proc = subprocess.Popen([sys.executable, ROOT / "tests/python/range_server.py", folder,
+                             str(latency_ms)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline().split()
@@ -1245,7 +1252,10 @@ class Bench:
         time as the mount has in flight for a sequential reader (its block
         and 4 ahead, 4 here); time to a first byte in the middle; a second
         read from the disk cache (remounted, the cache file's pages
-        evicted) against dd of the .zt from disk; the daemon's peak RSS."""
+        evicted) against dd of the .zt from disk; the daemon's peak RSS.
+        The first read and curl are timed again with the server answering
+        each request LATENCY_MS late, as an object store's time to first
+        byte does."""
         f = self.files
         t = f.tensor(f.raw, "w")
         off, n = t["offset"], t["nbytes"]
@@ -1296,10 +1306,21 @@ class Bench:
                     if len(got) != 4096:
                         raise BenchError("short read in the remote ttfb test")
                 curl_small.append(curl_ranges(url, [(off + mid, off + mid + 4096)], 1))
+        slow_cold, slow_curl = [], []
+        with range_server(served, REMOTE_LATENCY_MS) as port:
+            url = f"http://127.0.0.1:{port}/raw.zt"
+            for _ in range(self.runs):
+                slow_curl.append(curl_ranges(url, ranges, parallel))
+                with self.mounter.mount(url, fresh(), tag="remote") as m:
+                    self.hot(f.raw)
+                    slow_cold.append(dd(m.mp / t["path"], 0, n))
         shutil.rmtree(cache, ignore_errors=True)
         what = f"curl, ranged GETs of one {block // MiB} MiB block, {parallel} at a time"
         self.throughput_row(f"remote seq read, cold (fresh cache), {n / GiB:.2g} GiB over "
-                            f"HTTP on loopback", n, cold, curl, None, what)
+                            f"HTTP on loopback", n, cold, curl, 0.8, what)
+        self.throughput_row(f"remote seq read, cold, the server answering each request "
+                            f"{REMOTE_LATENCY_MS} ms late (a store's time to first byte)",
+                            n, slow_cold, slow_curl, 0.8, what)
         self.row("remote time to first byte, 4 KiB at the middle (fresh mount and cache; "
                  "open+pread), against curl of those 4 KiB",
                  median(ttfb) * 1e3, median(curl_small) * 1e3,
