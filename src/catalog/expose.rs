@@ -34,17 +34,31 @@ pub fn gather<E>(
     part: &Part,
     off: u64,
     len: u64,
+    fetch: impl FnMut(u64, &mut [u8]) -> Result<(), E>,
+) -> Result<Vec<u8>, E> {
+    gather_into(Vec::new(), part, off, len, fetch)
+}
+
+/// [`gather`] into `buf`, whose contents are replaced (a caller that
+/// reuses one buffer spares a fresh allocation, and its page faults, per
+/// read).
+pub fn gather_into<E>(
+    mut buf: Vec<u8>,
+    part: &Part,
+    off: u64,
+    len: u64,
     mut fetch: impl FnMut(u64, &mut [u8]) -> Result<(), E>,
 ) -> Result<Vec<u8>, E> {
+    buf.clear();
     if let Some((at, n)) = direct_range(part, off, len) {
-        let mut out = vec![0u8; n as usize];
-        fetch(at, &mut out)?;
-        return Ok(out);
+        buf.resize(n as usize, 0);
+        fetch(at, &mut buf)?;
+        return Ok(buf);
     }
     let es = part.dtype.size();
     let first = off / es;
     let last = (off + len).div_ceil(es);
-    let mut buf = vec![0u8; ((last - first) * es) as usize];
+    buf.resize(((last - first) * es) as usize, 0);
     match part.map {
         PartMap::Contiguous { start } => fetch(start + first * es, &mut buf)?,
         _ => {

@@ -23,6 +23,7 @@ use crate::codec::zstd::{self as zstd_blob, Frame};
 use crate::source::{MappedFile, Span};
 
 mod checks;
+pub mod scratch;
 #[cfg(test)]
 mod tests;
 
@@ -39,8 +40,10 @@ impl Drop for Bytes<'_> {
     /// The reply has been written (or dropped): whatever it mapped is
     /// counted now, not before, so nothing it mapped escapes the count.
     fn drop(&mut self) {
-        if let Bytes::Mapped(w, s) = self {
-            w.served_bytes(s);
+        match self {
+            Bytes::Mapped(w, s) => w.served_bytes(s),
+            Bytes::Owned(v) => scratch::give_back(std::mem::take(v)),
+            Bytes::Shared(..) => {}
         }
     }
 }
@@ -374,7 +377,7 @@ impl Data {
                         .map_err(|why| self.unit_error(s, bi, why))?;
                     return Ok(Bytes::Shared(buf.clone(), at as usize, n as usize));
                 }
-                expose::gather(part, off, len, from_unit).map(Bytes::Owned)
+                expose::gather_into(scratch::take(), part, off, len, from_unit).map(Bytes::Owned)
             }
             Codec::Zstd { .. } => {
                 self.checked(s, bi)?;
@@ -386,8 +389,10 @@ impl Data {
                 {
                     return Ok(Bytes::Shared(buf, start, n as usize));
                 }
-                expose::gather(part, off, len, |at, out| self.fetch(s, bi, plan, at, out))
-                    .map(Bytes::Owned)
+                expose::gather_into(scratch::take(), part, off, len, |at, out| {
+                    self.fetch(s, bi, plan, at, out)
+                })
+                .map(Bytes::Owned)
             }
         }
     }
@@ -411,7 +416,8 @@ impl Data {
             if n < window::STREAMING as u64 {
                 // A small read: one copy costs less than mapping its pages
                 // and, later, letting go of them.
-                let mut v = vec![0; n as usize];
+                let mut v = scratch::take();
+                v.resize(n as usize, 0);
                 let r = s.file.file().read_exact_at(&mut v, start);
                 // A file cut short: the guard says so best.
                 s.guard.check()?;
@@ -423,13 +429,14 @@ impl Data {
             return Ok(Bytes::Mapped(&s.window, bytes));
         }
         let mut touched = Touched::default();
-        let v: Result<Vec<u8>, String> = expose::gather(part, off, len, |at, out| {
-            self.ensure(s, bi, b.offset + at, out.len() as u64)?;
-            out.copy_from_slice(&blob[at as usize..at as usize + out.len()]);
-            s.window
-                .touch(&mut touched, (b.offset + at) as usize, out.len());
-            Ok(())
-        });
+        let v: Result<Vec<u8>, String> =
+            expose::gather_into(scratch::take(), part, off, len, |at, out| {
+                self.ensure(s, bi, b.offset + at, out.len() as u64)?;
+                out.copy_from_slice(&blob[at as usize..at as usize + out.len()]);
+                s.window
+                    .touch(&mut touched, (b.offset + at) as usize, out.len());
+                Ok(())
+            });
         s.window.served_touched(touched);
         // The copy above touched the mmap: make sure it was still there.
         s.guard.check()?;

@@ -8,7 +8,7 @@ use std::ffi::OsStr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use super::data::{Bytes, Data, DataOptions};
+use super::data::{Bytes, Data, DataOptions, scratch};
 use super::sidecar;
 use super::stats::Stats;
 use super::tree::{Content, Ino, NodeKind, Tree};
@@ -255,7 +255,8 @@ impl TensorFs {
                 .read(e.tensor, 0, off - e.start, size as u64)
                 .map_err(|_| libc::EIO);
         }
-        let mut out = Vec::with_capacity(size as usize);
+        let mut out = scratch::take();
+        out.reserve(size as usize);
         let h = header.len() as u64;
         if off < h {
             out.extend_from_slice(&header[off as usize..end.min(h) as usize]);
@@ -518,7 +519,9 @@ impl TensorFs {
                 };
                 let start = (off as usize).min(bytes.len());
                 let end = start.saturating_add(size as usize).min(bytes.len());
-                Ok(Bytes::Owned(bytes[start..end].to_vec()))
+                let mut out = scratch::take();
+                out.extend_from_slice(&bytes[start..end]);
+                Ok(Bytes::Owned(out))
             }
         }
     }
