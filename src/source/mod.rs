@@ -20,6 +20,9 @@ pub trait Backing: Send + Sync {
     /// present in the mapping, or says why it cannot. `index` asks for as
     /// few requests as possible (a format's index) rather than parallel ones.
     fn ensure(&self, ranges: &[(u64, u64)], index: bool) -> Result<(), String>;
+    /// How many bytes from `off` on are present already (at most `len`),
+    /// without fetching any.
+    fn present(&self, off: u64, len: u64) -> u64;
     /// Why the bytes can no longer be served (the object changed), once known.
     fn broken(&self) -> Option<String>;
     /// The object named `name` beside this one (a shard), opened the same way.

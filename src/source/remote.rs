@@ -799,6 +799,10 @@ impl Backing for Object {
         }
     }
 
+    fn present(&self, off: u64, len: u64) -> u64 {
+        present_run(|b| self.has(b), self.block, self.size, off, len)
+    }
+
     fn broken(&self) -> Option<String> {
         self.broken.get().cloned()
     }
@@ -990,6 +994,17 @@ fn commit(disk: &impl Disk, words: &[u64]) -> std::io::Result<()> {
     disk.sync_bits()
 }
 
+/// How many bytes from `off` on (at most `len`, within `size`) lie in
+/// blocks of `block` bytes that `has`.
+fn present_run(has: impl Fn(u64) -> bool, block: u64, size: u64, off: u64, len: u64) -> u64 {
+    let end = off.saturating_add(len).min(size);
+    if off >= end {
+        return 0;
+    }
+    let first_missing = (off / block..end.div_ceil(block)).find(|&b| !has(b));
+    first_missing.map_or(end, |b| (b * block).max(off)) - off
+}
+
 /// Clears from `present` each block of `file` that is not all data on
 /// disk (a hole in it): what a bitmap saved by a version that did not sync
 /// first, or a file system that lost the bytes, may claim. Holes are what
@@ -1073,6 +1088,21 @@ mod tests {
         };
         assert!(commit(&r, &[1]).is_err());
         assert_eq!(*r.steps.borrow(), ["sync data"], "a bit written unsynced");
+    }
+
+    #[test]
+    fn only_the_run_of_present_blocks_from_an_offset_counts() {
+        // Blocks of 10 bytes in 45: 0, 1 and 3 present.
+        let has = |b: u64| [0, 1, 3].contains(&b);
+        let run = |off, len| present_run(has, 10, 45, off, len);
+        assert_eq!(run(0, 100), 20, "up to the missing block 2");
+        assert_eq!(run(5, 10), 10);
+        assert_eq!(run(15, 10), 5);
+        assert_eq!(run(20, 5), 0);
+        assert_eq!(run(30, 100), 10, "block 3, then 4 (the last, short) is missing");
+        assert_eq!(run(45, 10), 0);
+        let all = |_| true;
+        assert_eq!(present_run(all, 10, 45, 31, 100), 14, "clipped to the size");
     }
 
     fn opts(dir: &Path) -> Options {
