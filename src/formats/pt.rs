@@ -20,8 +20,10 @@
 //!   mapping (several tensors may share one storage: views, tied weights);
 //! - a strided one (transposed, sliced with a step) is gathered into C
 //!   order by a producer that reads its storage from the open file;
-//! - a dtype with no element type here, a deflated storage, or a tensor
-//!   reaching past its storage is listed with the reason.
+//! - a dtype with no element type here, a deflated storage, a tensor
+//!   reaching past its storage, or a `_rebuild_tensor*` call whose
+//!   arguments do not describe a tensor (a negative offset or dimension,
+//!   no storage) is listed with the reason.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
@@ -137,6 +139,7 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
     // Where each storage's bytes are, or why they cannot be served.
     let mut storages: HashMap<String, std::result::Result<(u64, u64), String>> = HashMap::new();
     for (_, t) in &found {
+        let Ok(t) = t else { continue };
         let key = &vm.storages[t.storage].key;
         if storages.contains_key(key) {
             continue;
@@ -181,6 +184,24 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
         )]),
     };
     for (name, t) in found {
+        let t = match t {
+            Ok(t) => t,
+            Err(why) => {
+                // Rebuilt by torch's function from arguments not read
+                // here: listed with the reason rather than left out.
+                catalog.tensors.push(Tensor {
+                    name,
+                    dtype: "unknown".into(),
+                    shape: Vec::new(),
+                    layout: "dense".into(),
+                    encoding: "raw".into(),
+                    directory: false,
+                    parts: Err(why),
+                    meta: JsonMap::new(),
+                });
+                continue;
+            }
+        };
         let storage = &vm.storages[t.storage];
         let mut meta = JsonMap::new();
         meta.insert("storage".into(), storage.key.clone().into());
@@ -558,7 +579,8 @@ struct Vm<'a> {
     memo: HashMap<u64, Val>,
     nodes: Vec<Node>,
     storages: Vec<StorageRef>,
-    tensors: Vec<TensorRef>,
+    /// Each tensor rebuilt, or why its arguments could not be read.
+    tensors: Vec<std::result::Result<TensorRef, String>>,
     /// Values held in containers, the stack and the memo, against `cap`.
     cells: u64,
     cap: u64,
@@ -1003,40 +1025,59 @@ impl<'a> Vm<'a> {
                 }
             }
             ("torch._utils", "_rebuild_tensor" | "_rebuild_tensor_v2" | "_rebuild_tensor_v3") => {
-                self.rebuild(name, &args).unwrap_or(Val::Opaque)
+                let t = self
+                    .rebuild(name, &args)
+                    .map_err(|why| format!("torch._utils.{name} with {why}"));
+                self.tensors.push(t);
+                Val::Tensor(self.tensors.len() - 1)
             }
             _ => Val::Opaque,
         }
     }
 
     /// `_rebuild_tensor*(storage, storage_offset, size, stride, ...)`; v3
-    /// adds the dtype after the hooks (for an untyped storage).
-    fn rebuild(&mut self, name: &str, args: &[Val]) -> Option<Val> {
-        let Val::Storage(s) = args.first()? else {
-            return None;
+    /// adds the dtype after the hooks (for an untyped storage). What is
+    /// wrong with the arguments when they do not describe a tensor.
+    fn rebuild(&self, name: &str, args: &[Val]) -> VmResult<TensorRef> {
+        let needed = if name == "_rebuild_tensor_v3" { 7 } else { 4 };
+        if args.len() < needed {
+            return Err(format!("{} arguments, not {needed}", args.len()));
+        }
+        let at = match &args[0] {
+            Val::Storage(s) => self.storages.get(*s).map(|st| (*s, st)),
+            _ => None,
         };
-        let offset = match args.get(1)? {
-            Val::Int(n) => u64::try_from(*n).ok()?,
-            _ => return None,
+        let Some((s, storage)) = at else {
+            return Err("a first argument that is not a storage \
+                        (a persistent id (\"storage\", class, key, ...))"
+                .into());
         };
-        let shape = self.dims(args.get(2)?)?;
-        let stride = self.dims(args.get(3)?)?;
-        let dtype = match (&self.storages.get(*s)?.dtype, name) {
-            (_, "_rebuild_tensor_v3") => match args.get(6)? {
+        let offset = match &args[1] {
+            Val::Int(n) => u64::try_from(*n).ok(),
+            _ => None,
+        }
+        .ok_or("a storage offset that is not an integer of 0 or more")?;
+        let shape = self
+            .dims(&args[2])
+            .ok_or("a size that is not a tuple of integers of 0 or more")?;
+        let stride = self
+            .dims(&args[3])
+            .ok_or("a stride that is not a tuple of integers of 0 or more")?;
+        let dtype = match (&storage.dtype, name) {
+            (_, "_rebuild_tensor_v3") => match &args[6] {
                 Val::Global(m, n) if &**m == "torch" => n.to_string(),
-                _ => return None,
+                _ => return Err("a dtype (argument 7) that is not a torch dtype".into()),
             },
             (Some(d), _) => d.clone(),
-            (None, _) => return None,
+            (None, _) => return Err("an untyped storage and no dtype".into()),
         };
-        self.tensors.push(TensorRef {
-            storage: *s,
+        Ok(TensorRef {
+            storage: s,
             dtype,
             offset,
             shape,
             stride,
-        });
-        Some(Val::Tensor(self.tensors.len() - 1))
+        })
     }
 
     /// `BINPERSID`: torch's `("storage", class, key, location, numel)`.
@@ -1069,7 +1110,7 @@ impl<'a> Vm<'a> {
         name: String,
         depth: usize,
         budget: &mut u64,
-        out: &mut Vec<(String, TensorRef)>,
+        out: &mut Vec<(String, VmResult<TensorRef>)>,
     ) -> VmResult<()> {
         if depth > MAX_DEPTH {
             return Err("the saved object nests too deep".into());
