@@ -871,14 +871,14 @@ impl<'a> Vm<'a> {
                 b'R' | 0x81 => {
                     let args = self.pop()?;
                     let f = self.pop()?;
-                    let v = self.call(&f, &args);
+                    let v = self.call(&f, &args)?;
                     self.push(v)?;
                 }
                 0x92 => {
                     self.pop()?; // NEWOBJ_EX's kwargs
                     let args = self.pop()?;
                     let f = self.pop()?;
-                    let v = self.call(&f, &args);
+                    let v = self.call(&f, &args)?;
                     self.push(v)?;
                 }
                 b'b' => {
@@ -916,7 +916,7 @@ impl<'a> Vm<'a> {
                 }
                 b'Q' => {
                     let pid = self.pop()?;
-                    let v = self.persistent(&pid);
+                    let v = self.persistent(&pid)?;
                     self.push(v)?;
                 }
                 b'P' => {
@@ -1007,14 +1007,14 @@ impl<'a> Vm<'a> {
     }
 
     /// `REDUCE`: the few callables torch's tensors are rebuilt with.
-    fn call(&mut self, f: &Val, args: &Val) -> Val {
+    fn call(&mut self, f: &Val, args: &Val) -> VmResult<Val> {
         let Val::Global(module, name) = f else {
-            return Val::Opaque;
+            return Ok(Val::Opaque);
         };
         // At most the 7 arguments `_rebuild_tensor_v3` takes: a huge tuple
         // reduced again and again costs nothing.
         let args: Vec<Val> = self.items(args).iter().take(8).cloned().collect();
-        match (&**module, &**name) {
+        Ok(match (&**module, &**name) {
             ("collections", "OrderedDict") | ("builtins", "dict") | ("__builtin__", "dict") => {
                 Val::Dict(self.node(Node::Dict(Vec::new())))
             }
@@ -1028,11 +1028,17 @@ impl<'a> Vm<'a> {
                 let t = self
                     .rebuild(name, &args)
                     .map_err(|why| format!("torch._utils.{name} with {why}"));
+                // Each call holds its own size and stride: a tuple got
+                // from the memo and reduced again and again is counted.
+                self.count(match &t {
+                    Ok(t) => 1 + (t.shape.len() + t.stride.len()) as u64,
+                    Err(why) => 1 + why.len() as u64 / 32,
+                })?;
                 self.tensors.push(t);
                 Val::Tensor(self.tensors.len() - 1)
             }
             _ => Val::Opaque,
-        }
+        })
     }
 
     /// `_rebuild_tensor*(storage, storage_offset, size, stride, ...)`; v3
@@ -1081,25 +1087,26 @@ impl<'a> Vm<'a> {
     }
 
     /// `BINPERSID`: torch's `("storage", class, key, location, numel)`.
-    fn persistent(&mut self, pid: &Val) -> Val {
+    fn persistent(&mut self, pid: &Val) -> VmResult<Val> {
         let items = self.items(pid);
         let (Some(Val::Str(tag)), Some(Val::Global(module, class)), Some(Val::Str(key))) =
             (items.first(), items.get(1), items.get(2))
         else {
-            return Val::Opaque;
+            return Ok(Val::Opaque);
         };
         if &**tag != "storage" {
-            return Val::Opaque;
+            return Ok(Val::Opaque);
         }
         let dtype = match (&**module, &**class) {
             ("torch.storage", "UntypedStorage") | ("torch", "UntypedStorage") => None,
             (_, c) => Some(storage_dtype(c)),
         };
-        self.storages.push(StorageRef {
-            key: key.to_string(),
-            dtype,
-        });
-        Val::Storage(self.storages.len() - 1)
+        // Its own copy of the key: a long key got from the memo again and
+        // again is counted.
+        let (key, class) = (key.to_string(), class.len());
+        self.count(1 + (key.len() + class) as u64 / 32)?;
+        self.storages.push(StorageRef { key, dtype });
+        Ok(Val::Storage(self.storages.len() - 1))
     }
 
     /// The tensors under `v`, named by their keys joined with `.`, in the
