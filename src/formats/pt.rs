@@ -154,6 +154,15 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
                      uncompressed and only those are read",
                     f.compression()
                 )),
+                Ok(f) if local_name(src.bytes(), f.header_start()) != Some(f.name_raw()) => {
+                    let there = local_name(src.bytes(), f.header_start())
+                        .map(String::from_utf8_lossy)
+                        .unwrap_or_default();
+                    Err(format!(
+                        "its storage {member:?}: the archive's directory points at the \
+                         entry of {there:?}"
+                    ))
+                }
                 Ok(f) => {
                     let (start, len) = (f.data_start(), f.size());
                     if start.checked_add(len).is_some_and(|e| e <= src.len()) {
@@ -230,6 +239,19 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
         });
     }
     Ok(catalog)
+}
+
+/// The name in the zip local file header at `at`, if one is there. The
+/// central directory says where each member's header is; the zip reader
+/// does not check that the header there is that member's.
+fn local_name(file: &[u8], at: u64) -> Option<&[u8]> {
+    let at = usize::try_from(at).ok()?;
+    let head = file.get(at..at.checked_add(30)?)?;
+    if !head.starts_with(b"PK\x03\x04") {
+        return None;
+    }
+    let n = usize::from(u16::from_le_bytes([head[26], head[27]]));
+    file.get(at + 30..at + 30 + n)
 }
 
 fn is_computed(blobs: &[Blob], b: usize) -> bool {
