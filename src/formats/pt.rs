@@ -126,6 +126,15 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
     }
     let mut seen = HashSet::new();
     for (name, _) in &found {
+        // No file system path holds one; other formats refuse it too.
+        if name.contains('\0') {
+            return Err(Error::new(
+                ErrorKind::Index,
+                &label,
+                Some(name),
+                "a tensor name with a NUL byte",
+            ));
+        }
         if !seen.insert(name.as_str()) {
             return Err(Error::new(
                 ErrorKind::Duplicate,
