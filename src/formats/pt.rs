@@ -163,25 +163,21 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
                      uncompressed and only those are read",
                     f.compression()
                 )),
-                Ok(f) if local_name(src.bytes(), f.header_start()) != Some(f.name_raw()) => {
-                    let there = local_name(src.bytes(), f.header_start())
-                        .map(String::from_utf8_lossy)
-                        .unwrap_or_default();
-                    Err(format!(
-                        "its storage {member:?}: the archive's directory points at the \
-                         entry of {there:?}"
-                    ))
-                }
-                Ok(f) => {
-                    let (start, len) = (f.data_start(), f.size());
-                    if start.checked_add(len).is_some_and(|e| e <= src.len()) {
-                        Ok((start, len))
-                    } else {
-                        Err(format!(
-                            "its storage {member:?} lies past the end of the file"
-                        ))
+                Ok(f) => match check_local(src.bytes(), f.header_start(), f.name_raw()) {
+                    Err(why) => Err(format!(
+                        "its storage {member:?}: the archive's directory points at {why}"
+                    )),
+                    Ok(()) => {
+                        let (start, len) = (f.data_start(), f.size());
+                        if start.checked_add(len).is_some_and(|e| e <= src.len()) {
+                            Ok((start, len))
+                        } else {
+                            Err(format!(
+                                "its storage {member:?} lies past the end of the file"
+                            ))
+                        }
                     }
-                }
+                },
             },
         };
         storages.insert(key.clone(), at);
@@ -250,17 +246,28 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
     Ok(catalog)
 }
 
-/// The name in the zip local file header at `at`, if one is there. The
-/// central directory says where each member's header is; the zip reader
-/// does not check that the header there is that member's.
-fn local_name(file: &[u8], at: u64) -> Option<&[u8]> {
-    let at = usize::try_from(at).ok()?;
-    let head = file.get(at..at.checked_add(30)?)?;
-    if !head.starts_with(b"PK\x03\x04") {
-        return None;
-    }
+/// Whether the zip local file header at `at` is that of member `name`:
+/// the central directory says where each member's header is, and the zip
+/// reader does not check that the header there is that member's. What is
+/// there instead, if not. (A name of another length is not read: over a
+/// URL only the bytes of the directory's name length were fetched.)
+fn check_local(file: &[u8], at: u64, name: &[u8]) -> std::result::Result<(), String> {
+    let head = usize::try_from(at)
+        .ok()
+        .and_then(|at| file.get(at..at.checked_add(30)?));
+    let Some(head) = head.filter(|h| h.starts_with(b"PK\x03\x04")) else {
+        return Err("no local entry".into());
+    };
     let n = usize::from(u16::from_le_bytes([head[26], head[27]]));
-    file.get(at + 30..at + 30 + n)
+    if n != name.len() {
+        return Err(format!("the local entry of a name of {n} bytes"));
+    }
+    let here = usize::try_from(at).unwrap_or(usize::MAX).saturating_add(30);
+    match file.get(here..here.saturating_add(n)) {
+        Some(found) if found == name => Ok(()),
+        Some(found) => Err(format!("the entry of {:?}", String::from_utf8_lossy(found))),
+        None => Err("a local entry cut short".into()),
+    }
 }
 
 fn is_computed(blobs: &[Blob], b: usize) -> bool {
