@@ -544,6 +544,22 @@ fn cases() -> Vec<Case> {
         Want::Unsupported(&["plain"], "points at the entry of \"strided/data/1\""),
     );
     add(
+        "central directory points a storage at a member of a longer name",
+        "strided.pt",
+        Box::new(|_| {
+            edited("strided.pt", |b| {
+                let other = central_entry(b, "strided/version");
+                let at = u32::from_le_bytes(b[other + 42..other + 46].try_into().unwrap());
+                let cd = central_entry(b, "strided/data/2");
+                put_u32(b, cd + 42, at);
+            })
+        }),
+        Want::Unsupported(
+            &["every_other"],
+            "points at the local entry of a name of 15 bytes",
+        ),
+    );
+    add(
         "storage key climbing out of the archive",
         "strided.pt",
         Box::new(|_| {
