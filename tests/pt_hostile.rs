@@ -5,7 +5,8 @@
 //! Each must be refused at open in one line naming the file, or open with
 //! the bad tensor listed as unsupported (with its reason) or failing its
 //! reads, every other tensor reading torch's bytes. Never a panic, a hang
-//! or code run. A handful go through a real mount too.
+//! or code run. A handful go through a real mount too; then cut and
+//! byte-flipped variants of every fixture must not panic.
 
 mod support;
 
@@ -715,6 +716,12 @@ fn fixture_name(name: &str) -> &str {
     name.trim_start_matches("../")
 }
 
+/// The tensor names of fixture `file`, in order.
+fn names_of(file: &str) -> Vec<String> {
+    let o = formats::open(&fixtures().join(file), Limits::default()).unwrap();
+    o.catalog.tensors.into_iter().map(|t| t.name).collect()
+}
+
 /// Every tensor of `data` but `bad` reads torch's bytes for it, in odd
 /// chunks; the names it has.
 fn healthy_read_right(
@@ -777,6 +784,8 @@ fn check(c: &Case, path: &Path, scratch: &Path) {
                 assert!(!why.contains('\n'), "{}: {why}", c.name);
             }
             let names = healthy_read_right(c.name, c.base, &data, bad);
+            // Nothing else lost: every tensor of the fixture is listed.
+            assert_eq!(names, names_of(c.base), "{}", c.name);
             assert!(names.len() > bad.len(), "{}: no healthy neighbour", c.name);
         }
         (Want::ReadFails(bad, text), Ok(o)) => {
@@ -787,6 +796,7 @@ fn check(c: &Case, path: &Path, scratch: &Path) {
                 .unwrap_or_else(|| panic!("{}: {bad} read", c.name));
             assert!(e.contains(text), "{}: {e:?} lacks {text:?}", c.name);
             let names = healthy_read_right(c.name, c.base, &data, &[bad]);
+            assert_eq!(names, names_of(c.base), "{}", c.name);
             assert!(names.len() > 1, "{}: no healthy neighbour", c.name);
         }
         (Want::Serves(want), Ok(o)) => {
