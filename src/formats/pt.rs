@@ -6,8 +6,9 @@
 //! bytes, stored (not deflated) and 64-byte aligned by torch. The pickle is
 //! evaluated by a small stack machine that knows the few callables torch's
 //! tensors are rebuilt with (`torch._utils._rebuild_tensor{,_v2,_v3}`,
-//! `_rebuild_parameter`, `collections.OrderedDict`) and keeps every other
-//! object opaque: no code is imported or run.
+//! `_rebuild_parameter`, `torch._tensor._rebuild_from_type_v2` for a
+//! subclass, `collections.OrderedDict`) and keeps every other object
+//! opaque: no code is imported or run.
 //!
 //! This is our own reader rather than `ztensor-compat`'s, because that one
 //! refuses the whole file for one tensor it cannot read (a complex or
@@ -23,7 +24,9 @@
 //! - a dtype with no element type here, a deflated storage, a tensor
 //!   reaching past its storage, or a `_rebuild_tensor*` call whose
 //!   arguments do not describe a tensor (a negative offset or dimension,
-//!   no storage) is listed with the reason.
+//!   no storage), or a tensor torch rebuilds another way (quantized,
+//!   sparse, nested: another `torch._utils._rebuild_*`) is listed with
+//!   the reason.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
@@ -1065,18 +1068,50 @@ impl<'a> Vm<'a> {
             ("torch._utils", "_rebuild_tensor" | "_rebuild_tensor_v2" | "_rebuild_tensor_v3") => {
                 let t = self
                     .rebuild(name, &args)
-                    .map_err(|why| format!("torch._utils.{name} with {why}"));
-                // Each call holds its own size and stride: a tuple got
-                // from the memo and reduced again and again is counted.
-                self.count(match &t {
-                    Ok(t) => 1 + (t.shape.len() + t.stride.len()) as u64,
-                    Err(why) => 1 + why.len() as u64 / 32,
-                })?;
-                self.tensors.push(t);
-                Val::Tensor(self.tensors.len() - 1)
+                    .map_err(|why| format!("{module}.{name} with {why}"));
+                self.tensor(t)?
+            }
+            // A tensor subclass: `(func, type, func's args, state)`; the
+            // tensor is what `func` rebuilds, the subclass is left aside.
+            ("torch._tensor" | "torch._utils", "_rebuild_from_type" | "_rebuild_from_type_v2") => {
+                let t = match (args.first(), args.get(2)) {
+                    (Some(Val::Global(m, f)), Some(inner))
+                        if &**m == "torch._utils"
+                            && matches!(
+                                &**f,
+                                "_rebuild_tensor" | "_rebuild_tensor_v2" | "_rebuild_tensor_v3"
+                            ) =>
+                    {
+                        let inner: Vec<Val> = self.items(inner).iter().take(8).cloned().collect();
+                        self.rebuild(f, &inner)
+                            .map_err(|why| format!("{m}.{f} with {why}"))
+                    }
+                    _ => Err(format!(
+                        "{module}.{name} of a function other than torch's _rebuild_tensor*"
+                    )),
+                };
+                self.tensor(t)?
+            }
+            // torch's other rebuilds (quantized, sparse, nested, meta
+            // tensors...): listed, not read.
+            ("torch._utils", n) if n.starts_with("_rebuild_") => {
+                self.tensor(Err(format!("{module}.{n}: a kind of tensor not read here")))?
             }
             _ => Val::Opaque,
         })
+    }
+
+    /// A tensor torch rebuilt, or why it is not read, as a value; counted
+    /// against the budget.
+    fn tensor(&mut self, t: VmResult<TensorRef>) -> VmResult<Val> {
+        // Each call holds its own size and stride: a tuple got from the
+        // memo and reduced again and again is counted.
+        self.count(match &t {
+            Ok(t) => 1 + (t.shape.len() + t.stride.len()) as u64,
+            Err(why) => 1 + why.len() as u64 / 32,
+        })?;
+        self.tensors.push(t);
+        Ok(Val::Tensor(self.tensors.len() - 1))
     }
 
     /// `_rebuild_tensor*(storage, storage_offset, size, stride, ...)`; v3
