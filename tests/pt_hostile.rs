@@ -681,6 +681,58 @@ fn cases() -> Vec<Case> {
         Want::Unsupported(&["plain"], "a first argument that is not a storage"),
     );
     add(
+        "a quantized tensor's rebuild function",
+        "strided.pt",
+        Box::new(|_| {
+            repickled("strided.pt", |p| {
+                replace(
+                    p,
+                    b"h\x02((h\x03ctorch\nLong",
+                    b"ctorch._utils\n_rebuild_qtensor\n((h\x03ctorch\nLong",
+                )
+            })
+        }),
+        Want::Unsupported(
+            &["every_other"],
+            "torch._utils._rebuild_qtensor: a kind of tensor not read here",
+        ),
+    );
+    add(
+        "a tensor subclass wrapping _rebuild_tensor_v2",
+        "strided.pt",
+        Box::new(|_| {
+            repickled("strided.pt", |p| {
+                // every_other = _rebuild_from_type_v2(_rebuild_tensor_v2,
+                // Tensor, (its args), {}).
+                replace(
+                    p,
+                    b"q\x17h\x02((h\x03",
+                    b"q\x17ctorch._tensor\n_rebuild_from_type_v2\n(h\x02ctorch\nTensor\n((h\x03",
+                );
+                replace(p, b"tq\x1eRq\x1f", b"tq\x1e}tRq\x1f");
+            })
+        }),
+        Want::Serves(&["plain", "transposed", "every_other", "column"]),
+    );
+    add(
+        "a tensor subclass wrapping os.system",
+        "strided.pt",
+        Box::new(|_| {
+            repickled("strided.pt", |p| {
+                replace(
+                    p,
+                    b"q\x17h\x02((h\x03",
+                    b"q\x17ctorch._tensor\n_rebuild_from_type_v2\n(cos\nsystem\nctorch\nTensor\n((h\x03",
+                );
+                replace(p, b"tq\x1eRq\x1f", b"tq\x1e}tRq\x1f");
+            })
+        }),
+        Want::Unsupported(
+            &["every_other"],
+            "torch._tensor._rebuild_from_type_v2 of a function other than",
+        ),
+    );
+    add(
         "tensor name with a NUL byte",
         "strided.pt",
         Box::new(|_| {
