@@ -476,6 +476,12 @@ fn cases() -> Vec<Case> {
         Want::Unsupported(&["every_other"], "\"strided/data/2\" is not in the archive"),
     );
     add(
+        "a module's storage member missing",
+        "module.pt",
+        Box::new(|_| rebuilt("module.pt", |m| m.retain(|(n, _)| n != "module/data/1"))),
+        Want::Unsupported(&["1.weight"], "\"module/data/1\" is not in the archive"),
+    );
+    add(
         "storage member deflated",
         "strided.pt",
         Box::new(|_| archive(&members("strided.pt"), &["strided/data/0"])),
