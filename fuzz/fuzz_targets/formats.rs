@@ -1,8 +1,8 @@
 //! Any bytes as a file through `formats::open` (detection, then every
 //! format's catalog: zTensor v0.1, our HDF5 reader with its chunk
-//! assembly, and all ztensor-compat reads), then every
-//! tensor read through the data layer: Ok, a one-line Err, or a failed read;
-//! never a panic, a hang or an unbounded allocation.
+//! assembly, our `.pt` pickle evaluator, and all ztensor-compat reads),
+//! then every tensor read through the data layer: Ok, a one-line Err, or a
+//! failed read; never a panic, a hang or an unbounded allocation.
 #![no_main]
 
 use std::io::Write;

@@ -6,8 +6,9 @@
 //! bytes, stored (not deflated) and 64-byte aligned by torch. The pickle is
 //! evaluated by a small stack machine that knows the few callables torch's
 //! tensors are rebuilt with (`torch._utils._rebuild_tensor{,_v2,_v3}`,
-//! `_rebuild_parameter`, `collections.OrderedDict`) and keeps every other
-//! object opaque: no code is imported or run.
+//! `_rebuild_parameter`, `torch._tensor._rebuild_from_type_v2` for a
+//! subclass, `collections.OrderedDict`) and keeps every other object
+//! opaque: no code is imported or run.
 //!
 //! This is our own reader rather than `ztensor-compat`'s, because that one
 //! refuses the whole file for one tensor it cannot read (a complex or
@@ -20,8 +21,12 @@
 //!   mapping (several tensors may share one storage: views, tied weights);
 //! - a strided one (transposed, sliced with a step) is gathered into C
 //!   order by a producer that reads its storage from the open file;
-//! - a dtype with no element type here, a deflated storage, or a tensor
-//!   reaching past its storage is listed with the reason.
+//! - a dtype with no element type here, a deflated storage, a tensor
+//!   reaching past its storage, or a `_rebuild_tensor*` call whose
+//!   arguments do not describe a tensor (a negative offset or dimension,
+//!   no storage), or a tensor torch rebuilds another way (quantized,
+//!   sparse, nested: another `torch._utils._rebuild_*`) is listed with
+//!   the reason.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
@@ -124,6 +129,15 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
     }
     let mut seen = HashSet::new();
     for (name, _) in &found {
+        // No file system path holds one; other formats refuse it too.
+        if name.contains('\0') {
+            return Err(Error::new(
+                ErrorKind::Index,
+                &label,
+                Some(name),
+                "a tensor name with a NUL byte",
+            ));
+        }
         if !seen.insert(name.as_str()) {
             return Err(Error::new(
                 ErrorKind::Duplicate,
@@ -137,6 +151,7 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
     // Where each storage's bytes are, or why they cannot be served.
     let mut storages: HashMap<String, std::result::Result<(u64, u64), String>> = HashMap::new();
     for (_, t) in &found {
+        let Ok(t) = t else { continue };
         let key = &vm.storages[t.storage].key;
         if storages.contains_key(key) {
             continue;
@@ -151,16 +166,21 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
                      uncompressed and only those are read",
                     f.compression()
                 )),
-                Ok(f) => {
-                    let (start, len) = (f.data_start(), f.size());
-                    if start.checked_add(len).is_some_and(|e| e <= src.len()) {
-                        Ok((start, len))
-                    } else {
-                        Err(format!(
-                            "its storage {member:?} lies past the end of the file"
-                        ))
+                Ok(f) => match check_local(src.bytes(), f.header_start(), f.name_raw()) {
+                    Err(why) => Err(format!(
+                        "its storage {member:?}: the archive's directory points at {why}"
+                    )),
+                    Ok(()) => {
+                        let (start, len) = (f.data_start(), f.size());
+                        if start.checked_add(len).is_some_and(|e| e <= src.len()) {
+                            Ok((start, len))
+                        } else {
+                            Err(format!(
+                                "its storage {member:?} lies past the end of the file"
+                            ))
+                        }
                     }
-                }
+                },
             },
         };
         storages.insert(key.clone(), at);
@@ -181,6 +201,24 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
         )]),
     };
     for (name, t) in found {
+        let t = match t {
+            Ok(t) => t,
+            Err(why) => {
+                // Rebuilt by torch's function from arguments not read
+                // here: listed with the reason rather than left out.
+                catalog.tensors.push(Tensor {
+                    name,
+                    dtype: "unknown".into(),
+                    shape: Vec::new(),
+                    layout: "dense".into(),
+                    encoding: "raw".into(),
+                    directory: false,
+                    parts: Err(why),
+                    meta: JsonMap::new(),
+                });
+                continue;
+            }
+        };
         let storage = &vm.storages[t.storage];
         let mut meta = JsonMap::new();
         meta.insert("storage".into(), storage.key.clone().into());
@@ -209,6 +247,30 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
         });
     }
     Ok(catalog)
+}
+
+/// Whether the zip local file header at `at` is that of member `name`:
+/// the central directory says where each member's header is, and the zip
+/// reader does not check that the header there is that member's. What is
+/// there instead, if not. (A name of another length is not read: over a
+/// URL only the bytes of the directory's name length were fetched.)
+fn check_local(file: &[u8], at: u64, name: &[u8]) -> std::result::Result<(), String> {
+    let head = usize::try_from(at)
+        .ok()
+        .and_then(|at| file.get(at..at.checked_add(30)?));
+    let Some(head) = head.filter(|h| h.starts_with(b"PK\x03\x04")) else {
+        return Err("no local entry".into());
+    };
+    let n = usize::from(u16::from_le_bytes([head[26], head[27]]));
+    if n != name.len() {
+        return Err(format!("the local entry of a name of {n} bytes"));
+    }
+    let here = usize::try_from(at).unwrap_or(usize::MAX).saturating_add(30);
+    match file.get(here..here.saturating_add(n)) {
+        Some(found) if found == name => Ok(()),
+        Some(found) => Err(format!("the entry of {:?}", String::from_utf8_lossy(found))),
+        None => Err("a local entry cut short".into()),
+    }
 }
 
 fn is_computed(blobs: &[Blob], b: usize) -> bool {
@@ -558,7 +620,8 @@ struct Vm<'a> {
     memo: HashMap<u64, Val>,
     nodes: Vec<Node>,
     storages: Vec<StorageRef>,
-    tensors: Vec<TensorRef>,
+    /// Each tensor rebuilt, or why its arguments could not be read.
+    tensors: Vec<std::result::Result<TensorRef, String>>,
     /// Values held in containers, the stack and the memo, against `cap`.
     cells: u64,
     cap: u64,
@@ -849,14 +912,14 @@ impl<'a> Vm<'a> {
                 b'R' | 0x81 => {
                     let args = self.pop()?;
                     let f = self.pop()?;
-                    let v = self.call(&f, &args);
+                    let v = self.call(&f, &args)?;
                     self.push(v)?;
                 }
                 0x92 => {
                     self.pop()?; // NEWOBJ_EX's kwargs
                     let args = self.pop()?;
                     let f = self.pop()?;
-                    let v = self.call(&f, &args);
+                    let v = self.call(&f, &args)?;
                     self.push(v)?;
                 }
                 b'b' => {
@@ -894,7 +957,7 @@ impl<'a> Vm<'a> {
                 }
                 b'Q' => {
                     let pid = self.pop()?;
-                    let v = self.persistent(&pid);
+                    let v = self.persistent(&pid)?;
                     self.push(v)?;
                 }
                 b'P' => {
@@ -985,14 +1048,14 @@ impl<'a> Vm<'a> {
     }
 
     /// `REDUCE`: the few callables torch's tensors are rebuilt with.
-    fn call(&mut self, f: &Val, args: &Val) -> Val {
+    fn call(&mut self, f: &Val, args: &Val) -> VmResult<Val> {
         let Val::Global(module, name) = f else {
-            return Val::Opaque;
+            return Ok(Val::Opaque);
         };
         // At most the 7 arguments `_rebuild_tensor_v3` takes: a huge tuple
         // reduced again and again costs nothing.
         let args: Vec<Val> = self.items(args).iter().take(8).cloned().collect();
-        match (&**module, &**name) {
+        Ok(match (&**module, &**name) {
             ("collections", "OrderedDict") | ("builtins", "dict") | ("__builtin__", "dict") => {
                 Val::Dict(self.node(Node::Dict(Vec::new())))
             }
@@ -1003,62 +1066,120 @@ impl<'a> Vm<'a> {
                 }
             }
             ("torch._utils", "_rebuild_tensor" | "_rebuild_tensor_v2" | "_rebuild_tensor_v3") => {
-                self.rebuild(name, &args).unwrap_or(Val::Opaque)
+                let t = self
+                    .rebuild(name, &args)
+                    .map_err(|why| format!("{module}.{name} with {why}"));
+                self.tensor(t)?
+            }
+            // A tensor subclass: `(func, type, func's args, state)`; the
+            // tensor is what `func` rebuilds, the subclass is left aside.
+            ("torch._tensor" | "torch._utils", "_rebuild_from_type" | "_rebuild_from_type_v2") => {
+                let t = match (args.first(), args.get(2)) {
+                    (Some(Val::Global(m, f)), Some(inner))
+                        if &**m == "torch._utils"
+                            && matches!(
+                                &**f,
+                                "_rebuild_tensor" | "_rebuild_tensor_v2" | "_rebuild_tensor_v3"
+                            ) =>
+                    {
+                        let inner: Vec<Val> = self.items(inner).iter().take(8).cloned().collect();
+                        self.rebuild(f, &inner)
+                            .map_err(|why| format!("{m}.{f} with {why}"))
+                    }
+                    _ => Err(format!(
+                        "{module}.{name} of a function other than torch's _rebuild_tensor*"
+                    )),
+                };
+                self.tensor(t)?
+            }
+            // torch's other rebuilds (quantized, sparse, nested, meta
+            // tensors...): listed, not read.
+            ("torch._utils", n) if n.starts_with("_rebuild_") => {
+                self.tensor(Err(format!("{module}.{n}: a kind of tensor not read here")))?
             }
             _ => Val::Opaque,
-        }
+        })
+    }
+
+    /// A tensor torch rebuilt, or why it is not read, as a value; counted
+    /// against the budget.
+    fn tensor(&mut self, t: VmResult<TensorRef>) -> VmResult<Val> {
+        // Each call holds its own size and stride: a tuple got from the
+        // memo and reduced again and again is counted.
+        self.count(match &t {
+            Ok(t) => 1 + (t.shape.len() + t.stride.len()) as u64,
+            Err(why) => 1 + why.len() as u64 / 32,
+        })?;
+        self.tensors.push(t);
+        Ok(Val::Tensor(self.tensors.len() - 1))
     }
 
     /// `_rebuild_tensor*(storage, storage_offset, size, stride, ...)`; v3
-    /// adds the dtype after the hooks (for an untyped storage).
-    fn rebuild(&mut self, name: &str, args: &[Val]) -> Option<Val> {
-        let Val::Storage(s) = args.first()? else {
-            return None;
+    /// adds the dtype after the hooks (for an untyped storage). What is
+    /// wrong with the arguments when they do not describe a tensor.
+    fn rebuild(&self, name: &str, args: &[Val]) -> VmResult<TensorRef> {
+        let needed = if name == "_rebuild_tensor_v3" { 7 } else { 4 };
+        if args.len() < needed {
+            return Err(format!("{} arguments, not {needed}", args.len()));
+        }
+        let at = match &args[0] {
+            Val::Storage(s) => self.storages.get(*s).map(|st| (*s, st)),
+            _ => None,
         };
-        let offset = match args.get(1)? {
-            Val::Int(n) => u64::try_from(*n).ok()?,
-            _ => return None,
+        let Some((s, storage)) = at else {
+            return Err("a first argument that is not a storage \
+                        (a persistent id (\"storage\", class, key, ...))"
+                .into());
         };
-        let shape = self.dims(args.get(2)?)?;
-        let stride = self.dims(args.get(3)?)?;
-        let dtype = match (&self.storages.get(*s)?.dtype, name) {
-            (_, "_rebuild_tensor_v3") => match args.get(6)? {
+        let offset = match &args[1] {
+            Val::Int(n) => u64::try_from(*n).ok(),
+            _ => None,
+        }
+        .ok_or("a storage offset that is not an integer of 0 or more")?;
+        let shape = self
+            .dims(&args[2])
+            .ok_or("a size that is not a tuple of integers of 0 or more")?;
+        let stride = self
+            .dims(&args[3])
+            .ok_or("a stride that is not a tuple of integers of 0 or more")?;
+        let dtype = match (&storage.dtype, name) {
+            (_, "_rebuild_tensor_v3") => match &args[6] {
                 Val::Global(m, n) if &**m == "torch" => n.to_string(),
-                _ => return None,
+                _ => return Err("a dtype (argument 7) that is not a torch dtype".into()),
             },
             (Some(d), _) => d.clone(),
-            (None, _) => return None,
+            (None, _) => return Err("an untyped storage and no dtype".into()),
         };
-        self.tensors.push(TensorRef {
-            storage: *s,
+        Ok(TensorRef {
+            storage: s,
             dtype,
             offset,
             shape,
             stride,
-        });
-        Some(Val::Tensor(self.tensors.len() - 1))
+        })
     }
 
     /// `BINPERSID`: torch's `("storage", class, key, location, numel)`.
-    fn persistent(&mut self, pid: &Val) -> Val {
+    fn persistent(&mut self, pid: &Val) -> VmResult<Val> {
         let items = self.items(pid);
         let (Some(Val::Str(tag)), Some(Val::Global(module, class)), Some(Val::Str(key))) =
             (items.first(), items.get(1), items.get(2))
         else {
-            return Val::Opaque;
+            return Ok(Val::Opaque);
         };
         if &**tag != "storage" {
-            return Val::Opaque;
+            return Ok(Val::Opaque);
         }
         let dtype = match (&**module, &**class) {
             ("torch.storage", "UntypedStorage") | ("torch", "UntypedStorage") => None,
             (_, c) => Some(storage_dtype(c)),
         };
-        self.storages.push(StorageRef {
-            key: key.to_string(),
-            dtype,
-        });
-        Val::Storage(self.storages.len() - 1)
+        // Its own copy of the key: a long key got from the memo again and
+        // again is counted.
+        let (key, class) = (key.to_string(), class.len());
+        self.count(1 + (key.len() + class) as u64 / 32)?;
+        self.storages.push(StorageRef { key, dtype });
+        Ok(Val::Storage(self.storages.len() - 1))
     }
 
     /// The tensors under `v`, named by their keys joined with `.`, in the
@@ -1069,7 +1190,7 @@ impl<'a> Vm<'a> {
         name: String,
         depth: usize,
         budget: &mut u64,
-        out: &mut Vec<(String, TensorRef)>,
+        out: &mut Vec<(String, VmResult<TensorRef>)>,
     ) -> VmResult<()> {
         if depth > MAX_DEPTH {
             return Err("the saved object nests too deep".into());
