@@ -1099,7 +1099,11 @@ mod tests {
         assert_eq!(run(5, 10), 10);
         assert_eq!(run(15, 10), 5);
         assert_eq!(run(20, 5), 0);
-        assert_eq!(run(30, 100), 10, "block 3, then 4 (the last, short) is missing");
+        assert_eq!(
+            run(30, 100),
+            10,
+            "block 3, then 4 (the last, short) is missing"
+        );
         assert_eq!(run(45, 10), 0);
         let all = |_| true;
         assert_eq!(present_run(all, 10, 45, 31, 100), 14, "clipped to the size");
