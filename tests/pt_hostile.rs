@@ -214,7 +214,7 @@ fn cases() -> Vec<Case> {
         "archive cut in half",
         "dtypes.pt",
         Box::new(|_| edited("dtypes.pt", |b| b.truncate(b.len() / 2))),
-        Want::Refused("not a ZIP archive"),
+        Want::Refused("a ZIP archive (npz or PyTorch .pt) that cannot be read"),
     );
     add(
         "archive cut inside its central directory",
@@ -225,7 +225,7 @@ fn cases() -> Vec<Case> {
                 b.truncate(cd + 10);
             })
         }),
-        Want::Refused("not a ZIP archive"),
+        Want::Refused("a ZIP archive (npz or PyTorch .pt) that cannot be read"),
     );
     add(
         "central directory puts data.pkl at a wrong offset",
@@ -898,7 +898,7 @@ fn every_case_reaches_the_pt_reader() {
     let scratch = tempfile::tempdir().unwrap();
     for (i, c) in cases().iter().enumerate() {
         let bytes = (c.forge)(scratch.path());
-        if matches!(c.want, Want::Refused(t) if t.contains("not a ZIP archive")) {
+        if matches!(c.want, Want::Refused(t) if t.contains("a ZIP archive (npz or PyTorch .pt)")) {
             continue;
         }
         assert_eq!(

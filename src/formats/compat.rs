@@ -217,10 +217,19 @@ impl Fetches {
 
 /// A crate error as one line naming our file (not the path we gave it).
 fn refused(src: &MappedFile, given: &Path, e: impl std::fmt::Display) -> Error {
-    let msg = e
+    let mut msg = e
         .to_string()
         .replace(&given.display().to_string(), src.label())
         .replace('\n', " ");
+    // A zip whose directory cannot be read was taken for npz only because
+    // nothing in it could say it is a `.pt` file.
+    if let Some(at) = msg.find("npz: not a ZIP archive: ") {
+        let why = msg[at + "npz: not a ZIP archive: ".len()..].to_string();
+        msg = format!(
+            "{}a ZIP archive (npz or PyTorch .pt) that cannot be read, cut short or damaged: {why}",
+            &msg[..at]
+        );
+    }
     let kind = if msg.contains("no registered projection")
         || msg.contains("not compiled in")
         || msg.contains("is refused")
