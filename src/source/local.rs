@@ -167,9 +167,10 @@ impl MappedFile {
     /// the mapping) ahead of their use, in one call: the pages come from
     /// the page cache, or are read from disk. Fails on kernels before 5.14
     /// (`EINVAL`), or if the file is now shorter than the mapping (`EFAULT`,
-    /// never a SIGBUS). Of a remote object's mapping, only the blocks
-    /// fetched already: faulting in the others would read the cache file's
-    /// holes into zeroed page-cache pages that the fetch then overwrites.
+    /// never a SIGBUS). Of a remote object's mapping, only the run of
+    /// blocks fetched already from `off` on, up to the first that is not:
+    /// faulting in the others would read the cache file's holes into
+    /// zeroed page-cache pages that the fetch then overwrites.
     pub fn populate(&self, off: usize, len: usize) -> std::io::Result<()> {
         let len = match &self.backing {
             Some(b) => b.present(off as u64, len as u64) as usize,

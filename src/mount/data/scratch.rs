@@ -1,7 +1,7 @@
 //! One reply buffer kept per thread. A read that cannot be served from a
 //! mapping or a cached unit as it is (a range across two zstd frames, a
-//! view's header and tensor bytes, big-endian elements) is copied into a
-//! buffer of its own; a fresh buffer per 1 MiB request costs its page
+//! view's header and tensor bytes, big-endian elements, a raw read under
+//! 128 KiB, a generated file) is copied into a buffer of its own; a fresh buffer per 1 MiB request costs its page
 //! faults every time (a quarter of the read on the project's VM:
 //! BENCHMARKS.md, the `.npy` view of a zstd tensor), so the worker thread
 //! that sent the reply keeps the buffer for its next one.
@@ -11,7 +11,8 @@
 
 use std::cell::Cell;
 
-/// Largest buffer kept: the largest read request the kernel sends.
+/// Largest buffer kept, whatever `max_read` allows: four default (1 MiB)
+/// requests; a larger request's buffer is freed after its reply.
 const KEEP_MAX: usize = 4 << 20;
 
 thread_local! {
