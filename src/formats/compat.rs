@@ -223,8 +223,9 @@ fn refused(src: &MappedFile, given: &Path, e: impl std::fmt::Display) -> Error {
         .replace('\n', " ");
     // A zip whose directory cannot be read was taken for npz only because
     // nothing in it could say it is a `.pt` file.
-    if let Some(at) = msg.find("npz: not a ZIP archive: ") {
-        let why = msg[at + "npz: not a ZIP archive: ".len()..].to_string();
+    const NOT_ZIP: &str = "npz: not a ZIP archive: ";
+    if let Some(at) = msg.find(NOT_ZIP) {
+        let why = msg[at + NOT_ZIP.len()..].to_string();
         msg = format!(
             "{}a ZIP archive (npz or PyTorch .pt) that cannot be read, cut short or damaged: {why}",
             &msg[..at]

@@ -1,10 +1,11 @@
 //! One reply buffer kept per thread. A read that cannot be served from a
 //! mapping or a cached unit as it is (a range across two zstd frames, a
 //! view's header and tensor bytes, big-endian elements, a raw read under
-//! 128 KiB, a generated file) is copied into a buffer of its own; a fresh buffer per 1 MiB request costs its page
-//! faults every time (a quarter of the read on the project's VM:
-//! BENCHMARKS.md, the `.npy` view of a zstd tensor), so the worker thread
-//! that sent the reply keeps the buffer for its next one.
+//! 128 KiB, a generated file) is copied into a buffer of its own. A fresh
+//! buffer per 1 MiB request costs its page faults every time (a quarter
+//! of the read on the project's VM: BENCHMARKS.md, the `.npy` view of a
+//! zstd tensor), so the worker thread that sent the reply keeps the buffer
+//! for its next one.
 //!
 //! Memory: at most one buffer of at most [`KEEP_MAX`] per thread that
 //! served such a read, next to the request buffer each FUSE worker holds.
