@@ -54,6 +54,7 @@ fn main() {
             direct_io: false,
             views: ztensor_mount::views::Views::ALL,
             xattrs: true,
+            backing: ztensor_mount::mount::backing::BackingOptions::off(),
         },
     )
     .expect("fs");

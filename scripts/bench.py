@@ -58,9 +58,11 @@ SIZES = {
     # raw float32 tensor; zstd float32 and bfloat16 tensors; the big
     # multi-frame zstd tensor (time to first byte, 8 readers); small tensors.
     "full": dict(raw=1 * GiB, z=256 * MiB, bf16=256 * MiB, big=1 * GiB,
-                 many=100_000, random_reads=20_000, rss_cache="256M"),
+                 many=100_000, random_reads=20_000, rss_cache="256M",
+                 pt_n=16, pt_tensor=64 * MiB),
     "quick": dict(raw=64 * MiB, z=32 * MiB, bf16=32 * MiB, big=128 * MiB,
-                  many=5_000, random_reads=2_000, rss_cache="32M"),
+                  many=5_000, random_reads=2_000, rss_cache="32M",
+                  pt_n=4, pt_tensor=8 * MiB),
 }
 # The files of the v2, formats and model sections, made by the formats' own
 # writers (scripts/bench_writers.py): the v2 tensor (raw and seekable zstd;
@@ -1829,6 +1831,137 @@ class Bench:
             self.same_bytes(m.mp / p, o + k, m.mp / rel, k, 4096, f"view {v} of {rel}")
         return out
 
+    # passthrough ----------------------------------------------------
+
+    def pt_files(self):
+        """The passthrough section's files: a safetensors model written by
+        safetensors.numpy (pt_n float32 tensors of pt_tensor bytes), the
+        same values as one .npy file per tensor, and a `pack --zstd` file
+        of them (1 MiB frames)."""
+        d = self.work / "passthrough"
+        n, size = self.sizes["pt_n"], self.sizes["pt_tensor"]
+        st, zt = d / "model.safetensors", d / "model_zstd.zt"
+        npys = [d / f"t{i}.npy" for i in range(n)]
+        want = dict(n=n, size=size, version=1)
+        manifest = d / "manifest.json"
+        if not (manifest.exists() and json.loads(manifest.read_text()) == want
+                and st.exists() and zt.exists() and all(p.exists() for p in npys)):
+            import safetensors.numpy
+            d.mkdir(exist_ok=True)
+            tensors = {}
+            for i, p in enumerate(npys):
+                write_normal_npy(p, size // 4, seed=100 + i)
+                tensors[f"layer{i}.weight"] = np.load(p)
+            safetensors.numpy.save_file(tensors, st)
+            del tensors
+            run([BIN, "pack", zt, *[f"layer{i}.weight={p}" for i, p in enumerate(npys)],
+                 "--zstd"], capture_output=True, text=True)
+            manifest.write_text(json.dumps(want))
+        return st, zt, npys
+
+    @staticmethod
+    def settled(m):
+        """Waits until the mount fills no backing file and has heard of
+        every close (an inode the daemon still serves is not passed through)."""
+        for _ in range(6000):
+            s = m.stats()
+            if s.get("backing_filling", 0) == 0 and s.get("open_files_served", 0) == 0:
+                return s
+            time.sleep(0.005)
+        raise BenchError("backing files still filling after 30 s")
+
+    @staticmethod
+    def drop_pages(path):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+    def section_passthrough(self):
+        import safetensors.numpy
+        log("passthrough: loaders through the mount against the same loader on the file")
+        st, zt, npys = self.pt_files()
+        total = st.stat().st_size
+        view = ".safetensors/model.safetensors"
+        load = lambda p: safetensors.numpy.load_file(str(p))
+
+        def timed(fn):
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+
+        hot, base, cold, cold_base, off_t = [], [], [], [], []
+        for _ in range(self.runs):
+            self.hot(st)
+            base.append(timed(lambda: load(st)))
+            with self.mounter.mount(st, [], tag="pt") as m:
+                self.hot(st)
+                hot.append(timed(lambda: load(m.mp / view)))
+                self.drop_pages(st)
+                cold.append(timed(lambda: load(m.mp / view)))
+                stats = m.stats()
+            with self.mounter.mount(st, ["--no-passthrough"], tag="pt-off") as m:
+                self.hot(st)
+                off_t.append(timed(lambda: load(m.mp / view)))
+            self.drop_pages(st)
+            cold_base.append(timed(lambda: load(st)))
+        self.note(f"passthrough: safetensors view, {stats['passthrough_opens']} passthrough "
+                  f"opens, {stats['bytes_served']} bytes served by the daemon")
+        what = "safetensors.numpy.load_file of the file"
+        self.throughput_row("safetensors.numpy.load_file of the .safetensors view of a "
+                            "safetensors file (passthrough, hot)", total, hot, base, 0.9, what)
+        self.throughput_row("  same, --no-passthrough (the daemon serves it)", total, off_t,
+                            base, None, what)
+        self.throughput_row("  same, cold (the file's pages dropped before each sample, both)",
+                            total, cold, cold_base, 1.0, what + ", cold")
+
+        # A zstd tensor after its first read: its backing file against a
+        # raw file of the same values.
+        name, raw_npy = "layer0.weight", npys[0]
+        n = os.path.getsize(raw_npy)
+        hdr = n - self.sizes["pt_tensor"]
+        buf = bytearray(self.sizes["pt_tensor"])
+        second, base_read, mm, base_mm, first = [], [], [], [], []
+        for _ in range(self.runs):
+            self.hot(raw_npy)
+            base_read.append(timed(lambda: self.read_into(raw_npy, hdr, len(buf), buf)))
+            base_mm.append(timed(lambda: np.load(raw_npy, mmap_mode="r").sum()))
+            with self.mounter.mount(zt, [], tag="ptz") as m:
+                self.hot(zt)
+                p = m.mp / name
+                first.append(timed(lambda: self.read_into(p, 0, len(buf), buf)))
+                np.load(m.mp / ".npy" / f"{name}.npy", mmap_mode="r").sum()
+                self.settled(m)
+                second.append(timed(lambda: self.read_into(p, 0, len(buf), buf)))
+                mm.append(timed(lambda: np.load(m.mp / ".npy" / f"{name}.npy",
+                                                mmap_mode="r").sum()))
+                stats = m.stats()
+        self.note(f"passthrough: zstd tensor, {stats['backing_files']} backing files "
+                  f"({stats['backing_bytes']} bytes), {stats['passthrough_opens']} passthrough opens")
+        size = len(buf)
+        self.throughput_row(f"zstd tensor (pack --zstd, 1 MiB frames) {size / MiB:.0f} MiB, "
+                            "first readinto (fills its backing file meanwhile)", size, first,
+                            base_read, None, "readinto of a raw file of the same values")
+        self.throughput_row("  same, second readinto (backing file)", size, second, base_read,
+                            0.9, "readinto of a raw file of the same values")
+        self.throughput_row("  np.load(.npy view, mmap_mode='r').sum() after the first read",
+                            size, mm, base_mm, 0.9, "the same on a .npy file of the same values")
+
+        # The whole zstd model through its safetensors view, after a first load.
+        zfirst, zsecond = [], []
+        for _ in range(self.runs):
+            with self.mounter.mount(zt, [], tag="ptzv") as m:
+                self.hot(zt)
+                zfirst.append(timed(lambda: load(m.mp / view)))
+                self.settled(m)
+                zsecond.append(timed(lambda: load(m.mp / view)))
+        self.throughput_row("safetensors.numpy.load_file of the .safetensors view of the "
+                            "pack --zstd model, first load", total, zfirst, base, None,
+                            "safetensors.numpy.load_file of the raw safetensors file")
+        self.throughput_row("  same, second load (backing file)", total, zsecond, base, 0.9,
+                            "safetensors.numpy.load_file of the raw safetensors file")
+
     def section_views(self):
         log("views: .npy, zarr chunk and .safetensors against the tensor's own file")
         f = self.files
@@ -2050,6 +2183,7 @@ class Bench:
             "views": self.section_views,
             "model": self.section_model,
             "remote": self.section_remote,
+            "passthrough": self.section_passthrough,
         }
         only = self.args.only.split(",") if self.args.only else list(sections)
         for s in only:
@@ -2182,7 +2316,7 @@ def main():
     ap.add_argument("--wait-quiet", type=float, metavar="MINUTES",
                     help="first wait up to MINUTES for cargo/fuzzer processes to finish")
     ap.add_argument("--only", help="comma-separated sections: raw,memmap,zstd,ttfb,random,"
-                                   "many,rss,v2,formats,views,model,remote")
+                                   "many,rss,v2,formats,views,model,remote,passthrough")
     args = ap.parse_args()
     if args.runs is not None and args.runs < (1 if args.quick else 3):
         ap.error("--runs must be at least 3 (figures are medians); --quick allows 1, "

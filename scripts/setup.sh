@@ -37,6 +37,12 @@ fi
 # fusermount3 (unmounting for users other than root, --auto-unmount) reads
 # /etc/mtab; systemd makes it a link to the kernel's table at boot, and a
 # chroot or container may lack it.
+# mkfs.xfs: tests/passthrough.rs loop-mounts an XFS image (reflink) to
+# check raw tensors backed by clones.
+if ! command -v mkfs.xfs >/dev/null 2>&1; then
+  echo "setup: installing xfsprogs (the reflink tests make an XFS image)"
+  apt_install xfsprogs
+fi
 if [ ! -e /etc/mtab ]; then
   echo "setup: linking /etc/mtab to /proc/self/mounts (fusermount3 reads it)"
   as_root ln -s ../proc/self/mounts /etc/mtab

@@ -74,6 +74,14 @@ struct MountCli {
     /// Serve tensor data through the kernel page cache, kept across opens.
     #[arg(long, overrides_with = "direct_io")]
     page_cache: bool,
+    /// Serve every file through the daemon: no FUSE passthrough, even
+    /// where the kernel and root would allow it.
+    #[arg(long)]
+    no_passthrough: bool,
+    /// Most disk the decoded copies under --cache-dir that the kernel
+    /// reads directly may take (e.g. 20G). Default: half of its free space.
+    #[arg(long, value_name = "SIZE")]
+    decoded_cache_size: Option<String>,
     /// Do not verify raw tensors' checksums before serving them.
     #[arg(long)]
     no_verify_raw: bool,
@@ -206,6 +214,10 @@ pub fn main() -> ExitCode {
             s.direct_io = false;
         }
         s.verify_raw &= !cli.no_verify_raw;
+        s.passthrough &= !cli.no_passthrough;
+        if let Some(v) = &cli.decoded_cache_size {
+            s.decoded_cache_size = Some(options::parse_size(v)?);
+        }
         if cli.xattrs {
             s.xattrs = true;
         }

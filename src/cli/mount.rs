@@ -15,9 +15,11 @@ use fuser::{Config, MountOption, SessionACL};
 use super::logging;
 use super::options::Settings;
 use crate::formats::{self, Limits, Opened};
+use crate::mount::backing::BackingOptions;
 use crate::mount::data::{DataOptions, PROGRESSIVE_MIN};
 use crate::mount::fs::{FsOptions, TensorFs};
 use crate::mount::fuse::Adapter;
+use crate::mount::spill;
 
 fn fail(msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("ztensor-mount: {msg}");
@@ -287,6 +289,38 @@ fn block_exit_signals() -> libc::sigset_t {
     }
 }
 
+/// Why the kernel will not be asked for passthrough, when it will not: it
+/// was turned off, or the daemon lacks CAP_SYS_ADMIN, which registering a
+/// backing file needs.
+fn no_passthrough(s: &Settings) -> Option<String> {
+    if !s.passthrough {
+        return Some("passthrough is off (--no-passthrough)".into());
+    }
+    if !has_sys_admin() {
+        return Some("passthrough needs CAP_SYS_ADMIN (mount as root)".into());
+    }
+    None
+}
+
+/// linux/capability.h.
+const CAP_SYS_ADMIN: u32 = 21;
+
+/// Whether this process holds CAP_SYS_ADMIN (bit 21 of `CapEff` in
+/// /proc/self/status).
+fn has_sys_admin() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let hex = s
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))?
+                .trim()
+                .to_string();
+            u64::from_str_radix(&hex, 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
+}
+
 /// Mounts and serves until unmounted or signalled. `ready` gets "mounted
 /// DEV" once the mount exists, then the reason if serving it fails; or the
 /// reason it could not mount. (Written to a command that may have gone:
@@ -318,6 +352,13 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
         direct_io: s.direct_io,
         views: s.views,
         xattrs: s.xattrs,
+        backing: BackingOptions {
+            enabled: s.passthrough,
+            dir: s.cache_dir.clone(),
+            limit: s
+                .decoded_cache_size
+                .unwrap_or_else(|| spill::free_bytes(&s.cache_dir).unwrap_or(0) / 2),
+        },
     };
     let fs = match TensorFs::new(opened.catalog, opened.sources, opts) {
         Ok(fs) => fs,
@@ -329,18 +370,19 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
     };
     let uid = s.uid.unwrap_or_else(|| unsafe { libc::getuid() });
     let gid = s.gid.unwrap_or_else(|| unsafe { libc::getgid() });
-    // Set once mounted: the session is over for good (and the daemon may
-    // exit at once) when that device is no longer at the mountpoint.
-    let mounted: Arc<OnceLock<String>> = Arc::default();
+    // Set once mounted: a copy of the session's /dev/fuse descriptor. The
+    // session is over for good (and the daemon may exit at once, before
+    // fuser unmounts the mountpoint *path*, where a new mount may sit by
+    // now) when the kernel has disconnected it: it does so when it
+    // unmounts, and the descriptor then polls POLLERR. The mountpoint or
+    // its device number cannot tell: a new mount there may even reuse the
+    // device number the old one freed.
+    let connection: Arc<OnceLock<OwnedFd>> = Arc::default();
     let unmounted = {
-        let (mounted, mp) = (mounted.clone(), mountpoint.to_path_buf());
-        Box::new(move || {
-            mounted
-                .get()
-                .is_none_or(|dev| mount_dev(&mp).as_deref() != Some(dev.as_str()))
-        })
+        let connection = connection.clone();
+        Box::new(move || connection.get().is_none_or(disconnected))
     };
-    let adapter = Adapter::new(fs, uid, gid, time, s.max_read, unmounted);
+    let adapter = Adapter::new(fs, uid, gid, time, s.max_read, unmounted, no_passthrough(s));
 
     let mut mount_options = vec![
         MountOption::FSName(label.clone()),
@@ -382,9 +424,16 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
             return fail(msg);
         }
     };
+    match std::os::fd::AsFd::as_fd(&session).try_clone_to_owned() {
+        Ok(fd) => {
+            let _ = connection.set(fd);
+        }
+        Err(e) => log::warn!(
+            "cannot keep a copy of the FUSE descriptor ({e}): at exit, the mount is unmounted by its path"
+        ),
+    }
     let dev = mount_dev(mountpoint);
     if let Some(dev) = &dev {
-        let _ = mounted.set(dev.clone());
         tune_bdi(dev, s.read_ahead_kb);
     }
     log::info!(
@@ -454,6 +503,25 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
             ));
             ExitCode::from(1)
         }
+    }
+}
+
+/// Whether the kernel has disconnected the FUSE connection of `fd` (it
+/// polls POLLERR then; an error of poll itself counts as not).
+fn disconnected(fd: &OwnedFd) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: 0,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd, a descriptor this process owns, no wait.
+        let r = unsafe { libc::poll(&mut p, 1, 0) };
+        if r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        return r == 1 && p.revents & libc::POLLERR != 0;
     }
 }
 

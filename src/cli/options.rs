@@ -30,6 +30,11 @@ pub struct Settings {
     pub remote: crate::source::RemoteOptions,
     /// Answer `user.ztensor.*` extended attributes.
     pub xattrs: bool,
+    /// Let the kernel read backed files itself (FUSE passthrough).
+    pub passthrough: bool,
+    /// Most disk the decoded backing files may take; `None`: half of
+    /// `cache_dir`'s free space at mount.
+    pub decoded_cache_size: Option<u64>,
 }
 
 impl Default for Settings {
@@ -54,6 +59,8 @@ impl Default for Settings {
             views: crate::views::Views::ALL,
             remote: crate::source::RemoteOptions::default(),
             xattrs: false,
+            passthrough: true,
+            decoded_cache_size: None,
         }
     }
 }
@@ -156,6 +163,9 @@ pub fn apply_o(s: &mut Settings, list: &str) -> Result<(), String> {
             "no_verify_raw" => s.verify_raw = false,
             "xattrs" => s.xattrs = true,
             "no_xattrs" => s.xattrs = false,
+            "passthrough" => s.passthrough = true,
+            "no_passthrough" => s.passthrough = false,
+            "decoded_cache_size" => s.decoded_cache_size = Some(parse_size(need()?)?),
             "debug" => s.debug = true,
             "foreground" => s.foreground = true,
             "log_file" => s.log_file = Some(PathBuf::from(need()?)),

@@ -195,6 +195,36 @@ impl Data {
         &self.stats
     }
 
+    /// Source `i`, when it is a local file that is served.
+    pub fn local_file(&self, i: usize) -> Option<&MappedFile> {
+        let s = self.files.get(i)?.as_ref()?;
+        (!s.file.is_remote()).then_some(&*s.file)
+    }
+
+    /// Whether part `pi` of tensor `ti` may be read straight from its
+    /// source now: its source is unchanged since mount and every check a
+    /// read of it would make has passed (a failure is logged as a read's).
+    /// For a part served from a file the daemon does not read itself.
+    pub fn check_raw(&self, ti: usize, pi: usize) -> Result<(), String> {
+        let t = &self.catalog.tensors[ti];
+        let r = (|| -> Result<(), String> {
+            let parts = t.parts.as_ref().map_err(|why| self.fail_tensor(t, why))?;
+            let part = parts
+                .get(pi)
+                .ok_or_else(|| self.fail_tensor(t, "no such part"))?;
+            let s = self.served(part.blob)?;
+            if self.opts.verify_raw {
+                self.checked(s, part.blob)?;
+            }
+            Ok(())
+        })();
+        if let Err(why) = &r {
+            Stats::add(&self.stats.errors, 1);
+            self.log_failure(ti, why);
+        }
+        r
+    }
+
     /// Exposed bytes `[off, off+len)` of part `pi` of tensor `ti`.
     pub fn read(&self, ti: usize, pi: usize, off: u64, len: u64) -> Result<Bytes<'_>, String> {
         let t = &self.catalog.tensors[ti];

@@ -5,9 +5,11 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use super::backing::{Backing, BackingOptions, Backings, Segment};
 use super::data::{Bytes, Data, DataOptions, scratch};
 use super::sidecar;
 use super::stats::Stats;
@@ -33,6 +35,15 @@ pub struct Attr {
     pub nlink: u32,
 }
 
+/// How an opened file is read.
+#[derive(Clone, Debug)]
+pub enum Open {
+    /// By the daemon, cached by the kernel as the mode says.
+    Served(CacheMode),
+    /// By the kernel itself, from this file (FUSE passthrough).
+    Backed(Arc<Backing>),
+}
+
 /// How the kernel should cache an opened file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CacheMode {
@@ -52,6 +63,19 @@ pub struct FsOptions {
     /// Answer extended attributes (else ENOSYS, which the kernel remembers:
     /// no xattr request reaches the daemon again).
     pub xattrs: bool,
+    /// Backing files for passthrough.
+    pub backing: BackingOptions,
+}
+
+/// Open handles of tensor and view files.
+#[derive(Default)]
+struct Opens {
+    /// Each handle: its inode, and its backing when the kernel reads it.
+    by_fh: HashMap<u64, (Ino, Option<Arc<Backing>>)>,
+    /// Handles the daemon serves, by inode. While one is open its inode is
+    /// not passed through: the kernel refuses (EIO) a passthrough open of an
+    /// inode with page-cache opens or mappings.
+    served: HashMap<Ino, usize>,
 }
 
 /// An open generated file: its inode and the text it reads.
@@ -66,6 +90,13 @@ pub struct TensorFs {
     xattrs: bool,
     /// The `model.safetensors` view's layout, when it is made.
     safetensors: Option<views::safetensors::Layout>,
+    /// The view is the source file byte for byte (see
+    /// `Layout::identical`): the kernel may read it from the source.
+    safetensors_is_source: bool,
+    backings: Arc<Backings>,
+    /// Whether the kernel takes backing files (set once it said so).
+    passthrough: std::sync::atomic::AtomicBool,
+    opens: Mutex<Opens>,
     direct_io: bool,
     /// Sizes of generated files, computed on first stat.
     sizes: Vec<OnceLock<u64>>,
@@ -112,6 +143,15 @@ impl TensorFs {
         } else {
             None
         };
+        let (safetensors, safetensors_is_source) = match (safetensors, files.first()) {
+            (Some(l), Some(Some(f))) if !f.is_remote() => {
+                match l.identical(&catalog, f.len(), |buf, at| f.file().read_exact_at(buf, at)) {
+                    Ok(l) => (Some(l), true),
+                    Err(l) => (Some(l), false),
+                }
+            }
+            (l, _) => (l, false),
+        };
         let mut tree = Tree::build(&catalog, views);
         for e in safetensors.iter().flat_map(|l| &l.entries) {
             tree.placements[e.tensor].views |= super::tree::VIEW_SAFETENSORS;
@@ -138,8 +178,13 @@ impl TensorFs {
             }
         }
         let sizes = (0..tree.len()).map(|_| OnceLock::new()).collect();
-        let data = Data::new(catalog, files, opts.data, Arc::new(Stats::default()))?;
+        let stats = Arc::new(Stats::default());
+        let data = Data::new(catalog, files, opts.data, stats.clone())?;
         Ok(TensorFs {
+            safetensors_is_source,
+            backings: Arc::new(Backings::new(opts.backing, stats)),
+            passthrough: std::sync::atomic::AtomicBool::new(false),
+            opens: Mutex::default(),
             xattrs: opts.xattrs,
             tree,
             data,
@@ -332,7 +377,19 @@ impl TensorFs {
             }
             Content::Index => sidecar::index_to(w, cat, &self.tree.placements),
             Content::Stats => {
-                let _ = w.write_all(&self.data.stats().render(&self.data.cache().gauges()));
+                let (filled, filling) = self.backings.gauges();
+                let (served, backed) = {
+                    let o = super::lock(&self.opens);
+                    let served = o.served.values().sum::<usize>();
+                    (served as u64, (o.by_fh.len() - served) as u64)
+                };
+                let more = [
+                    ("backing_bytes_now", filled),
+                    ("backing_filling", filling),
+                    ("open_files_served", served),
+                    ("open_files_backed", backed),
+                ];
+                let _ = w.write_all(&self.data.stats().render(&self.data.cache().gauges(), &more));
             }
             Content::Errors => {
                 let _ = w.write_all(&self.data.errors_text());
@@ -386,36 +443,31 @@ impl TensorFs {
         Ok(())
     }
 
-    /// Opens a file for reading: (handle, cache mode).
-    pub fn open(&self, ino: Ino, write: bool) -> Result<(u64, CacheMode), Errno> {
+    /// Opens a file for reading: (handle, how it is read).
+    pub fn open(&self, ino: Ino, write: bool) -> Result<(u64, Open), Errno> {
         if write {
             return Err(libc::EROFS);
         }
         let node = self.tree.node(ino).ok_or(libc::ENOENT)?;
+        let fh = self.next_fh.fetch_add(1, Relaxed);
         match &node.kind {
             NodeKind::Dir { .. } => Err(libc::EISDIR),
             NodeKind::File(
                 c @ (Content::Part { .. } | Content::Npy { .. } | Content::Safetensors),
             ) => {
-                // Decoded data is worth keeping: a second read from the page
-                // cache beats decoding again or copying from our cache.
-                let (tensor, part) = match c {
-                    Content::Part { tensor, part } => (Some(*tensor), *part),
-                    Content::Npy { tensor } => (Some(*tensor), 0),
-                    _ => (None, 0),
-                };
-                let decoded = tensor.and_then(|t| self.part(t, part)).is_some_and(|p| {
-                    !matches!(self.data.catalog().blobs[p.blob].codec, Codec::Raw)
-                });
-                let mode = if self.direct_io && !decoded {
-                    CacheMode::DirectIo
-                } else {
-                    CacheMode::KeepCache
-                };
-                Ok((0, mode))
+                let backing = self.backing(ino, c)?;
+                let mut opens = super::lock(&self.opens);
+                if let Some(b) = backing.filter(|_| !opens.served.contains_key(&ino)) {
+                    self.backings.opened(&b);
+                    opens.by_fh.insert(fh, (ino, Some(b.clone())));
+                    return Ok((fh, Open::Backed(b)));
+                }
+                *opens.served.entry(ino).or_default() += 1;
+                opens.by_fh.insert(fh, (ino, None));
+                Stats::add(&self.data.stats().fuse_opens, 1);
+                Ok((fh, Open::Served(self.cache_mode(c))))
             }
             NodeKind::File(c) => {
-                let fh = self.next_fh.fetch_add(1, Relaxed);
                 let bytes = self.rendered(ino, c)?;
                 self.handles
                     .lock()
@@ -423,13 +475,157 @@ impl TensorFs {
                     .insert(fh, (ino, bytes));
                 Ok((
                     fh,
-                    if matches!(c, Content::Stats | Content::Errors) {
+                    Open::Served(if matches!(c, Content::Stats | Content::Errors) {
                         CacheMode::DirectIo
                     } else {
                         CacheMode::KeepCache
-                    },
+                    }),
                 ))
             }
+        }
+    }
+
+    /// How the daemon serves a tensor or view file.
+    fn cache_mode(&self, c: &Content) -> CacheMode {
+        // Decoded data is worth keeping: a second read from the page
+        // cache beats decoding again or copying from our cache.
+        let (tensor, part) = match c {
+            Content::Part { tensor, part } => (Some(*tensor), *part),
+            Content::Npy { tensor } => (Some(*tensor), 0),
+            _ => (None, 0),
+        };
+        let decoded = tensor
+            .and_then(|t| self.part(t, part))
+            .is_some_and(|p| !matches!(self.data.catalog().blobs[p.blob].codec, Codec::Raw));
+        if self.direct_io && !decoded {
+            CacheMode::DirectIo
+        } else {
+            CacheMode::KeepCache
+        }
+    }
+
+    /// The kernel takes backing files (or, with `false`, refused one: from
+    /// now on every open is served by the daemon).
+    pub fn set_passthrough(&self, on: bool) {
+        self.passthrough
+            .store(on && self.backings.enabled(), Relaxed);
+        self.data
+            .stats()
+            .passthrough
+            .store(self.passthrough.load(Relaxed) as u64, Relaxed);
+    }
+
+    pub fn passthrough(&self) -> bool {
+        self.passthrough.load(Relaxed)
+    }
+
+    /// The backing file the kernel may read `ino` from, when there is one
+    /// now. EIO when its bytes would be the source's and the source
+    /// changed or failed a check (logged by the data layer).
+    fn backing(&self, ino: Ino, c: &Content) -> Result<Option<Arc<Backing>>, Errno> {
+        if !self.passthrough() {
+            return Ok(None);
+        }
+        if *c == Content::Safetensors && self.safetensors_is_source {
+            return self.source_backing(c).map(Some);
+        }
+        if let Content::Part { tensor, part } = c
+            && !self.needs_work(*tensor, *part)
+        {
+            return self.cloned_backing(c, *tensor, *part);
+        }
+        let segments = self.segments(c);
+        let worth = segments.iter().any(|s| match s {
+            Segment::Part { tensor, part, .. } => self.needs_work(*tensor, *part),
+            Segment::Bytes(_) => false,
+        });
+        if !worth {
+            return Ok(None);
+        }
+        let len = self.size_of(ino, c);
+        Ok(self
+            .backings
+            .get_or_start(c, len, &self.data, move || segments))
+    }
+
+    /// The source file as the backing of the `model.safetensors` view,
+    /// after the checks a read of every tensor in it would make.
+    fn source_backing(&self, c: &Content) -> Result<Arc<Backing>, Errno> {
+        let l = self.safetensors.as_ref().ok_or(libc::EIO)?;
+        for e in &l.entries {
+            self.data.check_raw(e.tensor, 0).map_err(|_| libc::EIO)?;
+        }
+        let f = self.data.local_file(0).ok_or(libc::EIO)?;
+        let file = f.file().try_clone().map_err(|e| {
+            log::error!("{}: cannot hand the file to the kernel: {e}", f.label());
+            libc::EIO
+        })?;
+        Ok(self.backings.source(c, file, l.size))
+    }
+
+    /// A raw tensor's file backed by a clone of its range of the source,
+    /// where the cache directory allows (see `Backings::clone_of`), once
+    /// the checks a read makes have passed, and the source is still as
+    /// they found it after the clone was made. EIO when they fail.
+    fn cloned_backing(
+        &self,
+        c: &Content,
+        ti: usize,
+        pi: usize,
+    ) -> Result<Option<Arc<Backing>>, Errno> {
+        let Some(p) = self.part(ti, pi) else {
+            return Ok(None);
+        };
+        let b = &self.data.catalog().blobs[p.blob];
+        let (Some(f), crate::catalog::PartMap::Contiguous { start }) =
+            (self.data.local_file(b.source), &p.map)
+        else {
+            return Ok(None);
+        };
+        if !self.backings.may_clone(b.offset + start) {
+            return Ok(None);
+        }
+        self.data.check_raw(ti, pi).map_err(|_| libc::EIO)?;
+        let backing = self
+            .backings
+            .clone_of(c, f.file(), b.offset + start, p.nbytes);
+        if backing.is_some() {
+            self.data.check_raw(ti, pi).map_err(|_| libc::EIO)?;
+        }
+        Ok(backing)
+    }
+
+    /// Whether part `pi` of tensor `ti` is more than a stored range of a
+    /// local file: decoded, gathered, byte-swapped or fetched.
+    fn needs_work(&self, ti: usize, pi: usize) -> bool {
+        let Some(p) = self.part(ti, pi) else {
+            return false;
+        };
+        let b = &self.data.catalog().blobs[p.blob];
+        !matches!(b.codec, Codec::Raw)
+            || !matches!(p.map, crate::catalog::PartMap::Contiguous { .. })
+            || (p.order == crate::catalog::Endian::Big && p.dtype.size() > 1)
+    }
+
+    /// What tensor or view file `c` is made of, in order.
+    fn segments(&self, c: &Content) -> Vec<Segment> {
+        let part = |tensor: usize, part: usize| {
+            let len = self.part(tensor, part).map_or(0, |p| p.nbytes);
+            Segment::Part { tensor, part, len }
+        };
+        match c {
+            Content::Part { tensor, part: p } => vec![part(*tensor, *p)],
+            Content::Npy { tensor } => match self.npy(*tensor) {
+                Some((h, _)) => vec![Segment::Bytes(Arc::new(h)), part(*tensor, 0)],
+                None => Vec::new(),
+            },
+            Content::Safetensors => match &self.safetensors {
+                Some(l) => std::iter::once(Segment::Bytes(Arc::new(l.header.clone())))
+                    .chain(l.entries.iter().map(|e| part(e.tensor, 0)))
+                    .collect(),
+                None => Vec::new(),
+            },
+            _ => Vec::new(),
         }
     }
 
@@ -464,6 +660,25 @@ impl TensorFs {
         if fh == 0 {
             return;
         }
+        let data_handle = {
+            let mut opens = super::lock(&self.opens);
+            let gone = opens.by_fh.remove(&fh);
+            if let Some((ino, None)) = &gone
+                && let Some(n) = opens.served.get_mut(ino)
+            {
+                *n -= 1;
+                if *n == 0 {
+                    opens.served.remove(ino);
+                }
+            }
+            gone
+        };
+        if let Some((_, backing)) = data_handle {
+            if let Some(b) = backing {
+                self.backings.closed(&b);
+            }
+            return;
+        }
         let gone = self
             .handles
             .lock()
@@ -477,6 +692,33 @@ impl TensorFs {
             if shared.get(&ino).is_some_and(|w| w.strong_count() == 0) {
                 shared.remove(&ino);
             }
+        }
+    }
+
+    /// The kernel would not take handle `fh`'s backing file: it is served
+    /// by the daemon instead, as the returned mode says, and so is every
+    /// later open.
+    pub fn refused_backing(&self, fh: u64, why: &std::io::Error) -> CacheMode {
+        if self.passthrough.swap(false, Relaxed) {
+            log::warn!(
+                "{}: the kernel refused a backing file ({why}); serving every file through FUSE",
+                self.data.catalog().label
+            );
+            self.data.stats().passthrough.store(0, Relaxed);
+        }
+        let mut opens = super::lock(&self.opens);
+        let Some((ino, backing)) = opens.by_fh.get_mut(&fh) else {
+            return CacheMode::DirectIo;
+        };
+        let ino = *ino;
+        if let Some(b) = backing.take() {
+            self.backings.closed(&b);
+        }
+        *opens.served.entry(ino).or_default() += 1;
+        drop(opens);
+        match self.tree.node(ino).map(|n| &n.kind) {
+            Some(NodeKind::File(c)) => self.cache_mode(c),
+            _ => CacheMode::DirectIo,
         }
     }
 
@@ -615,6 +857,7 @@ mod tests {
             direct_io: true,
             views: Views::ALL,
             xattrs: true,
+            backing: BackingOptions::off(),
         };
         TensorFs::new(catalog, files, opts).unwrap()
     }
@@ -689,5 +932,131 @@ mod tests {
             assert_eq!(size, text.len() as u64);
             assert!(serde_json::from_slice::<serde_json::Value>(&text).is_ok());
         }
+    }
+}
+
+#[cfg(test)]
+mod passthrough_tests {
+    use super::*;
+    use crate::catalog::{Blob, DType, Endian, Part};
+    use crate::mount::backing::Origin;
+    use crate::mount::data::PROGRESSIVE_MIN;
+    use crate::mount::tree::ROOT;
+    use std::io::Read;
+
+    /// A mount of one zstd tensor "z" of `data`, with backing files in `dir`.
+    fn zstd_fs(dir: &std::path::Path, data: &[u8], limit: u64) -> TensorFs {
+        let (mut catalog, _) = crate::mount::testing::catalog_of(dir, &[("z", &[0u8][..])]);
+        let blob = zstd::encode_all(data, 3).unwrap();
+        std::fs::write(dir.join("data"), &blob).unwrap();
+        let n = data.len() as u64;
+        catalog.blobs[0] = Blob {
+            len: blob.len() as u64,
+            codec: Codec::Zstd { frames: None },
+            decoded_len: n,
+            ..catalog.blobs[0].clone()
+        };
+        catalog.tensors[0].parts = Ok(vec![Part::dense(
+            DType::Uint8,
+            vec![n],
+            n,
+            0,
+            Endian::Little,
+        )]);
+        let files = vec![Some(MappedFile::open(&dir.join("data")).unwrap())];
+        let opts = FsOptions {
+            data: DataOptions {
+                cache_size: 64 << 20,
+                cache_dir: dir.to_path_buf(),
+                verify_raw: true,
+                progressive_min: PROGRESSIVE_MIN,
+            },
+            direct_io: true,
+            views: Views::ALL,
+            xattrs: false,
+            backing: BackingOptions {
+                enabled: true,
+                dir: dir.to_path_buf(),
+                limit,
+            },
+        };
+        TensorFs::new(catalog, files, opts).unwrap()
+    }
+
+    fn filled(fs: &TensorFs) {
+        let t = std::time::Instant::now();
+        while fs.backings.gauges().1 > 0 {
+            assert!(t.elapsed().as_secs() < 30, "still filling");
+            std::thread::yield_now();
+        }
+    }
+
+    fn contents(b: &Backing) -> Vec<u8> {
+        let mut v = Vec::new();
+        b.file().try_clone().unwrap().read_to_end(&mut v).unwrap();
+        v
+    }
+
+    #[test]
+    fn a_decoded_tensor_is_backed_after_its_first_open_by_the_same_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 7 % 251) as u8).collect();
+        let fs = zstd_fs(dir.path(), &data, 1 << 30);
+        fs.set_passthrough(true);
+        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+        let (fh, how) = fs.open(z, false).unwrap();
+        assert!(matches!(how, Open::Served(CacheMode::KeepCache)));
+        // While that open is served by the daemon, no other is passed through.
+        filled(&fs);
+        let (fh2, how) = fs.open(z, false).unwrap();
+        assert!(matches!(how, Open::Served(_)));
+        fs.release(fh);
+        fs.release(fh2);
+        let (fh, how) = fs.open(z, false).unwrap();
+        let Open::Backed(b) = how else {
+            panic!("not backed")
+        };
+        assert_eq!(b.origin(), Origin::Filled);
+        assert_eq!(contents(&b), data);
+        fs.release(fh);
+        // The .npy view: the header, then the same bytes.
+        let npy_dir = fs.lookup(ROOT, OsStr::new(".npy")).unwrap().ino;
+        let npy = fs.lookup(npy_dir, OsStr::new("z.npy")).unwrap().ino;
+        let (fh, _) = fs.open(npy, false).unwrap();
+        fs.release(fh);
+        filled(&fs);
+        let (_, how) = fs.open(npy, false).unwrap();
+        let Open::Backed(b) = how else {
+            panic!("npy not backed")
+        };
+        let v = contents(&b);
+        assert_eq!(&v[..6], b"\x93NUMPY");
+        assert_eq!(&v[v.len() - data.len()..], &data[..]);
+        assert_eq!(fs.backings.gauges().0, (v.len() + data.len()) as u64);
+    }
+
+    #[test]
+    fn nothing_is_backed_without_passthrough_or_room() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = vec![7u8; 1 << 20];
+        let fs = zstd_fs(dir.path(), &data, 1 << 30);
+        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+        for _ in 0..2 {
+            let (fh, how) = fs.open(z, false).unwrap();
+            assert!(matches!(how, Open::Served(_)));
+            fs.release(fh);
+            filled(&fs);
+        }
+        assert_eq!(fs.backings.gauges(), (0, 0));
+        let dir2 = tempfile::tempdir().unwrap();
+        let small = zstd_fs(dir2.path(), &data, 1000);
+        small.set_passthrough(true);
+        for _ in 0..2 {
+            let (fh, how) = small.open(z, false).unwrap();
+            assert!(matches!(how, Open::Served(_)));
+            small.release(fh);
+            filled(&small);
+        }
+        assert_eq!(small.backings.gauges(), (0, 0));
     }
 }

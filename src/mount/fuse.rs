@@ -1,16 +1,19 @@
 //! The thin adapter between the kernel (via fuser) and [`TensorFs`]: converts
 //! types and picks reply flags, nothing else.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr,
+    Request,
 };
 
-use super::fs::{Attr, CacheMode, Kind, TensorFs};
+use super::fs::{Attr, CacheMode, Kind, Open, TensorFs};
 use super::tree::Ino;
 
 /// Nothing in the tree ever changes, so the kernel may keep what it learns.
@@ -26,6 +29,18 @@ pub struct Adapter {
     /// Whether the kernel has let go of the mount, asked when the session
     /// ends (see `destroy`).
     unmounted: Box<dyn Fn() -> bool + Send + Sync>,
+    /// Why passthrough is off, when it is off from the start.
+    no_passthrough: Option<String>,
+    /// The kernel's ids of backing files, held by each handle that uses one
+    /// and found again by inode: every open of an inode must name the same
+    /// id while any is open (the kernel refuses another file).
+    backing_ids: Mutex<BackingIds>,
+}
+
+#[derive(Default)]
+struct BackingIds {
+    by_fh: HashMap<u64, Arc<BackingId>>,
+    by_ino: HashMap<Ino, Weak<BackingId>>,
 }
 
 impl Adapter {
@@ -36,6 +51,7 @@ impl Adapter {
         time: SystemTime,
         max_read: u32,
         unmounted: Box<dyn Fn() -> bool + Send + Sync>,
+        no_passthrough: Option<String>,
     ) -> Adapter {
         Adapter {
             fs,
@@ -44,7 +60,54 @@ impl Adapter {
             time,
             max_read,
             unmounted,
+            no_passthrough,
+            backing_ids: Mutex::default(),
         }
+    }
+
+    /// Asks the kernel for passthrough; says in the log which way files
+    /// are served, and why.
+    fn init_passthrough(&mut self, config: &mut KernelConfig) {
+        let label = self.fs.data().catalog().label.clone();
+        if let Some(why) = &self.no_passthrough {
+            log::info!("{label}: every file is served through FUSE: {why}");
+            return;
+        }
+        let offered = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(1).is_ok();
+        if offered {
+            self.fs.set_passthrough(true);
+            log::info!(
+                "{label}: passthrough is on: the kernel reads backed files (decoded tensors once \
+                 decoded, a view that is the file itself) without the daemon"
+            );
+        } else {
+            log::warn!(
+                "{label}: every file is served through FUSE: this kernel offers no passthrough \
+                 (Linux 6.9 or later with CONFIG_FUSE_PASSTHROUGH)"
+            );
+        }
+    }
+
+    /// The kernel's id for `ino`'s backing file, registered on first use.
+    fn backing_id(
+        &self,
+        ino: Ino,
+        fh: u64,
+        file: &std::fs::File,
+        reply: &ReplyOpen,
+    ) -> std::io::Result<Arc<BackingId>> {
+        let mut ids = super::lock(&self.backing_ids);
+        let id = match ids.by_ino.get(&ino).and_then(Weak::upgrade) {
+            Some(id) => id,
+            None => {
+                let id = Arc::new(reply.open_backing(file)?);
+                ids.by_ino.insert(ino, Arc::downgrade(&id));
+                id
+            }
+        };
+        ids.by_fh.insert(fh, id.clone());
+        Ok(id)
     }
 
     fn attr(&self, a: &Attr) -> FileAttr {
@@ -98,6 +161,7 @@ impl Filesystem for Adapter {
     }
 
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        self.init_passthrough(config);
         // Readahead is raised on the mount's bdi after mounting (the kernel
         // offers only its current 128 KiB here), so this refusal is expected.
         let _ = config.set_max_readahead(self.max_read);
@@ -150,14 +214,19 @@ impl Filesystem for Adapter {
     fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write =
             !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY) || flags.0 & libc::O_TRUNC != 0;
+        let flags = |mode| match mode {
+            CacheMode::KeepCache => FopenFlags::FOPEN_KEEP_CACHE,
+            CacheMode::DirectIo => FopenFlags::FOPEN_DIRECT_IO,
+        };
         match self.fs.open(ino(i), write) {
-            Ok((fh, mode)) => {
-                let f = match mode {
-                    CacheMode::KeepCache => FopenFlags::FOPEN_KEEP_CACHE,
-                    CacheMode::DirectIo => FopenFlags::FOPEN_DIRECT_IO,
-                };
-                reply.opened(FileHandle(fh), f)
-            }
+            Ok((fh, Open::Served(mode))) => reply.opened(FileHandle(fh), flags(mode)),
+            Ok((fh, Open::Backed(b))) => match self.backing_id(ino(i), fh, b.file(), &reply) {
+                Ok(id) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
+                Err(e) => {
+                    let mode = self.fs.refused_backing(fh, &e);
+                    reply.opened(FileHandle(fh), flags(mode))
+                }
+            },
             Err(e) => reply.error(err(e)),
         }
     }
@@ -196,13 +265,26 @@ impl Filesystem for Adapter {
     fn release(
         &self,
         _req: &Request,
-        _i: INodeNo,
+        i: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        // The kernel has let go of the handle: its backing id may go (the
+        // last one closes the kernel's reference to the backing file).
+        {
+            let mut ids = super::lock(&self.backing_ids);
+            if ids.by_fh.remove(&fh.0).is_some()
+                && ids
+                    .by_ino
+                    .get(&ino(i))
+                    .is_some_and(|w| w.strong_count() == 0)
+            {
+                ids.by_ino.remove(&ino(i));
+            }
+        }
         self.fs.release(fh.0);
         reply.ok();
     }

@@ -3,8 +3,8 @@
 //! The mount serves the files it opened (one, or a model's shards). If one
 //! is truncated or written
 //! in place, pages of the mmap can vanish (touching them raises SIGBUS) or
-//! hold bytes the index never promised. Every access checks the file's size
-//! and mtime against those seen at mount, and a SIGBUS inside the mapping is
+//! hold bytes the index never promised. Every access checks the file's size,
+//! mtime and ctime against those seen at mount, and a SIGBUS inside the mapping is
 //! absorbed by mapping a zero page there; the access that hit it then fails
 //! the check and returns EIO instead of the zeros.
 //!
@@ -20,17 +20,33 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stamp {
     len: u64,
-    mtime: i64,
-    mtime_nsec: i64,
+    mtime: (i64, i64),
+    /// No call sets it back (utimensat can restore an mtime, not this).
+    ctime: (i64, i64),
+    nlink: u64,
 }
 
 impl From<&std::fs::Metadata> for Stamp {
     fn from(m: &std::fs::Metadata) -> Stamp {
         Stamp {
             len: m.len(),
-            mtime: m.mtime(),
-            mtime_nsec: m.mtime_nsec(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+            nlink: m.nlink(),
         }
+    }
+}
+
+impl Stamp {
+    /// Whether the bytes may differ from `orig`'s. A write moves the mtime
+    /// and the ctime; restoring the mtime afterwards moves the ctime again.
+    /// Deleting the file, renaming another over it or linking it moves the
+    /// ctime too, but changes no byte: a ctime change that comes with
+    /// another link count is taken for that.
+    fn changed_from(&self, orig: &Stamp) -> bool {
+        self.len != orig.len
+            || self.mtime != orig.mtime
+            || (self.ctime != orig.ctime && self.nlink == orig.nlink)
     }
 }
 
@@ -114,7 +130,7 @@ impl Guard {
                 "{}: file changed since mount (size {} -> {} bytes); refusing to serve its bytes",
                 self.label, self.orig.len, now.len
             ),
-            Ok(now) if now != self.orig => {
+            Ok(now) if now.changed_from(&self.orig) => {
                 format!(
                     "{}: file was modified since mount; refusing to serve its bytes",
                     self.label

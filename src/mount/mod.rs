@@ -5,6 +5,7 @@
 //! `window` and `guard`), `fs` answers filesystem calls without knowing
 //! fuser, and `fuse` is the thin adapter the kernel talks to.
 
+pub mod backing;
 pub mod cache;
 pub mod data;
 pub mod filling;

@@ -409,7 +409,7 @@ impl std::io::Read for Pread<'_> {
 /// Gives the file `len` bytes of disk now, so a full disk is an error here
 /// and not a fault later. Where the filesystem cannot, the file is only
 /// sized (sparse); the watch catches what that risks.
-fn reserve(file: &File, len: u64) -> std::io::Result<()> {
+pub(crate) fn reserve(file: &File, len: u64) -> std::io::Result<()> {
     let n =
         i64::try_from(len).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
     loop {

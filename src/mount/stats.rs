@@ -17,6 +17,20 @@ pub struct Stats {
     pub checksum_failures: AtomicU64,
     pub spilled_tensors: AtomicU64,
     pub spilled_bytes: AtomicU64,
+    /// Opens answered with a backing file: the kernel reads those itself,
+    /// and `reads` does not count their reads.
+    pub passthrough_opens: AtomicU64,
+    /// Opens the daemon serves (each read one of `reads`).
+    pub fuse_opens: AtomicU64,
+    /// Backing files filled under `--cache-dir`, and their bytes.
+    pub backing_files: AtomicU64,
+    pub backing_bytes: AtomicU64,
+    /// Raw tensors given a backing file by cloning their range.
+    pub backing_clones: AtomicU64,
+    /// Filled backing files dropped to make room for others.
+    pub backing_evictions: AtomicU64,
+    /// 1 when the kernel takes backing files (passthrough), else 0.
+    pub passthrough: AtomicU64,
 }
 
 /// Cache gauges, read at render time.
@@ -33,8 +47,9 @@ impl Stats {
         counter.fetch_add(n, Relaxed);
     }
 
-    pub fn render(&self, g: &Gauges) -> Vec<u8> {
-        let v = json!({
+    /// The counters and gauges, and `more` (gauges of other parts).
+    pub fn render(&self, g: &Gauges, more: &[(&str, u64)]) -> Vec<u8> {
+        let mut v = json!({
             "bytes_served": self.bytes_served.load(Relaxed),
             "reads": self.reads.load(Relaxed),
             "cache_bytes": g.cache_bytes,
@@ -51,7 +66,17 @@ impl Stats {
             "checksum_failures": self.checksum_failures.load(Relaxed),
             "spilled_tensors": self.spilled_tensors.load(Relaxed),
             "spilled_bytes": self.spilled_bytes.load(Relaxed),
+            "passthrough": self.passthrough.load(Relaxed) == 1,
+            "passthrough_opens": self.passthrough_opens.load(Relaxed),
+            "fuse_opens": self.fuse_opens.load(Relaxed),
+            "backing_files": self.backing_files.load(Relaxed),
+            "backing_bytes": self.backing_bytes.load(Relaxed),
+            "backing_evictions": self.backing_evictions.load(Relaxed),
+            "backing_clones": self.backing_clones.load(Relaxed),
         });
+        for (k, n) in more {
+            v[*k] = json!(n);
+        }
         let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();
         out.push(b'\n');
         out

@@ -17,8 +17,9 @@ pub const ROOT: Ino = 1;
 pub const META_DIR: &str = ".ztensor";
 const NAME_MAX: usize = 255;
 
-/// What a regular file holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a regular file holds. Two files of equal content (a tensor's file
+/// and its zarr chunk) hold the same bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Content {
     /// Exposed bytes of part `part` of tensor `tensor` (catalog indexes).
     Part { tensor: usize, part: usize },

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::catalog::{Catalog, DType, Json};
+use crate::catalog::{Catalog, Codec, DType, Endian, Json, PartMap};
 
 /// safetensors' most header bytes.
 const MAX_HEADER: usize = 100_000_000;
@@ -110,6 +110,93 @@ impl Layout {
             size: base + at,
             omitted,
         })
+    }
+
+    /// This layout made the source file's own: when `file` (source 0 of
+    /// `c`, `len` bytes, read by `read_at`) is a safetensors file holding
+    /// exactly this layout's tensors, with their names, types and shapes,
+    /// each stored raw and little-endian where the view would show it, the
+    /// view is that file byte for byte, header and `__metadata__` included.
+    /// `None` otherwise (the view keeps its own header).
+    pub fn identical(
+        self,
+        c: &Catalog,
+        len: u64,
+        read_at: impl Fn(&mut [u8], u64) -> std::io::Result<()>,
+    ) -> Result<Layout, Layout> {
+        match self.file_header(c, len, read_at) {
+            Some((header, entries)) => Ok(Layout {
+                header,
+                entries,
+                size: len,
+                omitted: Vec::new(),
+            }),
+            None => Err(self),
+        }
+    }
+
+    fn file_header(
+        &self,
+        c: &Catalog,
+        len: u64,
+        read_at: impl Fn(&mut [u8], u64) -> std::io::Result<()>,
+    ) -> Option<(Vec<u8>, Vec<Entry>)> {
+        if c.sources.len() != 1 || !self.omitted.is_empty() {
+            return None;
+        }
+        let mut n = [0u8; 8];
+        read_at(&mut n, 0).ok()?;
+        let n = u64::from_le_bytes(n);
+        if n > MAX_HEADER as u64 || 8 + n > len {
+            return None;
+        }
+        let mut header = vec![0u8; 8 + n as usize];
+        read_at(&mut header, 0).ok()?;
+        let json: serde_json::Map<String, Json> = serde_json::from_slice(&header[8..]).ok()?;
+        let tensors = json.keys().filter(|k| *k != "__metadata__").count();
+        if tensors != self.entries.len() {
+            return None;
+        }
+        let base = 8 + n;
+        let mut entries = Vec::with_capacity(self.entries.len());
+        for e in &self.entries {
+            let t = c.tensors.get(e.tensor)?;
+            let part = t.parts.as_ref().ok()?.first()?;
+            let blob = c.blobs.get(part.blob)?;
+            let stored_as_shown = blob.source == 0
+                && blob.codec == Codec::Raw
+                && part.map == (PartMap::Contiguous { start: 0 })
+                && (part.order == Endian::Little || part.dtype.size() <= 1)
+                && blob.len == part.nbytes;
+            let said = json.get(&t.name)?;
+            let offsets: Vec<u64> =
+                serde_json::from_value(said.get("data_offsets")?.clone()).ok()?;
+            let shape: Vec<u64> = serde_json::from_value(said.get("shape")?.clone()).ok()?;
+            let same = said.get("dtype")?.as_str()? == dtype_name(part.dtype)?
+                && shape == part.shape
+                && offsets.len() == 2
+                && offsets[1].checked_sub(offsets[0]) == Some(part.nbytes)
+                && base.checked_add(offsets[0]) == Some(blob.offset);
+            if !stored_as_shown || !same {
+                return None;
+            }
+            entries.push(Entry {
+                start: blob.offset,
+                len: part.nbytes,
+                tensor: e.tensor,
+            });
+        }
+        entries.sort_by_key(|e| e.start);
+        // The tensors tile the data, as the view's do: no byte of the file
+        // is outside the header and the entries.
+        let mut at = base;
+        for e in &entries {
+            if e.start != at {
+                return None;
+            }
+            at += e.len;
+        }
+        (at == len).then_some((header, entries))
     }
 
     /// The entry holding file offset `off` (past the header), if any.

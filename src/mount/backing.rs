@@ -1,0 +1,544 @@
+//! Backing files: exposed files whose bytes exist whole in a file on disk,
+//! so the kernel can read them itself (FUSE passthrough) and no read of
+//! them reaches the daemon.
+//!
+//! Two kinds:
+//! - the source itself, where an exposed file is that file byte for byte
+//!   (registered by [`Backings::source`]; costs nothing);
+//! - a file under `--cache-dir` filled once with an exposed file's bytes
+//!   read through the data layer ([`Backings::get_or_start`]), so every
+//!   check the data layer makes has passed before the file is complete, and
+//!   only a complete file is ever handed out. These are created unlinked
+//!   (`O_TMPFILE`): a crash leaves nothing behind. Their bytes are bounded
+//!   by [`BackingOptions::limit`]; one no open holds is dropped, least
+//!   recently opened first, when a new one needs the room.
+//!
+//! Knows byte ranges of the data layer, never a format.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use super::data::Data;
+use super::lock;
+use super::stats::Stats;
+use super::tree::Content;
+
+/// Bytes one filling worker reads through the data layer at once: one
+/// frame as `pack --zstd` writes them, so a read is one cache unit's slice,
+/// handed over without a copy.
+const CHUNK: u64 = 1 << 20;
+
+#[derive(Debug, Clone)]
+pub struct BackingOptions {
+    /// Whether to make backing files at all (`--no-passthrough` says no).
+    pub enabled: bool,
+    /// Where filled files are created (`--cache-dir`).
+    pub dir: PathBuf,
+    /// Most bytes the filled files may hold together (`--decoded-cache-size`).
+    pub limit: u64,
+}
+
+impl BackingOptions {
+    /// No backing files.
+    pub fn off() -> BackingOptions {
+        BackingOptions {
+            enabled: false,
+            dir: std::env::temp_dir(),
+            limit: 0,
+        }
+    }
+}
+
+/// Where a backing file's bytes come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The mounted file itself.
+    Source,
+    /// Filled under `--cache-dir` from the data layer.
+    Filled,
+    /// A range of the source cloned under `--cache-dir` (`FICLONERANGE`:
+    /// the two files share the disk blocks, nothing is copied).
+    Cloned,
+}
+
+/// A complete file whose bytes are an exposed file's, at the same offsets.
+#[derive(Debug)]
+pub struct Backing {
+    file: File,
+    len: u64,
+    origin: Origin,
+    /// Opens that the kernel serves from it now.
+    opens: AtomicUsize,
+    /// When it was last opened ([`Backings`]' clock), for eviction.
+    used: AtomicU64,
+}
+
+impl Backing {
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn origin(&self) -> Origin {
+        self.origin
+    }
+}
+
+/// One piece of an exposed file, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Segment {
+    /// Bytes made at mount (a view's header).
+    Bytes(Arc<Vec<u8>>),
+    /// All of part `part` of tensor `tensor`, `len` bytes.
+    Part {
+        tensor: usize,
+        part: usize,
+        len: u64,
+    },
+}
+
+enum Slot {
+    /// Being filled; opens meanwhile are served by the daemon.
+    Filling,
+    Ready(Arc<Backing>),
+}
+
+#[derive(Default)]
+struct Inner {
+    slots: HashMap<Content, Slot>,
+    /// Bytes of filled files, ready or being filled.
+    filled: u64,
+}
+
+pub struct Backings {
+    opts: BackingOptions,
+    /// Set once `--cache-dir` could not clone a range of the source
+    /// (another filesystem, or one without reflink): not tried again.
+    no_clones: std::sync::atomic::AtomicBool,
+    /// `--cache-dir`'s block size, which a cloned range must start on.
+    block: std::sync::OnceLock<u64>,
+    inner: Mutex<Inner>,
+    clock: AtomicU64,
+    stats: Arc<Stats>,
+}
+
+impl Backings {
+    pub fn new(opts: BackingOptions, stats: Arc<Stats>) -> Backings {
+        if opts.enabled && on_tmpfs(&opts.dir) {
+            log::warn!(
+                "{} is on tmpfs: decoded backing files there hold memory that cannot be \
+                 reclaimed without swap (up to --decoded-cache-size, {} bytes)",
+                opts.dir.display(),
+                opts.limit
+            );
+        }
+        Backings {
+            opts,
+            no_clones: std::sync::atomic::AtomicBool::new(false),
+            block: std::sync::OnceLock::new(),
+            inner: Mutex::default(),
+            clock: AtomicU64::new(0),
+            stats,
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.opts.enabled
+    }
+
+    /// Backs files of content `key` by `file`, the source they are byte
+    /// for byte.
+    pub fn source(&self, key: &Content, file: File, len: u64) -> Arc<Backing> {
+        let mut inner = lock(&self.inner);
+        if let Some(Slot::Ready(b)) = inner.slots.get(key) {
+            return b.clone();
+        }
+        let b = Arc::new(Backing {
+            file,
+            len,
+            origin: Origin::Source,
+            opens: AtomicUsize::new(0),
+            used: AtomicU64::new(0),
+        });
+        inner.slots.insert(key.clone(), Slot::Ready(b.clone()));
+        b
+    }
+
+    /// Backs files of content `key`, `len` bytes at `off` in `src`, by a
+    /// clone of that range under `--cache-dir`, when its filesystem shares
+    /// blocks with `src`'s and the range starts on a block. Costs no copy
+    /// and no disk until the source changes; not counted in the limit.
+    /// `None` where that cannot be (the first refusal turns clones off).
+    pub fn clone_of(&self, key: &Content, src: &File, off: u64, len: u64) -> Option<Arc<Backing>> {
+        if let Some(Slot::Ready(b)) = lock(&self.inner).slots.get(key) {
+            return Some(b.clone());
+        }
+        if !self.may_clone(off) {
+            return None;
+        }
+        let made = tempfile::tempfile_in(&self.opts.dir)
+            .and_then(|dst| clone_range(src, off, len, &dst).map(|()| dst));
+        let file = match made {
+            Ok(f) => f,
+            Err(e) => {
+                if !self.no_clones.swap(true, Relaxed) {
+                    log::info!(
+                        "{} cannot share blocks with the mounted file ({e}): raw tensors are \
+                         served by the daemon",
+                        self.opts.dir.display()
+                    );
+                }
+                return None;
+            }
+        };
+        let b = Arc::new(Backing {
+            file,
+            len,
+            origin: Origin::Cloned,
+            opens: AtomicUsize::new(0),
+            used: AtomicU64::new(0),
+        });
+        let mut inner = lock(&self.inner);
+        // Another open may have cloned it meanwhile: one backing per key.
+        if let Some(Slot::Ready(other)) = inner.slots.get(key) {
+            return Some(other.clone());
+        }
+        inner.slots.insert(key.clone(), Slot::Ready(b.clone()));
+        Stats::add(&self.stats.backing_clones, 1);
+        Some(b)
+    }
+
+    /// Whether a range at `off` of a source may be cloned: clones work so
+    /// far, and `off` is on a block of `--cache-dir`'s filesystem.
+    pub fn may_clone(&self, off: u64) -> bool {
+        if !self.opts.enabled || self.no_clones.load(Relaxed) {
+            return false;
+        }
+        let block = *self.block.get_or_init(|| match block_size(&self.opts.dir) {
+            Ok(b) => b,
+            Err(e) => {
+                log::debug!("no block size for {}: {e}", self.opts.dir.display());
+                0
+            }
+        });
+        block > 0 && off.is_multiple_of(block)
+    }
+
+    /// The backing of files of content `key` if it is complete. Otherwise
+    /// starts filling one
+    /// from `segments` (when there is room for `len` more bytes), and
+    /// answers `None`: this open is served by the daemon.
+    pub fn get_or_start(
+        self: &Arc<Self>,
+        key: &Content,
+        len: u64,
+        data: &Arc<Data>,
+        segments: impl FnOnce() -> Vec<Segment>,
+    ) -> Option<Arc<Backing>> {
+        let mut inner = lock(&self.inner);
+        match inner.slots.get(key) {
+            Some(Slot::Ready(b)) => return Some(b.clone()),
+            Some(Slot::Filling) => return None,
+            None => {}
+        }
+        if !self.make_room(&mut inner, len) {
+            log::debug!(
+                "{}: no room for a {len}-byte backing file (limit {}); served by the daemon",
+                data.catalog().label,
+                self.opts.limit
+            );
+            return None;
+        }
+        inner.filled += len;
+        inner.slots.insert(key.clone(), Slot::Filling);
+        drop(inner);
+        if let Err(why) = super::spill::room(&self.opts.dir, len) {
+            log::debug!("no backing file of {len} bytes: {why}");
+            self.forget(key, len);
+            return None;
+        }
+        let file = match tempfile::tempfile_in(&self.opts.dir) {
+            Ok(f) => f,
+            Err(e) => {
+                log::warn!(
+                    "cannot create a backing file in {}: {e}",
+                    self.opts.dir.display()
+                );
+                self.forget(key, len);
+                return None;
+            }
+        };
+        let (me, data, segments) = (self.clone(), data.clone(), segments());
+        let k = key.clone();
+        let spawned = std::thread::Builder::new()
+            .name("zt-backing".into())
+            .spawn(move || me.fill(k, file, len, &data, &segments));
+        if let Err(e) = spawned {
+            log::warn!("cannot start a backing file's filler: {e}");
+            self.forget(key, len);
+        }
+        None
+    }
+
+    /// Frees filled files no open holds, least recently opened first, until
+    /// `len` more bytes fit. False when they cannot.
+    fn make_room(&self, inner: &mut Inner, len: u64) -> bool {
+        while inner.filled + len > self.opts.limit {
+            let victim = inner
+                .slots
+                .iter()
+                .filter_map(|(key, s)| match s {
+                    Slot::Ready(b) if b.origin == Origin::Filled && b.opens.load(Relaxed) == 0 => {
+                        Some((key, b.used.load(Relaxed), b.len))
+                    }
+                    _ => None,
+                })
+                .min_by_key(|&(_, used, _)| used)
+                .map(|(key, _, len)| (key.clone(), len));
+            let Some((key, freed)) = victim else {
+                return false;
+            };
+            inner.slots.remove(&key);
+            inner.filled -= freed;
+            Stats::add(&self.stats.backing_evictions, 1);
+            log::debug!("dropped the {freed}-byte backing file of {key:?} to make room");
+        }
+        true
+    }
+
+    fn forget(&self, key: &Content, len: u64) {
+        let mut inner = lock(&self.inner);
+        inner.slots.remove(key);
+        inner.filled -= len;
+    }
+
+    /// An open now served from `b`. The first open of a source's bytes
+    /// (itself, or a clone sharing its blocks) also asks the disk for all
+    /// of them at once (see [`warm`]).
+    pub fn opened(&self, b: &Arc<Backing>) {
+        if b.opens.fetch_add(1, Relaxed) == 0 && b.origin != Origin::Filled {
+            warm(b.clone());
+        }
+        b.used.store(self.clock.fetch_add(1, Relaxed), Relaxed);
+        Stats::add(&self.stats.passthrough_opens, 1);
+    }
+
+    /// That open was closed (or never made it to the kernel).
+    pub fn closed(&self, b: &Backing) {
+        b.opens.fetch_sub(1, Relaxed);
+    }
+
+    /// (Bytes of filled backing files, how many are being filled) now.
+    pub fn gauges(&self) -> (u64, u64) {
+        let inner = lock(&self.inner);
+        let filling = inner
+            .slots
+            .values()
+            .filter(|s| matches!(s, Slot::Filling))
+            .count();
+        (inner.filled, filling as u64)
+    }
+
+    /// Fills `file` with the `len` bytes of `segments`, on every core, and
+    /// makes it `key`'s backing once all are there. Reads go through the
+    /// data layer, so nothing is written that failed a check; a failure
+    /// (logged by the data layer) leaves `key` unbacked, to be tried again
+    /// by a later open.
+    fn fill(&self, key: Content, file: File, len: u64, data: &Data, segments: &[Segment]) {
+        match write_all(&file, len, data, segments) {
+            Ok(()) => {
+                Stats::add(&self.stats.backing_files, 1);
+                Stats::add(&self.stats.backing_bytes, len);
+                let b = Arc::new(Backing {
+                    file,
+                    len,
+                    origin: Origin::Filled,
+                    opens: AtomicUsize::new(0),
+                    used: AtomicU64::new(self.clock.fetch_add(1, Relaxed)),
+                });
+                lock(&self.inner).slots.insert(key, Slot::Ready(b));
+            }
+            Err(why) => {
+                log::debug!("{key:?} stays served by the daemon: {why}");
+                self.forget(&key, len);
+            }
+        }
+    }
+}
+
+/// Clones `len` bytes at `off` of `src` into `dst` (empty) at 0: the
+/// block-aligned part by `FICLONERANGE`, a last partial block by a copy.
+/// `off` must be on a block ([`Backings::may_clone`]); an error when the
+/// filesystems cannot share blocks.
+fn clone_range(src: &File, off: u64, len: u64, dst: &File) -> std::io::Result<()> {
+    use std::os::unix::io::AsRawFd;
+    let block = block_size_of(dst)?;
+    let whole = len / block * block;
+    if whole > 0 {
+        let arg = libc::file_clone_range {
+            src_fd: src.as_raw_fd() as i64,
+            src_offset: off,
+            src_length: whole,
+            dest_offset: 0,
+        };
+        // SAFETY: both descriptors are open for the call; the kernel only
+        // reads `arg`, a valid struct of the type FICLONERANGE takes.
+        let r = unsafe { libc::ioctl(dst.as_raw_fd(), libc::FICLONERANGE, &arg) };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    if whole < len {
+        let mut tail = vec![0u8; (len - whole) as usize];
+        src.read_exact_at(&mut tail, off + whole)?;
+        dst.write_all_at(&tail, whole)?;
+    }
+    dst.set_len(len)?;
+    Ok(())
+}
+
+/// The block size of the filesystem `dir` is on: what clone ranges align to.
+fn block_size(dir: &std::path::Path) -> std::io::Result<u64> {
+    block_size_of(&File::open(dir)?)
+}
+
+fn block_size_of(f: &File) -> std::io::Result<u64> {
+    use std::os::unix::io::AsRawFd;
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: `f` is open and `st` a buffer of the type fstatfs fills.
+    if unsafe { libc::fstatfs(f.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fstatfs succeeded, so it filled `st`.
+    let bs = unsafe { st.assume_init() }.f_bsize;
+    Ok((bs as u64).max(512))
+}
+
+/// Whether `dir` is on tmpfs.
+fn on_tmpfs(dir: &std::path::Path) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: `c` is a valid C string and `st` a buffer of the right type,
+    // written by statfs before it is read (only on success).
+    let r = unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) };
+    // SAFETY: statfs succeeded, so it filled `st`.
+    #[allow(clippy::unnecessary_cast)] // f_type is not i64 on every target
+    let tmpfs = r == 0 && unsafe { st.assume_init() }.f_type as i64 == TMPFS_MAGIC;
+    tmpfs
+}
+
+/// Bytes asked of the disk by one `posix_fadvise(WILLNEED)`.
+const WARM_STEP: u64 = 64 << 20;
+
+/// Asks the disk for all of `b`'s bytes, from a thread of its own, so a
+/// cold load gets deep, parallel reads instead of the kernel's readahead
+/// behind each fault or read alone. Pages already cached cost a lookup.
+fn warm(b: Arc<Backing>) {
+    let _ = std::thread::Builder::new()
+        .name("zt-warm".into())
+        .spawn(move || {
+            let fd = std::os::unix::io::AsRawFd::as_raw_fd(&b.file);
+            let mut at = 0;
+            while at < b.len && b.opens.load(Relaxed) > 0 {
+                let n = WARM_STEP.min(b.len - at);
+                // SAFETY: fadvise only reads its integer arguments; `fd`
+                // stays open while `b` is held here.
+                unsafe {
+                    libc::posix_fadvise(fd, at as i64, n as i64, libc::POSIX_FADV_WILLNEED);
+                }
+                at += n;
+            }
+        });
+}
+
+/// One piece of work for a filling worker: bytes `[at, at+len)` of part
+/// `(tensor, part)`, written at `to`.
+struct Piece {
+    tensor: usize,
+    part: usize,
+    at: u64,
+    len: u64,
+    to: u64,
+}
+
+/// Writes `segments` into `file` in order; parts in [`CHUNK`]s taken by one
+/// worker per core.
+fn write_all(file: &File, len: u64, data: &Data, segments: &[Segment]) -> Result<(), String> {
+    let io = |e: std::io::Error| format!("cannot write a backing file: {e}");
+    // Its disk taken now: a full disk fails here, not part way.
+    super::spill::reserve(file, len).map_err(io)?;
+    let mut pieces = Vec::new();
+    let mut to = 0u64;
+    for s in segments {
+        match s {
+            Segment::Bytes(b) => {
+                file.write_all_at(b, to).map_err(io)?;
+                to += b.len() as u64;
+            }
+            &Segment::Part { tensor, part, len } => {
+                let mut at = 0;
+                while at < len {
+                    let n = CHUNK.min(len - at);
+                    pieces.push(Piece {
+                        tensor,
+                        part,
+                        at,
+                        len: n,
+                        to: to + at,
+                    });
+                    at += n;
+                }
+                to += len;
+            }
+        }
+    }
+    if to != len {
+        return Err(format!("its pieces make {to} bytes, not {len}"));
+    }
+    let next = AtomicUsize::new(0);
+    let failed: Mutex<Option<String>> = Mutex::new(None);
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|s| {
+        for _ in 0..workers.min(pieces.len()) {
+            s.spawn(|| {
+                while lock(&failed).is_none() {
+                    let Some(p) = pieces.get(next.fetch_add(1, Relaxed)) else {
+                        return;
+                    };
+                    let r = data.read(p.tensor, p.part, p.at, p.len).and_then(|bytes| {
+                        if bytes.len() as u64 != p.len {
+                            return Err(format!(
+                                "read {} bytes of {} at {}",
+                                bytes.len(),
+                                p.len,
+                                p.at
+                            ));
+                        }
+                        file.write_all_at(&bytes, p.to).map_err(io)
+                    });
+                    if let Err(why) = r {
+                        lock(&failed).get_or_insert(why);
+                    }
+                }
+            });
+        }
+    });
+    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(why) => Err(why),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,561 @@
+//! FUSE passthrough through real mounts: which files the kernel reads
+//! itself (the `model.safetensors` view that is its source, decoded tensors
+//! once decoded), that it does (the daemon serves none of their bytes),
+//! that the bytes are those of the daemon's own path, and the rules around
+//! it: opens during a fill, eviction under a small limit with files held
+//! open, nothing left in `--cache-dir` after `kill -9`, a source rewritten
+//! in place, and the fallback without CAP_SYS_ADMIN.
+
+mod support;
+
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use support::{Mount, Rng, run_with_timeout, wait_until};
+use ztensor_mount::formats::zt_v01::DType;
+use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
+
+/// A safetensors file of `tensors` (name, F32 values), as the format lays
+/// it out: header length, JSON header padded with spaces to 8 bytes, data.
+fn write_safetensors(path: &Path, tensors: &[(&str, Vec<f32>)]) -> Vec<u8> {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, v) in tensors {
+        let start = data.len();
+        data.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        header.insert(
+            name.to_string(),
+            serde_json::json!({"dtype": "F32", "shape": [v.len()], "data_offsets": [start, data.len()]}),
+        );
+    }
+    header.insert(
+        "__metadata__".into(),
+        serde_json::json!({"format": "pt", "written_by": "the passthrough test"}),
+    );
+    let mut text = serde_json::to_vec(&header).unwrap();
+    text.resize((text.len() + 8).next_multiple_of(8) - 8, b' ');
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&text);
+    out.extend_from_slice(&data);
+    std::fs::write(path, &out).unwrap();
+    out
+}
+
+fn values(seed: u64, n: usize) -> Vec<f32> {
+    let mut r = Rng(seed);
+    (0..n).map(|_| (r.below(1 << 20) as f32) / 7.0).collect()
+}
+
+/// A zTensor file with the zstd tensors `names`, each `n` float32 values
+/// in 1 MiB frames, and one raw tensor `raw`; returns each tensor's bytes.
+fn write_zstd(path: &Path, names: &[&str], n: usize) -> Vec<(String, Vec<u8>)> {
+    let mut w = Writer::create(path).unwrap();
+    let mut out = Vec::new();
+    let zstd = Options {
+        compression: Compression::zstd(),
+        ..Options::default()
+    };
+    for (i, name) in names.iter().enumerate() {
+        let le = support::compressible(i as u64 + 1, n * 4);
+        w.add(name, DType::Float32, &[n as u64], &le, &zstd)
+            .unwrap();
+        out.push((name.to_string(), le));
+    }
+    let raw = support::pattern(4, 1000, 9);
+    w.add("raw", DType::Float32, &[1000], &raw, &Options::default())
+        .unwrap();
+    out.push(("raw".into(), raw));
+    w.finish().unwrap();
+    out
+}
+
+fn npy_data(npy: &[u8]) -> &[u8] {
+    let hlen = u16::from_le_bytes([npy[8], npy[9]]) as usize;
+    &npy[10 + hlen..]
+}
+
+/// Waits until no backing file is being filled and the daemon has heard
+/// of every close (the kernel says so after `close` returns; an inode
+/// with a handle the daemon serves is not passed through).
+fn settled(m: &Mount) {
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let s = m.stats();
+            s["backing_filling"] == 0 && s["open_files_served"] == 0
+        }),
+        "backing files still filling: {}",
+        m.stats()
+    );
+}
+
+#[test]
+fn the_safetensors_view_of_a_safetensors_file_is_that_file_read_by_the_kernel() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("model.safetensors");
+    let bytes = write_safetensors(
+        &src,
+        &[("b.weight", values(1, 300_000)), ("a.bias", values(2, 7))],
+    );
+    m.mount(&src, &[]);
+    assert!(
+        m.log_text().contains("passthrough is on"),
+        "{}",
+        m.log_text()
+    );
+    assert_eq!(m.stats()["passthrough"], true);
+    let view = ".safetensors/model.safetensors";
+    assert_eq!(
+        std::fs::metadata(m.path(view)).unwrap().len(),
+        bytes.len() as u64
+    );
+    let served = m.stat_u64("bytes_served");
+    let opens = m.stat_u64("passthrough_opens");
+    assert_eq!(m.read(view), bytes, "the view is the file, byte for byte");
+    // mmap, as safetensors' own loader reads it.
+    let f = std::fs::File::open(m.path(view)).unwrap();
+    // SAFETY: the mount is read-only; nothing writes the file while mapped.
+    let map = unsafe { memmap2::Mmap::map(&f).unwrap() };
+    assert_eq!(&map[..], &bytes[..]);
+    drop(map);
+    drop(f);
+    assert_eq!(
+        m.stat_u64("bytes_served"),
+        served,
+        "the daemon served bytes of a backed file"
+    );
+    assert_eq!(m.stat_u64("passthrough_opens"), opens + 2);
+    // The tensor files are still the daemon's, and right.
+    let b = m.read("b.weight");
+    assert_eq!(
+        &b[..],
+        &bytes[bytes.len() - 7 * 4 - 300_000 * 4..bytes.len() - 28]
+    );
+    m.unmount_ok();
+}
+
+#[test]
+fn without_passthrough_the_daemon_serves_the_same_bytes_and_says_why() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("model.safetensors");
+    let bytes = write_safetensors(&src, &[("w", values(3, 50_000))]);
+    m.mount(&src, &["--no-passthrough"]);
+    assert!(
+        m.log_text()
+            .contains("every file is served through FUSE: passthrough is off (--no-passthrough)"),
+        "{}",
+        m.log_text()
+    );
+    assert_eq!(m.stats()["passthrough"], false);
+    assert_eq!(m.read(".safetensors/model.safetensors"), bytes);
+    assert!(m.stat_u64("bytes_served") >= 200_000, "{}", m.stats());
+    assert_eq!(m.stat_u64("passthrough_opens"), 0);
+    m.unmount_ok();
+}
+
+#[test]
+fn a_decoded_tensor_is_passed_through_once_its_backing_file_is_filled() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("z.zt");
+    let tensors = write_zstd(&src, &["z"], 3 << 20);
+    let cache = m.scratch_path("cache");
+    std::fs::create_dir(&cache).unwrap();
+    m.mount(&src, &["--cache-dir", cache.to_str().unwrap()]);
+    let want = &tensors[0].1;
+    // The first open is the daemon's, and starts the fill.
+    assert_eq!(&m.read("z"), want);
+    settled(&m);
+    assert_eq!(m.stat_u64("backing_files"), 1, "{}", m.stats());
+    assert_eq!(m.stat_u64("backing_bytes_now"), want.len() as u64);
+    // Unlinked: nothing in the directory, though it holds the bytes.
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 0);
+    let served = m.stat_u64("bytes_served");
+    assert_eq!(&m.read("z"), want);
+    // The zarr chunk holds the same bytes: the same backing file.
+    assert_eq!(&m.read(".zarr/z/c/0"), want);
+    let f = std::fs::File::open(m.path("z")).unwrap();
+    // SAFETY: the mount is read-only; nothing writes the file while mapped.
+    let map = unsafe { memmap2::Mmap::map(&f).unwrap() };
+    assert_eq!(&map[..], &want[..]);
+    drop(map);
+    drop(f);
+    assert_eq!(m.stat_u64("bytes_served"), served, "{}", m.stats());
+    assert_eq!(m.stat_u64("backing_files"), 1);
+    // The .npy view: a file of its own (header first), filled the same way.
+    let npy = m.read(".npy/z.npy");
+    assert_eq!(npy_data(&npy), &want[..]);
+    settled(&m);
+    let served = m.stat_u64("bytes_served");
+    assert_eq!(m.read(".npy/z.npy"), npy);
+    assert_eq!(m.stat_u64("bytes_served"), served);
+    // A raw tensor at an offset stays the daemon's.
+    assert_eq!(m.read("raw"), tensors[1].1);
+    assert!(m.stat_u64("bytes_served") > served);
+    m.unmount_ok();
+}
+
+#[test]
+fn opens_while_a_backing_file_fills_get_the_same_bytes() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("z.zt");
+    let tensors = write_zstd(&src, &["z"], 6 << 20);
+    m.mount(&src, &["--cache-size", "8M"]);
+    let want = &tensors[0].1;
+    let path = m.path("z");
+    let mut passes = 0;
+    // Keep opening while the first fill runs (and after): every open, the
+    // daemon's or the kernel's, reads the same bytes.
+    std::thread::scope(|s| {
+        let readers: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut n = 0;
+                    for _ in 0..3 {
+                        let mut got = Vec::new();
+                        std::fs::File::open(&path)
+                            .unwrap()
+                            .read_to_end(&mut got)
+                            .unwrap();
+                        assert!(got == *want, "an open read other bytes");
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        passes = readers.into_iter().map(|r| r.join().unwrap()).sum::<i32>();
+    });
+    assert_eq!(passes, 12);
+    settled(&m);
+    assert_eq!(m.read("z"), *want);
+    assert_eq!(
+        m.stat_u64("backing_files"),
+        1,
+        "one fill for all: {}",
+        m.stats()
+    );
+    m.unmount_ok();
+}
+
+#[test]
+fn a_small_limit_evicts_only_backing_files_no_open_holds() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("z.zt");
+    // Two 4 MiB tensors; room for one.
+    let tensors = write_zstd(&src, &["a", "b"], 1 << 20);
+    m.mount(&src, &["--decoded-cache-size", "6M"]);
+    let (a, b) = (&tensors[0].1, &tensors[1].1);
+    assert_eq!(&m.read("a"), a);
+    settled(&m);
+    assert_eq!(m.stat_u64("backing_files"), 1);
+    // Held open (by the kernel, from its backing file) while b wants room.
+    let mut held = std::fs::File::open(m.path("a")).unwrap();
+    assert_eq!(&m.read("b"), b);
+    settled(&m);
+    assert_eq!(m.stat_u64("backing_files"), 1, "b was filled over a held a");
+    assert_eq!(m.stat_u64("backing_evictions"), 0);
+    let mut got = Vec::new();
+    held.read_to_end(&mut got).unwrap();
+    assert_eq!(&got, a);
+    drop(held);
+    // Now a can go: b's next open fills b in its place.
+    assert!(wait_until(Duration::from_secs(10), || {
+        assert_eq!(&m.read("b"), b);
+        settled(&m);
+        m.stat_u64("backing_files") == 2
+    }));
+    assert_eq!(m.stat_u64("backing_evictions"), 1);
+    assert!(m.stat_u64("backing_bytes_now") <= 6 << 20);
+    assert_eq!(&m.read("a"), a);
+    assert_eq!(&m.read("b"), b);
+    m.unmount_ok();
+}
+
+#[test]
+fn kill_9_leaves_nothing_in_the_cache_dir() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("z.zt");
+    let tensors = write_zstd(&src, &["a", "b"], 1 << 20);
+    let cache = m.scratch_path("cache");
+    std::fs::create_dir(&cache).unwrap();
+    m.mount(&src, &["--cache-dir", cache.to_str().unwrap()]);
+    assert_eq!(m.read("a"), tensors[0].1);
+    assert_eq!(npy_data(&m.read(".npy/b.npy")), &tensors[1].1[..]);
+    settled(&m);
+    assert!(m.stat_u64("backing_files") >= 2);
+    let pid = m.pid.expect("daemon pid");
+    support::signal(pid, libc::SIGKILL);
+    assert!(wait_until(Duration::from_secs(5), || !support::alive(pid)));
+    assert_eq!(
+        std::fs::read_dir(&cache).unwrap().count(),
+        0,
+        "files left in the cache dir"
+    );
+    m.cleanup();
+}
+
+/// Rewrites byte `at` of `path` in place and sets its mtime back.
+fn rewrite_keeping_mtime(path: &Path, at: u64) {
+    use std::os::unix::fs::FileExt;
+    let before = std::fs::metadata(path).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    let mut b = [0u8];
+    std::fs::File::open(path)
+        .unwrap()
+        .read_exact_at(&mut b, at)
+        .unwrap();
+    f.write_all_at(&[b[0] ^ 0xff], at).unwrap();
+    f.sync_all().unwrap();
+    let t = filetime(before.mtime(), before.mtime_nsec());
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid C path and two valid timespecs.
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), t.as_ptr(), 0) };
+    assert_eq!(r, 0);
+    assert_eq!(std::fs::metadata(path).unwrap().mtime(), before.mtime());
+}
+
+fn filetime(s: i64, ns: i64) -> [libc::timespec; 2] {
+    let t = libc::timespec {
+        tv_sec: s,
+        tv_nsec: ns,
+    };
+    [t, t]
+}
+
+#[test]
+fn a_source_rewritten_in_place_is_not_passed_through_again() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("model.safetensors");
+    let bytes = write_safetensors(&src, &[("w", values(4, 100_000))]);
+    m.mount(&src, &[]);
+    let view = ".safetensors/model.safetensors";
+    assert_eq!(m.read(view), bytes);
+    // A write, its mtime put back: the ctime still moved.
+    rewrite_keeping_mtime(&src, bytes.len() as u64 - 100);
+    let e = std::fs::File::open(m.path(view)).map(|_| ()).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    let e = std::fs::read(m.path("w")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert!(
+        m.log_text().contains("file was modified since mount"),
+        "{}",
+        m.log_text()
+    );
+    m.unmount_ok();
+}
+
+fn open_to_all(p: &Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// `/dev/fuse` readable and writable by every user (as udev makes it on
+/// Debian) for one test, its mode put back after, even when it fails.
+struct DevFuseOpen(u32);
+
+impl DevFuseOpen {
+    fn new() -> DevFuseOpen {
+        let mode = std::fs::metadata("/dev/fuse").unwrap().mode() & 0o7777;
+        open_to_all(Path::new("/dev/fuse"), 0o666);
+        DevFuseOpen(mode)
+    }
+}
+
+impl Drop for DevFuseOpen {
+    fn drop(&mut self) {
+        open_to_all(Path::new("/dev/fuse"), self.0);
+    }
+}
+
+#[test]
+fn without_cap_sys_admin_every_file_is_served_by_the_daemon() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let _dev = DevFuseOpen::new();
+    let root: PathBuf = m.dir.path().canonicalize().unwrap();
+    let src = m.scratch_path("model.safetensors");
+    let bytes = write_safetensors(&src, &[("w", values(5, 10_000))]);
+    open_to_all(&root, 0o755);
+    open_to_all(&src, 0o644);
+    let nobody = 65534;
+    std::os::unix::fs::chown(&m.mp, Some(nobody), Some(nobody)).unwrap();
+    let log = root.join("nobody.log");
+    std::fs::write(&log, b"").unwrap();
+    std::os::unix::fs::chown(&log, Some(nobody), Some(nobody)).unwrap();
+    let as_nobody = |args: &[&std::ffi::OsStr]| {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .args(args);
+        c
+    };
+    let r = run_with_timeout(
+        &mut as_nobody(&[
+            support::bin().as_ref(),
+            src.as_os_str(),
+            m.mp.as_os_str(),
+            "--log-file".as_ref(),
+            log.as_os_str(),
+        ]),
+        Duration::from_secs(20),
+    );
+    assert!(r.ok(), "mount as nobody: {r:?}");
+    m.pid = support::daemon_pids(&m.mp).into_iter().max();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("every file is served through FUSE: passthrough needs CAP_SYS_ADMIN"),
+        "{text}"
+    );
+    let view = m.mp.join(".safetensors/model.safetensors");
+    let out = as_nobody(&["cat".as_ref(), view.as_os_str()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.stdout, bytes);
+    let stats = as_nobody(&["cat".as_ref(), m.mp.join(".ztensor/stats").as_os_str()])
+        .output()
+        .unwrap();
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert_eq!(stats["passthrough"], false);
+    assert_eq!(stats["passthrough_opens"], 0);
+    m.unmount_ok();
+}
+
+/// An XFS filesystem (reflink on) in a file, loop-mounted for one test and
+/// taken down after it, even when it fails.
+struct Xfs {
+    dir: PathBuf,
+}
+
+impl Xfs {
+    fn new(under: &Path) -> Option<Xfs> {
+        let made = (|| -> Result<Xfs, String> {
+            let img = under.join("xfs.img");
+            let dir = under.join("xfs");
+            std::fs::create_dir(&dir).map_err(|e| e.to_string())?;
+            std::fs::File::create(&img)
+                .and_then(|f| f.set_len(320 << 20))
+                .map_err(|e| e.to_string())?;
+            let run = |c: &mut Command| {
+                let r = run_with_timeout(c, Duration::from_secs(60));
+                if r.ok() {
+                    Ok(())
+                } else {
+                    Err(format!("{r:?}"))
+                }
+            };
+            run(Command::new("mkfs.xfs")
+                .args(["-q", "-m", "reflink=1"])
+                .arg(&img))?;
+            run(Command::new("mount")
+                .args(["-o", "loop"])
+                .arg(&img)
+                .arg(&dir))?;
+            Ok(Xfs { dir })
+        })();
+        match made {
+            Ok(x) => Some(x),
+            Err(why) => {
+                support::require("a loop-mounted XFS (xfsprogs, loop devices)", Err(why));
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Xfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+/// A safetensors file whose data starts on a 4 KiB block and whose
+/// tensors are whole blocks: each raw tensor's range can be cloned.
+fn write_aligned_safetensors(path: &Path, tensors: &[(&str, Vec<f32>)]) -> Vec<u8> {
+    let mut header = serde_json::Map::new();
+    let mut at = 0;
+    for (name, v) in tensors {
+        assert_eq!(v.len() * 4 % 4096, 0);
+        header.insert(
+            name.to_string(),
+            serde_json::json!({"dtype": "F32", "shape": [v.len()], "data_offsets": [at, at + v.len() * 4]}),
+        );
+        at += v.len() * 4;
+    }
+    let mut text = serde_json::to_vec(&header).unwrap();
+    text.resize(4096 - 8, b' ');
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&text);
+    for (_, v) in tensors {
+        out.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+    }
+    std::fs::write(path, &out).unwrap();
+    out
+}
+
+#[test]
+fn raw_tensors_on_blocks_are_backed_by_clones_where_the_cache_dir_shares_blocks() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let Some(xfs) = Xfs::new(m.dir.path()) else {
+        return;
+    };
+    let src = xfs.dir.join("aligned.safetensors");
+    let (a, b) = (values(6, 1 << 20), values(7, 3 << 10));
+    write_aligned_safetensors(&src, &[("a", a.clone()), ("b", b.clone())]);
+    let cache = xfs.dir.join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    m.mount(&src, &["--cache-dir", cache.to_str().unwrap()]);
+    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let served = m.stat_u64("bytes_served");
+    assert_eq!(m.read("a"), bytes(&a));
+    assert_eq!(m.read(".zarr/b/c/0"), bytes(&b));
+    assert_eq!(m.read("b"), bytes(&b));
+    assert_eq!(m.stat_u64("bytes_served"), served, "{}", m.stats());
+    assert_eq!(m.stat_u64("backing_clones"), 2);
+    assert_eq!(m.stat_u64("backing_bytes_now"), 0, "clones take no room");
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 0);
+    m.unmount_ok();
+    drop(xfs);
+}
+
+#[test]
+fn raw_tensors_off_blocks_or_on_ext4_stay_the_daemons() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("model.safetensors");
+    let bytes = write_safetensors(&src, &[("w", values(8, 1 << 16))]);
+    m.mount(&src, &[]);
+    let served = m.stat_u64("bytes_served");
+    assert_eq!(m.read("w"), bytes[bytes.len() - (1 << 18)..]);
+    assert!(m.stat_u64("bytes_served") >= served + (1 << 18));
+    assert_eq!(m.stat_u64("backing_clones"), 0);
+    m.unmount_ok();
+}
