@@ -121,8 +121,25 @@ struct Inner {
     filled: u64,
 }
 
+/// A file to fill: `len` bytes of `segments` into `file`, then `key`'s.
+struct Job {
+    key: Content,
+    file: File,
+    len: u64,
+    data: Arc<Data>,
+    segments: Vec<Segment>,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: std::collections::VecDeque<Job>,
+    /// Whether a thread is working through `jobs`.
+    running: bool,
+}
+
 pub struct Backings {
     opts: BackingOptions,
+    queue: Mutex<Queue>,
     /// Set once `--cache-dir` could not clone a range of the source
     /// (another filesystem, or one without reflink): not tried again.
     no_clones: std::sync::atomic::AtomicBool,
@@ -145,6 +162,7 @@ impl Backings {
         }
         Backings {
             opts,
+            queue: Mutex::default(),
             no_clones: std::sync::atomic::AtomicBool::new(false),
             block: std::sync::OnceLock::new(),
             inner: Mutex::default(),
@@ -279,16 +297,50 @@ impl Backings {
                 return None;
             }
         };
-        let (me, data, segments) = (self.clone(), data.clone(), segments());
-        let k = key.clone();
-        let spawned = std::thread::Builder::new()
-            .name("zt-backing".into())
-            .spawn(move || me.fill(k, file, len, &data, &segments));
-        if let Err(e) = spawned {
-            log::warn!("cannot start a backing file's filler: {e}");
-            self.forget(key, len);
+        let job = Job {
+            key: key.clone(),
+            file,
+            len,
+            data: data.clone(),
+            segments: segments(),
+        };
+        let mut queue = lock(&self.queue);
+        queue.jobs.push_back(job);
+        if !queue.running {
+            let me = self.clone();
+            let spawned = std::thread::Builder::new()
+                .name("zt-backing".into())
+                .spawn(move || me.run_queue());
+            match spawned {
+                Ok(_) => queue.running = true,
+                Err(e) => {
+                    log::warn!("cannot start a backing file's filler: {e}");
+                    queue.jobs.pop_back();
+                    drop(queue);
+                    self.forget(key, len);
+                }
+            }
         }
         None
+    }
+
+    /// Fills queued files one after another (each on every core), until
+    /// none is left: a model's first load opens hundreds of tensors at
+    /// once, and filling them all at once would only fight over the cache.
+    fn run_queue(&self) {
+        loop {
+            let job = {
+                let mut queue = lock(&self.queue);
+                match queue.jobs.pop_front() {
+                    Some(j) => j,
+                    None => {
+                        queue.running = false;
+                        return;
+                    }
+                }
+            };
+            self.fill(job.key, job.file, job.len, &job.data, &job.segments);
+        }
     }
 
     /// Frees filled files no open holds, least recently opened first, until
