@@ -559,3 +559,95 @@ fn raw_tensors_off_blocks_or_on_ext4_stay_the_daemons() {
     assert_eq!(m.stat_u64("backing_clones"), 0);
     m.unmount_ok();
 }
+
+/// Every regular file under `root` but `.ztensor/`, relative, sorted.
+fn files_under(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![PathBuf::new()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(root.join(&d)).unwrap() {
+            let e = e.unwrap();
+            let rel = d.join(e.file_name());
+            if rel == Path::new(".ztensor") {
+                continue;
+            }
+            if e.file_type().unwrap().is_dir() {
+                dirs.push(rel);
+            } else {
+                out.push(rel);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn every_formats_fixtures_read_the_same_with_passthrough_on_and_off() {
+    let _s = support::serial();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let fixtures = [
+        "examples/model.zt",
+        "tests/fixtures/pt/dtypes.pt",
+        "tests/fixtures/pt/strided.pt",
+        "tests/fixtures/pt/shared.pt",
+        "tests/fixtures/pt/module.pt",
+        "fuzz/seeds/formats/deflated.npz",
+        "fuzz/seeds/formats/stored.npz",
+        "fuzz/seeds/formats/h5py_default.h5",
+        "fuzz/seeds/formats/h5py_latest.h5",
+        "fuzz/seeds/formats/h5py_resizable.h5",
+        "fuzz/seeds/formats/model.onnx",
+        "fuzz/seeds/formats/plain.safetensors",
+        "fuzz/seeds/formats/small.gguf",
+        "fuzz/seeds/deathtensors/plain.deathtensors",
+        "fuzz/seeds/deathtensors/zstd_sum.deathtensors",
+        "tests/zt_v2/corpus/valid/canonical-basic.zt",
+        "tests/zt_v2/corpus/valid/csr-data-valid.zt",
+        "tests/zt_v2/corpus/valid/verify-ok.zt",
+    ];
+    let mut backed_somewhere = 0;
+    for fixture in fixtures {
+        let Some(mut on) = Mount::scratch() else {
+            return;
+        };
+        let Some(mut off) = Mount::scratch() else {
+            return;
+        };
+        let src = root.join(fixture);
+        on.mount(&src, &[]);
+        off.mount(&src, &["--no-passthrough"]);
+        let files = files_under(&off.mp);
+        assert_eq!(files, files_under(&on.mp), "{fixture}: the trees differ");
+        for pass in 0..2 {
+            for f in &files {
+                let want = std::fs::read(off.mp.join(f));
+                let got = std::fs::read(on.mp.join(f));
+                match (want, got) {
+                    (Ok(w), Ok(g)) => {
+                        assert!(w == g, "{fixture}: {} differs (pass {pass})", f.display())
+                    }
+                    (Err(w), Err(g)) => assert_eq!(
+                        w.raw_os_error(),
+                        g.raw_os_error(),
+                        "{fixture}: {}",
+                        f.display()
+                    ),
+                    (w, g) => panic!(
+                        "{fixture}: {}: {w:?} without passthrough, {g:?} with",
+                        f.display()
+                    ),
+                }
+            }
+            settled(&on);
+        }
+        backed_somewhere += (on.stat_u64("passthrough_opens") > 0) as usize;
+        assert_eq!(off.stat_u64("passthrough_opens"), 0);
+        on.unmount_ok();
+        off.unmount_ok();
+    }
+    assert!(
+        backed_somewhere >= 8,
+        "only {backed_somewhere} fixtures had a backed file"
+    );
+}
