@@ -25,10 +25,9 @@ fi
 bin="$dest/ztensor-mount"
 echo "installed $bin"
 case ":$PATH:" in *":$dest:"*) ;; *) echo "note: $dest is not on your PATH" ;; esac
-mnt=${1:-/tmp/ztensor-demo}
-mkdir -p "$mnt"
-# A mount left by an earlier run (alive or dead) is replaced.
-"$bin" -u "$mnt" 2>/dev/null || true
+# Only a ztensor-mount mount whose daemon died is replaced; any other mount
+# there is left alone, and another directory is used (and named).
+mnt=$(bash scripts/demo_mountpoint.sh "${1:-/tmp/ztensor-demo}" "$bin")
 "$bin" examples/model.zt "$mnt"
 
 set -x
