@@ -106,6 +106,9 @@ struct MountCli {
     /// For a remote FILE: most disk the cache files in --cache-dir may take. Default: 16G.
     #[arg(long, value_name = "SIZE")]
     disk_cache_size: Option<String>,
+    /// For an https:// FILE: PEM certificates (a private CA) trusted besides the system's.
+    #[arg(long, value_name = "PEM")]
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(Parser, Debug)]
@@ -231,6 +234,9 @@ pub fn main() -> ExitCode {
         if let Some(v) = &cli.disk_cache_size {
             s.remote.disk_cache_size = options::parse_size(v)?;
         }
+        if let Some(v) = &cli.ca_file {
+            s.remote.ca_file = Some(v.clone());
+        }
         if let Some(v) = cli.threads {
             s.threads = v;
         }
@@ -255,6 +261,13 @@ pub fn main() -> ExitCode {
             *p = std::path::absolute(&*p).map_err(|e| format!("{key} {}: {e}", p.display()))?;
         }
         s.remote.cache_dir = s.cache_dir.clone();
+        // An object a server will not serve by ranges is fetched whole,
+        // within the bound of what is read whole at open.
+        s.remote.whole_max = s.index_memory;
+        if let Some(ca) = s.remote.ca_file.as_mut() {
+            *ca =
+                std::path::absolute(&*ca).map_err(|e| format!("ca_file {}: {e}", ca.display()))?;
+        }
         if s.allow_other && s.allow_root {
             return Err("allow_other and allow_root cannot be used together".into());
         }

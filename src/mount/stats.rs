@@ -34,6 +34,8 @@ impl Stats {
     }
 
     pub fn render(&self, g: &Gauges) -> Vec<u8> {
+        // A remote file's objects: requests, bytes fetched, bytes held.
+        let remote = crate::source::remote::counters();
         let v = json!({
             "bytes_served": self.bytes_served.load(Relaxed),
             "reads": self.reads.load(Relaxed),
@@ -51,6 +53,10 @@ impl Stats {
             "checksum_failures": self.checksum_failures.load(Relaxed),
             "spilled_tensors": self.spilled_tensors.load(Relaxed),
             "spilled_bytes": self.spilled_bytes.load(Relaxed),
+            "remote_requests": remote.requests,
+            "remote_fetched_bytes": remote.fetched_bytes,
+            "remote_cached_bytes": remote.cached_bytes,
+            "remote_object_bytes": remote.object_bytes,
         });
         let mut out = serde_json::to_vec_pretty(&v).unwrap_or_default();
         out.push(b'\n');
