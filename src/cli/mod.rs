@@ -8,6 +8,7 @@ mod mount;
 mod npy;
 pub mod options;
 mod pack;
+mod prefetch;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,7 +23,7 @@ use crate::catalog::Algorithm;
     name = "ztensor-mount",
     version,
     override_usage = "ztensor-mount [OPTIONS] FILE MOUNTPOINT\n       ztensor-mount -u [-z] MOUNTPOINT",
-    after_help = "Other commands: ztensor-mount pack|info|cat --help"
+    after_help = "Other commands: ztensor-mount pack|info|cat|prefetch --help"
 )]
 struct MountCli {
     /// The file to serve, a path or a URL (s3://, gs://, az://, http(s)://)
@@ -174,13 +175,25 @@ enum Tool {
         #[arg(long)]
         part: Option<String>,
     },
+    /// Bring tensors of a live mount into its caches (decoded, fetched),
+    /// by reading them through it; a progress bar on a terminal.
+    Prefetch {
+        /// Where the file is mounted.
+        mountpoint: PathBuf,
+        /// Tensors to bring in, by name or path; a directory stands for
+        /// every tensor under it. Default: all.
+        tensors: Vec<String>,
+        /// Files read at once.
+        #[arg(long, short = 'j', value_name = "N", default_value_t = 4)]
+        jobs: usize,
+    },
 }
 
 pub fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if matches!(
         args.get(1).map(String::as_str),
-        Some("pack" | "info" | "cat")
+        Some("pack" | "info" | "cat" | "prefetch")
     ) {
         return tool(ToolCli::parse());
     }
@@ -361,6 +374,11 @@ fn tool(cli: ToolCli) -> ExitCode {
             part,
             endpoint,
         } => cat::run(&file, &tensor, part.as_deref(), &remote_options(endpoint)),
+        Tool::Prefetch {
+            mountpoint,
+            tensors,
+            jobs,
+        } => prefetch::run(&mountpoint, &tensors, jobs),
     }
 }
 
