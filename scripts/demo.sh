@@ -3,11 +3,15 @@
 # (/usr/local/bin, as root or through sudo; else ~/.local/bin), mounts the
 # bundled example model and shows it: ls -l, a sidecar, a tensor read with
 # numpy, and the views (np.load, TensorStore, zarr, safetensors).
-# The mount stays up; the last line says how to unmount it.
+# The mount stays up; the last line says how to unmount it. It installs
+# only what the demo uses (scripts/setup.sh --demo); scripts/test.sh adds
+# what the tests need.
+#
+#   bash scripts/demo.sh [MOUNTPOINT]     default /tmp/ztensor-demo
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-source scripts/setup.sh
+source scripts/setup.sh --demo
 cargo build --release --quiet
 built="$root/target/release/ztensor-mount"
 if [ "$(id -u)" = 0 ] || command -v sudo >/dev/null 2>&1; then
@@ -21,10 +25,9 @@ fi
 bin="$dest/ztensor-mount"
 echo "installed $bin"
 case ":$PATH:" in *":$dest:"*) ;; *) echo "note: $dest is not on your PATH" ;; esac
-mnt=${1:-/tmp/ztensor-demo}
-mkdir -p "$mnt"
-# A mount left by an earlier run (alive or dead) is replaced.
-"$bin" -u "$mnt" 2>/dev/null || true
+# Only a ztensor-mount mount whose daemon died is replaced; any other mount
+# there is left alone, and another directory is used (and named).
+mnt=$(bash scripts/demo_mountpoint.sh "${1:-/tmp/ztensor-demo}" "$bin")
 "$bin" examples/model.zt "$mnt"
 
 set -x

@@ -2,12 +2,24 @@
 # Installs what ztensor-mount needs on a Debian machine, idempotently:
 # fuse3 (fusermount3 and the kernel device), a C compiler (zstd-sys builds
 # libzstd from source), a Rust toolchain when cargo is missing (rustup, into
-# ~/.cargo), and a Python venv in .venv with numpy and the reference Python
-# packages for the interop tests.
+# ~/.cargo), and a Python venv in .venv.
+#
+#   source scripts/setup.sh --demo   what demo.sh needs: the above, with
+#                                    numpy and the view libraries it shows
+#                                    (zarr, tensorstore, safetensors)
+#   source scripts/setup.sh          what the tests need as well: the
+#                                    reference packages and writers, the
+#                                    servers and emulators of the remote tests
+#
 # Sourced by demo.sh and test.sh, so that a Rust installed here is on their
-# PATH; also safe to run alone.
+# PATH; also safe to run alone (`bash scripts/setup.sh [--demo]`).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+case "${1:-}" in
+  --demo) setup_mode=demo ;;
+  "" | --test) setup_mode=test ;;
+  *) echo "setup: unknown argument '$1' (--demo, --test)" >&2; exit 2 ;;
+esac
 min_rust=1.88
 # What a fresh install gets: the version CI and the benchmarks use. A newer
 # clippy brings new lints, which `-D warnings` in test.sh turns into errors.
@@ -37,12 +49,6 @@ fi
 # fusermount3 (unmounting for users other than root, --auto-unmount) reads
 # /etc/mtab; systemd makes it a link to the kernel's table at boot, and a
 # chroot or container may lack it.
-# mkfs.xfs: tests/passthrough.rs loop-mounts an XFS image (reflink) to
-# check raw tensors backed by clones.
-if ! command -v mkfs.xfs >/dev/null 2>&1; then
-  echo "setup: installing xfsprogs (the reflink tests make an XFS image)"
-  apt_install xfsprogs
-fi
 if [ ! -e /etc/mtab ]; then
   echo "setup: linking /etc/mtab to /proc/self/mounts (fusermount3 reads it)"
   as_root ln -s ../proc/self/mounts /etc/mtab
@@ -94,17 +100,36 @@ if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
   apt_install python3-venv
 fi
 venv="$root/.venv"
-# The venv holds numpy and the reference package of each zTensor version:
-# ztensor 0.1.4 (v0.1) in the venv itself; ztensor 1.x (v1) and 2.x (v2)
-# each in a folder of its own under .venv/ztensor/, put first on
-# PYTHONPATH by the tests that use it (one package name, three versions).
-# The readers the views are checked with: zarr, tensorstore, safetensors.
-if ! "$venv/bin/python" -c 'import numpy, ml_dtypes, zstandard, ztensor, zarr, tensorstore, safetensors' >/dev/null 2>&1; then
-  echo "setup: creating $venv (numpy, ml_dtypes, zstandard, ztensor==0.1.4, zarr, tensorstore, safetensors)"
+if [ ! -x "$venv/bin/python" ]; then
+  echo "setup: creating $venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check numpy ml_dtypes zstandard 'ztensor==0.1.4' \
-    zarr tensorstore safetensors
 fi
+venv_add() {
+  # venv_add MODULES PACKAGES...: installs PACKAGES unless MODULES import.
+  local modules=$1
+  shift
+  if ! "$venv/bin/python" -c "import $modules" >/dev/null 2>&1; then
+    echo "setup: installing $* into $venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check --upgrade-strategy only-if-needed "$@"
+  fi
+}
+# What the demo reads the mount with: numpy, and the view libraries.
+venv_add 'numpy, zarr, tensorstore, safetensors' numpy zarr tensorstore safetensors
+if [ "$setup_mode" = demo ]; then
+  return 0 2>/dev/null || exit 0
+fi
+# mkfs.xfs: tests/passthrough.rs loop-mounts an XFS image (reflink) to
+# check raw tensors backed by clones.
+if ! command -v mkfs.xfs >/dev/null 2>&1; then
+  echo "setup: installing xfsprogs (the reflink tests make an XFS image)"
+  apt_install xfsprogs
+fi
+# The tests' venv holds, beside those, the reference package of each
+# zTensor version: ztensor 0.1.4 (v0.1) in the venv itself; ztensor 1.x
+# (v1) and 2.x (v2) each in a folder of its own under .venv/ztensor/, put
+# first on PYTHONPATH by the tests that use it (one package name, three
+# versions).
+venv_add 'ml_dtypes, zstandard, ztensor' ml_dtypes zstandard 'ztensor==0.1.4'
 # The writers of the foreign formats mounted through ztensor-compat (tests
 # tests/format_*.rs): added beside numpy, never upgrading it.
 if ! "$venv/bin/python" -c 'import safetensors, gguf, onnx, h5py' >/dev/null 2>&1; then

@@ -62,10 +62,27 @@ impl fmt::Display for Error {
         if let Some(t) = &self.tensor {
             write!(f, "tensor {t:?}: ")?;
         }
-        // Keep it to one line whatever the message carries.
+        // Keep it to one line whatever the message carries, and name the
+        // file once (a message from a byte source starts with it already).
         let msg = self.message.replace('\n', " ");
-        f.write_str(&msg)
+        let prefix = format!("{}: ", self.file);
+        f.write_str(msg.strip_prefix(&prefix).unwrap_or(&msg))
     }
 }
 
 impl std::error::Error for Error {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_is_named_once_when_the_message_names_it_too() {
+        let e = Error::new(ErrorKind::Io, "http://h/m.zt", None, "http://h/m.zt: no");
+        assert_eq!(e.to_string(), "http://h/m.zt: no");
+        let e = Error::new(ErrorKind::Io, "a.zt", Some("t"), "a.zt: bad");
+        assert_eq!(e.to_string(), "a.zt: tensor \"t\": bad");
+        let e = Error::new(ErrorKind::Io, "a.zt", None, "b.zt: bad");
+        assert_eq!(e.to_string(), "a.zt: b.zt: bad");
+    }
+}

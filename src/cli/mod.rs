@@ -8,6 +8,7 @@ mod mount;
 mod npy;
 pub mod options;
 mod pack;
+mod prefetch;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,7 +23,7 @@ use crate::catalog::Algorithm;
     name = "ztensor-mount",
     version,
     override_usage = "ztensor-mount [OPTIONS] FILE MOUNTPOINT\n       ztensor-mount -u [-z] MOUNTPOINT",
-    after_help = "Other commands: ztensor-mount pack|info|cat --help"
+    after_help = "Other commands: ztensor-mount pack|info|cat|prefetch --help"
 )]
 struct MountCli {
     /// The file to serve, a path or a URL (s3://, gs://, az://, http(s)://)
@@ -114,6 +115,9 @@ struct MountCli {
     /// For a remote FILE: most disk the cache files in --cache-dir may take. Default: 16G.
     #[arg(long, value_name = "SIZE")]
     disk_cache_size: Option<String>,
+    /// For an https:// FILE: PEM certificates (a private CA) trusted besides the system's.
+    #[arg(long, value_name = "PEM")]
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(Parser, Debug)]
@@ -179,13 +183,25 @@ enum Tool {
         #[arg(long)]
         part: Option<String>,
     },
+    /// Bring tensors of a live mount into its caches (decoded, fetched),
+    /// by reading them through it; a progress bar on a terminal.
+    Prefetch {
+        /// Where the file is mounted.
+        mountpoint: PathBuf,
+        /// Tensors to bring in, by name or path; a directory stands for
+        /// every tensor under it. Default: all.
+        tensors: Vec<String>,
+        /// Files read at once.
+        #[arg(long, short = 'j', value_name = "N", default_value_t = 4)]
+        jobs: usize,
+    },
 }
 
 pub fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if matches!(
         args.get(1).map(String::as_str),
-        Some("pack" | "info" | "cat")
+        Some("pack" | "info" | "cat" | "prefetch")
     ) {
         return tool(ToolCli::parse());
     }
@@ -243,6 +259,9 @@ pub fn main() -> ExitCode {
         if let Some(v) = &cli.disk_cache_size {
             s.remote.disk_cache_size = options::parse_size(v)?;
         }
+        if let Some(v) = &cli.ca_file {
+            s.remote.ca_file = Some(v.clone());
+        }
         if let Some(v) = cli.threads {
             s.threads = v;
         }
@@ -267,6 +286,13 @@ pub fn main() -> ExitCode {
             *p = std::path::absolute(&*p).map_err(|e| format!("{key} {}: {e}", p.display()))?;
         }
         s.remote.cache_dir = s.cache_dir.clone();
+        // An object a server will not serve by ranges is fetched whole,
+        // within the bound of what is read whole at open.
+        s.remote.whole_max = s.index_memory;
+        if let Some(ca) = s.remote.ca_file.as_mut() {
+            *ca =
+                std::path::absolute(&*ca).map_err(|e| format!("ca_file {}: {e}", ca.display()))?;
+        }
         if s.allow_other && s.allow_root {
             return Err("allow_other and allow_root cannot be used together".into());
         }
@@ -360,6 +386,11 @@ fn tool(cli: ToolCli) -> ExitCode {
             part,
             endpoint,
         } => cat::run(&file, &tensor, part.as_deref(), &remote_options(endpoint)),
+        Tool::Prefetch {
+            mountpoint,
+            tensors,
+            jobs,
+        } => prefetch::run(&mountpoint, &tensors, jobs),
     }
 }
 

@@ -49,6 +49,8 @@ impl Stats {
 
     /// The counters and gauges, and `more` (gauges of other parts).
     pub fn render(&self, g: &Gauges, more: &[(&str, u64)]) -> Vec<u8> {
+        // A remote file's objects: requests, bytes fetched, bytes held.
+        let remote = crate::source::remote::counters();
         let mut v = json!({
             "bytes_served": self.bytes_served.load(Relaxed),
             "reads": self.reads.load(Relaxed),
@@ -73,6 +75,10 @@ impl Stats {
             "backing_bytes": self.backing_bytes.load(Relaxed),
             "backing_evictions": self.backing_evictions.load(Relaxed),
             "backing_clones": self.backing_clones.load(Relaxed),
+            "remote_requests": remote.requests,
+            "remote_fetched_bytes": remote.fetched_bytes,
+            "remote_cached_bytes": remote.cached_bytes,
+            "remote_object_bytes": remote.object_bytes,
         });
         for (k, n) in more {
             v[*k] = json!(n);

@@ -51,6 +51,12 @@ pub struct Options {
     pub retries: usize,
     /// Blocks fetched ahead of a sequential reader.
     pub read_ahead: u64,
+    /// Largest object fetched whole from a server that ignores Range
+    /// requests (`--index-memory`); a larger one is refused.
+    pub whole_max: u64,
+    /// PEM certificates (a CA, or a server's own) trusted besides the
+    /// system's (`--ca-file`).
+    pub ca_file: Option<PathBuf>,
 }
 
 /// Default block: 4 MiB (see BENCHMARKS.md, remote reads): large enough
@@ -68,6 +74,8 @@ impl Default for Options {
             timeout: Duration::from_secs(30),
             retries: 3,
             read_ahead: 4,
+            whole_max: 1 << 30,
+            ca_file: None,
         }
     }
 }
@@ -163,12 +171,38 @@ impl Client {
     }
 
     fn build(&self) -> std::result::Result<Arc<dyn ObjectStore>, object_store::Error> {
-        use object_store::{BackoffConfig, ClientOptions, RetryConfig};
+        use object_store::{BackoffConfig, Certificate, ClientOptions, RetryConfig};
         let o = &self.opts;
-        let client = ClientOptions::new()
+        let mut client = ClientOptions::new()
             .with_timeout(o.timeout)
             .with_connect_timeout(o.timeout.min(Duration::from_secs(10)))
             .with_allow_http(true);
+        // Trusted besides the system's store (which, like curl's and
+        // Python's, is SSL_CERT_FILE / SSL_CERT_DIR when either is set).
+        if let Some(path) = &o.ca_file {
+            let generic = |why: String| object_store::Error::Generic {
+                store: "TLS",
+                source: why.into(),
+            };
+            let pem = std::fs::read(path)
+                .map_err(|e| generic(format!("--ca-file {}: {e}", path.display())))?;
+            let certs = Certificate::from_pem_bundle(&pem).map_err(|e| {
+                generic(format!(
+                    "--ca-file {}: not PEM certificates: {}",
+                    path.display(),
+                    one_line(e)
+                ))
+            })?;
+            if certs.is_empty() {
+                return Err(generic(format!(
+                    "--ca-file {}: holds no PEM certificate",
+                    path.display()
+                )));
+            }
+            for c in certs {
+                client = client.with_root_certificate(c);
+            }
+        }
         let retry = RetryConfig {
             backoff: BackoffConfig {
                 init_backoff: Duration::from_millis(100),
@@ -319,6 +353,7 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         requests: Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS)),
         dirty: AtomicU64::new(0),
         committed: Mutex::new(Instant::now()),
+        whole: tokio::sync::Mutex::new(None),
     });
     LIVE.lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -340,6 +375,9 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
 
 /// One line for a failed HEAD or GET.
 fn describe(e: &object_store::Error) -> String {
+    if let Some(tls) = tls_failure(e) {
+        return tls;
+    }
     match e {
         object_store::Error::NotFound { .. } => "no such object (or bucket)".into(),
         object_store::Error::PermissionDenied { source, .. } => {
@@ -351,8 +389,71 @@ fn describe(e: &object_store::Error) -> String {
                 one_line(source)
             )
         }
-        other => one_line(other),
+        other => one_line(with_causes(other)),
     }
+}
+
+/// An error's message followed by those of its causes that it does not
+/// already carry ("error sending request" says little without the
+/// connection's own words).
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cur = e.source();
+    while let Some(err) = cur {
+        let m = err.to_string();
+        if !m.is_empty() && !text.contains(&m) {
+            text.push_str(": ");
+            text.push_str(&m);
+        }
+        cur = err.source();
+    }
+    text
+}
+
+/// A TLS failure somewhere in `e`'s chain of causes, named as what it is
+/// (the client's own words bury it under "error sending request").
+fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    use rustls::CertificateError as C;
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    let mut found = None;
+    while let Some(err) = cur {
+        // An I/O error hides the error it wraps from `source()`.
+        let inner = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .map(|i| i as &(dyn std::error::Error + 'static));
+        if let Some(t) = err
+            .downcast_ref::<rustls::Error>()
+            .or_else(|| inner.and_then(|i| i.downcast_ref::<rustls::Error>()))
+        {
+            found = Some(t);
+            break;
+        }
+        cur = inner.or_else(|| err.source());
+    }
+    const TRUST: &str = "trust its CA with --ca-file FILE (when mounting) or \
+                         SSL_CERT_FILE=FILE, or add it to the system's trust store";
+    Some(match found? {
+        rustls::Error::InvalidCertificate(c) => match c {
+            C::UnknownIssuer => format!(
+                "TLS: the server's certificate is signed by an unknown authority \
+                 (self-signed or a private CA): {TRUST}"
+            ),
+            C::Expired | C::ExpiredContext { .. } => {
+                "TLS: the server's certificate has expired".to_string()
+            }
+            C::NotValidYet | C::NotValidYetContext { .. } => {
+                "TLS: the server's certificate is not valid yet (check this machine's clock)"
+                    .to_string()
+            }
+            C::NotValidForName | C::NotValidForNameContext { .. } => {
+                "TLS: the server's certificate is for another host name than the URL's".to_string()
+            }
+            C::Revoked => "TLS: the server's certificate is revoked".to_string(),
+            other => format!("TLS: the server's certificate is refused: {other:?}"),
+        },
+        other => format!("TLS handshake failed (is the server speaking HTTPS?): {other}"),
+    })
 }
 
 /// A cache file opened for an object, with its saved bitmap.
@@ -579,6 +680,8 @@ pub struct Object {
     dirty: AtomicU64,
     /// When the bitmap was last committed; held while committing.
     committed: Mutex<Instant>,
+    /// For a server that ignores Range: the one fetch of the whole object.
+    whole: tokio::sync::Mutex<Option<std::result::Result<(), String>>>,
 }
 
 impl Object {
@@ -720,9 +823,16 @@ impl Object {
             range: Some(GetRange::Bounded(start..end)),
             ..Default::default()
         };
+        REQUESTS.fetch_add(1, Relaxed);
         let got = store.get_opts(&self.key, opts).await;
         let got = match got {
             Ok(g) => g,
+            // A 200 with the whole object for a ranged GET (a plain web
+            // server such as `python3 -m http.server`).
+            Err(object_store::Error::NotSupported { .. }) => {
+                drop(_permit);
+                return self.fetch_whole().await;
+            }
             Err(e @ object_store::Error::Precondition { .. })
             | Err(e @ object_store::Error::NotFound { .. }) => {
                 return Err(self.changed(&describe(&e)));
@@ -761,6 +871,7 @@ impl Object {
             file.write_all_at(&piece, at)
                 .map_err(|e| format!("{what}: cannot write the cache file: {e}"))?;
             at += piece.len() as u64;
+            FETCHED.fetch_add(piece.len() as u64, Relaxed);
         }
         if at != end {
             return Err(format!(
@@ -768,6 +879,102 @@ impl Object {
                 at - start,
                 end - start
             ));
+        }
+        Ok(())
+    }
+
+    /// The whole object, fetched once into the cache file, for a server
+    /// that ignores Range requests: within [`Options::whole_max`], else
+    /// one line saying what to do instead. Every caller gets the first
+    /// one's outcome.
+    async fn fetch_whole(&self) -> std::result::Result<(), String> {
+        let mut done = self.whole.lock().await;
+        if let Some(r) = done.as_ref() {
+            return r.clone();
+        }
+        let max = self.client.opts.whole_max;
+        let r = if self.size > max {
+            let msg = format!(
+                "the server ignores Range requests (it answers a request for part of the \
+                 object with all of it), so the object would have to be fetched whole, and its \
+                 {} bytes are over --index-memory ({max} bytes): serve it from a server that \
+                 honours Range (an object store, nginx, caddy), raise --index-memory, or \
+                 download it and mount the local copy",
+                self.size
+            );
+            // Every later read fails the same way, at once.
+            let _ = self.broken.set(format!("{}: {msg}", self.label));
+            Err(msg)
+        } else {
+            log::info!(
+                "{}: the server ignores Range requests; fetching all {} bytes once",
+                self.label,
+                self.size
+            );
+            let r = self.get_whole().await;
+            if r.is_ok() {
+                self.mark(0..self.blocks());
+                if self.commit_due()
+                    && let Some(me) = self.me.upgrade()
+                {
+                    tokio::task::spawn_blocking(move || me.commit());
+                }
+            }
+            r
+        };
+        *done = Some(r.clone());
+        r
+    }
+
+    async fn get_whole(&self) -> std::result::Result<(), String> {
+        let what = format!("all {} bytes", self.size);
+        let _permit = self
+            .requests
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| format!("{what}: {e}"))?;
+        let store = self.client.store()?;
+        let opts = GetOptions {
+            if_match: self.etag.clone(),
+            version: self.version.clone(),
+            ..Default::default()
+        };
+        REQUESTS.fetch_add(1, Relaxed);
+        let got = match store.get_opts(&self.key, opts).await {
+            Ok(g) => g,
+            Err(e @ object_store::Error::Precondition { .. })
+            | Err(e @ object_store::Error::NotFound { .. }) => {
+                return Err(self.changed(&describe(&e)));
+            }
+            Err(e) => return Err(format!("{what}: {}", describe(&e))),
+        };
+        if got.meta.size != self.size
+            || (self.etag.is_some() && got.meta.e_tag.is_some() && got.meta.e_tag != self.etag)
+        {
+            return Err(self.changed(&format!(
+                "the server now says {} bytes, ETag {:?}",
+                got.meta.size, got.meta.e_tag
+            )));
+        }
+        let file = self
+            .file
+            .as_ref()
+            .ok_or_else(|| format!("{what}: the cache file cannot be written"))?;
+        let mut body = got.into_stream();
+        let mut at = 0u64;
+        while let Some(piece) = body.next().await {
+            let piece = piece.map_err(|e| format!("{what}: {}", describe(&e)))?;
+            if at + piece.len() as u64 > self.size {
+                return Err(format!("{what}: the server sent more"));
+            }
+            file.write_all_at(&piece, at)
+                .map_err(|e| format!("{what}: cannot write the cache file: {e}"))?;
+            at += piece.len() as u64;
+            FETCHED.fetch_add(piece.len() as u64, Relaxed);
+        }
+        if at != self.size {
+            return Err(format!("{what}: the server sent {at} bytes"));
         }
         Ok(())
     }
@@ -927,6 +1134,44 @@ impl Drop for Object {
             self.commit();
         }
     }
+}
+
+/// GET requests sent, and bytes written into cache files, by this process.
+static REQUESTS: AtomicU64 = AtomicU64::new(0);
+static FETCHED: AtomicU64 = AtomicU64::new(0);
+
+/// What the remote objects of this process have fetched and hold, for
+/// `.ztensor/stats`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Counters {
+    /// GET requests sent (retries by the client not counted apart).
+    pub requests: u64,
+    /// Bytes fetched into cache files.
+    pub fetched_bytes: u64,
+    /// Bytes of the objects open now that are in their cache files.
+    pub cached_bytes: u64,
+    /// Total size of the objects open now.
+    pub object_bytes: u64,
+}
+
+pub fn counters() -> Counters {
+    let live: Vec<Arc<Object>> = {
+        let l = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+        l.iter().filter_map(Weak::upgrade).collect()
+    };
+    let mut c = Counters {
+        requests: REQUESTS.load(Relaxed),
+        fetched_bytes: FETCHED.load(Relaxed),
+        ..Counters::default()
+    };
+    for o in live {
+        c.object_bytes += o.size;
+        c.cached_bytes += (0..o.blocks())
+            .filter(|&b| o.has(b))
+            .map(|b| ((b + 1) * o.block).min(o.size) - b * o.block)
+            .sum::<u64>();
+    }
+    c
 }
 
 /// Every object opened in this process, for [`commit_all`].
