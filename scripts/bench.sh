@@ -16,7 +16,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-source scripts/setup.sh
+source scripts/setup.sh --test
 missing=()
 command -v zstd >/dev/null 2>&1 || missing+=(zstd)
 command -v fincore >/dev/null 2>&1 || missing+=(util-linux)
