@@ -276,11 +276,16 @@ fn a_small_limit_evicts_only_backing_files_no_open_holds() {
     assert_eq!(&got, a);
     drop(held);
     // Now a can go: b's next open fills b in its place.
-    assert!(wait_until(Duration::from_secs(10), || {
-        assert_eq!(&m.read("b"), b);
-        settled(&m);
-        m.stat_u64("backing_files") == 2
-    }));
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            assert_eq!(&m.read("b"), b);
+            settled(&m);
+            m.stat_u64("backing_files") == 2
+        }),
+        "{}\n{}",
+        m.stats(),
+        m.log_text()
+    );
     assert_eq!(m.stat_u64("backing_evictions"), 1);
     assert!(m.stat_u64("backing_bytes_now") <= 6 << 20);
     assert_eq!(&m.read("a"), a);
@@ -650,4 +655,28 @@ fn every_formats_fixtures_read_the_same_with_passthrough_on_and_off() {
         backed_somewhere >= 8,
         "only {backed_somewhere} fixtures had a backed file"
     );
+}
+
+#[test]
+fn a_peek_at_a_decoded_tensor_fills_nothing() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("z.zt");
+    let tensors = write_zstd(&src, &["z"], 2 << 20);
+    m.mount(&src, &[]);
+    let mut head = vec![0u8; 4096];
+    std::fs::File::open(m.path("z"))
+        .unwrap()
+        .read_exact(&mut head)
+        .unwrap();
+    assert_eq!(head, tensors[0].1[..4096]);
+    settled(&m);
+    assert_eq!(m.stat_u64("backing_files"), 0, "{}", m.stats());
+    // Read whole, it is filled.
+    assert_eq!(m.read("z"), tensors[0].1);
+    settled(&m);
+    assert_eq!(m.stat_u64("backing_files"), 1, "{}", m.stats());
+    m.unmount_ok();
 }

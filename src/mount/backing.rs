@@ -253,22 +253,27 @@ impl Backings {
         block > 0 && off.is_multiple_of(block)
     }
 
-    /// The backing of files of content `key` if it is complete. Otherwise
-    /// starts filling one
-    /// from `segments` (when there is room for `len` more bytes), and
-    /// answers `None`: this open is served by the daemon.
-    pub fn get_or_start(
+    /// The backing of files of content `key`, if there is a complete one.
+    pub fn ready(&self, key: &Content) -> Option<Arc<Backing>> {
+        match lock(&self.inner).slots.get(key) {
+            Some(Slot::Ready(b)) => Some(b.clone()),
+            _ => None,
+        }
+    }
+
+    /// Starts filling a backing file of files of content `key` from
+    /// `segments` (`len` bytes), unless one is there or being filled, or
+    /// there is no room for it.
+    pub fn start_fill(
         self: &Arc<Self>,
         key: &Content,
         len: u64,
         data: &Arc<Data>,
-        segments: impl FnOnce() -> Vec<Segment>,
-    ) -> Option<Arc<Backing>> {
+        segments: Vec<Segment>,
+    ) {
         let mut inner = lock(&self.inner);
-        match inner.slots.get(key) {
-            Some(Slot::Ready(b)) => return Some(b.clone()),
-            Some(Slot::Filling) => return None,
-            None => {}
+        if inner.slots.contains_key(key) {
+            return;
         }
         if !self.make_room(&mut inner, len) {
             log::debug!(
@@ -276,7 +281,7 @@ impl Backings {
                 data.catalog().label,
                 self.opts.limit
             );
-            return None;
+            return;
         }
         inner.filled += len;
         inner.slots.insert(key.clone(), Slot::Filling);
@@ -284,7 +289,7 @@ impl Backings {
         if let Err(why) = super::spill::room(&self.opts.dir, len) {
             log::debug!("no backing file of {len} bytes: {why}");
             self.forget(key, len);
-            return None;
+            return;
         }
         let file = match tempfile::tempfile_in(&self.opts.dir) {
             Ok(f) => f,
@@ -294,7 +299,7 @@ impl Backings {
                     self.opts.dir.display()
                 );
                 self.forget(key, len);
-                return None;
+                return;
             }
         };
         let job = Job {
@@ -302,7 +307,7 @@ impl Backings {
             file,
             len,
             data: data.clone(),
-            segments: segments(),
+            segments,
         };
         let mut queue = lock(&self.queue);
         queue.jobs.push_back(job);
@@ -321,7 +326,6 @@ impl Backings {
                 }
             }
         }
-        None
     }
 
     /// Fills queued files one after another (each on every core), until

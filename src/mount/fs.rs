@@ -67,15 +67,24 @@ pub struct FsOptions {
     pub backing: BackingOptions,
 }
 
+/// An open handle of a tensor or view file.
+struct OpenFile {
+    ino: Ino,
+    /// Its backing when the kernel reads it.
+    backing: Option<Arc<Backing>>,
+}
+
 /// Open handles of tensor and view files.
 #[derive(Default)]
 struct Opens {
-    /// Each handle: its inode, and its backing when the kernel reads it.
-    by_fh: HashMap<u64, (Ino, Option<Arc<Backing>>)>,
+    by_fh: HashMap<u64, OpenFile>,
     /// Handles the daemon serves, by inode. While one is open its inode is
     /// not passed through: the kernel refuses (EIO) a passthrough open of an
     /// inode with page-cache opens or mappings.
     served: HashMap<Ino, usize>,
+    /// Bytes the daemon has served of each inode since mount (what the
+    /// page cache served again is not among them).
+    served_bytes: HashMap<Ino, u64>,
 }
 
 /// An open generated file: its inode and the text it reads.
@@ -113,6 +122,32 @@ pub struct TensorFs {
     renders: AtomicU64,
 }
 
+/// The `model.safetensors` view's layout, and whether it is the source
+/// itself byte for byte (see `Layout::identical`); or why there is none.
+fn safetensors_layout(
+    catalog: &Catalog,
+    files: &[Option<MappedFile>],
+) -> Result<(views::safetensors::Layout, bool), String> {
+    let l = views::safetensors::Layout::build(catalog)?;
+    for (name, why) in &l.omitted {
+        log::info!(
+            "{}: tensor {name:?} is not in {}/{}: {why}",
+            catalog.label,
+            views::SAFETENSORS_DIR,
+            views::SAFETENSORS_FILE
+        );
+    }
+    Ok(match files.first() {
+        Some(Some(f)) if !f.is_remote() => {
+            match l.identical(catalog, f.len(), |buf, at| f.file().read_exact_at(buf, at)) {
+                Ok(l) => (l, true),
+                Err(l) => (l, false),
+            }
+        }
+        _ => (l, false),
+    })
+}
+
 impl TensorFs {
     /// Serves `catalog` from `files` (one per `catalog.sources`).
     pub fn new(
@@ -121,38 +156,27 @@ impl TensorFs {
         opts: FsOptions,
     ) -> std::io::Result<TensorFs> {
         let mut views = opts.views;
-        let safetensors = if views.safetensors {
-            match views::safetensors::Layout::build(&catalog) {
-                Ok(l) => {
-                    for (name, why) in &l.omitted {
-                        log::info!(
-                            "{}: tensor {name:?} is not in {}/{}: {why}",
-                            catalog.label,
-                            views::SAFETENSORS_DIR,
-                            views::SAFETENSORS_FILE
-                        );
-                    }
-                    Some(l)
-                }
-                Err(why) => {
-                    log::warn!("{}: no model.safetensors view: {why}", catalog.label);
-                    views.safetensors = false;
-                    None
-                }
+        // The view's layout (a JSON header naming every tensor) and the
+        // tree are built side by side: each is a good part of the time a
+        // mount of 10^5 tensors takes.
+        let (layout, mut tree) = std::thread::scope(|s| {
+            let layout = views
+                .safetensors
+                .then(|| s.spawn(|| safetensors_layout(&catalog, &files)));
+            let tree = Tree::build(&catalog, views);
+            let layout = layout.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+            (layout, tree)
+        });
+        let (safetensors, safetensors_is_source) = match layout {
+            Some(Ok((l, identical))) => (Some(l), identical),
+            Some(Err(why)) => {
+                log::warn!("{}: no model.safetensors view: {why}", catalog.label);
+                views.safetensors = false;
+                tree = Tree::build(&catalog, views);
+                (None, false)
             }
-        } else {
-            None
+            None => (None, false),
         };
-        let (safetensors, safetensors_is_source) = match (safetensors, files.first()) {
-            (Some(l), Some(Some(f))) if !f.is_remote() => {
-                match l.identical(&catalog, f.len(), |buf, at| f.file().read_exact_at(buf, at)) {
-                    Ok(l) => (Some(l), true),
-                    Err(l) => (Some(l), false),
-                }
-            }
-            (l, _) => (l, false),
-        };
-        let mut tree = Tree::build(&catalog, views);
         for e in safetensors.iter().flat_map(|l| &l.entries) {
             tree.placements[e.tensor].views |= super::tree::VIEW_SAFETENSORS;
         }
@@ -455,15 +479,17 @@ impl TensorFs {
             NodeKind::File(
                 c @ (Content::Part { .. } | Content::Npy { .. } | Content::Safetensors),
             ) => {
-                let backing = self.backing(ino, c)?;
+                let backing = self.backing(c)?;
                 let mut opens = super::lock(&self.opens);
+                let mut open = OpenFile { ino, backing: None };
                 if let Some(b) = backing.filter(|_| !opens.served.contains_key(&ino)) {
                     self.backings.opened(&b);
-                    opens.by_fh.insert(fh, (ino, Some(b.clone())));
+                    open.backing = Some(b.clone());
+                    opens.by_fh.insert(fh, open);
                     return Ok((fh, Open::Backed(b)));
                 }
                 *opens.served.entry(ino).or_default() += 1;
-                opens.by_fh.insert(fh, (ino, None));
+                opens.by_fh.insert(fh, open);
                 Stats::add(&self.data.stats().fuse_opens, 1);
                 Ok((fh, Open::Served(self.cache_mode(c))))
             }
@@ -519,10 +545,10 @@ impl TensorFs {
         self.passthrough.load(Relaxed)
     }
 
-    /// The backing file the kernel may read `ino` from, when there is one
-    /// now. EIO when its bytes would be the source's and the source
-    /// changed or failed a check (logged by the data layer).
-    fn backing(&self, ino: Ino, c: &Content) -> Result<Option<Arc<Backing>>, Errno> {
+    /// The backing file the kernel may read files of content `c` from,
+    /// when there is one now. EIO when its bytes would be the source's and
+    /// the source changed or failed a check (logged by the data layer).
+    fn backing(&self, c: &Content) -> Result<Option<Arc<Backing>>, Errno> {
         if !self.passthrough() {
             return Ok(None);
         }
@@ -534,18 +560,43 @@ impl TensorFs {
         {
             return self.cloned_backing(c, *tensor, *part);
         }
-        let segments = self.segments(c);
-        let worth = segments.iter().any(|s| match s {
+        Ok(self.backings.ready(c))
+    }
+
+    /// Whether files of content `c` are worth a filled backing file: some
+    /// of their bytes take work to make.
+    fn worth_filling(&self, segments: &[Segment]) -> bool {
+        segments.iter().any(|s| match s {
             Segment::Part { tensor, part, .. } => self.needs_work(*tensor, *part),
             Segment::Bytes(_) => false,
-        });
-        if !worth {
-            return Ok(None);
+        })
+    }
+
+    /// When the last open of `ino` the daemon served is closed, `read`
+    /// bytes of it served since mount: fills a backing file for it when
+    /// those are at least half of a file worth one (a peek at a large
+    /// tensor decodes no more than it read). The fill then finds the
+    /// decoded bytes the readers left in the cache.
+    fn maybe_fill(&self, ino: Ino, read: u64) {
+        let Some(NodeKind::File(c)) = self.tree.node(ino).map(|n| &n.kind) else {
+            return;
+        };
+        if !self.passthrough()
+            || !matches!(
+                c,
+                Content::Part { .. } | Content::Npy { .. } | Content::Safetensors
+            )
+        {
+            return;
         }
         let len = self.size_of(ino, c);
-        Ok(self
-            .backings
-            .get_or_start(c, len, &self.data, move || segments))
+        if read.saturating_mul(2) < len {
+            return;
+        }
+        let segments = self.segments(c);
+        if self.worth_filling(&segments) {
+            self.backings.start_fill(c, len, &self.data, segments);
+        }
     }
 
     /// The source file as the backing of the `model.safetensors` view,
@@ -660,22 +711,26 @@ impl TensorFs {
         if fh == 0 {
             return;
         }
-        let data_handle = {
+        let (data_handle, last) = {
             let mut opens = super::lock(&self.opens);
             let gone = opens.by_fh.remove(&fh);
-            if let Some((ino, None)) = &gone
+            let mut last = None;
+            if let Some(OpenFile { ino, backing: None }) = &gone
                 && let Some(n) = opens.served.get_mut(ino)
             {
                 *n -= 1;
                 if *n == 0 {
                     opens.served.remove(ino);
+                    last = Some(opens.served_bytes.get(ino).copied().unwrap_or(0));
                 }
             }
-            gone
+            (gone, last)
         };
-        if let Some((_, backing)) = data_handle {
-            if let Some(b) = backing {
-                self.backings.closed(&b);
+        if let Some(open) = data_handle {
+            match (&open.backing, last) {
+                (Some(b), _) => self.backings.closed(b),
+                (None, Some(read)) => self.maybe_fill(open.ino, read),
+                (None, None) => {}
             }
             return;
         }
@@ -707,11 +762,11 @@ impl TensorFs {
             self.data.stats().passthrough.store(0, Relaxed);
         }
         let mut opens = super::lock(&self.opens);
-        let Some((ino, backing)) = opens.by_fh.get_mut(&fh) else {
+        let Some(open) = opens.by_fh.get_mut(&fh) else {
             return CacheMode::DirectIo;
         };
-        let ino = *ino;
-        if let Some(b) = backing.take() {
+        let ino = open.ino;
+        if let Some(b) = open.backing.take() {
             self.backings.closed(&b);
         }
         *opens.served.entry(ino).or_default() += 1;
@@ -727,7 +782,24 @@ impl TensorFs {
     pub fn read(&self, ino: Ino, fh: u64, off: u64, size: u32) -> Result<Bytes<'_>, Errno> {
         Stats::add(&self.data.stats().reads, 1);
         let node = self.tree.node(ino).ok_or(libc::ENOENT)?;
-        match &node.kind {
+        let bytes = self.read_node(ino, &node.kind, fh, off, size)?;
+        let mut opens = super::lock(&self.opens);
+        if let Some(ino) = opens.by_fh.get(&fh).map(|o| o.ino) {
+            *opens.served_bytes.entry(ino).or_default() += bytes.len() as u64;
+        }
+        drop(opens);
+        Ok(bytes)
+    }
+
+    fn read_node(
+        &self,
+        ino: Ino,
+        kind: &NodeKind,
+        fh: u64,
+        off: u64,
+        size: u32,
+    ) -> Result<Bytes<'_>, Errno> {
+        match kind {
             NodeKind::Dir { .. } => Err(libc::EISDIR),
             NodeKind::File(Content::Part { tensor, part }) => self
                 .data
@@ -991,6 +1063,13 @@ mod passthrough_tests {
         }
     }
 
+    fn read_all(fs: &TensorFs, ino: Ino, fh: u64, len: usize) {
+        let mut at = 0;
+        while at < len {
+            at += fs.read(ino, fh, at as u64, 1 << 20).unwrap().len();
+        }
+    }
+
     fn contents(b: &Backing) -> Vec<u8> {
         let mut v = Vec::new();
         b.file().try_clone().unwrap().read_to_end(&mut v).unwrap();
@@ -1006,12 +1085,21 @@ mod passthrough_tests {
         let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
         let (fh, how) = fs.open(z, false).unwrap();
         assert!(matches!(how, Open::Served(CacheMode::KeepCache)));
-        // While that open is served by the daemon, no other is passed through.
+        // A peek fills nothing.
+        assert_eq!(fs.read(z, fh, 0, 4096).unwrap().len(), 4096);
+        fs.release(fh);
         filled(&fs);
+        assert_eq!(fs.backings.gauges(), (0, 0));
+        // A whole read does, once the last open the daemon serves is closed.
+        let (fh, _) = fs.open(z, false).unwrap();
         let (fh2, how) = fs.open(z, false).unwrap();
         assert!(matches!(how, Open::Served(_)));
+        read_all(&fs, z, fh, data.len());
         fs.release(fh);
+        filled(&fs);
+        assert_eq!(fs.backings.gauges(), (0, 0));
         fs.release(fh2);
+        filled(&fs);
         let (fh, how) = fs.open(z, false).unwrap();
         let Open::Backed(b) = how else {
             panic!("not backed")
@@ -1023,6 +1111,7 @@ mod passthrough_tests {
         let npy_dir = fs.lookup(ROOT, OsStr::new(".npy")).unwrap().ino;
         let npy = fs.lookup(npy_dir, OsStr::new("z.npy")).unwrap().ino;
         let (fh, _) = fs.open(npy, false).unwrap();
+        read_all(&fs, npy, fh, data.len() + 128);
         fs.release(fh);
         filled(&fs);
         let (_, how) = fs.open(npy, false).unwrap();
@@ -1044,6 +1133,7 @@ mod passthrough_tests {
         for _ in 0..2 {
             let (fh, how) = fs.open(z, false).unwrap();
             assert!(matches!(how, Open::Served(_)));
+            read_all(&fs, z, fh, data.len());
             fs.release(fh);
             filled(&fs);
         }
@@ -1054,6 +1144,7 @@ mod passthrough_tests {
         for _ in 0..2 {
             let (fh, how) = small.open(z, false).unwrap();
             assert!(matches!(how, Open::Served(_)));
+            read_all(&small, z, fh, data.len());
             small.release(fh);
             filled(&small);
         }
