@@ -762,3 +762,78 @@ fn cut_and_flipped_files_never_panic() {
         }
     }
 }
+
+// ------------------------------------------- bytes the file does not hold
+
+/// Datasets whose elements the file does not hold: external storage, and
+/// storage or chunks never written, with h5py's default fill value and
+/// with another. Each is either served with exactly the bytes h5py reads,
+/// or listed as unsupported with the reason: never zeros h5py would not
+/// give, never bytes read from a file the dataset names.
+#[test]
+fn data_outside_the_file_is_listed_and_fills_match_h5py() {
+    let Some(py) = python() else {
+        return;
+    };
+    let Some(mut m) = support::Mount::scratch() else {
+        return;
+    };
+    let dir = m.scratch_path("fills");
+    std::fs::create_dir(&dir).unwrap();
+    // Writes fills.h5 (and data.bin beside it), then prints, for each
+    // dataset, the hex of what h5py reads (little-endian, C order).
+    let script = r#"
+import json, os, sys
+import h5py, numpy as np
+d = sys.argv[1]
+os.chdir(d)
+with open("data.bin", "wb") as f:
+    f.write(bytes((i * 7 + 1) % 251 for i in range(1100)))
+with h5py.File("fills.h5", "w") as f:
+    f.create_dataset("ext", shape=(1100,), dtype="u1", external=[("data.bin", 0, 1100)])
+    f.create_dataset("unwritten", shape=(4, 5), dtype="<f4")
+    f.create_dataset("unwritten_fill7", shape=(4, 5), dtype="<i2", fillvalue=7)
+    p = f.create_dataset("partial", shape=(10,), dtype="<i4", chunks=(2,))
+    p[0:2] = [5, 6]
+    q = f.create_dataset("partial_fill3", shape=(10,), dtype="<i4", chunks=(2,), fillvalue=3)
+    q[0:2] = [5, 6]
+    f.create_dataset("written", data=np.arange(6, dtype="<u2"))
+out = {}
+with h5py.File("fills.h5", "r") as f:
+    for k in f:
+        a = f[k][()]
+        out[k] = a.astype(a.dtype.newbyteorder("<")).tobytes().hex()
+print(json.dumps(out))
+"#;
+    let out = py.cmd().args(["-c", script]).arg(&dir).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let h5py: Json = serde_json::from_slice(&out.stdout).unwrap();
+    // What h5py reads for the external dataset is data.bin, not zeros.
+    assert_ne!(h5py["ext"].as_str().unwrap(), "00".repeat(1100));
+    m.mount(&dir.join("fills.h5"), &[]);
+    let listed = |name: &str, why: &str| {
+        let side = m.json(&format!("{name}.json"));
+        assert_eq!(side["supported"], false, "{name}: {side}");
+        let reason = side["unsupported_reason"].as_str().unwrap_or("");
+        assert!(reason.contains(why), "{name}: {reason}");
+        assert!(
+            std::fs::metadata(m.path(name)).is_err(),
+            "{name} has a data file"
+        );
+    };
+    listed("ext", "external");
+    listed("unwritten_fill7", "fill value is not zero");
+    listed("partial_fill3", "fill value is not zero");
+    for name in ["unwritten", "partial", "written"] {
+        assert_eq!(
+            hex(&m.read(name)),
+            h5py[name].as_str().unwrap(),
+            "{name}: not what h5py reads"
+        );
+    }
+    m.unmount_ok();
+}

@@ -324,6 +324,16 @@ fn serve(
     budget: &mut Budget,
 ) -> std::result::Result<(usize, String), String> {
     let find = |k: u16| msgs.iter().find(|m| m.kind == k);
+    // External storage (an External Data Files message): the elements are
+    // in other files the dataset names, never read here. Its layout says
+    // contiguous with no address, which must not read as never written.
+    if find(0x07).is_some() {
+        return Err(
+            "its data is stored in external files it names (HDF5 external storage), which are \
+             not read: not served"
+                .into(),
+        );
+    }
     let layout = header::layout(find(0x08).ok_or("no layout message")?, f.l, f.o)?;
     let filters = match find(0x0B) {
         Some(m) => header::filters(m.body)?,
