@@ -8,6 +8,7 @@
 //! format module has built it, there is nothing per-format left to say:
 //! the sidecar fields a format wants shown travel as JSON.
 
+pub mod cost;
 pub mod dtype;
 pub mod expose;
 
