@@ -9,6 +9,7 @@ pub mod deathtensors;
 mod fetch;
 mod gguf_header;
 pub mod hdf5;
+pub mod npz;
 pub mod pt;
 pub mod safetensors;
 pub mod sharded;
@@ -226,6 +227,7 @@ fn read_source(src: MappedFile, limits: Limits) -> Result<Opened> {
             })
         }
         Detected::Compat(compat::Kind::Pt) => pt::open(src, limits),
+        Detected::Compat(compat::Kind::Npz) => npz::open(src, limits),
         Detected::Compat(compat::Kind::Safetensors) => safetensors::open(src, limits),
         Detected::Compat(kind) => {
             let (catalog, src) = open_compat(src, kind, limits)?;
