@@ -134,3 +134,70 @@ fn a_deflated_member_is_inflated_straight_into_the_cache() {
     );
     m.unmount_ok();
 }
+
+/// A deflated member of 200 MiB under a 64 MiB cache: not refused, made
+/// once into a spill file under `--cache-dir` as it is inflated, never
+/// whole in memory: the daemon peaks within the cache plus 64 MiB.
+#[test]
+fn a_deflated_member_larger_than_the_cache_is_spilled() {
+    let Some(py) = python() else {
+        return;
+    };
+    let _serial = support::serial();
+    let Some(mut m) = support::Mount::scratch() else {
+        return;
+    };
+    let dir = m.scratch_path("npz");
+    std::fs::create_dir(&dir).unwrap();
+    let spill = m.scratch_path("spill");
+    std::fs::create_dir(&spill).unwrap();
+    let n: u64 = 50 << 20;
+    py.run_ok(
+        &[
+            "-c".as_ref(),
+            WRITE.as_ref(),
+            dir.as_os_str(),
+            n.to_string().as_ref(),
+        ],
+        std::time::Duration::from_secs(180),
+        "writing the npz files",
+    );
+    let spill_arg = spill.to_string_lossy().into_owned();
+    m.mount(
+        &dir.join("big.npz"),
+        &["--cache-size", "64M", "--cache-dir", &spill_arg],
+    );
+    let pid = m.pid.expect("daemon pid");
+    // Read in 1 MiB pieces, checking every element as it comes.
+    use std::io::Read;
+    let mut f = std::fs::File::open(m.path("big")).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut k = 0u64;
+    loop {
+        let got = f.read(&mut buf).unwrap();
+        if got == 0 {
+            break;
+        }
+        assert_eq!(got % 4, 0, "a read of {got} bytes");
+        for c in buf[..got].chunks_exact(4) {
+            assert_eq!(c, (k as u32).to_le_bytes(), "element {k}");
+            k += 1;
+        }
+    }
+    assert_eq!(k, n, "elements read");
+    drop(f);
+    let hwm = support::status_kib(pid, "VmHWM:").unwrap() << 10;
+    eprintln!(
+        "daemon peak {} MiB for a {} MiB member, cache 64 MiB",
+        hwm >> 20,
+        (4 * n) >> 20
+    );
+    assert!(hwm <= (64 << 20) + (64 << 20), "peak {hwm} bytes");
+    assert!(
+        m.log_text().contains("spilling to"),
+        "no spill in the log:\n{}",
+        m.log_text()
+    );
+    assert_eq!(m.stat_u64("spilled_tensors"), 1);
+    m.unmount_ok();
+}

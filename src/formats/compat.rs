@@ -502,6 +502,7 @@ fn producer(
     let (source, tensor, part) = (source.clone(), tensor.to_string(), part.to_string());
     Producer {
         name: "ztensor-compat",
+        stream: None,
         produce: Arc::new(move |out: &mut Vec<u8>| {
             // The mount has counted `decoded_len` in its cache and given us
             // that capacity; refuse before the crate allocates anything if

@@ -499,9 +499,13 @@ impl Read for Range {
 }
 
 /// Inflates a member straight into the buffer the mount gives (the cache
-/// entry), its header dropped: exactly `size` bytes inflated, no more, and
-/// their CRC-32 what the archive says.
+/// entry), its header dropped; or, for a member too big for the cache,
+/// piece by piece into what the mount writes to its spill file. Either
+/// way: exactly `size` bytes inflated, no more, their CRC-32 what the
+/// archive says.
 fn inflater(file: Arc<std::fs::File>, m: Member) -> Producer {
+    let m = Arc::new(m);
+    let (f2, m2) = (file.clone(), m.clone());
     Producer {
         name: "npz deflate",
         produce: Arc::new(move |out: &mut Vec<u8>| {
@@ -512,49 +516,93 @@ fn inflater(file: Arc<std::fs::File>, m: Member) -> Producer {
                     out.capacity()
                 ));
             }
-            let range = Range {
-                file: file.clone(),
-                at: m.at,
-                left: m.stored,
-            };
-            let mut z = flate2::bufread::DeflateDecoder::new(std::io::BufReader::with_capacity(
-                64 << 10,
-                range,
-            ));
-            let mut crc = flate2::Crc::new();
-            let inflate = |e: std::io::Error| format!("cannot inflate its member: {e}");
-            let mut head = vec![0u8; m.skip as usize];
-            z.read_exact(&mut head).map_err(inflate)?;
-            crc.update(&head);
+            let mut z = Inflating::new(&file, &m)?;
             out.clear();
             out.resize(n, 0);
-            z.read_exact(out).map_err(|e| {
-                if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    format!(
-                        "its member inflates to fewer than the {} bytes it declares",
-                        m.size
-                    )
-                } else {
-                    inflate(e)
-                }
-            })?;
-            crc.update(out);
-            let mut more = [0u8; 1];
-            if z.read(&mut more).map_err(inflate)? != 0 {
-                return Err(format!(
-                    "its member inflates to more than the {} bytes it declares",
-                    m.size
-                ));
-            }
-            if crc.sum() != m.crc {
-                return Err(format!(
-                    "its member's CRC-32 is {:08x}, the archive says {:08x}",
-                    crc.sum(),
-                    m.crc
-                ));
-            }
-            Ok(())
+            z.fill(out)?;
+            z.finish()
         }),
+        stream: Some(Arc::new(
+            move |emit: &mut dyn FnMut(&[u8]) -> std::result::Result<(), String>| {
+                let mut z = Inflating::new(&f2, &m2)?;
+                let mut buf = vec![0u8; 1 << 20];
+                let mut left = m2.size - m2.skip;
+                while left > 0 {
+                    let k = left.min(buf.len() as u64) as usize;
+                    z.fill(&mut buf[..k])?;
+                    emit(&buf[..k])?;
+                    left -= k as u64;
+                }
+                z.finish()
+            },
+        )),
+    }
+}
+
+/// A member being inflated, its header read and dropped.
+struct Inflating<'a> {
+    z: flate2::bufread::DeflateDecoder<std::io::BufReader<Range>>,
+    crc: flate2::Crc,
+    m: &'a Member,
+}
+
+impl<'a> Inflating<'a> {
+    fn new(file: &Arc<std::fs::File>, m: &'a Member) -> std::result::Result<Self, String> {
+        let range = Range {
+            file: file.clone(),
+            at: m.at,
+            left: m.stored,
+        };
+        let mut z = Inflating {
+            z: flate2::bufread::DeflateDecoder::new(std::io::BufReader::with_capacity(
+                64 << 10,
+                range,
+            )),
+            crc: flate2::Crc::new(),
+            m,
+        };
+        let mut head = vec![0u8; m.skip as usize];
+        z.fill(&mut head)?;
+        Ok(z)
+    }
+
+    /// The next `out.len()` inflated bytes.
+    fn fill(&mut self, out: &mut [u8]) -> std::result::Result<(), String> {
+        self.z.read_exact(out).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                format!(
+                    "its member inflates to fewer than the {} bytes it declares",
+                    self.m.size
+                )
+            } else {
+                format!("cannot inflate its member: {e}")
+            }
+        })?;
+        self.crc.update(out);
+        Ok(())
+    }
+
+    /// Checks that the stream ends here and that its CRC-32 holds.
+    fn finish(mut self) -> std::result::Result<(), String> {
+        let mut more = [0u8; 1];
+        let n = self
+            .z
+            .read(&mut more)
+            .map_err(|e| format!("cannot inflate its member: {e}"))?;
+        if n != 0 {
+            return Err(format!(
+                "its member inflates to more than the {} bytes it declares",
+                self.m.size
+            ));
+        }
+        if self.crc.sum() != self.m.crc {
+            return Err(format!(
+                "its member's CRC-32 is {:08x}, the archive says {:08x}",
+                self.crc.sum(),
+                self.m.crc
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -497,6 +497,7 @@ struct Gather {
 fn gatherer(file: std::fs::File, g: Gather) -> Producer {
     Producer {
         name: "torch strides",
+        stream: None,
         produce: Arc::new(move |out: &mut Vec<u8>| gather(&file, &g, out)),
     }
 }

@@ -377,6 +377,18 @@ fn serve(
                 out.resize(n as usize, 0);
                 Ok(())
             }),
+            stream: Some(Arc::new(
+                move |emit: &mut dyn FnMut(&[u8]) -> std::result::Result<(), String>| {
+                    let zeros = vec![0u8; (n as usize).min(1 << 20)];
+                    let mut left = n;
+                    while left > 0 {
+                        let k = left.min(zeros.len() as u64);
+                        emit(&zeros[..k as usize])?;
+                        left -= k;
+                    }
+                    Ok(())
+                },
+            )),
         }))
     };
     match layout {
@@ -484,6 +496,7 @@ fn serve(
             };
             let codec = Codec::Computed(Producer {
                 name: "HDF5 chunk",
+                stream: None,
                 produce: Arc::new(move |out: &mut Vec<u8>| asm.produce(out)),
             });
             Ok((push(0, 0, codec), enc))
