@@ -494,9 +494,20 @@ fn serve(
             } else {
                 names.join("+")
             };
+            // Band by band for a spill, where a band of chunks is small.
+            let asm = Arc::new(asm);
+            let streamed = asm.clone();
+            let stream: Option<Arc<crate::catalog::StreamFn>> =
+                (asm.band_bytes() <= chunks::Assembly::MAX_BAND).then(|| {
+                    Arc::new(
+                        move |emit: &mut dyn FnMut(&[u8]) -> std::result::Result<(), String>| {
+                            streamed.stream(emit)
+                        },
+                    ) as Arc<crate::catalog::StreamFn>
+                });
             let codec = Codec::Computed(Producer {
                 name: "HDF5 chunk",
-                stream: None,
+                stream,
                 produce: Arc::new(move |out: &mut Vec<u8>| asm.produce(out)),
             });
             Ok((push(0, 0, codec), enc))
