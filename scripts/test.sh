@@ -14,11 +14,15 @@ echo "== cargo test"
 cargo test --all-targets 2>&1 | tee target/test.log
 # Every suite ran and none failed: say so in one line for the CI log. A
 # test that cannot run here (no FUSE, no Python venv) passes after printing
-# "skipping: ..."; those are counted apart, so a green run never hides them
-# (with CI=true they fail instead).
+# "skipping: ..."; those are counted apart, so a green run never hides them.
+# With CI=true they fail instead, and a skip counted here fails the run.
 passed=$(grep -Eo '^test result: ok\. [0-9]+ passed' target/test.log | awk '{s+=$4} END {print s+0}')
 skipped=$(grep -c 'skipping: ' target/test.log || true)
 echo "total: $passed passed, 0 failed, $skipped skipped"
 if [ "$skipped" -gt 0 ]; then
   grep -o 'skipping: .*' target/test.log | sort | uniq -c | sed 's/^/  /'
+  if [ "${CI:-}" = true ]; then
+    echo "FAILED: $skipped skipped under CI=true (every test must run in CI)"
+    exit 1
+  fi
 fi

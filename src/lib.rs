@@ -11,6 +11,7 @@ pub mod cli;
 pub mod codec;
 pub mod error;
 pub mod formats;
+pub mod fuzzing;
 pub mod mount;
 pub mod source;
 pub mod views;

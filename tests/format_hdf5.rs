@@ -762,3 +762,146 @@ fn cut_and_flipped_files_never_panic() {
         }
     }
 }
+
+// ------------------------------------------- bytes the file does not hold
+
+/// Datasets whose elements the file does not hold: external storage, and
+/// storage or chunks never written, with h5py's default fill value and
+/// with another. Each is either served with exactly the bytes h5py reads,
+/// or listed as unsupported with the reason: never zeros h5py would not
+/// give, never bytes read from a file the dataset names.
+#[test]
+fn data_outside_the_file_is_listed_and_fills_match_h5py() {
+    let Some(py) = python() else {
+        return;
+    };
+    let Some(mut m) = support::Mount::scratch() else {
+        return;
+    };
+    let dir = m.scratch_path("fills");
+    std::fs::create_dir(&dir).unwrap();
+    // Writes fills.h5 (and data.bin beside it), then prints, for each
+    // dataset, the hex of what h5py reads (little-endian, C order).
+    let script = r#"
+import json, os, sys
+import h5py, numpy as np
+d = sys.argv[1]
+os.chdir(d)
+with open("data.bin", "wb") as f:
+    f.write(bytes((i * 7 + 1) % 251 for i in range(1100)))
+with h5py.File("fills.h5", "w") as f:
+    f.create_dataset("ext", shape=(1100,), dtype="u1", external=[("data.bin", 0, 1100)])
+    f.create_dataset("unwritten", shape=(4, 5), dtype="<f4")
+    f.create_dataset("unwritten_fill7", shape=(4, 5), dtype="<i2", fillvalue=7)
+    p = f.create_dataset("partial", shape=(10,), dtype="<i4", chunks=(2,))
+    p[0:2] = [5, 6]
+    q = f.create_dataset("partial_fill3", shape=(10,), dtype="<i4", chunks=(2,), fillvalue=3)
+    q[0:2] = [5, 6]
+    f.create_dataset("written", data=np.arange(6, dtype="<u2"))
+out = {}
+with h5py.File("fills.h5", "r") as f:
+    for k in f:
+        a = f[k][()]
+        out[k] = a.astype(a.dtype.newbyteorder("<")).tobytes().hex()
+print(json.dumps(out))
+"#;
+    let out = py.cmd().args(["-c", script]).arg(&dir).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let h5py: Json = serde_json::from_slice(&out.stdout).unwrap();
+    // What h5py reads for the external dataset is data.bin, not zeros.
+    assert_ne!(h5py["ext"].as_str().unwrap(), "00".repeat(1100));
+    m.mount(&dir.join("fills.h5"), &[]);
+    let listed = |name: &str, why: &str| {
+        let side = m.json(&format!("{name}.json"));
+        assert_eq!(side["supported"], false, "{name}: {side}");
+        let reason = side["unsupported_reason"].as_str().unwrap_or("");
+        assert!(reason.contains(why), "{name}: {reason}");
+        assert!(
+            std::fs::metadata(m.path(name)).is_err(),
+            "{name} has a data file"
+        );
+    };
+    listed("ext", "external");
+    listed("unwritten_fill7", "fill value is not zero");
+    listed("partial_fill3", "fill value is not zero");
+    for name in ["unwritten", "partial", "written"] {
+        assert_eq!(
+            hex(&m.read(name)),
+            h5py[name].as_str().unwrap(),
+            "{name}: not what h5py reads"
+        );
+    }
+    m.unmount_ok();
+}
+
+/// Chunked, deflated datasets of 91 and 38 MiB (the second with edge
+/// chunks cut in both dimensions and chunks never written) under a 64 MiB
+/// cache: assembled band by band (the chunks of one row of the grid at a
+/// time) into a spill file, never whole in memory; their bytes are what
+/// h5py was given.
+#[test]
+fn a_chunked_dataset_larger_than_the_cache_is_spilled_band_by_band() {
+    let Some(py) = python() else {
+        return;
+    };
+    let _serial = support::serial();
+    let Some(mut m) = support::Mount::scratch() else {
+        return;
+    };
+    let dir = m.scratch_path("big");
+    std::fs::create_dir(&dir).unwrap();
+    let script = r#"
+import sys, h5py, numpy as np
+a = (np.arange(3000 * 8000, dtype="<u4") % 1000003).reshape(3000, 8000)
+with h5py.File(sys.argv[1] + "/big.h5", "w") as f:
+    f.create_dataset("x", data=a, chunks=(100, 1000), compression="gzip", compression_opts=1)
+    r = (np.arange(2001 * 10007) % 65521).astype("<u2").reshape(2001, 10007)
+    g = f.create_dataset("ragged", shape=r.shape, dtype="<u2", chunks=(64, 500), compression="gzip", compression_opts=1)
+    g[:1900] = r[:1900]
+print("OK")
+"#;
+    py.run_ok(
+        &["-c".as_ref(), script.as_ref(), dir.as_os_str()],
+        std::time::Duration::from_secs(120),
+        "writing big.h5",
+    );
+    let spill = m.scratch_path("spill");
+    std::fs::create_dir(&spill).unwrap();
+    let spill_arg = spill.to_string_lossy().into_owned();
+    m.mount(
+        &dir.join("big.h5"),
+        &["--cache-size", "64M", "--cache-dir", &spill_arg],
+    );
+    let pid = m.pid.expect("daemon pid");
+    let got = m.read("x");
+    assert_eq!(got.len(), 3000 * 8000 * 4);
+    for (k, c) in got.chunks_exact(4).enumerate().step_by(997) {
+        assert_eq!(c, ((k % 1000003) as u32).to_le_bytes(), "element {k}");
+    }
+    drop(got);
+    // Edge chunks cut in both dimensions, and chunks never written (rows
+    // from 1900 on: zeros, as h5py reads them).
+    let got = m.read("ragged");
+    assert_eq!(got.len(), 2001 * 10007 * 2);
+    for (k, c) in got.chunks_exact(2).enumerate().step_by(991) {
+        let want = if k / 10007 < 1900 {
+            (k % 65521) as u16
+        } else {
+            0
+        };
+        assert_eq!(c, want.to_le_bytes(), "ragged element {k}");
+    }
+    drop(got);
+    let hwm = support::status_kib(pid, "VmHWM:").unwrap() << 10;
+    eprintln!(
+        "daemon peak {} MiB for chunked datasets of 91 and 38 MiB, cache 64 MiB",
+        hwm >> 20
+    );
+    assert!(hwm <= (64 << 20) + (64 << 20), "peak {hwm} bytes");
+    assert_eq!(m.stat_u64("spilled_tensors"), 2);
+    m.unmount_ok();
+}

@@ -1,7 +1,9 @@
-//! Hostile safetensors and GGUF files through the whole mount: each is
-//! refused at mount in one line naming the file, or mounts with the bad
-//! tensor failing (EIO) and its neighbours right. Never a panic or a hang
-//! (the harness kills a mount that takes over 20 s).
+//! Hostile safetensors and GGUF files through the pipeline and the whole
+//! mount, each with its exact outcome (`want`): refused at open and at
+//! mount in one line naming the file and the problem, or mounted with the
+//! bad tensor listed with its reason or failing (EIO) and every neighbour
+//! reading whole. Never a panic or a hang (the harness kills a mount that
+//! takes over 20 s).
 
 mod support;
 
@@ -260,66 +262,191 @@ fn gguf_cases() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "invalid UTF-8 name",
-            Gguf::new(3, 0, 1).u64(2).u32(0xffff).u32(4).data(&[0; 8]),
+            Gguf::new(3, 0, 1)
+                .u64(4)
+                .u32(0xffff_ffff)
+                .u32(4)
+                .u32(7)
+                .data(&[0; 8]),
         ),
     ]
 }
 
-/// One hostile file through `formats::open` and the mount.
-fn check(m: &mut support::Mount, what: &str, bytes: &[u8], i: usize) {
-    let path = m.scratch_path(&format!("hostile-{i}"));
+/// What a hostile file must give, exactly.
+#[derive(Debug, Clone, Copy)]
+enum Want {
+    /// Refused at open and at mount: one line naming the file and
+    /// containing these words.
+    Refused(&'static str),
+    /// Mounts; the tensor is listed, not served, its reason containing
+    /// these words; every other tensor reads whole.
+    Listed(&'static str, &'static str),
+    /// Mounts; reading the tensor fails with EIO; every other tensor reads
+    /// whole.
+    Eio(&'static str),
+}
+
+/// The outcome each case of `safetensors_cases` and `gguf_cases` must have.
+fn want(what: &str) -> Want {
+    use Want::*;
+    match what {
+        // safetensors
+        "header length past the end" => Refused("truncated safetensors file"),
+        "header length u64::MAX" => Refused("no other format's magic found"),
+        "header JSON broken" => Refused("header is not a JSON object"),
+        "header deeply nested" => Refused("recursion limit exceeded"),
+        "header not an object" => Refused("no other format's magic found"),
+        "offsets outside the data" => {
+            Refused("data_offsets [0,1000] are not [begin, end] within the 8 bytes of data")
+        }
+        "offsets reversed" => Refused("data_offsets [8,0] are not [begin, end]"),
+        "offsets overlapping" => Refused("its bytes [4, 12) overlap another tensor's"),
+        "offsets not tiling (a gap)" => Refused("a gap of [4, 8) before it"),
+        "dtype/shape/size mismatch" => Refused("holds 8 bytes but F32 of shape [3] is 12"),
+        "unknown dtype" => Listed("a", "safetensors dtype \"F6_E3M2\" has no element type"),
+        "truncated file" => {
+            Refused("data_offsets [0,16] are not [begin, end] within the 8 bytes of data")
+        }
+        "__metadata__ not strings" => Refused("__metadata__[\"k\"] is not a string"),
+        "negative dimension" => Refused("a dimension of its shape is not a non-negative integer"),
+        "bool bytes not 0/1" => Eio("a"),
+        "duplicate key aliasing" => Refused("named twice in the header"),
+        // both formats
+        "shape product overflows" => Refused("overflow"),
+        // GGUF
+        "truncated header" => Refused("GGUF header: a length of 8 bytes at 8 runs past the file"),
+        "version 1" => Refused("GGUF version 1 is not read"),
+        "huge tensor count" => Refused("gguf: header counts exceed file size"),
+        "huge kv count" => Refused("GGUF header: a length of 8 bytes at 89 runs past the file"),
+        "huge string length" => Refused("a length of 18446744073709551612 bytes at 32 runs past"),
+        "huge array count" => Refused("a length of 4611686018427387904 bytes at 49 runs past"),
+        "unknown value type" => Refused("unknown GGUF value type 99"),
+        "arrays nested 40 deep" => Refused("arrays nested too deeply"),
+        "unknown ggml type" => Refused("gguf tensor type id 99 has no registered projection"),
+        "tensor past the end" => Refused("tensor \"a\" extends past end of file"),
+        "tensor offset huge" => Refused("gguf tensor offset: 64 + 18446744073709551613 overflows"),
+        "tensors overlapping" => Refused("tensor ranges overlap at 96 and 104"),
+        "too many dims" => Refused("tensor \"a\" has 100 dims"),
+        "alignment not a power of two" => Refused("general.alignment must be a power-of-two"),
+        "quantized row not whole blocks" => {
+            Refused("tensor \"q\": fastest dim 31 not divisible by block size 32")
+        }
+        "duplicate tensor names" => Refused("duplicate tensor name \"a\""),
+        "invalid UTF-8 name" => Refused("invalid UTF-8 in string"),
+        other => panic!("no expected outcome for the case {other:?}"),
+    }
+}
+
+/// One hostile file through `formats::open` and, when `m` is given, the
+/// mount: the outcome must be `want(what)`. Returns what went wrong.
+fn check(
+    m: Option<&mut support::Mount>,
+    dir: &std::path::Path,
+    what: &str,
+    bytes: &[u8],
+    i: usize,
+) -> Result<(), String> {
+    let path = dir.join(format!("hostile-{i}"));
     std::fs::write(&path, bytes).unwrap();
     let label = path.display().to_string();
-    // The pipeline: Ok, or one line naming the file.
-    if let Err(e) = formats::open(&path, Limits::default()) {
-        let line = e.to_string();
-        assert!(line.starts_with(&label), "{what}: {line}");
-        assert!(!line.contains('\n'), "{what}: {line}");
+    let want = want(what);
+    // The pipeline.
+    match (formats::open(&path, Limits::default()), want) {
+        (Err(e), Want::Refused(words)) => {
+            let line = e.to_string();
+            if !(line.starts_with(&label) && !line.contains('\n') && line.contains(words)) {
+                return Err(format!(
+                    "{what}: refused as {line:?}, want one line with {words:?}"
+                ));
+            }
+        }
+        (Err(e), w) => return Err(format!("{what}: refused ({e}), want {w:?}")),
+        (Ok(_), Want::Refused(words)) => {
+            return Err(format!("{what}: opened, want refused with {words:?}"));
+        }
+        (Ok(o), Want::Listed(name, words)) => {
+            let why = o.catalog.get(name).map(|t| t.parts.as_ref().err().cloned());
+            match why {
+                Some(Some(why)) if why.contains(words) => {}
+                other => {
+                    return Err(format!(
+                        "{what}: {name} is {other:?}, want listed with {words:?}"
+                    ));
+                }
+            }
+        }
+        (Ok(_), Want::Eio(_)) => {}
     }
+    let Some(m) = m else {
+        return Ok(());
+    };
     let r = m.run(&path, &[]);
     if !r.ok() {
         let lines: Vec<&str> = r.stderr.lines().filter(|l| !l.is_empty()).collect();
-        assert_eq!(lines.len(), 1, "{what}: {:?}", r.stderr);
-        assert!(lines[0].contains(&label), "{what}: {}", lines[0]);
-        eprintln!("{what}: refused: {}", lines[0]);
-        return;
+        return match want {
+            Want::Refused(words)
+                if lines.len() == 1 && lines[0].contains(&label) && lines[0].contains(words) =>
+            {
+                Ok(())
+            }
+            w => Err(format!(
+                "{what}: mount refused with {:?}, want {w:?}",
+                r.stderr
+            )),
+        };
     }
-    // Mounted: every tensor reads whole or fails with EIO.
-    eprintln!("{what}: mounted");
+    let mut wrong = Vec::new();
+    if let Want::Refused(words) = want {
+        wrong.push(format!("{what}: mounted, want refused with {words:?}"));
+    }
     let index = m.index();
     for t in index["tensors"].as_array().unwrap() {
-        if t["supported"] == false {
-            // Listed with the reason, no file to read.
-            assert!(t["unsupported_reason"].is_string(), "{what}: {t}");
-            let name = t["name"].as_str().unwrap();
-            assert!(std::fs::metadata(m.path(name)).is_err(), "{what}: {name}");
-            continue;
-        }
-        let rel = t["path"].as_str().unwrap();
-        match std::fs::read(m.path(rel)) {
-            Ok(b) => assert_eq!(Some(b.len() as u64), t["nbytes"].as_u64(), "{what}: {rel}"),
-            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EIO), "{what}: {rel}: {e}"),
+        let name = t["name"].as_str().unwrap();
+        let rel = t["path"].as_str().unwrap_or("");
+        let got = std::fs::read(m.path(rel));
+        match want {
+            Want::Listed(n, words) if n == name => {
+                let why = t["unsupported_reason"].as_str().unwrap_or("");
+                if t["supported"] != false
+                    || !why.contains(words)
+                    || std::fs::metadata(m.path(name)).is_ok()
+                {
+                    wrong.push(format!("{what}: {name} not listed with {words:?}: {t}"));
+                }
+            }
+            Want::Eio(n) if n == name => {
+                if got.as_ref().map_err(|e| e.raw_os_error()).err() != Some(Some(libc::EIO)) {
+                    wrong.push(format!("{what}: {name} read as {got:?}, want EIO"));
+                }
+            }
+            _ => match got {
+                Ok(b) if Some(b.len() as u64) == t["nbytes"].as_u64() => {}
+                other => wrong.push(format!("{what}: {name} read as {other:?}, want whole")),
+            },
         }
     }
     m.unmount_ok();
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("; "))
+    }
 }
 
 fn run_all(cases: Vec<(&'static str, Vec<u8>)>) {
-    let Some(mut m) = support::Mount::scratch() else {
-        // No FUSE: the pipeline alone.
-        for (what, bytes) in &cases {
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("f");
-            std::fs::write(&path, bytes).unwrap();
-            if let Err(e) = formats::open(&path, Limits::default()) {
-                assert!(!e.to_string().contains('\n'), "{what}");
-            }
-        }
-        return;
-    };
-    for (i, (what, bytes)) in cases.iter().enumerate() {
-        check(&mut m, what, bytes, i);
-    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = support::Mount::scratch();
+    let wrong: Vec<String> = cases
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (what, bytes))| check(m.as_mut(), dir.path(), what, bytes, i).err())
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} cases wrong:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
 }
 
 #[test]

@@ -280,3 +280,19 @@ fn through_a_mount_a_bad_bool_is_eio_and_the_legacy_file_one_line() {
     assert!(r.stderr.contains("legacy format"), "{}", r.stderr);
     m.cleanup();
 }
+
+/// Strided tensors over half the cache are gathered band by band into a
+/// spill file rather than refused: with a 64-byte cache, `every_other`
+/// (40 bytes) and `transposed` (48) read torch's bytes.
+#[test]
+fn strided_tensors_over_half_the_cache_are_gathered_into_a_spill() {
+    let path = fixtures().join("strided.pt");
+    let opened = formats::open(&path, Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    let scratch = tempfile::tempdir().unwrap();
+    let data = serve(opened, scratch.path(), 64);
+    for name in ["every_other", "transposed"] {
+        let ti = tensor_index(data.catalog(), name);
+        let got = read_whole(&data, ti, 0, 7).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(got, expected("strided.pt", name), "{name}");
+    }
+}

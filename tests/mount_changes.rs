@@ -91,12 +91,19 @@ fn writing_in_place_gives_eio() {
     let (a, _) = write(&zt);
     m.mount(&zt, &[]);
     assert_eq!(read_range(&m, "a", 0, 4096).unwrap(), &a[..4096]);
-    // Same size, different bytes in the middle of the raw blob.
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    let mut f = std::fs::OpenOptions::new().write(true).open(&zt).unwrap();
-    f.seek(SeekFrom::Start(64 + 2 * 4096 * 100)).unwrap();
-    f.write_all(&[0x55; 4096]).unwrap();
-    drop(f);
+    // Same size, different bytes in the middle of the raw blob. The
+    // kernel stamps mtime with a coarse clock: a write in the tick the file
+    // was made in leaves it as it was, so write until the mtime moves.
+    let mtime = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
+    let before = mtime(&zt);
+    let moved = support::wait_until(std::time::Duration::from_secs(5), || {
+        let mut f = std::fs::OpenOptions::new().write(true).open(&zt).unwrap();
+        f.seek(SeekFrom::Start(64 + 2 * 4096 * 100)).unwrap();
+        f.write_all(&[0x55; 4096]).unwrap();
+        drop(f);
+        mtime(&zt) != before
+    });
+    assert!(moved, "the write did not change the file's mtime");
     eio(
         read_range(&m, "a", 2 * 4096 * 100, 4096),
         "overwritten range",

@@ -222,3 +222,107 @@ fn a_file_without_read_permission_fails_clearly() {
     assert_eq!(r.stderr.lines().count(), 1, "{r:?}");
     assert!(!m.is_mounted());
 }
+
+/// A safetensors file of `n` one-byte tensors (`layer.K.weight`).
+fn many_tensor_safetensors(path: &Path, n: usize) -> u64 {
+    let mut header = String::with_capacity(n * 72);
+    header.push('{');
+    for k in 0..n {
+        if k > 0 {
+            header.push(',');
+        }
+        header.push_str(&format!(
+            r#""layer.{k}.weight":{{"dtype":"U8","shape":[1],"data_offsets":[{k},{}]}}"#,
+            k + 1
+        ));
+    }
+    header.push('}');
+    let mut b = (header.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(header.as_bytes());
+    b.extend((0..n).map(|k| k as u8));
+    std::fs::write(path, &b).unwrap();
+    header.len() as u64
+}
+
+/// `--index-memory` bounds what a file's index takes in memory, counted
+/// as it is parsed: a safetensors header of 120 000 tensors (9 MB) under a
+/// 16 MiB limit is refused in one line, and the refusing process peaks
+/// within the limit plus its header and the binary's own; with room to
+/// mount, the daemon's peak stays within what the limit counts for it.
+#[test]
+fn index_memory_bounds_a_large_safetensors_header() {
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let path = m.scratch_path("many.safetensors");
+    let n = 120_000;
+    let header = many_tensor_safetensors(&path, n);
+    // Refused: its peak (ru_maxrss of the command, which parses the index
+    // before it forks) is the limit's, not the index's.
+    let limit: u64 = 16 << 20;
+    // Reaped by wait4 below, which gives its rusage (Child::wait would not).
+    #[allow(clippy::zombie_processes)]
+    let child = std::process::Command::new(support::bin())
+        .arg(&path)
+        .arg(&m.mp)
+        .args(["--index-memory", "16M"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut stderr = child.stderr.unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut text).unwrap();
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our own child, not yet waited for; both pointers
+    // are to live locals of the right types.
+    let got = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+    assert_eq!(got, pid, "wait4: {}", std::io::Error::last_os_error());
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 1,
+        "{text}"
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    assert!(
+        lines[0].contains("many.safetensors") && lines[0].contains("--index-memory"),
+        "{text}"
+    );
+    assert!(!m.is_mounted());
+    let peak = ru.ru_maxrss as u64 * 1024;
+    eprintln!(
+        "refused under --index-memory 16M: peak {} MiB ({n} tensors, header {} MiB)",
+        peak >> 20,
+        header >> 20
+    );
+    assert!(
+        peak <= limit + header + (48 << 20),
+        "peak {peak} bytes refusing a {header}-byte header under a {limit}-byte limit"
+    );
+
+    // Mounted with room: what the measure counts bounds the daemon.
+    let opened = ztensor_mount::formats::open(&path, Default::default()).unwrap();
+    let cost = ztensor_mount::catalog::cost::catalog_cost(&opened.catalog);
+    drop(opened);
+    m.mount(&path, &[]);
+    let pid = m.pid.expect("daemon pid");
+    assert_eq!(m.read("layer.7.weight"), [7]);
+    assert_eq!(
+        m.read(&format!("layer.{}.weight", n - 1)),
+        [((n - 1) % 256) as u8]
+    );
+    let hwm = support::status_kib(pid, "VmHWM:").unwrap() * 1024;
+    eprintln!(
+        "mounted: daemon peak {} MiB, the index counted as {} MiB",
+        hwm >> 20,
+        cost >> 20
+    );
+    assert!(
+        hwm <= cost + header + (48 << 20),
+        "daemon peak {hwm} bytes for an index counted as {cost}"
+    );
+    m.unmount_ok();
+}

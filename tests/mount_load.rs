@@ -241,23 +241,32 @@ fn signals_during_heavy_reads_unmount_cleanly() {
         m.mount(&zt, &["--cache-size", "8M"]);
         let pid = m.pid.expect("daemon pid");
         let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicU64::new(0));
         let readers: Vec<_> = (0..8)
             .map(|r| {
                 let (model, stop, mp) = (model.clone(), stop.clone(), m.mp.clone());
+                let done = done.clone();
                 std::thread::spawn(move || {
                     let mut rng = Rng(r + 1);
                     while !stop.load(Relaxed) {
                         let (name, _) =
                             &model.tensors[rng.below(model.tensors.len() as u64) as usize];
                         // Errors are expected once the mount goes away.
-                        if std::fs::read(mp.join(name)).is_err() {
-                            std::thread::sleep(Duration::from_millis(5));
+                        if std::fs::read(mp.join(name)).is_ok() {
+                            done.fetch_add(1, Relaxed);
+                        } else {
+                            std::thread::yield_now();
                         }
                     }
                 })
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(300));
+        // The signal lands while reads are under way: after every reader
+        // has had time to finish a few, while all of them go on.
+        assert!(
+            wait_until(Duration::from_secs(10), || done.load(Relaxed) >= 32),
+            "signal {sig}: the readers did not get going"
+        );
         signal(pid, sig);
         // With files open the daemon detaches, waits 2 s, then aborts.
         assert!(

@@ -1,9 +1,10 @@
 //! The zTensor v2 conformance corpus (`tests/zt_v2/corpus/`, see SOURCE.md):
 //! every valid file opens through `formats::open` and each readable part
 //! gives the bytes the `ztensor` 2.1 reference gives; every reject file is
-//! refused at open with one line naming the file, or (data-level rules the
-//! spec checks when decoding or verifying) opens and then fails the read of
-//! that tensor.
+//! refused at open with one line naming the file and its reason (the rule's
+//! class as the reference names it, and the detail: `REASONS`), or
+//! (data-level rules the spec checks when decoding or verifying) opens and
+//! then fails the read of that tensor with its reason.
 
 #[path = "zt_v2/read.rs"]
 mod read;
@@ -55,6 +56,218 @@ const MISSING_SHARDS: &[&str] = &[
     "local-and-foreign-parts-together",
     "shard-reference-is-a-valid-image",
 ];
+
+/// What each reject file must be refused for (a substring of its one
+/// line: the rule's class as the reference names it, and the detail), or,
+/// for the data-level rules, of the failed read's error.
+const REASONS: &[(&str, &str)] = &[
+    ("attribute-key-empty", "rejected (Name): invalid name \"\""),
+    (
+        "attribute-key-not-text",
+        "rejected (Schema): attribute keys must be text",
+    ),
+    (
+        "attribute-key-nul",
+        "rejected (Name): invalid name \"a\\0b\"",
+    ),
+    (
+        "attributes-not-a-map",
+        "rejected (Schema): 'attributes' must be a map",
+    ),
+    (
+        "blob-array-with-three-elements",
+        "rejected (Schema): 'blob' must have 2 elements",
+    ),
+    (
+        "blob-misaligned",
+        "rejected (BlobAlignment): \"t\"/\"data\": offset 4100 misaligned",
+    ),
+    (
+        "blob-offset-zero",
+        "rejected (BlobAlignment): \"t\"/\"data\": offset 0 misaligned",
+    ),
+    (
+        "blob-out-of-bounds",
+        "rejected (BlobBounds): \"t\"/\"data\": blob outside data region",
+    ),
+    (
+        "blob-partial-overlap",
+        "rejected (BlobOverlap): blobs at 4096 (+8192) and 8192 in this file",
+    ),
+    (
+        "bool-invalid-byte",
+        "tensor \"t\": bool element 0 is neither 0 nor 1",
+    ),
+    ("cbor-depth", "rejected (CborDepth): nesting too deep"),
+    (
+        "cbor-duplicate-key",
+        "rejected (CborDuplicateKey): duplicate map key",
+    ),
+    (
+        "cbor-indefinite",
+        "rejected (CborSyntax): indefinite length",
+    ),
+    (
+        "cbor-non-shortest",
+        "rejected (CborDeterminism): non-shortest head",
+    ),
+    ("cbor-tag", "rejected (CborSyntax): tags are not permitted"),
+    (
+        "cbor-trailing-bytes",
+        "rejected (CborSyntax): trailing bytes",
+    ),
+    (
+        "cbor-unsorted-keys",
+        "rejected (CborDeterminism): map keys not in canonical order",
+    ),
+    (
+        "csr-index-out-of-cols",
+        "tensor \"m\": zTensor v2: zt.sparse_csr/1: row 0 has column index 5, not below 3",
+    ),
+    (
+        "csr-indptr-count",
+        "rejected (LayoutRule): \"m\": 'indptr' must hold rows+1 elements",
+    ),
+    (
+        "csr-indptr-not-zero-based",
+        "tensor \"m\": zTensor v2: zt.sparse_csr/1: indptr[0] is 1, not 0",
+    ),
+    (
+        "csr-missing-part",
+        "rejected (LayoutRule): \"m\": sparse_csr requires exactly 3 parts",
+    ),
+    (
+        "csr-row-not-increasing",
+        "zt.sparse_csr/1: column indices of row 0 are not strictly increasing",
+    ),
+    (
+        "csr-signed-indices",
+        "rejected (LayoutRule): \"m\": 'indices' must be plain u32 or u64",
+    ),
+    (
+        "csr-values-size",
+        "rejected (LayoutRule): \"m\": 'values' decoded size 8 != 12 for nnz 3",
+    ),
+    (
+        "data-shard-nonzero-offset",
+        "rejected (ManifestBounds): data shard footer must zero manifest offset",
+    ),
+    (
+        "dense-extra-part",
+        "rejected (LayoutRule): \"t\": dense requires exactly one part named 'data'",
+    ),
+    (
+        "dense-f4-size-mismatch",
+        "rejected (DenseSize): \"t\": decoded size 4 != expected 3",
+    ),
+    (
+        "dense-size-mismatch",
+        "rejected (DenseSize): \"t\": decoded size 8 != expected 12",
+    ),
+    (
+        "f4-nonzero-odd-nibble",
+        "the unused high nibble of the last byte of packed 4-bit elements is not zero",
+    ),
+    ("file-too-small", "no other format's magic found"),
+    ("footer-magic", "rejected (FooterMagic): bad footer magic"),
+    ("header-magic", "no other format's magic found"),
+    (
+        "manifest-hash-mismatch",
+        "rejected (ManifestHash): manifest hash mismatch",
+    ),
+    (
+        "manifest-misaligned",
+        "rejected (BlobAlignment): manifest blob is misaligned",
+    ),
+    (
+        "manifest-out-of-bounds",
+        "rejected (ManifestBounds): manifest outside data region",
+    ),
+    (
+        "manifest-too-large",
+        "the manifest is 2147483648 bytes, over the 1073741824 bytes allowed (--index-memory)",
+    ),
+    ("name-empty", "rejected (Name): invalid name \"\""),
+    ("name-nul", "rejected (Name): invalid name \"a\\0b\""),
+    ("name-too-long", "rejected (Name): invalid name \"nnnn"),
+    (
+        "object-attributes-not-a-map",
+        "rejected (Schema): 'attributes' must be a map",
+    ),
+    (
+        "schema-blob-arity",
+        "rejected (Schema): 'blob' must have 2 elements",
+    ),
+    (
+        "schema-digest-uppercase-hex",
+        "rejected (Schema): digest must be 'algo:lowercase-hex'",
+    ),
+    (
+        "schema-encoding-without-decoded-length",
+        "rejected (Schema): 'decoded_length' is required iff 'encoding' is present",
+    ),
+    (
+        "schema-ltype-dtype-mismatch",
+        "rejected (Schema): \"t\"/\"data\": type \"bool\" requires dtype U8",
+    ),
+    (
+        "schema-missing-objects",
+        "rejected (Schema): manifest missing 'objects'",
+    ),
+    (
+        "schema-unknown-dtype",
+        "rejected (Schema): unknown dtype \"f4\"",
+    ),
+    (
+        "shape-product-overflow",
+        "rejected (Shape): shape product overflows u64",
+    ),
+    ("shape-rank-65", "rejected (Shape): \"t\": rank exceeds 64"),
+    (
+        "shard-blob-partial-overlap",
+        "rejected (BlobOverlap): blobs at 4096 (+8192) and 8192 in shard \"base\"",
+    ),
+    (
+        "shard-name-empty",
+        "rejected (ShardName): shard name \"\": must not be empty",
+    ),
+    (
+        "shard-name-leading-dot",
+        "rejected (ShardName): shard name \".hidden\": must not start with '.'",
+    ),
+    (
+        "shard-name-separator",
+        "rejected (ShardName): shard name \"sub/dir\": contains '/'",
+    ),
+    (
+        "shard-name-traversal",
+        "rejected (ShardName): shard name \"../etc/passwd\"",
+    ),
+    (
+        "shard-ref-not-in-table",
+        "rejected (ShardRef): \"t\"/\"data\": shard \"base\" not in table",
+    ),
+    (
+        "shard-table-key-not-text",
+        "rejected (Schema): shard key must be text",
+    ),
+    (
+        "verify-digest-mismatch",
+        "checksum mismatch over the decoded bytes: the file says xxh3:0000000000000000",
+    ),
+    (
+        "version-unsupported",
+        "rejected (Version): unsupported version 3",
+    ),
+];
+
+fn reason(name: &str) -> &'static str {
+    REASONS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, r)| *r)
+        .unwrap_or_else(|| panic!("{name}: no expected reason in REASONS"))
+}
 
 #[test]
 fn corpus_has_all_76_files() {
@@ -112,14 +325,24 @@ fn every_valid_file_opens_and_reads_like_the_reference() {
 
 #[test]
 fn every_reject_file_is_refused() {
+    assert_eq!(
+        REASONS.len(),
+        corpus("reject").len(),
+        "a reason per reject file"
+    );
     for path in corpus("reject") {
         let name = stem(&path);
+        let want = reason(name);
         match read::open(&path) {
             Err(e) => {
                 assert!(!DATA_LEVEL.contains(&name), "{name}: must open, got {e}");
                 let line = e.to_string();
                 assert!(!line.contains('\n'), "{name}: {line}");
                 assert!(line.contains(&path.display().to_string()), "{name}: {line}");
+                assert!(
+                    line.contains(want),
+                    "{name}: refused as {line:?}, want {want:?}"
+                );
             }
             Ok(o) => {
                 assert!(
@@ -133,6 +356,10 @@ fn every_reject_file_is_refused() {
                         let e = support::data::read_whole(&data, ti, pi, 1 << 20);
                         if let Err(e) = e {
                             assert!(!e.contains('\n'), "{name}: {e}");
+                            assert!(
+                                e.contains(want),
+                                "{name}: read failed with {e:?}, want {want:?}"
+                            );
                             failed += 1;
                         }
                     }

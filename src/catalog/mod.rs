@@ -8,6 +8,7 @@
 //! format module has built it, there is nothing per-format left to say:
 //! the sidecar fields a format wants shown travel as JSON.
 
+pub mod cost;
 pub mod dtype;
 pub mod expose;
 
@@ -98,11 +99,21 @@ impl Codec {
 /// It must not allocate past it: the caller counted that much in its cache.
 pub type ProduceFn = dyn Fn(&mut Vec<u8>) -> Result<(), String> + Send + Sync;
 
-/// A [`ProduceFn`] with a name for messages.
+/// Makes a blob's decoded bytes in order, handing each piece to the
+/// function it is given (which may refuse it); exactly
+/// `Blob::decoded_len` bytes in all. For a blob too big for the cache:
+/// its pieces are written to a spill file as they come, so that it is
+/// never whole in memory.
+pub type StreamFn =
+    dyn Fn(&mut dyn FnMut(&[u8]) -> Result<(), String>) -> Result<(), String> + Send + Sync;
+
+/// A [`ProduceFn`] with a name for messages, and the same bytes as a
+/// [`StreamFn`] where the format's reader can make them piece by piece.
 #[derive(Clone)]
 pub struct Producer {
     pub name: &'static str,
     pub produce: std::sync::Arc<ProduceFn>,
+    pub stream: Option<std::sync::Arc<StreamFn>>,
 }
 
 impl std::fmt::Debug for Producer {

@@ -49,7 +49,14 @@ pub fn run(path: &Path, json: bool, remote: &crate::source::RemoteOptions) -> Ex
         };
         println!(
             "{:<40} {:<9} {:<18} {:<7} {:<8} {:>14} {:>14}  {}",
-            t.name, t.dtype, shape, t.layout, t.encoding, stored, nbytes, note
+            crate::mount::tree::printable(&t.name),
+            crate::mount::tree::printable(&t.dtype),
+            shape,
+            crate::mount::tree::printable(&t.layout),
+            crate::mount::tree::printable(&t.encoding),
+            stored,
+            nbytes,
+            crate::mount::tree::printable(&note)
         );
     }
     ExitCode::SUCCESS

@@ -1,6 +1,6 @@
-//! The formats read through `ztensor-compat` (GGUF, npz, ONNX), projected
-//! into the common catalog. PyTorch `.pt` and safetensors are recognised
-//! here and read by modules of their own (`super::pt`,
+//! The formats read through `ztensor-compat` (GGUF, ONNX), projected into
+//! the common catalog. PyTorch `.pt`, npz and safetensors are recognised
+//! here and read by modules of their own (`super::pt`, `super::npz`,
 //! `super::safetensors`); HDF5 has its own reader (`super::hdf5`).
 //!
 //! The crate opens a path itself. So that the bytes it parses are the file
@@ -502,6 +502,7 @@ fn producer(
     let (source, tensor, part) = (source.clone(), tensor.to_string(), part.to_string());
     Producer {
         name: "ztensor-compat",
+        stream: None,
         produce: Arc::new(move |out: &mut Vec<u8>| {
             // The mount has counted `decoded_len` in its cache and given us
             // that capacity; refuse before the crate allocates anything if

@@ -10,17 +10,34 @@
 /// slot, as the crate holds it).
 const PER_VALUE: u64 = 48;
 
-/// What decoding the header's key/values would take, in bytes, or why the
-/// header is broken (the crate then says the same in its own words).
+/// What decoding the header's key/values would take, in bytes, and its
+/// tensor infos once laid out as tensors ([`crate::catalog::cost`]), or
+/// why the key/values are broken (the crate then says the same in its own
+/// words). Counting stops at a tensor info that is cut short: the crate
+/// refuses that.
 pub fn decoded_cost(b: &[u8]) -> Result<u64, String> {
+    use crate::catalog::cost;
     let mut r = Reader {
         b,
         whole: b.len() as u64,
         at: 0,
         short: false,
     };
-    let (_tensors, cost) = r.kvs()?;
-    Ok(cost)
+    let (tensors, mut total) = r.kvs()?;
+    for _ in 0..tensors {
+        let Ok(n) = r.u64() else { break };
+        let Ok(name) = r.take(n) else { break };
+        let name = cost::name_cost(&String::from_utf8_lossy(name));
+        let Ok(dims) = r.u32() else { break };
+        total = total
+            .saturating_add(name)
+            .saturating_add(u64::from(dims).saturating_mul(8))
+            .saturating_add(cost::TENSOR_COST);
+        if r.skip(u64::from(dims) * 8 + 4 + 8).is_err() {
+            break;
+        }
+    }
+    Ok(total)
 }
 
 /// The tensors' names in the order of the header's tensor-info table.

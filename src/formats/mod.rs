@@ -9,6 +9,7 @@ pub mod deathtensors;
 mod fetch;
 mod gguf_header;
 pub mod hdf5;
+pub mod npz;
 pub mod pt;
 pub mod safetensors;
 pub mod sharded;
@@ -140,21 +141,24 @@ fn gguf_bounded(src: &MappedFile, limits: Limits) -> Result<()> {
         gguf_header::decoded_cost(src.bytes()).map_err(|why| err(format!("GGUF header: {why}")))?;
     if cost > limits.index_memory {
         return Err(err(format!(
-            "its GGUF header's key/values would take about {cost} bytes decoded, more than the \
-             {} allowed (--index-memory)",
+            "its GGUF header's key/values and tensors would take about {cost} bytes in memory, \
+             more than the {} allowed (--index-memory)",
             limits.index_memory
         )));
     }
     Ok(())
 }
 
-/// safetensors: a little-endian u64 header length, then a JSON object.
+/// safetensors: a little-endian u64 header length, then a JSON object. A
+/// length that runs past the end of the file, but within the largest header
+/// read, is taken as a cut safetensors file, so that the refusal says so.
 fn looks_like_safetensors(bytes: &[u8]) -> bool {
     let Some(head) = bytes.get(..8) else {
         return false;
     };
     let n = u64::from_le_bytes(head.try_into().unwrap_or_default());
-    n >= 2 && n <= bytes.len() as u64 - 8 && bytes.get(8) == Some(&b'{')
+    let within = n <= bytes.len() as u64 - 8 || n <= safetensors::MAX_HEADER;
+    n >= 2 && within && bytes.get(8) == Some(&b'{')
 }
 
 /// Opens `path` and reads its catalog with the module its first bytes name.
@@ -164,9 +168,18 @@ fn looks_like_safetensors(bytes: &[u8]) -> bool {
 /// file of a GGUF split (`split.count` in its header).
 pub fn open(path: &Path, limits: Limits) -> Result<Opened> {
     if path.is_dir() {
-        return sharded::open_dir(path, limits);
+        return bounded(sharded::open_dir(path, limits)?, limits);
     }
     open_source(MappedFile::open(path)?, limits)
+}
+
+/// Refuses an opened catalog that would take more memory laid out (catalog,
+/// tree, views) than `limits` allow: every format is held to the one
+/// measure ([`crate::catalog::cost`]), however its module bounded itself.
+fn bounded(opened: Opened, limits: Limits) -> Result<Opened> {
+    crate::catalog::cost::check(&opened.catalog, limits.index_memory)
+        .map_err(|why| Error::new(ErrorKind::Index, &opened.catalog.label, None, why))?;
+    Ok(opened)
 }
 
 /// Opens `arg`, a path or a URL (`s3://`, `gs://`, `az://`, `http(s)://`),
@@ -182,8 +195,13 @@ pub fn open_arg(
     open_source(crate::source::open(arg, remote)?, limits)
 }
 
-/// Reads the catalog of `src` with the module its first bytes name.
+/// Reads the catalog of `src` with the module its first bytes name, held
+/// to `limits`.
 pub fn open_source(src: MappedFile, limits: Limits) -> Result<Opened> {
+    bounded(read_source(src, limits)?, limits)
+}
+
+fn read_source(src: MappedFile, limits: Limits) -> Result<Opened> {
     prepare(&src, limits)?;
     if sharded::is_hf_index(src.bytes()) {
         return sharded::open_hf_index(src, limits);
@@ -209,6 +227,7 @@ pub fn open_source(src: MappedFile, limits: Limits) -> Result<Opened> {
             })
         }
         Detected::Compat(compat::Kind::Pt) => pt::open(src, limits),
+        Detected::Compat(compat::Kind::Npz) => npz::open(src, limits),
         Detected::Compat(compat::Kind::Safetensors) => safetensors::open(src, limits),
         Detected::Compat(kind) => {
             let (catalog, src) = open_compat(src, kind, limits)?;

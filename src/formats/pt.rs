@@ -495,10 +495,74 @@ struct Gather {
 }
 
 fn gatherer(file: std::fs::File, g: Gather) -> Producer {
+    let (file, g) = (Arc::new(file), Arc::new(g));
+    let (f2, g2) = (file.clone(), g.clone());
+    let stream: Option<Arc<crate::catalog::StreamFn>> = (band_row(&g) <= MAX_BAND).then(|| {
+        Arc::new(
+            move |emit: &mut dyn FnMut(&[u8]) -> std::result::Result<(), String>| {
+                gather_stream(&f2, &g2, MAX_BAND, emit)
+            },
+        ) as Arc<crate::catalog::StreamFn>
+    });
     Producer {
         name: "torch strides",
+        stream,
         produce: Arc::new(move |out: &mut Vec<u8>| gather(&file, &g, out)),
     }
+}
+
+/// Most bytes of C-order output gathered at once for a spill.
+const MAX_BAND: u64 = 32 << 20;
+
+/// Bytes of one index of the first dimension (the whole tensor for a
+/// 0-d one).
+fn band_row(g: &Gather) -> u64 {
+    g.shape
+        .iter()
+        .skip(1)
+        .fold(g.es, |a, &d| a.saturating_mul(d))
+}
+
+/// Gathers the tensor in bands of whole indices of its first dimension
+/// (at most `max_band` bytes each, or one index, in C order) and hands
+/// each on: for a tensor too big for the cache, whose bands go to a spill
+/// file.
+fn gather_stream(
+    file: &std::fs::File,
+    g: &Gather,
+    max_band: u64,
+    emit: &mut dyn FnMut(&[u8]) -> std::result::Result<(), String>,
+) -> std::result::Result<(), String> {
+    let row = band_row(g);
+    let Some((&rows, _)) = g.shape.split_first() else {
+        let mut one = Vec::with_capacity(g.nbytes as usize);
+        gather(file, g, &mut one)?;
+        return emit(&one);
+    };
+    if g.nbytes == 0 {
+        return Ok(());
+    }
+    let per = (max_band / row.max(1)).clamp(1, rows);
+    let mut band = Vec::with_capacity((per * row) as usize);
+    let mut i0 = 0;
+    while i0 < rows {
+        let k = per.min(rows - i0);
+        let mut shape = g.shape.clone();
+        shape[0] = k;
+        let part = Gather {
+            storage: g.storage,
+            es: g.es,
+            offset: g.offset + i0 * g.stride[0],
+            shape,
+            stride: g.stride.clone(),
+            nbytes: k * row,
+        };
+        band.clear();
+        gather(file, &part, &mut band)?;
+        emit(&band)?;
+        i0 += k;
+    }
+    Ok(())
 }
 
 /// Writes the tensor's elements in C order into `out`, visiting them in
@@ -1317,6 +1381,57 @@ mod tests {
         let mut out = Vec::with_capacity(6);
         gather(&file, &g, &mut out).unwrap();
         assert_eq!(out, [0, 2, 4, 1, 3, 5]);
+    }
+
+    #[test]
+    fn gathering_in_bands_gives_the_same_bytes() {
+        // A 4x3x2 tensor strided out of a 2x3x4 storage (axes reversed).
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("storage");
+        let storage: Vec<u8> = (0..24u8).collect();
+        std::fs::write(&path, &storage).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let g = Gather {
+            storage: (0, 24),
+            es: 1,
+            offset: 0,
+            shape: vec![4, 3, 2],
+            stride: vec![1, 4, 12],
+            nbytes: 24,
+        };
+        let mut whole = Vec::with_capacity(24);
+        gather(&file, &g, &mut whole).unwrap();
+        for band in [1, 6, 7, 13, 24, 1000] {
+            let mut got = Vec::new();
+            let mut sizes = Vec::new();
+            gather_stream(&file, &g, band, &mut |b| {
+                sizes.push(b.len());
+                got.extend_from_slice(b);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(got, whole, "bands of {band}");
+            assert!(
+                sizes.iter().all(|&n| n <= band.max(6) as usize),
+                "{sizes:?}"
+            );
+        }
+        // A 0-d tensor: one band of one element.
+        let scalar = Gather {
+            storage: (0, 24),
+            es: 2,
+            offset: 5,
+            shape: vec![],
+            stride: vec![],
+            nbytes: 2,
+        };
+        let mut got = Vec::new();
+        gather_stream(&file, &scalar, 1, &mut |b| {
+            got.extend_from_slice(b);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(got, [10, 11]);
     }
 
     #[test]

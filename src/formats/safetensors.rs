@@ -62,13 +62,24 @@ fn element_type(dtype: &str) -> Option<(DType, bool)> {
 }
 
 /// The header's entries in file order, duplicates kept (a JSON parser
-/// would silently keep one of two same-named tensors).
+/// would silently keep one of two same-named tensors), each charged as it
+/// is parsed with what it will take in memory once laid out
+/// ([`crate::catalog::cost`]): parsing stops at the first entry past
+/// `--index-memory`, before the rest of the header is decoded.
 struct Entries(Vec<(String, Json)>);
 
-impl<'de> serde::Deserialize<'de> for Entries {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
+/// Parses the header's entries within `limit` bytes of memory; `over`
+/// says why parsing stopped when it was for memory.
+struct Charged<'a> {
+    limit: u64,
+    over: &'a std::cell::Cell<Option<(u64, usize)>>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Charged<'_> {
+    type Value = Entries;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Entries, D::Error> {
+        struct V<'a>(Charged<'a>);
+        impl<'de> Visitor<'de> for V<'_> {
             type Value = Entries;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a JSON object")
@@ -77,14 +88,27 @@ impl<'de> serde::Deserialize<'de> for Entries {
                 self,
                 mut m: A,
             ) -> std::result::Result<Entries, A::Error> {
+                use crate::catalog::cost;
                 let mut out = Vec::new();
-                while let Some(kv) = m.next_entry::<String, Json>()? {
-                    out.push(kv);
+                let mut used = 0u64;
+                while let Some((k, v)) = m.next_entry::<String, Json>()? {
+                    // The entry as parsed, the tensor it becomes, and its
+                    // slot in the list.
+                    used = used
+                        .saturating_add(cost::name_cost(&k))
+                        .saturating_add(cost::json_cost(&v))
+                        .saturating_add(cost::TENSOR_COST)
+                        .saturating_add(64);
+                    if used > self.0.limit {
+                        self.0.over.set(Some((used, out.len() + 1)));
+                        return Err(serde::de::Error::custom("over --index-memory"));
+                    }
+                    out.push((k, v));
                 }
                 Ok(Entries(out))
             }
         }
-        d.deserialize_map(V)
+        d.deserialize_map(V(self))
     }
 }
 
@@ -99,6 +123,12 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
         .and_then(|h| h.try_into().ok())
         .map(u64::from_le_bytes)
         .ok_or_else(|| bad("shorter than the 8-byte header length".into()))?;
+    if header_len > file_len.saturating_sub(8) {
+        return Err(bad(format!(
+            "truncated safetensors file: its header length {header_len} reaches past the end \
+             of the file ({file_len} bytes)"
+        )));
+    }
     let cap = MAX_HEADER.min(limits.index_memory);
     if header_len > cap {
         return Err(bad(format!(
@@ -106,15 +136,26 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
         )));
     }
     let data_start = 8 + header_len;
-    if data_start > file_len {
-        return Err(bad(format!(
-            "header length {header_len} reaches past the end of the file ({file_len} bytes)"
-        )));
-    }
     let data_len = file_len - data_start;
     let header = &bytes[8..data_start as usize];
-    let Entries(entries) = serde_json::from_slice(header)
-        .map_err(|e| bad(format!("header is not a JSON object: {e}")))?;
+    let over = std::cell::Cell::new(None);
+    let parsed = {
+        use serde::de::DeserializeSeed;
+        let mut de = serde_json::Deserializer::from_slice(header);
+        let seed = Charged {
+            limit: limits.index_memory,
+            over: &over,
+        };
+        seed.deserialize(&mut de).and_then(|e| de.end().map(|()| e))
+    };
+    let Entries(entries) = parsed.map_err(|e| match over.get() {
+        Some((used, n)) => bad(format!(
+            "its header's first {n} entries would already take about {used} bytes in memory \
+             (catalog, tree and views), more than the {} allowed (--index-memory)",
+            limits.index_memory
+        )),
+        None => bad(format!("header is not a JSON object: {e}")),
+    })?;
 
     let mut catalog = Catalog {
         format: "safetensors".into(),

@@ -230,6 +230,8 @@ pub struct Cache {
     meter: Arc<Meter>,
     /// Bytes counted for the mount's lifetime by [`Cache::hold`].
     held: AtomicU64,
+    /// Times a hold or a claim found no room and waited for some.
+    room_waits: AtomicU64,
     inner: Mutex<Inner>,
     stats: Arc<Stats>,
 }
@@ -247,6 +249,7 @@ impl Cache {
                 spare_limit: (limit / 8).min(64 << 20),
             }),
             held: AtomicU64::new(0),
+            room_waits: AtomicU64::new(0),
             inner: Mutex::new(Inner {
                 lru: LruCache::unbounded(),
                 inflight: HashMap::new(),
@@ -257,6 +260,12 @@ impl Cache {
 
     pub fn limit(&self) -> u64 {
         self.limit
+    }
+
+    /// How many times a hold or a decode found everything in use and
+    /// waited for room.
+    pub fn room_waits(&self) -> u64 {
+        self.room_waits.load(Relaxed)
     }
 
     /// Counts `n` bytes that live as long as the mount (the frame lists of
@@ -277,6 +286,7 @@ impl Cache {
             // Everything left is in use: wait for a reader or a decode to
             // let go, as a decode's reservation does (a plan is made once).
             drop(inner);
+            self.room_waits.fetch_add(1, Relaxed);
             let g = lock(&self.meter.lock);
             let _ = self.meter.freed.wait_timeout(g, Duration::from_millis(20));
         }
@@ -413,6 +423,7 @@ impl Cache {
             }
             // Everything left is pinned by readers or decodes: wait for one.
             drop(inner);
+            self.room_waits.fetch_add(1, Relaxed);
             let g = lock(&self.meter.lock);
             let _ = self.meter.freed.wait_timeout(g, Duration::from_millis(20));
         }
@@ -571,14 +582,18 @@ mod tests {
 
     #[test]
     fn a_decoder_that_panics_fails_its_waiters_and_gives_back_its_room() {
-        let c = Arc::new(Cache::new(1 << 20, Arc::default()));
+        let stats = Arc::new(Stats::default());
+        let c = Arc::new(Cache::new(1 << 20, stats.clone()));
         let started = Arc::new(std::sync::Barrier::new(2));
         let (c2, s2) = (c.clone(), started.clone());
         let decoder = std::thread::spawn(move || {
             c2.get((0, 0), 1000, |_| {
                 s2.wait();
-                // Time for the other reader to find the claim in flight.
-                std::thread::sleep(Duration::from_millis(500));
+                // Until the other reader has found the claim in flight (it
+                // counts a hit, then waits for this decode's outcome).
+                while stats.cache_hits.load(Relaxed) == 0 {
+                    std::thread::yield_now();
+                }
                 panic!("decoder bug");
             })
         });
@@ -637,8 +652,12 @@ mod tests {
             .collect();
         let c = Arc::new(c);
         let c2 = c.clone();
+        let waits = c.room_waits();
         let holder = std::thread::spawn(move || c2.hold(500));
-        std::thread::sleep(Duration::from_millis(100));
+        // Until the holder has found no room and waits for some.
+        while c.room_waits() == waits {
+            std::thread::yield_now();
+        }
         assert!(!holder.is_finished(), "held with no room");
         drop(pinned);
         assert!(holder.join().unwrap());
@@ -647,16 +666,21 @@ mod tests {
 
     #[test]
     fn concurrent_readers_decode_once() {
-        let c = Arc::new(Cache::new(1 << 20, Arc::default()));
+        let stats = Arc::new(Stats::default());
+        let c = Arc::new(Cache::new(1 << 20, stats.clone()));
         let decodes = Arc::new(AtomicUsize::new(0));
         let threads: Vec<_> = (0..8)
             .map(|_| {
-                let (c, decodes) = (c.clone(), decodes.clone());
+                let (c, decodes, stats) = (c.clone(), decodes.clone(), stats.clone());
                 std::thread::spawn(move || {
                     let b = c
                         .get((1, 1), 1000, |d| {
                             decodes.fetch_add(1, Relaxed);
-                            std::thread::sleep(Duration::from_millis(50));
+                            // Until the seven others have found this decode
+                            // in flight (or its result cached).
+                            while stats.cache_hits.load(Relaxed) < 7 {
+                                std::thread::yield_now();
+                            }
                             d.resize(1000, 9);
                             Ok(())
                         })

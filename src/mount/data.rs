@@ -394,6 +394,14 @@ impl Data {
         match &self.blob(bi).codec {
             Codec::Raw => self.read_raw(s, bi, part, off, len),
             Codec::Computed(p) => {
+                if let Some(spill) = self.computed_spill(s, bi, p)? {
+                    return expose::gather_into(scratch::take(), part, off, len, |at, out| {
+                        spill
+                            .read(at, out)
+                            .map_err(|why| self.unit_error(s, bi, why))
+                    })
+                    .map(Bytes::Owned);
+                }
                 let buf = self.computed(s, bi, p)?;
                 let from_unit = |at: u64, out: &mut [u8]| {
                     let bytes = buf
@@ -1075,6 +1083,91 @@ impl Data {
         dec.finish()?;
         w.commit_to(len);
         Ok(())
+    }
+
+    /// A computed blob over half the cache, made piece by piece into a
+    /// spill file (once, kept while mounted) by its reader's stream, its
+    /// checks run over the pieces as they come: `None` for a blob the
+    /// cache takes whole. One whose reader cannot make it piece by piece,
+    /// or whose checks need it whole, is refused.
+    fn computed_spill(
+        &self,
+        s: &Served,
+        bi: usize,
+        p: &Producer,
+    ) -> Result<Option<Arc<Spill>>, String> {
+        let b = self.blob(bi);
+        let limit = self.cache.limit();
+        if b.decoded_len <= limit / 2 {
+            return Ok(None);
+        }
+        let streamable = b.checks.iter().all(|c| {
+            matches!(
+                c,
+                Check::BoolBytes | Check::Decoded(_) | Check::ZeroLastNibble
+            )
+        });
+        let Some(stream) = p.stream.clone().filter(|_| streamable) else {
+            return Err(self.fail(
+                bi,
+                format!(
+                    "its {} bytes are made whole by the {} reader, and that exceeds half the \
+                     cache ({limit} bytes): mount with a larger --cache-size",
+                    b.decoded_len, p.name
+                ),
+            ));
+        };
+        let mut slot = super::lock(&self.states[bi].spill);
+        if let Some(s) = slot.as_ref().filter(|s| !s.failed_for_now()) {
+            return Ok(Some(s.clone()));
+        }
+        *slot = None;
+        let decoded = b.decoded_len;
+        let dir = &self.opts.cache_dir;
+        if spill::room(dir, decoded).is_err() {
+            self.drop_idle_spills(bi, dir, decoded);
+        }
+        self.ensure_blob(s, bi)?;
+        let (blob, name, stats) = (b.clone(), p.name, self.stats.clone());
+        let run = Box::new(
+            move |write: &mut dyn FnMut(&[u8]) -> Result<(), String>| -> Result<(), String> {
+                // The blob's checks over the pieces as they come; the
+                // spill's readers wait for its end, after the verdict.
+                let mut digest = checks::Decoded::new(&blob);
+                stream(&mut |piece: &[u8]| {
+                    if let Some(d) = digest.as_mut() {
+                        d.feed(piece);
+                    }
+                    write(piece)
+                })
+                .map_err(|why| format!("the {name} reader: {why}"))?;
+                if let Some(d) = digest
+                    && let Err(f) = d.finish()
+                {
+                    if let checks::Failed::Mismatch(_) = f {
+                        Stats::add(&stats.checksum_failures, 1);
+                    }
+                    return Err(f.to_string());
+                }
+                Ok(())
+            },
+        );
+        let spill =
+            Spill::produce(run, decoded, dir, &self.stats).map_err(|why| self.fail(bi, why))?;
+        log::info!(
+            "{}",
+            self.fail(
+                bi,
+                format!(
+                    "its {decoded} bytes, made by the {} reader, exceed half the cache; spilling \
+                     to {}",
+                    p.name,
+                    dir.display()
+                )
+            )
+        );
+        *slot = Some(spill.clone());
+        Ok(Some(spill))
     }
 
     fn spill(&self, s: &Served, bi: usize, one_frame: bool) -> Result<Arc<Spill>, String> {

@@ -48,6 +48,11 @@ const RELEASE_BACK: usize = 256 << 20;
 /// Output faulted in ahead of the decoder at once, and let go of at once.
 const BATCH: usize = 4 << 20;
 
+/// What makes a computed blob for [`Spill::produce`]: it hands each piece
+/// it makes, in order, to the function it is given.
+pub type Making =
+    dyn FnOnce(&mut dyn FnMut(&[u8]) -> Result<(), String>) -> Result<(), String> + Send;
+
 /// Why a spill failed, and whether the next read should try again (the
 /// disk may have room then) or not (the data is bad).
 struct Failure {
@@ -134,6 +139,90 @@ impl Spill {
             })
             .map_err(|e| format!("cannot start the spill thread: {e}"))?;
         Ok(spill)
+    }
+
+    /// Starts making a computed blob of `len` bytes into a new file under
+    /// `dir` on a thread of its own: `run` hands each piece it makes, in
+    /// order, to the function it is given, which writes it there. Nothing
+    /// of it is whole in memory. Readers wait for the end (`run` checks
+    /// what it made as it goes and at its end), then read the file.
+    pub fn produce(
+        run: Box<Making>,
+        len: u64,
+        dir: &Path,
+        stats: &Arc<Stats>,
+    ) -> Result<Arc<Spill>, String> {
+        room(dir, len)?;
+        let file = tempfile::tempfile_in(dir)
+            .map_err(|e| format!("cannot create a spill file in {}: {e}", dir.display()))?;
+        let spill = Arc::new(Spill {
+            file,
+            early: false,
+            progress: Mutex::new((0, None)),
+            cond: Condvar::new(),
+            retry: AtomicBool::new(false),
+        });
+        let (s, stats) = (spill.clone(), stats.clone());
+        let dir = dir.to_path_buf();
+        std::thread::Builder::new()
+            .name("zt-spill".into())
+            .spawn(move || {
+                let _ends = EndOnDrop(&s);
+                let _place = Place::take();
+                Stats::add(&stats.spilled_tensors, 1);
+                Stats::add(&stats.decompressions, 1);
+                let r = s.write_all(run, len, &dir);
+                match r {
+                    Ok(()) => s.advance(len, Some(String::new())),
+                    Err(f) => {
+                        let _ = s.file.set_len(0);
+                        s.retry.store(f.retry, Release);
+                        s.advance(0, Some(f.why));
+                    }
+                }
+            })
+            .map_err(|e| format!("cannot start the spill thread: {e}"))?;
+        Ok(spill)
+    }
+
+    fn write_all(&self, run: Box<Making>, len: u64, dir: &Path) -> Result<(), Failure> {
+        {
+            let _one = lock(&RESERVING);
+            room(dir, len).map_err(Failure::disk)?;
+            reserve(&self.file, len).map_err(|e| {
+                Failure::disk(format!(
+                    "cannot reserve {len} bytes for a spill file in {}: {e}",
+                    dir.display()
+                ))
+            })?;
+        }
+        let mut at = 0u64;
+        let mut disk: Option<String> = None;
+        let r = run(&mut |piece: &[u8]| {
+            let end = at + piece.len() as u64;
+            if end > len {
+                return Err(format!(
+                    "its reader made more than the {len} bytes expected"
+                ));
+            }
+            self.file.write_all_at(piece, at).map_err(|e| {
+                let why = format!("cannot write the spill file in {}: {e}", dir.display());
+                disk = Some(why.clone());
+                why
+            })?;
+            at = end;
+            Ok(())
+        });
+        if let Some(why) = disk {
+            return Err(Failure::disk(why));
+        }
+        r.map_err(Failure::data)?;
+        if at != len {
+            return Err(Failure::data(format!(
+                "its reader made {at} bytes, expected {len}"
+            )));
+        }
+        Ok(())
     }
 
     /// Whether it has decoded all of its tensor, without error: what it

@@ -344,8 +344,18 @@ impl Hasher for Fnv {
 }
 
 /// Makes one path component safe: `%` for empty, `%2E`/`%2E%2E` for the
-/// dot names, and a hashed tail for names over 255 bytes.
+/// dot names, `%00` for each NUL byte (a path cannot hold one: the kernel
+/// would end the name there, and `a\0b` would shadow `a`), and a hashed
+/// tail for names over 255 bytes.
 fn escape_component(c: &str, why: &mut Vec<String>) -> String {
+    let nul_free;
+    let c = if c.contains('\0') {
+        why.push("a NUL byte in the name".into());
+        nul_free = c.replace('\0', "%00");
+        nul_free.as_str()
+    } else {
+        c
+    };
     match c {
         "" => {
             why.push("empty path component".into());
@@ -365,6 +375,28 @@ fn escape_component(c: &str, why: &mut Vec<String>) -> String {
         }
         _ => c.to_string(),
     }
+}
+
+/// `name` with each control character (NUL, newline, escape, DEL, ...)
+/// written as `%XX` per byte, the notation of the tree's escapes: for
+/// listings printed to a terminal (`info`), where a raw one would move the
+/// cursor or end the line.
+pub fn printable(name: &str) -> std::borrow::Cow<'_, str> {
+    if !name.chars().any(char::is_control) {
+        return name.into();
+    }
+    let mut out = String::with_capacity(name.len() + 8);
+    for ch in name.chars() {
+        if ch.is_control() {
+            let mut buf = [0u8; 4];
+            for b in ch.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        } else {
+            out.push(ch);
+        }
+    }
+    out.into()
 }
 
 /// Shortens `s` so that `s` plus `reserve` more bytes fits NAME_MAX, keeping

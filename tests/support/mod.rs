@@ -456,7 +456,17 @@ impl Drop for Mount {
     fn drop(&mut self) {
         self.cleanup();
         if self.is_mounted() {
-            eprintln!("warning: {} is still mounted", self.mp.display());
+            // A leaked mount fails the test (unless it is failing already:
+            // a panic while panicking would abort the whole run).
+            let msg = format!(
+                "{} is still mounted after every way to unmount it",
+                self.mp.display()
+            );
+            if std::thread::panicking() {
+                eprintln!("error: {msg}");
+            } else {
+                panic!("{msg}");
+            }
         }
     }
 }

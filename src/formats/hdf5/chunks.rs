@@ -652,6 +652,64 @@ impl Assembly {
         Ok(())
     }
 
+    /// The bytes of one band of chunks (those of one index along the first
+    /// dimension), at most this many: what [`Assembly::stream`] holds.
+    pub const MAX_BAND: u64 = 32 << 20;
+
+    /// Bytes of the largest band: rows of one chunk's height, whole.
+    pub fn band_bytes(&self) -> u64 {
+        let g = &self.grid;
+        g.shape[1..]
+            .iter()
+            .fold(g.chunk[0].min(g.shape[0]) * g.elem, |a, &d| {
+                a.saturating_mul(d)
+            })
+    }
+
+    /// Makes the dataset's bytes (row-major) band by band, each band of
+    /// chunks assembled in a buffer of its own and handed to `emit`: at
+    /// most [`Assembly::MAX_BAND`] bytes held, for a spill.
+    pub fn stream(&self, emit: &mut dyn FnMut(&[u8]) -> Result<(), String>) -> Result<(), String> {
+        let g = &self.grid;
+        if self.band_bytes() > Self::MAX_BAND {
+            return Err(format!(
+                "a band of its chunks takes {} bytes, over {}",
+                self.band_bytes(),
+                Self::MAX_BAND
+            ));
+        }
+        let per_band: u64 = g.cells[1..].iter().product();
+        let row_bytes: u64 = g.shape[1..].iter().product::<u64>() * g.elem;
+        let mut order: Vec<usize> = (0..self.chunks.len()).collect();
+        order.sort_unstable_by_key(|&i| self.chunks[i].cell);
+        let cb = g.chunk_bytes() as usize;
+        let (mut stored, mut decoded, mut spare) = (Vec::new(), vec![0u8; cb], Vec::new());
+        let mut band = Vec::new();
+        let mut next = order.iter().peekable();
+        for b in 0..g.cells[0] {
+            let first_row = b * g.chunk[0];
+            let rows = g.chunk[0].min(g.shape[0] - first_row);
+            band.clear();
+            band.resize((rows * row_bytes) as usize, 0);
+            while let Some(&&i) = next.peek() {
+                let ch = &self.chunks[i];
+                if ch.cell / per_band.max(1) != b {
+                    break;
+                }
+                next.next();
+                stored.resize(ch.size as usize, 0);
+                self.file.read_exact_at(&mut stored, ch.at).map_err(|e| {
+                    format!("chunk {} at byte {}: cannot read it: {e}", ch.cell, ch.at)
+                })?;
+                self.decode(ch, &stored, &mut decoded, &mut spare)
+                    .map_err(|e| format!("chunk {} at byte {}: {e}", ch.cell, ch.at))?;
+                self.place_at(ch.cell, &decoded, &mut band, first_row * row_bytes);
+            }
+            emit(&band)?;
+        }
+        Ok(())
+    }
+
     /// The chunk's decoded bytes, exactly `decoded.len()` of them.
     fn decode(
         &self,
@@ -711,6 +769,12 @@ impl Assembly {
 
     /// Copies the part of chunk `cell` inside the dataset into `out`.
     fn place(&self, cell: u64, chunk: &[u8], out: &mut [u8]) {
+        self.place_at(cell, chunk, out, 0);
+    }
+
+    /// Copies the part of chunk `cell` inside the dataset into `out`, which
+    /// holds the dataset's bytes from `base` on.
+    fn place_at(&self, cell: u64, chunk: &[u8], out: &mut [u8], base: u64) {
         let g = &self.grid;
         let rank = g.shape.len();
         // The chunk's first element, per dimension.
@@ -735,7 +799,7 @@ impl Assembly {
             }
             src = (src * g.chunk[rank - 1]) * g.elem;
             dst = (dst * g.shape[rank - 1] + start[rank - 1]) * g.elem;
-            let (s, t) = (src as usize, dst as usize);
+            let (s, t) = (src as usize, (dst - base) as usize);
             out[t..t + row].copy_from_slice(&chunk[s..s + row]);
             // Next row index.
             let mut d = rank - 1;

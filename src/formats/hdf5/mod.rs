@@ -324,6 +324,16 @@ fn serve(
     budget: &mut Budget,
 ) -> std::result::Result<(usize, String), String> {
     let find = |k: u16| msgs.iter().find(|m| m.kind == k);
+    // External storage (an External Data Files message): the elements are
+    // in other files the dataset names, never read here. Its layout says
+    // contiguous with no address, which must not read as never written.
+    if find(0x07).is_some() {
+        return Err(
+            "its data is stored in external files it names (HDF5 external storage), which are \
+             not read: not served"
+                .into(),
+        );
+    }
     let layout = header::layout(find(0x08).ok_or("no layout message")?, f.l, f.o)?;
     let filters = match find(0x0B) {
         Some(m) => header::filters(m.body)?,
@@ -367,6 +377,18 @@ fn serve(
                 out.resize(n as usize, 0);
                 Ok(())
             }),
+            stream: Some(Arc::new(
+                move |emit: &mut dyn FnMut(&[u8]) -> std::result::Result<(), String>| {
+                    let zeros = vec![0u8; (n as usize).min(1 << 20)];
+                    let mut left = n;
+                    while left > 0 {
+                        let k = left.min(zeros.len() as u64);
+                        emit(&zeros[..k as usize])?;
+                        left -= k;
+                    }
+                    Ok(())
+                },
+            )),
         }))
     };
     match layout {
@@ -472,8 +494,20 @@ fn serve(
             } else {
                 names.join("+")
             };
+            // Band by band for a spill, where a band of chunks is small.
+            let asm = Arc::new(asm);
+            let streamed = asm.clone();
+            let stream: Option<Arc<crate::catalog::StreamFn>> =
+                (asm.band_bytes() <= chunks::Assembly::MAX_BAND).then(|| {
+                    Arc::new(
+                        move |emit: &mut dyn FnMut(&[u8]) -> std::result::Result<(), String>| {
+                            streamed.stream(emit)
+                        },
+                    ) as Arc<crate::catalog::StreamFn>
+                });
             let codec = Codec::Computed(Producer {
                 name: "HDF5 chunk",
+                stream,
                 produce: Arc::new(move |out: &mut Vec<u8>| asm.produce(out)),
             });
             Ok((push(0, 0, codec), enc))

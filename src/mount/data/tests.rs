@@ -29,6 +29,7 @@ fn making(bytes: &'static [u8]) -> Codec {
             out.extend_from_slice(bytes);
             Ok(())
         }),
+        stream: None,
     })
 }
 

@@ -1,0 +1,672 @@
+//! NumPy `.npz`: a zip archive of `.npy` members, one tensor each (the
+//! member's name without `.npy`).
+//!
+//! Read here rather than through `ztensor-compat` so that a deflated
+//! member is inflated straight into the cache entry the mount gives its
+//! producer (the crate hands back a vector of its own, which was then
+//! copied: the member was in memory twice), and so that any `.npy` type
+//! numpy writes is read by its element type and byte order (`<u1`, `|u1`
+//! and `=u1` are one type; big-endian data is served swapped).
+//!
+//! - A stored member is a raw range of the file, served from the mapping.
+//! - A deflated member is a [`Codec::Computed`] blob: inflated whole when
+//!   first read, exactly its declared size, its CRC-32 checked.
+//! - Listed as unsupported, the rest served: a dtype with no element type
+//!   here (strings, objects, structured types, ...), Fortran order, a
+//!   header longer than the 4 KiB read at open.
+//! - Refused in one line: an archive that cannot be read, a member whose
+//!   header is malformed, whose data size is not its shape's, or that
+//!   runs past the file, two members of one name.
+
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use crate::catalog::{
+    Blob, Catalog, Check, Codec, DType, Endian, Json, JsonMap, Part, Producer, SourceRef, Tensor,
+};
+use crate::error::{Error, ErrorKind, Result};
+use crate::formats::{Limits, Opened};
+use crate::source::MappedFile;
+
+/// Bytes of a member read at open for its `.npy` header (what
+/// `super::fetch` makes present for a remote archive).
+pub const NPY_PROBE: u64 = 4096;
+
+/// Reads an npz archive into the catalog.
+pub fn open(src: MappedFile, limits: Limits) -> Result<Opened> {
+    let _ = limits;
+    let catalog = read(&src)?;
+    Ok(Opened {
+        catalog,
+        sources: vec![Some(src)],
+    })
+}
+
+/// A member's `.npy` header.
+#[derive(Debug, PartialEq)]
+struct Header {
+    descr: String,
+    fortran: bool,
+    shape: Vec<u64>,
+    /// Bytes before the data: magic, version, length and the dict.
+    len: u64,
+}
+
+/// Parses the `.npy` header at the start of `b`.
+fn parse_header(b: &[u8]) -> std::result::Result<Header, String> {
+    if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
+        return Err("not a .npy member (no \\x93NUMPY magic)".into());
+    }
+    let (dict_len, start) = match b[6] {
+        1 => (u64::from(u16::from_le_bytes([b[8], b[9]])), 10u64),
+        2 | 3 => {
+            let l = b
+                .get(8..12)
+                .ok_or("its .npy header is cut short")?
+                .try_into()
+                .map_err(|_| "its .npy header is cut short")?;
+            (u64::from(u32::from_le_bytes(l)), 12)
+        }
+        v => return Err(format!(".npy format version {v} is not read")),
+    };
+    let len = start + dict_len;
+    let dict = b.get(start as usize..len as usize).ok_or_else(|| {
+        format!(
+            "its .npy header of {len} bytes runs past the {} read",
+            b.len()
+        )
+    })?;
+    let dict = std::str::from_utf8(dict).map_err(|_| "its .npy header is not text")?;
+    let mut p = Lit {
+        s: dict.as_bytes(),
+        at: 0,
+    };
+    let Value::Dict(entries) = p.value(0)? else {
+        return Err("its .npy header is not a dict".into());
+    };
+    let get = |k: &str| entries.iter().find(|(n, _)| n == k).map(|(_, v)| v);
+    let descr = match get("descr") {
+        Some(Value::Str(s)) => s.clone(),
+        // A structured dtype: a list of fields.
+        Some(Value::List(_)) => "a structured dtype".into(),
+        _ => return Err("its .npy header has no 'descr'".into()),
+    };
+    let fortran = match get("fortran_order") {
+        Some(Value::Bool(f)) => *f,
+        _ => return Err("its .npy header has no 'fortran_order' True or False".into()),
+    };
+    let shape = match get("shape") {
+        Some(Value::List(dims)) => dims
+            .iter()
+            .map(|d| match d {
+                Value::Int(n) => Ok(*n),
+                _ => Err("a dimension of its shape is not a non-negative integer".to_string()),
+            })
+            .collect::<std::result::Result<Vec<u64>, String>>()?,
+        _ => return Err("its .npy header has no 'shape' tuple".into()),
+    };
+    Ok(Header {
+        descr,
+        fortran,
+        shape,
+        len,
+    })
+}
+
+/// A Python literal of a `.npy` header.
+#[derive(Debug)]
+enum Value {
+    Str(String),
+    Int(u64),
+    Bool(bool),
+    None,
+    List(Vec<Value>),
+    Dict(Vec<(String, Value)>),
+}
+
+/// A reader of the Python literals a `.npy` header holds.
+struct Lit<'a> {
+    s: &'a [u8],
+    at: usize,
+}
+
+impl Lit<'_> {
+    fn ws(&mut self) {
+        while self.s.get(self.at).is_some_and(u8::is_ascii_whitespace) {
+            self.at += 1;
+        }
+    }
+
+    fn eat(&mut self, c: u8) -> bool {
+        self.ws();
+        if self.s.get(self.at) == Some(&c) {
+            self.at += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> std::result::Result<Value, String> {
+        if depth > 16 {
+            return Err("its .npy header nests too deeply".into());
+        }
+        self.ws();
+        let bad = || "its .npy header is not a Python literal".to_string();
+        match self.s.get(self.at).copied().ok_or_else(bad)? {
+            q @ (b'\'' | b'"') => {
+                let from = self.at + 1;
+                let len = self.s[from..]
+                    .iter()
+                    .position(|&c| c == q)
+                    .ok_or_else(bad)?;
+                self.at = from + len + 1;
+                let text = std::str::from_utf8(&self.s[from..from + len]).map_err(|_| bad())?;
+                Ok(Value::Str(text.to_string()))
+            }
+            open @ (b'(' | b'[' | b'{') => {
+                self.at += 1;
+                let close = match open {
+                    b'(' => b')',
+                    b'[' => b']',
+                    _ => b'}',
+                };
+                let mut items = Vec::new();
+                let mut entries = Vec::new();
+                loop {
+                    if self.eat(close) {
+                        break;
+                    }
+                    if open == b'{' {
+                        let Value::Str(k) = self.value(depth + 1)? else {
+                            return Err(bad());
+                        };
+                        if !self.eat(b':') {
+                            return Err(bad());
+                        }
+                        entries.push((k, self.value(depth + 1)?));
+                    } else {
+                        items.push(self.value(depth + 1)?);
+                    }
+                    if !self.eat(b',') {
+                        if self.eat(close) {
+                            break;
+                        }
+                        return Err(bad());
+                    }
+                }
+                Ok(if open == b'{' {
+                    Value::Dict(entries)
+                } else {
+                    Value::List(items)
+                })
+            }
+            c if c.is_ascii_digit() => {
+                let from = self.at;
+                while self.s.get(self.at).is_some_and(u8::is_ascii_digit) {
+                    self.at += 1;
+                }
+                // Python 2 wrote longs as `3L`.
+                if self.s.get(self.at) == Some(&b'L') {
+                    self.at += 1;
+                }
+                let digits = std::str::from_utf8(&self.s[from..self.at])
+                    .map_err(|_| bad())?
+                    .trim_end_matches('L');
+                digits
+                    .parse()
+                    .map(Value::Int)
+                    .map_err(|_| "a dimension of its shape does not fit 64 bits".to_string())
+            }
+            _ => {
+                for (word, v) in [
+                    ("True", Value::Bool(true)),
+                    ("False", Value::Bool(false)),
+                    ("None", Value::None),
+                ] {
+                    if self.s[self.at..].starts_with(word.as_bytes()) {
+                        self.at += word.len();
+                        return Ok(v);
+                    }
+                }
+                Err(bad())
+            }
+        }
+    }
+}
+
+/// Our element type and byte order for a numpy `descr`, or why there is
+/// none. A one-byte type has no byte order (`<u1`, `|u1`, `=u1`, `>u1` are
+/// one type); `=` is taken as little-endian, as on every machine numpy
+/// writes files on.
+fn element_type(descr: &str) -> std::result::Result<(DType, Endian), String> {
+    let none = || format!("numpy dtype {descr:?} has no element type here: listed, not served");
+    let (order, code) = match descr.as_bytes().first() {
+        Some(b'<' | b'>' | b'|' | b'=') => (descr.as_bytes()[0], &descr[1..]),
+        _ => (b'|', descr),
+    };
+    let d = match code {
+        "b1" => DType::Bool,
+        "i1" => DType::Int8,
+        "u1" => DType::Uint8,
+        "i2" => DType::Int16,
+        "u2" => DType::Uint16,
+        "i4" => DType::Int32,
+        "u4" => DType::Uint32,
+        "i8" => DType::Int64,
+        "u8" => DType::Uint64,
+        "f2" => DType::Float16,
+        "f4" => DType::Float32,
+        "f8" => DType::Float64,
+        "c8" => DType::Complex64,
+        "c16" => DType::Complex128,
+        _ => return Err(none()),
+    };
+    let endian = match order {
+        b'>' => Endian::Big,
+        b'|' if d.size() > 1 => return Err(none()),
+        _ => Endian::Little,
+    };
+    Ok((d, endian))
+}
+
+fn read(src: &MappedFile) -> Result<Catalog> {
+    let label = src.label().to_string();
+    let bad = |msg: String| Error::new(ErrorKind::Index, &label, None, msg);
+    let bad_tensor = |name: &str, kind, msg: String| Error::new(kind, &label, Some(name), msg);
+    let bytes = src.bytes();
+    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes)).map_err(|e| {
+        bad(format!(
+            "a ZIP archive (npz or PyTorch .pt) that cannot be read, cut short or damaged: {e}"
+        ))
+    })?;
+    let mut catalog = Catalog {
+        format: "npz".into(),
+        label: label.clone(),
+        sources: vec![SourceRef {
+            path: src.path().to_path_buf(),
+            ..SourceRef::default()
+        }],
+        ..Catalog::default()
+    };
+    // One descriptor shared by every deflated member's producer.
+    let mut file: Option<Arc<std::fs::File>> = None;
+    let mut names = std::collections::HashSet::new();
+    for i in 0..zip.len() {
+        let m = zip
+            .by_index_raw(i)
+            .map_err(|e| bad(format!("ZIP member {i}: {e}")))?;
+        let Some(name) = m.name().strip_suffix(".npy").map(str::to_string) else {
+            continue;
+        };
+        if !names.insert(name.clone()) {
+            return Err(bad_tensor(
+                &name,
+                ErrorKind::Duplicate,
+                "two members of this name".into(),
+            ));
+        }
+        let (start, size, stored_len, crc) =
+            (m.data_start(), m.size(), m.compressed_size(), m.crc32());
+        if start.checked_add(stored_len).is_none_or(|e| e > src.len()) {
+            return Err(bad_tensor(
+                &name,
+                ErrorKind::Placement,
+                format!("its member's {stored_len} bytes at {start} run past the end of the file"),
+            ));
+        }
+        let deflated = match m.compression() {
+            zip::CompressionMethod::Stored if stored_len == size => false,
+            zip::CompressionMethod::Stored => {
+                return Err(bad_tensor(
+                    &name,
+                    ErrorKind::Size,
+                    format!("a stored member of {stored_len} bytes that says it holds {size}"),
+                ));
+            }
+            zip::CompressionMethod::Deflated => true,
+            other => {
+                return Err(bad_tensor(
+                    &name,
+                    ErrorKind::Unsupported,
+                    format!("its member is compressed with {other}, which is not read here"),
+                ));
+            }
+        };
+        // The header: the first bytes of the member, inflated if need be.
+        let mut head = Vec::new();
+        if deflated {
+            drop(m);
+            let mut e = zip
+                .by_index(i)
+                .map_err(|e| bad_tensor(&name, ErrorKind::Index, format!("ZIP member: {e}")))?;
+            (&mut e)
+                .take(NPY_PROBE.min(size))
+                .read_to_end(&mut head)
+                .map_err(|e| bad_tensor(&name, ErrorKind::Data, format!("cannot inflate: {e}")))?;
+        } else {
+            let at = start as usize;
+            head.extend_from_slice(&bytes[at..at + NPY_PROBE.min(size) as usize]);
+            drop(m);
+        }
+        let h = parse_header(&head).map_err(|why| bad_tensor(&name, ErrorKind::Field, why))?;
+        let mut meta = JsonMap::new();
+        meta.insert("npy_descr".into(), Json::from(h.descr.clone()));
+        meta.insert(
+            "zip_compression".into(),
+            if deflated { "deflate" } else { "stored" }.into(),
+        );
+        let data_len = size.checked_sub(h.len).ok_or_else(|| {
+            bad_tensor(
+                &name,
+                ErrorKind::Size,
+                format!("its member of {size} bytes is shorter than its header"),
+            )
+        })?;
+        let elems = h.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+        let parts = match element_type(&h.descr) {
+            _ if h.fortran => Err("stored in Fortran (column) order, which would be served \
+                                   transposed: listed, not served"
+                .to_string()),
+            Err(why) => Err(why),
+            Ok((d, order)) => {
+                let want = elems.and_then(|n| n.checked_mul(d.size()));
+                if want != Some(data_len) {
+                    return Err(bad_tensor(
+                        &name,
+                        ErrorKind::Size,
+                        format!(
+                            "holds {data_len} bytes of data but {} of shape {:?} is {}",
+                            h.descr,
+                            h.shape,
+                            want.map_or("more than 2^64".into(), |w| w.to_string())
+                        ),
+                    ));
+                }
+                let checks = if d == DType::Bool {
+                    vec![Check::BoolBytes]
+                } else {
+                    Vec::new()
+                };
+                let blob = if deflated {
+                    if data_len > super::compat::MAX_COMPUTED {
+                        Err(format!(
+                            "its {data_len} bytes can only be made whole, and that is over the \
+                             {}-byte limit",
+                            super::compat::MAX_COMPUTED
+                        ))
+                    } else {
+                        let f = match &file {
+                            Some(f) => Ok(f.clone()),
+                            None => src
+                                .file()
+                                .try_clone()
+                                .map(|f| file.insert(Arc::new(f)).clone())
+                                .map_err(|e| format!("cannot reopen the file: {e}")),
+                        };
+                        f.map(|f| Blob {
+                            source: 0,
+                            // The stored member: what a remote file must
+                            // have present before it is inflated.
+                            offset: start,
+                            len: stored_len,
+                            codec: Codec::Computed(inflater(
+                                f,
+                                Member {
+                                    at: start,
+                                    stored: stored_len,
+                                    size,
+                                    crc,
+                                    skip: h.len,
+                                },
+                            )),
+                            decoded_len: data_len,
+                            checks,
+                            label: format!("tensor {name:?}"),
+                        })
+                    }
+                } else {
+                    meta.insert("offset".into(), (start + h.len).into());
+                    meta.insert("size".into(), data_len.into());
+                    Ok(Blob {
+                        source: 0,
+                        offset: start + h.len,
+                        len: data_len,
+                        codec: Codec::Raw,
+                        decoded_len: data_len,
+                        checks,
+                        label: format!("tensor {name:?}"),
+                    })
+                };
+                blob.map(|b| {
+                    catalog.blobs.push(b);
+                    let bi = catalog.blobs.len() - 1;
+                    vec![Part::dense(d, h.shape.clone(), data_len, bi, order)]
+                })
+            }
+        };
+        let encoding = if deflated { "deflate" } else { "raw" };
+        catalog.tensors.push(Tensor {
+            name,
+            dtype: h.descr,
+            shape: h.shape,
+            layout: "dense".into(),
+            encoding: encoding.into(),
+            directory: false,
+            parts,
+            meta,
+        });
+    }
+    Ok(catalog)
+}
+
+/// A deflated member: where its stored bytes are, what it inflates to.
+struct Member {
+    at: u64,
+    stored: u64,
+    /// Bytes inflated, header included.
+    size: u64,
+    crc: u32,
+    /// The header's bytes, inflated and checked but not kept.
+    skip: u64,
+}
+
+/// Reads `len` bytes of a file from `at` on, by `pread`.
+struct Range {
+    file: Arc<std::fs::File>,
+    at: u64,
+    left: u64,
+}
+
+impl Read for Range {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = (buf.len() as u64).min(self.left) as usize;
+        if n == 0 {
+            return Ok(0);
+        }
+        let got = self.file.read_at(&mut buf[..n], self.at)?;
+        if got == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the file ends inside the member",
+            ));
+        }
+        self.at += got as u64;
+        self.left -= got as u64;
+        Ok(got)
+    }
+}
+
+/// Inflates a member straight into the buffer the mount gives (the cache
+/// entry), its header dropped; or, for a member too big for the cache,
+/// piece by piece into what the mount writes to its spill file. Either
+/// way: exactly `size` bytes inflated, no more, their CRC-32 what the
+/// archive says.
+fn inflater(file: Arc<std::fs::File>, m: Member) -> Producer {
+    let m = Arc::new(m);
+    let (f2, m2) = (file.clone(), m.clone());
+    Producer {
+        name: "npz deflate",
+        produce: Arc::new(move |out: &mut Vec<u8>| {
+            let n = usize::try_from(m.size - m.skip).map_err(|_| "too large".to_string())?;
+            if out.capacity() < n {
+                return Err(format!(
+                    "{n} bytes to inflate, over the room given ({} bytes)",
+                    out.capacity()
+                ));
+            }
+            let mut z = Inflating::new(&file, &m)?;
+            out.clear();
+            out.resize(n, 0);
+            z.fill(out)?;
+            z.finish()
+        }),
+        stream: Some(Arc::new(
+            move |emit: &mut dyn FnMut(&[u8]) -> std::result::Result<(), String>| {
+                let mut z = Inflating::new(&f2, &m2)?;
+                let mut buf = vec![0u8; 1 << 20];
+                let mut left = m2.size - m2.skip;
+                while left > 0 {
+                    let k = left.min(buf.len() as u64) as usize;
+                    z.fill(&mut buf[..k])?;
+                    emit(&buf[..k])?;
+                    left -= k as u64;
+                }
+                z.finish()
+            },
+        )),
+    }
+}
+
+/// A member being inflated, its header read and dropped.
+struct Inflating<'a> {
+    z: flate2::bufread::DeflateDecoder<std::io::BufReader<Range>>,
+    crc: flate2::Crc,
+    m: &'a Member,
+}
+
+impl<'a> Inflating<'a> {
+    fn new(file: &Arc<std::fs::File>, m: &'a Member) -> std::result::Result<Self, String> {
+        let range = Range {
+            file: file.clone(),
+            at: m.at,
+            left: m.stored,
+        };
+        let mut z = Inflating {
+            z: flate2::bufread::DeflateDecoder::new(std::io::BufReader::with_capacity(
+                64 << 10,
+                range,
+            )),
+            crc: flate2::Crc::new(),
+            m,
+        };
+        let mut head = vec![0u8; m.skip as usize];
+        z.fill(&mut head)?;
+        Ok(z)
+    }
+
+    /// The next `out.len()` inflated bytes.
+    fn fill(&mut self, out: &mut [u8]) -> std::result::Result<(), String> {
+        self.z.read_exact(out).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                format!(
+                    "its member inflates to fewer than the {} bytes it declares",
+                    self.m.size
+                )
+            } else {
+                format!("cannot inflate its member: {e}")
+            }
+        })?;
+        self.crc.update(out);
+        Ok(())
+    }
+
+    /// Checks that the stream ends here and that its CRC-32 holds.
+    fn finish(mut self) -> std::result::Result<(), String> {
+        let mut more = [0u8; 1];
+        let n = self
+            .z
+            .read(&mut more)
+            .map_err(|e| format!("cannot inflate its member: {e}"))?;
+        if n != 0 {
+            return Err(format!(
+                "its member inflates to more than the {} bytes it declares",
+                self.m.size
+            ));
+        }
+        if self.crc.sum() != self.m.crc {
+            return Err(format!(
+                "its member's CRC-32 is {:08x}, the archive says {:08x}",
+                self.crc.sum(),
+                self.m.crc
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn npy(dict: &str) -> Vec<u8> {
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend((dict.len() as u16).to_le_bytes());
+        b.extend(dict.as_bytes());
+        b
+    }
+
+    #[test]
+    fn headers_parse_as_numpy_writes_them() {
+        let dict = "{'descr': '<u1', 'fortran_order': False, 'shape': (3, 4), }   \n";
+        let h = parse_header(&npy(dict)).unwrap();
+        assert_eq!(h.descr, "<u1");
+        assert!(!h.fortran);
+        assert_eq!(h.shape, [3, 4]);
+        assert_eq!(h.len, 10 + dict.len() as u64);
+        let h = parse_header(&npy(
+            "{'descr': '>f8', 'fortran_order': True, 'shape': (), }",
+        ))
+        .unwrap();
+        assert!(h.fortran && h.shape.is_empty());
+        let h = parse_header(&npy(
+            "{'descr': '|b1', 'fortran_order': False, 'shape': (7L,), }",
+        ))
+        .unwrap();
+        assert_eq!(h.shape, [7]);
+        let h = parse_header(&npy(
+            "{'descr': [('a', '<i4'), ('b', '<f8')], 'fortran_order': False, 'shape': (2,), }",
+        ))
+        .unwrap();
+        assert_eq!(h.descr, "a structured dtype");
+        for bad in [
+            "{'descr': '<f4', 'shape': (1,), }",
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (-1,), }",
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }",
+            "{'descr': '<f4' 'fortran_order': False}",
+            "not a dict",
+            &format!("{}{}", "(".repeat(100), ")".repeat(100)),
+        ] {
+            assert!(parse_header(&npy(bad)).is_err(), "{bad}");
+        }
+        assert!(parse_header(b"\x93NUMPY\x01\x00\xff\xff{").is_err());
+    }
+
+    #[test]
+    fn one_byte_types_have_no_byte_order() {
+        for d in ["<u1", "|u1", "=u1", ">u1", "u1"] {
+            assert_eq!(element_type(d).unwrap().0, DType::Uint8, "{d}");
+        }
+        assert_eq!(element_type("|b1").unwrap().0, DType::Bool);
+        assert_eq!(element_type(">i4").unwrap(), (DType::Int32, Endian::Big));
+        assert_eq!(
+            element_type("=f4").unwrap(),
+            (DType::Float32, Endian::Little)
+        );
+        assert_eq!(element_type("<c16").unwrap().0, DType::Complex128);
+        for d in ["|i4", "<U5", "|O", "<M8[s]", "a structured dtype", ""] {
+            assert!(element_type(d).is_err(), "{d}");
+        }
+    }
+}
