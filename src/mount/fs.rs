@@ -156,27 +156,19 @@ impl TensorFs {
         opts: FsOptions,
     ) -> std::io::Result<TensorFs> {
         let mut views = opts.views;
-        // The view's layout (a JSON header naming every tensor) and the
-        // tree are built side by side: each is a good part of the time a
-        // mount of 10^5 tensors takes.
-        let (layout, mut tree) = std::thread::scope(|s| {
-            let layout = views
-                .safetensors
-                .then(|| s.spawn(|| safetensors_layout(&catalog, &files)));
-            let tree = Tree::build(&catalog, views);
-            let layout = layout.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
-            (layout, tree)
-        });
+        let layout = views
+            .safetensors
+            .then(|| safetensors_layout(&catalog, &files));
         let (safetensors, safetensors_is_source) = match layout {
             Some(Ok((l, identical))) => (Some(l), identical),
             Some(Err(why)) => {
                 log::warn!("{}: no model.safetensors view: {why}", catalog.label);
                 views.safetensors = false;
-                tree = Tree::build(&catalog, views);
                 (None, false)
             }
             None => (None, false),
         };
+        let mut tree = Tree::build(&catalog, views);
         for e in safetensors.iter().flat_map(|l| &l.entries) {
             tree.placements[e.tensor].views |= super::tree::VIEW_SAFETENSORS;
         }

@@ -3,7 +3,7 @@
 //! tensor's exposed bytes in header order. Tensors it cannot hold are left
 //! out and listed in its `__metadata__`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::catalog::{Catalog, Codec, DType, Endian, Json, PartMap};
 
@@ -30,6 +30,19 @@ pub fn dtype_name(d: DType) -> Option<&'static str> {
         DType::Float8E5M2 => "F8_E5M2",
         _ => return None,
     })
+}
+
+/// An entry of a safetensors header as `Layout::identical` reads it: a
+/// tensor, or anything else (`__metadata__`).
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Said {
+    Tensor {
+        dtype: String,
+        shape: Vec<u64>,
+        data_offsets: [u64; 2],
+    },
+    Other(serde::de::IgnoredAny),
 }
 
 /// One tensor's place in the file.
@@ -152,7 +165,9 @@ impl Layout {
         }
         let mut header = vec![0u8; 8 + n as usize];
         read_at(&mut header, 0).ok()?;
-        let json: serde_json::Map<String, Json> = serde_json::from_slice(&header[8..]).ok()?;
+        // Typed, not a JSON tree: a header of 10^5 tensors parsed into
+        // `Value`s would take several times the index's own memory.
+        let json: HashMap<String, Said> = serde_json::from_slice(&header[8..]).ok()?;
         let tensors = json.keys().filter(|k| *k != "__metadata__").count();
         if tensors != self.entries.len() {
             return None;
@@ -168,15 +183,18 @@ impl Layout {
                 && part.map == (PartMap::Contiguous { start: 0 })
                 && (part.order == Endian::Little || part.dtype.size() <= 1)
                 && blob.len == part.nbytes;
-            let said = json.get(&t.name)?;
-            let offsets: Vec<u64> =
-                serde_json::from_value(said.get("data_offsets")?.clone()).ok()?;
-            let shape: Vec<u64> = serde_json::from_value(said.get("shape")?.clone()).ok()?;
-            let same = said.get("dtype")?.as_str()? == dtype_name(part.dtype)?
-                && shape == part.shape
-                && offsets.len() == 2
-                && offsets[1].checked_sub(offsets[0]) == Some(part.nbytes)
-                && base.checked_add(offsets[0]) == Some(blob.offset);
+            let Said::Tensor {
+                dtype,
+                shape,
+                data_offsets: [from, to],
+            } = json.get(&t.name)?
+            else {
+                return None;
+            };
+            let same = dtype == dtype_name(part.dtype)?
+                && *shape == part.shape
+                && to.checked_sub(*from) == Some(part.nbytes)
+                && base.checked_add(*from) == Some(blob.offset);
             if !stored_as_shown || !same {
                 return None;
             }
