@@ -535,8 +535,11 @@ struct Piece {
 /// worker per core.
 fn write_all(file: &File, len: u64, data: &Data, segments: &[Segment]) -> Result<(), String> {
     let io = |e: std::io::Error| format!("cannot write a backing file: {e}");
-    // Its disk taken now: a full disk fails here, not part way.
-    super::spill::reserve(file, len).map_err(io)?;
+    // Sized, not reserved: the pieces are written with pwrite, so a disk
+    // that fills fails that write (and the fill), never a fault; and a file
+    // written into `fallocate`d space reads back slower (40 ms against 28
+    // for 64 MiB here).
+    file.set_len(len).map_err(io)?;
     let mut pieces = Vec::new();
     let mut to = 0u64;
     for s in segments {
