@@ -61,10 +61,17 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
     let limits = Limits {
         index_memory: s.index_memory,
     };
+    let started = std::time::Instant::now();
     let opened = match formats::open_arg(&file.to_string_lossy(), limits, &s.remote) {
         Ok(opened) => opened,
         Err(e) => return fail(e),
     };
+    log::debug!(
+        "{}: {} tensors indexed in {:?}",
+        opened.catalog.label,
+        opened.catalog.len(),
+        started.elapsed()
+    );
     if s.foreground {
         let code = serve(opened, &mountpoint, &s, None);
         crate::source::before_exit();
@@ -360,6 +367,7 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
                 .unwrap_or_else(|| spill::free_bytes(&s.cache_dir).unwrap_or(0) / 2),
         },
     };
+    let started = std::time::Instant::now();
     let fs = match TensorFs::new(opened.catalog, opened.sources, opts) {
         Ok(fs) => fs,
         Err(e) => {
@@ -368,6 +376,10 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
             return fail(msg);
         }
     };
+    log::debug!(
+        "{label}: tree and views laid out in {:?}",
+        started.elapsed()
+    );
     let uid = s.uid.unwrap_or_else(|| unsafe { libc::getuid() });
     let gid = s.gid.unwrap_or_else(|| unsafe { libc::getgid() });
     // Set once mounted: a copy of the session's /dev/fuse descriptor. The

@@ -12,6 +12,9 @@ use crate::views::Views;
 mod mirror;
 
 pub type Ino = u64;
+type Lookup = HashMap<Arc<str>, Ino, BuildHasherDefault<Fnv>>;
+/// Most entries of a directory searched without a table.
+const SMALL_DIR: usize = 16;
 pub const ROOT: Ino = 1;
 /// The hidden directory at the top that holds `index.json` and `stats`.
 pub const META_DIR: &str = ".ztensor";
@@ -45,7 +48,11 @@ pub enum Content {
 pub enum NodeKind {
     Dir {
         entries: Vec<(Arc<str>, Ino)>,
-        lookup: HashMap<Arc<str>, Ino, BuildHasherDefault<Fnv>>,
+        /// Built once the directory has more than [`SMALL_DIR`] entries; a
+        /// small one is searched in order (most directories are a zarr
+        /// array's two or three entries, and a table each cost a tenth of
+        /// the mount's time for 10^5 tensors).
+        lookup: Option<Box<Lookup>>,
         /// How many entries are directories: a stat gives 2 + this as the
         /// link count without a walk over 10^5 entries.
         subdirs: u32,
@@ -88,6 +95,8 @@ pub struct Tree {
     moved: HashMap<(Ino, String), Ino>,
     /// Top-level directories of the mount's own (`.ztensor`, the views').
     reserved: std::collections::HashSet<Ino>,
+    /// Names the views repeat, shared (see `Tree::common`).
+    common: std::collections::HashSet<Arc<str>>,
 }
 
 impl Tree {
@@ -105,14 +114,21 @@ impl Tree {
             sealed: Default::default(),
             moved: HashMap::default(),
             reserved: Default::default(),
+            common: Default::default(),
         };
         let meta = tree.add(ROOT, META_DIR.to_string(), new_dir());
         tree.sealed.insert(meta);
         tree.reserved.insert(meta);
-        tree.add(meta, "index.json".into(), NodeKind::File(Content::Index));
-        tree.add(meta, "stats".into(), NodeKind::File(Content::Stats));
-        tree.add(meta, "errors".into(), NodeKind::File(Content::Errors));
+        tree.add(meta, "index.json", NodeKind::File(Content::Index));
+        tree.add(meta, "stats", NodeKind::File(Content::Stats));
+        tree.add(meta, "errors", NodeKind::File(Content::Errors));
         tree.reserve_views(views);
+        let top = catalog
+            .tensors
+            .iter()
+            .filter(|t| !t.name.contains('/'))
+            .count();
+        tree.reserve(ROOT, 2 * top);
         for (ti, t) in catalog.tensors.iter().enumerate() {
             let parts = t.parts.as_ref().ok().map(|ps| {
                 let names = ps.iter().map(|p| p.name.as_str()).collect();
@@ -125,7 +141,7 @@ impl Tree {
         tree
     }
 
-    fn add(&mut self, parent: Ino, name: String, kind: NodeKind) -> Ino {
+    fn add(&mut self, parent: Ino, name: impl Into<Arc<str>>, kind: NodeKind) -> Ino {
         let name: Arc<str> = name.into();
         let ino = self.nodes.len() as Ino + 1;
         let is_dir = matches!(kind, NodeKind::Dir { .. });
@@ -136,16 +152,47 @@ impl Tree {
         } = &mut self.nodes[(parent - 1) as usize].kind
         {
             entries.push((name.clone(), ino));
-            lookup.insert(name.clone(), ino);
+            match lookup {
+                Some(table) => {
+                    table.insert(name.clone(), ino);
+                }
+                None if entries.len() > SMALL_DIR => {
+                    let mut table =
+                        Lookup::with_capacity_and_hasher(entries.capacity(), Default::default());
+                    table.extend(entries.iter().cloned());
+                    *lookup = Some(Box::new(table));
+                }
+                None => {}
+            }
             *subdirs += u32::from(is_dir);
         }
         self.nodes.push(Node { parent, name, kind });
         ino
     }
 
+    /// Makes room in `dir` for `n` more entries (a top directory that will
+    /// hold one per tensor grows once, not twenty times).
+    fn reserve(&mut self, dir: Ino, n: usize) {
+        if let Some(NodeKind::Dir {
+            entries, lookup, ..
+        }) = self.nodes.get_mut((dir - 1) as usize).map(|n| &mut n.kind)
+        {
+            entries.reserve(n);
+            if let Some(table) = lookup {
+                table.reserve(n);
+            }
+        }
+    }
+
     fn child(&self, dir: Ino, name: &str) -> Option<Ino> {
         match &self.node(dir)?.kind {
-            NodeKind::Dir { lookup, .. } => lookup.get(name).copied(),
+            NodeKind::Dir {
+                lookup: Some(table),
+                ..
+            } => table.get(name).copied(),
+            NodeKind::Dir { entries, .. } => {
+                entries.iter().find(|(n, _)| &**n == name).map(|e| e.1)
+            }
             NodeKind::File(_) => None,
         }
     }
@@ -315,7 +362,7 @@ impl Tree {
 fn new_dir() -> NodeKind {
     NodeKind::Dir {
         entries: Vec::new(),
-        lookup: HashMap::default(),
+        lookup: None,
         subdirs: 0,
     }
 }

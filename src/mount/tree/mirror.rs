@@ -30,7 +30,7 @@ impl Tree {
         {
             self.add(
                 dir,
-                views::SAFETENSORS_FILE.into(),
+                views::SAFETENSORS_FILE,
                 NodeKind::File(Content::Safetensors),
             );
         }
@@ -38,17 +38,21 @@ impl Tree {
         if let Some(top) = zarr_top {
             self.add(
                 top,
-                "zarr.json".into(),
+                "zarr.json",
                 NodeKind::File(Content::ZarrGroup { top: true }),
             );
         }
         let npy_top = self.child(ROOT, views::NPY_DIR).filter(|_| v.npy);
+        let top = c.tensors.iter().filter(|t| !t.name.contains('/')).count();
+        for dir in [npy_top, zarr_top].into_iter().flatten() {
+            self.reserve(dir, top);
+        }
         for (ti, t) in c.tensors.iter().enumerate() {
             let Ok(parts) = &t.parts else { continue };
-            let path = self.placements[ti].path.clone();
-            if t.directory || parts.len() != 1 || path.is_empty() {
+            if t.directory || parts.len() != 1 || self.placements[ti].path.is_empty() {
                 continue;
             }
+            let path = std::mem::take(&mut self.placements[ti].path);
             let dtype = parts[0].dtype;
             let comps: Vec<&str> = path.split('/').collect();
             let Some((leaf, dirs)) = comps.split_last() else {
@@ -70,6 +74,7 @@ impl Tree {
             {
                 self.add_zarr_array(top, dirs, leaf, ti, &parts[0].shape, &t.name);
             }
+            self.placements[ti].path = path;
         }
     }
 
@@ -90,9 +95,10 @@ impl Tree {
         let array = self.add(group, leaf.to_string(), new_dir());
         self.sealed.insert(array);
         self.placements[ti].views |= VIEW_ZARR;
+        let zarr_json = self.common("zarr.json");
         self.add(
             array,
-            "zarr.json".into(),
+            zarr_json,
             NodeKind::File(Content::ZarrArray { tensor: ti }),
         );
         let Some(chunk) = zarr::chunk_path(shape) else {
@@ -103,16 +109,29 @@ impl Tree {
         };
         let mut at = array;
         for d in dirs {
-            at = self.add(at, d.to_string(), new_dir());
+            let d = self.common(d);
+            at = self.add(at, d, new_dir());
         }
+        let file = self.common(file);
         self.add(
             at,
-            file.to_string(),
+            file,
             NodeKind::File(Content::Part {
                 tensor: ti,
                 part: 0,
             }),
         );
+    }
+
+    /// One shared copy of a name the views repeat in every array
+    /// (`zarr.json`, the chunk path's `c` and `0`).
+    fn common(&mut self, name: &str) -> std::sync::Arc<str> {
+        if let Some(n) = self.common.get(name) {
+            return n.clone();
+        }
+        let n: std::sync::Arc<str> = name.into();
+        self.common.insert(n.clone());
+        n
     }
 
     /// The directory `dirs` under `top`, made where missing; in the zarr
@@ -125,9 +144,10 @@ impl Tree {
                 None => {
                     let ino = self.add(at, d.to_string(), new_dir());
                     if groups {
+                        let zarr_json = self.common("zarr.json");
                         self.add(
                             ino,
-                            "zarr.json".into(),
+                            zarr_json,
                             NodeKind::File(Content::ZarrGroup { top: false }),
                         );
                     }
