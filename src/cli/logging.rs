@@ -42,6 +42,7 @@ pub fn syslog_available() -> bool {
 /// `$TMPDIR/ztensor-mount-UID.log`.
 pub fn default_log_file() -> std::path::PathBuf {
     use std::path::PathBuf;
+    // SAFETY: getuid takes nothing, touches no memory of ours and cannot fail.
     let uid = unsafe { libc::getuid() };
     let dir = if uid == 0 {
         Some(PathBuf::from("/var/log"))
@@ -137,6 +138,9 @@ impl Log for Syslog {
             _ => libc::LOG_DEBUG,
         };
         if let Ok(msg) = CString::new(format!("{}", r.args()).replace('\0', " ")) {
+            // SAFETY: a constant "%s" format with one argument, a NUL-ended
+            // string that lives through the call (so `%` in a message is
+            // printed, never read as a directive); syslog(3) is thread-safe.
             unsafe { libc::syslog(prio, c"%s".as_ptr(), msg.as_ptr()) };
         }
     }
@@ -144,6 +148,8 @@ impl Log for Syslog {
 }
 
 pub fn to_syslog(debug: bool) {
+    // SAFETY: openlog keeps the ident pointer for later syslog calls: a
+    // C string literal, which lives as long as the process.
     unsafe { libc::openlog(c"ztensor-mount".as_ptr(), libc::LOG_PID, libc::LOG_DAEMON) };
     if log::set_boxed_logger(Box::new(Syslog)).is_ok() {
         log::set_max_level(level(debug));

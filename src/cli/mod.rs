@@ -340,6 +340,8 @@ const MAX_READ_AHEAD_KB: u32 = 1 << 20;
 
 fn tool(cli: ToolCli) -> ExitCode {
     // `info | head`: end quietly on a closed pipe, as other Unix tools do.
+    // SAFETY: sets the default action, installing no handler of ours; no
+    // memory is passed.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     match cli.cmd {
         Tool::Pack {

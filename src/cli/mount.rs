@@ -149,14 +149,24 @@ fn check_mountpoint(p: &Path) -> Result<PathBuf, String> {
 
 fn daemonize(opened: Opened, mountpoint: &Path, s: &Settings) -> ExitCode {
     let mut fds = [0; 2];
+    // SAFETY: `fds` is the two c_ints pipe2 writes on success.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return fail(format!("pipe: {}", std::io::Error::last_os_error()));
     }
+    // SAFETY: both descriptors come fresh from the pipe2 that just
+    // succeeded; nothing else owns them, and each is wrapped once.
     let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: with a local FILE this thread is the process's only one here,
+    // so the child may run any code. With a remote FILE the remote module's
+    // tokio threads exist too; the child then relies on glibc's fork leaving
+    // malloc usable and on that module making its runtime and clients anew
+    // per pid, but a lock one of those threads held at the fork stays held.
     match unsafe { libc::fork() } {
         -1 => fail(format!("fork: {}", std::io::Error::last_os_error())),
         0 => {
             drop(rd);
+            // SAFETY: takes nothing and touches no memory; a fresh child
+            // leads no process group, so it cannot fail with EPERM.
             unsafe { libc::setsid() };
             // As daemons do: hold no directory of the caller's busy (paths
             // were made absolute before the fork).
@@ -277,6 +287,10 @@ fn detach_stdio() {
     {
         use std::os::fd::AsRawFd;
         for fd in 0..3 {
+            // SAFETY: `null` is open. std keeps 0-2 open from the start (it
+            // opens /dev/null over any missing), so no OwnedFd here holds
+            // those numbers; dup2 replaces each at once, and std's stdio
+            // handles use them only by number.
             unsafe { libc::dup2(null.as_raw_fd(), fd) };
         }
     }
@@ -285,6 +299,9 @@ fn detach_stdio() {
 /// Blocks SIGINT/SIGTERM/SIGHUP in this thread and all threads it starts,
 /// so that only the waiter below receives them.
 fn block_exit_signals() -> libc::sigset_t {
+    // SAFETY: an all-zero sigset_t is a valid value (emptied at once); each
+    // call gets a pointer to it, live for the call, and real signal numbers,
+    // and no old mask is asked for.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
@@ -340,6 +357,8 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
     // Decoded frames are large and short-lived: have malloc give each its
     // own mapping and return it on free, so freed frames never linger in
     // per-thread heaps and memory tracks the cache's own count.
+    // SAFETY: sets a tunable under malloc's own lock (glibc's mallopt is
+    // thread-safe); no memory of ours is passed.
     unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10) };
     let label = opened.catalog.label.clone();
     let time = opened
@@ -380,6 +399,8 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
         "{label}: tree and views laid out in {:?}",
         started.elapsed()
     );
+    // SAFETY: getuid and getgid take nothing, touch no memory of ours and
+    // cannot fail.
     let uid = s.uid.unwrap_or_else(|| unsafe { libc::getuid() });
     let gid = s.gid.unwrap_or_else(|| unsafe { libc::getgid() });
     // Set once mounted: a copy of the session's /dev/fuse descriptor. The
@@ -460,6 +481,8 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
         .name("signals".into())
         .spawn(move || {
             let mut sig: libc::c_int = 0;
+            // SAFETY: `sigset` is an initialized set (moved into this
+            // thread) and `sig` a live c_int the call writes.
             if unsafe { libc::sigwait(&sigset, &mut sig) } == 0 {
                 log::info!("signal {sig}: unmounting {}", mp.display());
                 stop(&mp, dev.as_deref());
@@ -669,6 +692,8 @@ fn abort_and_exit(mp: &Path, dev: Option<&str>) -> ! {
 fn umount(mp: &Path, lazy: bool) -> std::io::Result<()> {
     let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes())
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: `c` is a NUL-ended path that lives through the call, which
+    // only reads it.
     if unsafe { libc::umount2(c.as_ptr(), if lazy { libc::MNT_DETACH } else { 0 }) } == 0 {
         return Ok(());
     }

@@ -71,6 +71,8 @@ impl Default for Settings {
 /// raw tensor: 0.52-0.60x of a direct read with 4 MiB requests, 0.45-0.48x
 /// with 1 MiB ones, in BENCHMARKS.md's fourth-session runs).
 pub fn default_max_read() -> u32 {
+    // SAFETY: sysconf takes a constant and touches no memory of ours; a
+    // failure (-1) is caught by the max.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
     let pages = std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit")
         .ok()
@@ -81,6 +83,8 @@ pub fn default_max_read() -> u32 {
 
 /// An eighth of physical memory, between 256 MiB and 4 GiB.
 pub fn default_cache_size() -> u64 {
+    // SAFETY: sysconf takes a constant and touches no memory of ours; a
+    // failure (-1) is caught below.
     let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     let ram = if pages > 0 && page > 0 {

@@ -462,6 +462,8 @@ impl<'a> DirectDecoder<'a> {
     /// and nobody else may write there. The decoder writes only at or past
     /// [`DirectDecoder::produced`] and reads (as its window) what it
     /// produced, so others may read the bytes before `produced()`.
+    // SAFETY: `new` only stores `out`; it is unsafe for the writes that
+    // `step` makes through it later, which the contract above makes sound.
     pub unsafe fn new(src: Source<'a>, out: *mut u8, len: usize) -> Result<Self, String> {
         // SAFETY: plain constructor; freed in Drop.
         let dctx =
@@ -728,6 +730,7 @@ mod tests {
         let blob = zstd::bulk::compress(&data, 3).unwrap();
         for cut in [blob.len() / 2, blob.len() - 1, 6] {
             let mut out = vec![0u8; data.len()];
+            // SAFETY: `out` outlives the decoder and is not touched meanwhile.
             let mut dec = unsafe {
                 DirectDecoder::new(Source::Bytes(&blob[..cut]), out.as_mut_ptr(), out.len())
             }
@@ -749,6 +752,8 @@ mod tests {
         let zeros = vec![0u8; 64 << 20];
         let blob = zstd::bulk::compress(&zeros, 3).unwrap();
         let mut out = vec![1u8; zeros.len()];
+        // SAFETY: `out` outlives the decoder, which is dropped before `out`
+        // is read (only its length is, meanwhile).
         let mut dec =
             unsafe { DirectDecoder::new(Source::Bytes(&blob), out.as_mut_ptr(), out.len()) }
                 .unwrap();

@@ -257,10 +257,14 @@ impl Drop for Watched {
     }
 }
 
-/// Maps a blank page over the page holding `addr`. Async-signal-safe.
+/// Maps a blank page over the page holding `addr`, which must be one that
+/// [`holding`] found in a mapping of ours. Async-signal-safe.
 fn blank_page(addr: usize, prot: libc::c_int) -> bool {
     let page = PAGE.load(SeqCst);
     let at = addr & !(page - 1);
+    // SAFETY: both callers pass an address in a registered mapping of ours
+    // that the faulting access is in (so still mapped): MAP_FIXED replaces
+    // that one page. mmap(2) is a bare syscall, safe in a handler.
     let p = unsafe {
         libc::mmap(
             at as *mut libc::c_void,
@@ -280,10 +284,15 @@ static PAGE: AtomicUsize = AtomicUsize::new(4096);
 
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // Async-signal-safe work only: atomics and mmap(2); errno as it was.
+    // SAFETY: __errno_location gives this thread's errno, always valid; a
+    // plain load of it (and the store back below) is async-signal-safe.
     let errno = unsafe { *libc::__errno_location() };
+    // SAFETY: with SA_SIGINFO the kernel passes a valid siginfo_t for the
+    // handler's run; for SIGBUS its si_addr is the faulting address.
     let addr = unsafe { (*info).si_addr() } as usize;
     let mine = |hits: &AtomicUsize| {
         hits.fetch_add(1, SeqCst);
+        // SAFETY: this thread's errno, put back as it was on entry.
         unsafe { *libc::__errno_location() = errno };
     };
     // The watched mappings first: they come and go, and one may since sit
@@ -299,6 +308,8 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut
         return;
     }
     // Not ours: die as SIGBUS would have killed us.
+    // SAFETY: signal(2) and raise(3) are async-signal-safe and pass no
+    // memory; with the default action back, the raise ends the process.
     unsafe {
         libc::signal(sig, libc::SIG_DFL);
         libc::raise(sig);
@@ -307,9 +318,13 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut
 
 fn install_handler() {
     PAGE.store(
+        // SAFETY: sysconf takes a constant and touches no memory of ours.
         unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize,
         SeqCst,
     );
+    // SAFETY: an all-zero sigaction is valid (no handler, no flags) before
+    // it is filled in; `on_sigbus` has the form SA_SIGINFO calls and does
+    // only async-signal-safe work; the pointers live through the calls.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = on_sigbus as *const () as usize;
@@ -341,6 +356,8 @@ mod tests {
         std::fs::write(&path, vec![1u8; 4096]).unwrap();
         let f = File::open(&path).unwrap();
         let opened = f.metadata().unwrap();
+        // SAFETY: the file is this test's own; the write below changes it
+        // under the map, whose bytes are never read (only its address).
         let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
         {
             use std::os::unix::fs::FileExt;
@@ -370,6 +387,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, vec![0xABu8; 3 * 4096]).unwrap();
+        // SAFETY: the file is this test's own; the page its truncation below
+        // takes away is read only with read_volatile, under the guard.
         let map = unsafe { memmap2::Mmap::map(&File::open(&path).unwrap()) }.unwrap();
         let f = File::open(&path).unwrap();
         let opened = f.metadata().unwrap();
@@ -383,6 +402,8 @@ mod tests {
             .set_len(100)
             .unwrap();
         // Without the handler this read kills the process with SIGBUS.
+        // SAFETY: inside the 3-page map; the page is gone, so the read
+        // faults and the guard's handler maps a zero page there first.
         let v = unsafe { std::ptr::read_volatile(map.as_ptr().add(8192 + 17)) };
         assert_eq!(v, 0);
         let why = g.check().unwrap_err();
@@ -403,12 +424,16 @@ mod tests {
             .open(dir.path().join("spill"))
             .unwrap();
         file.set_len(3 * 4096).unwrap();
+        // SAFETY: the file is this test's own; the page its shrinking below
+        // takes away is first touched with write_volatile, under the watch.
         let mut map = unsafe { memmap2::MmapOptions::new().len(3 * 4096).map_mut(&file) }.unwrap();
         let w = Watched::new(map.as_mut_ptr(), map.len()).unwrap();
         map[0] = 1;
         assert!(!w.hit());
         file.set_len(4096).unwrap();
         // Without the watch this write kills the process with SIGBUS.
+        // SAFETY: inside the 3-page map; the page is gone, so the write
+        // faults and the handler maps a blank writable page there first.
         unsafe { std::ptr::write_volatile(map.as_mut_ptr().add(8192 + 5), 7) };
         assert!(w.hit());
         assert_eq!(map[8192 + 5], 7, "the write lands on the blank page");
