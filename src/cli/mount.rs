@@ -148,6 +148,8 @@ fn check_mountpoint(p: &Path) -> Result<PathBuf, String> {
 }
 
 fn daemonize(opened: Opened, mountpoint: &Path, s: &Settings) -> ExitCode {
+    // The fork must copy a process of one thread (see below).
+    crate::source::before_fork();
     let mut fds = [0; 2];
     // SAFETY: `fds` is the two c_ints pipe2 writes on success.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -156,11 +158,10 @@ fn daemonize(opened: Opened, mountpoint: &Path, s: &Settings) -> ExitCode {
     // SAFETY: both descriptors come fresh from the pipe2 that just
     // succeeded; nothing else owns them, and each is wrapped once.
     let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    // SAFETY: with a local FILE this thread is the process's only one here,
-    // so the child may run any code. With a remote FILE the remote module's
-    // tokio threads exist too; the child then relies on glibc's fork leaving
-    // malloc usable and on that module making its runtime and clients anew
-    // per pid, but a lock one of those threads held at the fork stays held.
+    // SAFETY: this thread is the process's only one here (nothing before
+    // starts a thread but the remote runtime, stopped above and made anew
+    // per process), so no lock is held by a thread the child lacks, and
+    // the child may run any code.
     match unsafe { libc::fork() } {
         -1 => fail(format!("fork: {}", std::io::Error::last_os_error())),
         0 => {

@@ -41,6 +41,12 @@ pub fn open(arg: &str, remote: &RemoteOptions) -> crate::error::Result<MappedFil
     }
 }
 
+/// What the byte sources must do before the process forks: no thread of
+/// theirs left running (the remote runtime's).
+pub fn before_fork() {
+    remote::before_fork();
+}
+
 /// What the byte sources must do before the process exits without
 /// dropping them (`process::exit`): a remote object's cache bitmap saved.
 pub fn before_exit() {

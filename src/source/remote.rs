@@ -115,10 +115,21 @@ fn one_line(why: impl std::fmt::Display) -> String {
     s
 }
 
+/// The runtime the clients run on, with the process it belongs to.
+static RT: Mutex<Option<(u32, tokio::runtime::Runtime)>> = Mutex::new(None);
+
+/// Stops the runtime, waiting for its threads and for any blocking task
+/// still running (a cache bitmap being saved), so that a fork that follows
+/// copies a process of one thread and no lock held by another. The next
+/// use makes a new one.
+pub fn before_fork() {
+    let old = RT.lock().unwrap_or_else(|p| p.into_inner()).take();
+    drop(old);
+}
+
 /// The runtime the clients run on, made again in a forked child (a fork
 /// keeps none of the parent's threads).
 fn runtime() -> std::io::Result<tokio::runtime::Handle> {
-    static RT: Mutex<Option<(u32, tokio::runtime::Runtime)>> = Mutex::new(None);
     let mut rt = RT.lock().unwrap_or_else(|p| p.into_inner());
     let pid = std::process::id();
     if let Some((p, r)) = rt.as_ref()
