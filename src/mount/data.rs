@@ -111,9 +111,12 @@ struct BlobState {
 /// One source file as served: its mapping, what of the mapping replies
 /// keep mapped, and the guard that watches it.
 struct Served {
+    /// First, so dropped first: the SIGBUS handler stops answering for the
+    /// file's range before the mapping goes (fields drop in this order), and
+    /// never for a later mapping at the same address.
+    guard: Arc<Guard>,
     file: Arc<MappedFile>,
     window: MapWindow<MappedFile>,
-    guard: Arc<Guard>,
     /// The file's own checks (size, whole-file digest), done once.
     checked: OnceLock<Result<(), String>>,
 }
