@@ -88,7 +88,8 @@ pub fn detect(bytes: &[u8]) -> Detected {
     if bytes.starts_with(hdf5::MAGIC) {
         return Detected::Hdf5;
     }
-    if bytes.starts_with(b"PK\x03\x04") {
+    // A ZIP archive: its first member, or the end record of an empty one.
+    if bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(b"PK\x05\x06") {
         return Detected::Compat(compat::zip_kind(bytes));
     }
     if bytes.starts_with(pt::LEGACY_MAGIC) {
