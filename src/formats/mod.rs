@@ -10,6 +10,7 @@ mod fetch;
 mod gguf_header;
 pub mod hdf5;
 pub mod npz;
+pub mod onnx;
 pub mod pt;
 pub mod safetensors;
 pub mod sharded;
@@ -229,6 +230,7 @@ fn read_source(src: MappedFile, limits: Limits) -> Result<Opened> {
         }
         Detected::Compat(compat::Kind::Pt) => pt::open(src, limits),
         Detected::Compat(compat::Kind::Npz) => npz::open(src, limits),
+        Detected::Compat(compat::Kind::Onnx) => onnx::open(src, limits),
         Detected::Compat(compat::Kind::Safetensors) => safetensors::open(src, limits),
         Detected::Compat(kind) => {
             let (catalog, src) = open_compat(src, kind, limits)?;
