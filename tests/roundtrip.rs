@@ -75,7 +75,9 @@ fn expected_checksum(algo: Algorithm, blob: &[u8]) -> Checksum {
     match algo {
         Algorithm::Crc32c => Checksum::Crc32c(crc32c::crc32c(blob)),
         Algorithm::Sha256 => Checksum::Sha256(Sha256::digest(blob).into()),
-        Algorithm::Xxh3 => panic!("zTensor v0.1 writes no xxh3 checksums"),
+        Algorithm::Xxh3 | Algorithm::Crc32 => {
+            panic!("zTensor v0.1 writes no xxh3 or crc32 checksums")
+        }
     }
 }
 

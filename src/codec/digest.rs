@@ -1,5 +1,6 @@
 //! Digests as formats write them: `crc32c:0x1234ABCD`, `sha256:<64 hex
-//! digits>`, `xxh3:<16 hex digits>` (XXH3-64). Which bytes one covers
+//! digits>`, `xxh3:<16 hex digits>` (XXH3-64), and the CRC-32 of a ZIP
+//! member (`crc32:0x1234ABCD`, ISO-HDLC, as zlib computes it). Which bytes one covers
 //! (stored or decoded) is the catalog's business (`catalog::Check`).
 
 use sha2::{Digest, Sha256};
@@ -7,6 +8,8 @@ use sha2::{Digest, Sha256};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Checksum {
     Crc32c(u32),
+    /// The CRC-32 a ZIP archive records for a member.
+    Crc32(u32),
     Sha256([u8; 32]),
     Xxh3(u64),
     /// An algorithm this reader does not know: reported as unverifiable.
@@ -30,6 +33,7 @@ pub enum Verdict {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algorithm {
     Crc32c,
+    Crc32,
     Sha256,
     Xxh3,
 }
@@ -106,6 +110,7 @@ impl Checksum {
     pub fn algorithm(&self) -> Option<Algorithm> {
         match self {
             Checksum::Crc32c(_) => Some(Algorithm::Crc32c),
+            Checksum::Crc32(_) => Some(Algorithm::Crc32),
             Checksum::Sha256(_) => Some(Algorithm::Sha256),
             Checksum::Xxh3(_) => Some(Algorithm::Xxh3),
             Checksum::Unknown(_) => None,
@@ -117,6 +122,11 @@ impl Checksum {
 pub fn compute(algo: Algorithm, bytes: &[u8]) -> Checksum {
     match algo {
         Algorithm::Crc32c => Checksum::Crc32c(crc32c::crc32c(bytes)),
+        Algorithm::Crc32 => {
+            let mut c = flate2::Crc::new();
+            c.update(bytes);
+            Checksum::Crc32(c.sum())
+        }
         Algorithm::Sha256 => Checksum::Sha256(Sha256::digest(bytes).into()),
         Algorithm::Xxh3 => Checksum::Xxh3(xxhash_rust::xxh3::xxh3_64(bytes)),
     }
@@ -125,6 +135,7 @@ pub fn compute(algo: Algorithm, bytes: &[u8]) -> Checksum {
 /// Incremental form, for writers that stream.
 pub enum Hasher {
     Crc32c(u32),
+    Crc32(flate2::Crc),
     Sha256(Box<Sha256>),
     Xxh3(Box<xxhash_rust::xxh3::Xxh3>),
 }
@@ -133,6 +144,7 @@ impl Hasher {
     pub fn new(algo: Algorithm) -> Hasher {
         match algo {
             Algorithm::Crc32c => Hasher::Crc32c(0),
+            Algorithm::Crc32 => Hasher::Crc32(flate2::Crc::new()),
             Algorithm::Sha256 => Hasher::Sha256(Box::default()),
             Algorithm::Xxh3 => Hasher::Xxh3(Box::default()),
         }
@@ -140,6 +152,7 @@ impl Hasher {
     pub fn update(&mut self, bytes: &[u8]) {
         match self {
             Hasher::Crc32c(c) => *c = crc32c::crc32c_append(*c, bytes),
+            Hasher::Crc32(c) => c.update(bytes),
             Hasher::Sha256(h) => h.update(bytes),
             Hasher::Xxh3(h) => h.update(bytes),
         }
@@ -147,6 +160,7 @@ impl Hasher {
     pub fn finish(self) -> Checksum {
         match self {
             Hasher::Crc32c(c) => Checksum::Crc32c(c),
+            Hasher::Crc32(c) => Checksum::Crc32(c.sum()),
             Hasher::Sha256(h) => Checksum::Sha256(h.finalize().into()),
             Hasher::Xxh3(h) => Checksum::Xxh3(h.digest()),
         }
@@ -157,6 +171,7 @@ impl std::fmt::Display for Checksum {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Checksum::Crc32c(v) => write!(f, "crc32c:0x{v:08X}"),
+            Checksum::Crc32(v) => write!(f, "crc32:0x{v:08X}"),
             Checksum::Sha256(d) => {
                 f.write_str("sha256:")?;
                 for b in d {
@@ -193,8 +208,22 @@ mod tests {
     }
 
     #[test]
+    fn crc32_is_zips() {
+        // zlib.crc32(b"123456789") == 0xCBF43926
+        assert_eq!(
+            compute(Algorithm::Crc32, b"123456789"),
+            Checksum::Crc32(0xCBF4_3926)
+        );
+    }
+
+    #[test]
     fn streaming_matches_one_shot() {
-        for algo in [Algorithm::Crc32c, Algorithm::Sha256, Algorithm::Xxh3] {
+        for algo in [
+            Algorithm::Crc32c,
+            Algorithm::Crc32,
+            Algorithm::Sha256,
+            Algorithm::Xxh3,
+        ] {
             let mut h = Hasher::new(algo);
             h.update(b"hello ");
             h.update(b"world");

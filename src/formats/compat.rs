@@ -1,19 +1,19 @@
-//! The formats read through `ztensor-compat` (GGUF, ONNX), projected into
-//! the common catalog. PyTorch `.pt`, npz and safetensors are recognised
+//! The formats read through `ztensor-compat` (GGUF), projected into the
+//! common catalog. PyTorch `.pt`, npz, safetensors and ONNX are recognised
 //! here and read by modules of their own (`super::pt`, `super::npz`,
-//! `super::safetensors`); HDF5 has its own reader (`super::hdf5`).
+//! `super::safetensors`, `super::onnx`); HDF5 has its own reader
+//! (`super::hdf5`).
 //!
 //! The crate opens a path itself. So that the bytes it parses are the file
 //! we mapped, it is handed `/proc/self/fd/N` of our open file (through a
 //! symlink in a private directory, whose name carries the extension the
-//! crate wants for ONNX, which has no magic); where `/proc` is missing it is
-//! handed the path, and the file it opened must be ours (same size, and the
-//! path still names our device and inode afterwards).
+//! crate wants); where `/proc` is missing it is handed the path, and the
+//! file it opened must be ours (same size, and the path still names our
+//! device and inode afterwards).
 //!
 //! Each part the crate projects is one of: a raw range of the file (a
 //! [`Codec::Raw`] blob served from our mapping), or bytes only its reader
-//! can produce (a deflated npz member, a typed
-//! ONNX field: a [`Codec::Computed`] blob whose producer asks the crate).
+//! can produce (a [`Codec::Computed`] blob whose producer asks the crate).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -80,7 +80,11 @@ pub fn zip_kind(bytes: &[u8]) -> Kind {
 /// Whether `bytes` look like an ONNX ModelProto: a walk over its top-level
 /// protobuf fields, each a field number ModelProto has, with a known wire
 /// type and within the file, starting with `ir_version` and including a
-/// `graph`. Tried after every format with a magic.
+/// `graph`; or, for a model cut short (or with bytes past its end that
+/// break off), `ir_version` and a graph that runs past the end, or at
+/// least two such fields before the one that does, so that the ONNX reader
+/// says what is wrong with it. Tried after
+/// every format with a magic.
 pub fn looks_like_onnx(bytes: &[u8]) -> bool {
     fn varint(b: &[u8], pos: &mut usize) -> Option<u64> {
         let mut v = 0u64;
@@ -99,9 +103,11 @@ pub fn looks_like_onnx(bytes: &[u8]) -> bool {
         return false;
     }
     let (mut pos, mut graph, mut fields) = (0usize, false, 0u32);
+    // A walk cut off by the end of the file, after two good fields.
+    let cut = |pos: usize, fields: u32| fields >= 2 && pos >= bytes.len();
     while pos < bytes.len() {
         let Some(tag) = varint(bytes, &mut pos) else {
-            return false;
+            return cut(pos, fields);
         };
         let (field, wire) = (tag >> 3, tag & 7);
         if !(1..=25).contains(&field) {
@@ -110,16 +116,16 @@ pub fn looks_like_onnx(bytes: &[u8]) -> bool {
         match wire {
             0 => {
                 if varint(bytes, &mut pos).is_none() {
-                    return false;
+                    return cut(pos, fields);
                 }
             }
             2 => {
                 let Some(n) = varint(bytes, &mut pos) else {
-                    return false;
+                    return cut(pos, fields);
                 };
                 match usize::try_from(n).ok().and_then(|n| pos.checked_add(n)) {
                     Some(end) if end <= bytes.len() => pos = end,
-                    _ => return false,
+                    _ => return fields >= 2 || field == 7 && fields == 1,
                 }
                 graph |= field == 7;
             }
@@ -680,7 +686,9 @@ mod tests {
         // ir_version 8, graph (field 7) of 2 bytes.
         assert!(looks_like_onnx(&[0x08, 0x08, 0x3a, 0x02, 0x00, 0x00]));
         assert!(!looks_like_onnx(&[0x08, 0x08]));
-        assert!(!looks_like_onnx(&[0x08, 0x08, 0x3a, 0x09, 0x00]));
+        // Cut in its graph: ONNX, for the reader to say so.
+        assert!(looks_like_onnx(&[0x08, 0x08, 0x3a, 0x09, 0x00]));
+        assert!(!looks_like_onnx(&[0x08, 0x08, 0x42, 0x09, 0x00]));
         assert!(!looks_like_onnx(b"hello world"));
         assert!(!looks_like_onnx(&[]));
     }

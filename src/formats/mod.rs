@@ -10,6 +10,7 @@ mod fetch;
 mod gguf_header;
 pub mod hdf5;
 pub mod npz;
+pub mod onnx;
 pub mod pt;
 pub mod safetensors;
 pub mod sharded;
@@ -88,7 +89,8 @@ pub fn detect(bytes: &[u8]) -> Detected {
     if bytes.starts_with(hdf5::MAGIC) {
         return Detected::Hdf5;
     }
-    if bytes.starts_with(b"PK\x03\x04") {
+    // A ZIP archive: its first member, or the end record of an empty one.
+    if bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(b"PK\x05\x06") {
         return Detected::Compat(compat::zip_kind(bytes));
     }
     if bytes.starts_with(pt::LEGACY_MAGIC) {
@@ -228,6 +230,7 @@ fn read_source(src: MappedFile, limits: Limits) -> Result<Opened> {
         }
         Detected::Compat(compat::Kind::Pt) => pt::open(src, limits),
         Detected::Compat(compat::Kind::Npz) => npz::open(src, limits),
+        Detected::Compat(compat::Kind::Onnx) => onnx::open(src, limits),
         Detected::Compat(compat::Kind::Safetensors) => safetensors::open(src, limits),
         Detected::Compat(kind) => {
             let (catalog, src) = open_compat(src, kind, limits)?;

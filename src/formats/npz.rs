@@ -8,22 +8,30 @@
 //! numpy writes is read by its element type and byte order (`<u1`, `|u1`
 //! and `=u1` are one type; big-endian data is served swapped).
 //!
-//! - A stored member is a raw range of the file, served from the mapping.
+//! - A stored member is a raw range of the file, served from the mapping
+//!   once its CRC-32 (over the whole member, as Python's zipfile checks
+//!   it) has been checked: its blob is the member, its part the bytes
+//!   after the `.npy` header.
 //! - A deflated member is a [`Codec::Computed`] blob: inflated whole when
 //!   first read, exactly its declared size, its CRC-32 checked.
 //! - Listed as unsupported, the rest served: a dtype with no element type
-//!   here (strings, objects, structured types, ...), Fortran order, a
-//!   header longer than the 4 KiB read at open.
+//!   here (strings, objects, structured types, ...), Fortran order.
+//! - As numpy reads them: a member not named `*.npy` is an array when it
+//!   starts with the `.npy` magic (named as it is), else left out; of two
+//!   members of one name in the archive's directory, the last.
 //! - Refused in one line: an archive that cannot be read, a member whose
-//!   header is malformed, whose data size is not its shape's, or that
-//!   runs past the file, two members of one name.
+//!   local header names another member, that is encrypted or compressed
+//!   other than by deflate, whose header is malformed (or over 1 MiB),
+//!   whose data size is not its shape's, or that runs past the file; two
+//!   arrays of one name (`a.npy` and an array member `a`).
 
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use crate::catalog::{
-    Blob, Catalog, Check, Codec, DType, Endian, Json, JsonMap, Part, Producer, SourceRef, Tensor,
+    Blob, Catalog, Check, Checksum, Codec, DType, Endian, Json, JsonMap, Part, PartMap, Producer,
+    SourceRef, Tensor,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::formats::{Limits, Opened};
@@ -53,6 +61,23 @@ struct Header {
     len: u64,
 }
 
+/// The longest `.npy` header read (numpy's own limit is 10000 bytes
+/// unless the file is trusted).
+const MAX_HEADER: u64 = 1 << 20;
+
+/// The length of the `.npy` header at the start of `b` (magic, version,
+/// length and dict), if its first bytes say.
+fn header_len(b: &[u8]) -> Option<u64> {
+    if !b.starts_with(b"\x93NUMPY") {
+        return None;
+    }
+    match b.get(6)? {
+        1 => Some(10 + u64::from(u16::from_le_bytes(b.get(8..10)?.try_into().ok()?))),
+        2 | 3 => Some(12 + u64::from(u32::from_le_bytes(b.get(8..12)?.try_into().ok()?))),
+        _ => None,
+    }
+}
+
 /// Parses the `.npy` header at the start of `b`.
 fn parse_header(b: &[u8]) -> std::result::Result<Header, String> {
     if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
@@ -73,7 +98,7 @@ fn parse_header(b: &[u8]) -> std::result::Result<Header, String> {
     let len = start + dict_len;
     let dict = b.get(start as usize..len as usize).ok_or_else(|| {
         format!(
-            "its .npy header of {len} bytes runs past the {} read",
+            "its .npy header of {len} bytes runs past the {} bytes of its member read",
             b.len()
         )
     })?;
@@ -202,6 +227,7 @@ impl Lit<'_> {
                     Value::List(items)
                 })
             }
+            b'-' => Err("a dimension of its shape is negative".into()),
             c if c.is_ascii_digit() => {
                 let from = self.at;
                 while self.s.get(self.at).is_some_and(u8::is_ascii_digit) {
@@ -297,20 +323,53 @@ fn read(src: &MappedFile) -> Result<Catalog> {
         let m = zip
             .by_index_raw(i)
             .map_err(|e| bad(format!("ZIP member {i}: {e}")))?;
-        let Some(name) = m.name().strip_suffix(".npy").map(str::to_string) else {
-            continue;
+        // numpy reads any member that starts with the `.npy` magic as an
+        // array, named without `.npy` where its name ends so: one that is
+        // not named so is read when it has the magic, else left out.
+        let (name, by_name) = match m.name().strip_suffix(".npy") {
+            Some(n) => (n.to_string(), true),
+            None => (m.name().to_string(), false),
         };
-        if !names.insert(name.clone()) {
-            return Err(bad_tensor(
-                &name,
-                ErrorKind::Duplicate,
-                "two members of this name".into(),
-            ));
+        macro_rules! refuse {
+            ($e:expr) => {
+                if by_name {
+                    return Err($e);
+                } else {
+                    continue;
+                }
+            };
         }
         let (start, size, stored_len, crc) =
             (m.data_start(), m.size(), m.compressed_size(), m.crc32());
+        // Python's zipfile (numpy) refuses a member whose local header
+        // names another: the directory and the data disagree.
+        let hs = m.header_start();
+        let local = usize::try_from(hs)
+            .ok()
+            .and_then(|h| Some((h, bytes.get(h + 26..h + 28)?)))
+            .and_then(|(h, n)| {
+                bytes.get(h + 30..h + 30 + usize::from(u16::from_le_bytes([n[0], n[1]])))
+            });
+        if local != Some(m.name_raw()) {
+            refuse!(bad_tensor(
+                &name,
+                ErrorKind::Index,
+                format!(
+                    "its local header names {:?}, the archive's directory {:?}",
+                    String::from_utf8_lossy(local.unwrap_or_default()),
+                    m.name()
+                ),
+            ));
+        }
+        if m.encrypted() {
+            refuse!(bad_tensor(
+                &name,
+                ErrorKind::Unsupported,
+                "its member is encrypted, which is not read here".into(),
+            ));
+        }
         if start.checked_add(stored_len).is_none_or(|e| e > src.len()) {
-            return Err(bad_tensor(
+            refuse!(bad_tensor(
                 &name,
                 ErrorKind::Placement,
                 format!("its member's {stored_len} bytes at {start} run past the end of the file"),
@@ -319,7 +378,7 @@ fn read(src: &MappedFile) -> Result<Catalog> {
         let deflated = match m.compression() {
             zip::CompressionMethod::Stored if stored_len == size => false,
             zip::CompressionMethod::Stored => {
-                return Err(bad_tensor(
+                refuse!(bad_tensor(
                     &name,
                     ErrorKind::Size,
                     format!("a stored member of {stored_len} bytes that says it holds {size}"),
@@ -327,28 +386,67 @@ fn read(src: &MappedFile) -> Result<Catalog> {
             }
             zip::CompressionMethod::Deflated => true,
             other => {
-                return Err(bad_tensor(
+                refuse!(bad_tensor(
                     &name,
                     ErrorKind::Unsupported,
                     format!("its member is compressed with {other}, which is not read here"),
                 ));
             }
         };
-        // The header: the first bytes of the member, inflated if need be.
+        // The header: the first bytes of the member, inflated if need be;
+        // more of them for a header longer than the probe (of a local
+        // file, or stored: a remote archive has the probe present).
+        drop(m);
         let mut head = Vec::new();
-        if deflated {
-            drop(m);
-            let mut e = zip
-                .by_index(i)
-                .map_err(|e| bad_tensor(&name, ErrorKind::Index, format!("ZIP member: {e}")))?;
-            (&mut e)
-                .take(NPY_PROBE.min(size))
-                .read_to_end(&mut head)
-                .map_err(|e| bad_tensor(&name, ErrorKind::Data, format!("cannot inflate: {e}")))?;
-        } else {
-            let at = start as usize;
-            head.extend_from_slice(&bytes[at..at + NPY_PROBE.min(size) as usize]);
-            drop(m);
+        let mut probe = NPY_PROBE.min(size);
+        loop {
+            head.clear();
+            if deflated {
+                let read = zip
+                    .by_index(i)
+                    .map_err(|e| format!("ZIP member: {e}"))
+                    .and_then(|mut e| {
+                        (&mut e)
+                            .take(probe)
+                            .read_to_end(&mut head)
+                            .map_err(|e| format!("cannot inflate: {e}"))
+                    });
+                if let Err(why) = read {
+                    refuse!(bad_tensor(&name, ErrorKind::Data, why));
+                }
+            } else {
+                if let Err(why) = src.ensure(start, probe) {
+                    refuse!(bad_tensor(&name, ErrorKind::Io, why));
+                }
+                let at = start as usize;
+                head.extend_from_slice(&bytes[at..at + probe as usize]);
+            }
+            match header_len(&head) {
+                Some(n) if n > probe && probe < size && n <= MAX_HEADER => {
+                    if deflated && src.is_remote() {
+                        refuse!(bad_tensor(
+                            &name,
+                            ErrorKind::Unsupported,
+                            format!(
+                                "its .npy header of {n} bytes is longer than the {probe} read at \
+                                 open of a deflated member over a URL"
+                            ),
+                        ));
+                    }
+                    probe = n.min(size);
+                }
+                _ => break,
+            }
+        }
+        if !by_name && !head.starts_with(b"\x93NUMPY") {
+            continue;
+        }
+        if !names.insert(name.clone()) {
+            return Err(bad_tensor(
+                &name,
+                ErrorKind::Duplicate,
+                "two members of this name".into(),
+            ));
         }
         let h = parse_header(&head).map_err(|why| bad_tensor(&name, ErrorKind::Field, why))?;
         let mut meta = JsonMap::new();
@@ -429,20 +527,34 @@ fn read(src: &MappedFile) -> Result<Catalog> {
                 } else {
                     meta.insert("offset".into(), (start + h.len).into());
                     meta.insert("size".into(), data_len.into());
+                    // The whole member, so that its CRC-32 is checked
+                    // before any of it is served; the tensor is the part
+                    // after the header.
+                    let checks = if d == DType::Bool {
+                        vec![Check::BoolBytesIn {
+                            start: h.len,
+                            len: data_len,
+                        }]
+                    } else {
+                        Vec::new()
+                    };
                     Ok(Blob {
                         source: 0,
-                        offset: start + h.len,
-                        len: data_len,
+                        offset: start,
+                        len: size,
                         codec: Codec::Raw,
-                        decoded_len: data_len,
-                        checks,
+                        decoded_len: size,
+                        checks: [vec![Check::Stored(Checksum::Crc32(crc))], checks].concat(),
                         label: format!("tensor {name:?}"),
                     })
                 };
                 blob.map(|b| {
+                    let skip = if deflated { 0 } else { h.len };
                     catalog.blobs.push(b);
                     let bi = catalog.blobs.len() - 1;
-                    vec![Part::dense(d, h.shape.clone(), data_len, bi, order)]
+                    let mut p = Part::dense(d, h.shape.clone(), data_len, bi, order);
+                    p.map = PartMap::Contiguous { start: skip };
+                    vec![p]
                 })
             }
         };

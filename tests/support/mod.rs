@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod data;
+pub mod hostile;
 pub mod python;
 
 use std::io::{Read, Write};
