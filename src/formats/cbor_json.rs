@@ -1,4 +1,5 @@
-//! CBOR metadata values -> JSON, for sidecars and `info --json`.
+//! Metadata values -> JSON, for sidecars and `info --json`: CBOR's, and
+//! the floats and byte strings of every other format's metadata.
 //!
 //! Conventions (also in the README): integers stay numbers; floats that JSON
 //! cannot hold become the strings "NaN", "Infinity", "-Infinity"; byte strings
@@ -20,20 +21,11 @@ pub fn to_json(v: &Value) -> Json {
                 Json::String(n.to_string())
             }
         }
-        Value::Float(f) => match serde_json::Number::from_f64(*f) {
-            Some(n) => Json::Number(n),
-            None if f.is_nan() => Json::String("NaN".into()),
-            None if *f > 0.0 => Json::String("Infinity".into()),
-            None => Json::String("-Infinity".into()),
-        },
+        Value::Float(f) => float(*f),
         Value::Text(t) => Json::String(t.clone()),
         Value::Bool(b) => Json::Bool(*b),
         Value::Null => Json::Null,
-        Value::Bytes(b) => {
-            let mut m = Map::new();
-            m.insert("$bytes".into(), Json::String(hex(b)));
-            Json::Object(m)
-        }
+        Value::Bytes(b) => bytes(b),
         Value::Tag(tag, inner) => {
             let mut m = Map::new();
             m.insert("$tag".into(), Json::from(*tag));
@@ -44,6 +36,25 @@ pub fn to_json(v: &Value) -> Json {
         Value::Map(pairs) => Json::Object(map_to_json(pairs)),
         _ => Json::Null,
     }
+}
+
+/// A float as JSON: a number, or "NaN", "Infinity", "-Infinity", which
+/// JSON numbers cannot be. Every format's metadata floats go through here.
+pub fn float(f: f64) -> Json {
+    match serde_json::Number::from_f64(f) {
+        Some(n) => Json::Number(n),
+        None if f.is_nan() => Json::String("NaN".into()),
+        None if f > 0.0 => Json::String("Infinity".into()),
+        None => Json::String("-Infinity".into()),
+    }
+}
+
+/// A byte string as JSON: `{"$bytes": "<hex>"}`, for every format's
+/// metadata.
+pub fn bytes(b: &[u8]) -> Json {
+    let mut m = Map::new();
+    m.insert("$bytes".into(), Json::String(hex(b)));
+    Json::Object(m)
 }
 
 /// A CBOR map as a JSON object (see the key convention above).

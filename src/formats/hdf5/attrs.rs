@@ -106,7 +106,7 @@ fn number(e: &Elem, v: &[u8]) -> Option<Json> {
                 4 => f64::from(f32::from_bits(u as u32)),
                 _ => f64::from_bits(u),
             };
-            serde_json::Number::from_f64(x).map_or(Json::Null, Json::Number)
+            crate::formats::cbor_json::float(x)
         }
     })
 }
