@@ -232,6 +232,13 @@ fn gguf_cases() -> Vec<(&'static str, Vec<u8>)> {
                 .data(&[0; 32]),
         ),
         (
+            "tensors at the same bytes",
+            Gguf::new(3, 2, 0)
+                .info("a", &[4], 0, 0)
+                .info("b", &[4], 0, 0)
+                .data(&[0; 16]),
+        ),
+        (
             "too many dims",
             Gguf::new(3, 1, 0).info("a", &[1; 100], 0, 0).data(&[0; 8]),
         ),
@@ -326,6 +333,9 @@ fn want(what: &str) -> Want {
         "tensor past the end" => Refused("tensor \"a\" extends past end of file"),
         "tensor offset huge" => Refused("gguf tensor offset: 64 + 18446744073709551613 overflows"),
         "tensors overlapping" => Refused("tensor ranges overlap at 96 and 104"),
+        "tensors at the same bytes" => {
+            Refused("tensor \"b\": its bytes [96, 112) are those of tensor \"a\" too")
+        }
         "too many dims" => Refused("tensor \"a\" has 100 dims"),
         "alignment not a power of two" => Refused("general.alignment must be a power-of-two"),
         "quantized row not whole blocks" => {

@@ -141,14 +141,46 @@ pub fn open(src: MappedFile, kind: Kind) -> Result<(Catalog, MappedFile)> {
     let mut catalog = project(&src, kind, Arc::new(source))?;
     if kind == Kind::Gguf {
         gguf_file_order(&src, &mut catalog)?;
+        gguf_no_aliasing(&src, &catalog)?;
     }
     Ok((catalog, src))
 }
 
+/// Two GGUF tensors at the very same bytes: the crate refuses ranges that
+/// overlap but lets identical ones through, and llama.cpp refuses both.
+fn gguf_no_aliasing(src: &MappedFile, catalog: &Catalog) -> Result<()> {
+    let mut at: std::collections::HashMap<(u64, u64), &str> = Default::default();
+    for t in &catalog.tensors {
+        let Ok(parts) = &t.parts else { continue };
+        for p in parts {
+            let Some(b) = catalog.blobs.get(p.blob) else {
+                continue;
+            };
+            if b.len == 0 || !matches!(b.codec, Codec::Raw) {
+                continue;
+            }
+            if let Some(other) = at.insert((b.offset, b.len), &t.name) {
+                return Err(Error::new(
+                    ErrorKind::Placement,
+                    src.label(),
+                    Some(&t.name),
+                    format!(
+                        "its bytes [{}, {}) are those of tensor {other:?} too",
+                        b.offset,
+                        b.offset + b.len
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A GGUF file's tensors in the order of its tensor-info table (the crate
-/// gives them by name). Two tensors claiming the same bytes were refused
-/// by the crate already ("tensor ranges overlap"), as an overlapping
-/// safetensors or deathtensors file is.
+/// gives them by name). Two tensors whose bytes overlap were refused by
+/// the crate already ("tensor ranges overlap"), as an overlapping
+/// safetensors or deathtensors file is; two at the very same bytes are
+/// refused by [`gguf_no_aliasing`].
 fn gguf_file_order(src: &MappedFile, catalog: &mut Catalog) -> Result<()> {
     let order = super::gguf_header::tensor_order(src.bytes()).map_err(|why| {
         Error::new(
