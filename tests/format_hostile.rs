@@ -875,3 +875,25 @@ fn index_memory_bounds_a_shard_index_before_it_is_laid_out() {
         "{e}"
     );
 }
+
+/// A safetensors header over `--index-memory` is refused naming the
+/// option (it said only "over the 32-byte limit", which reads as the
+/// format's own).
+#[test]
+fn a_safetensors_header_over_index_memory_names_the_option() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.safetensors");
+    let header = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
+    std::fs::write(&path, st(header, &[0; 4])).unwrap();
+    let e = formats::open(&path, Limits { index_memory: 32 })
+        .err()
+        .unwrap();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "{}: header length {} is over the 32 bytes allowed (--index-memory)",
+            path.display(),
+            header.len()
+        )
+    );
+}
