@@ -897,3 +897,44 @@ fn a_safetensors_header_over_index_memory_names_the_option() {
         )
     );
 }
+
+/// A file of no format read here is refused saying what its first bytes
+/// look like, as the README promises (it said only that no magic was
+/// found, the same for an empty file, a text file and a gzip stream).
+#[test]
+fn an_unknown_file_says_what_its_bytes_look_like() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&[u8], &str); 6] = [
+        (b"", "the file is empty"),
+        (
+            b"hello world, this is text\n",
+            "it starts with text: \"hello world, thi\"...",
+        ),
+        (
+            b"\x1f\x8b\x08\x00rest",
+            "it looks like a gzip stream: decompress it first",
+        ),
+        (
+            b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR\x00\x00",
+            "its first bytes are 89 50 4e 47 0d 0a 1a 0a 00 00 00 0d 49 48 44 52...",
+        ),
+        (
+            &st_raw(u64::MAX, b"{}", &[]),
+            "its first bytes are ff ff ff ff ff ff ff ff 7b 7d",
+        ),
+        (b"ab", "it starts with text: \"ab\""),
+    ];
+    for (i, (bytes, says)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("unknown-{i}"));
+        std::fs::write(&path, bytes).unwrap();
+        let e = formats::open(&path, Limits::default()).err().unwrap();
+        let line = e.to_string();
+        assert!(
+            line.starts_with(&path.display().to_string())
+                && line.contains("no other format's magic found; ")
+                && line.ends_with(says)
+                && !line.contains('\n'),
+            "{line}"
+        );
+    }
+}
