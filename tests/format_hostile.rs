@@ -332,7 +332,9 @@ fn want(what: &str) -> Want {
         "unknown ggml type" => Refused("gguf tensor type id 99 has no registered projection"),
         "tensor past the end" => Refused("tensor \"a\" extends past end of file"),
         "tensor offset huge" => Refused("gguf tensor offset: 64 + 18446744073709551613 overflows"),
-        "tensors overlapping" => Refused("tensor ranges overlap at 96 and 104"),
+        "tensors overlapping" => {
+            Refused("tensor ranges overlap at 96 and 104: tensors \"a\" and \"b\"")
+        }
         "tensors at the same bytes" => {
             Refused("tensor \"b\": its bytes [96, 112) are those of tensor \"a\" too")
         }
@@ -638,6 +640,11 @@ fn gguf_tensors_sharing_bytes_are_refused() {
         let line = e.to_string();
         assert!(!line.contains('\n'), "{line}");
         assert!(line.contains("overlap"), "{what}: {line}");
+        // The crate gives offsets only; the tensors are named after them.
+        assert!(
+            line.ends_with(": tensors \"a\" and \"b\""),
+            "{what}: {line}"
+        );
         assert!(line.starts_with(&path.display().to_string()), "{line}");
     }
     // Touching, not sharing: served.

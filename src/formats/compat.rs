@@ -137,13 +137,41 @@ pub fn looks_like_onnx(bytes: &[u8]) -> bool {
 /// file must have had what the crate reads at open made present
 /// ([`super::prepare`]).
 pub fn open(src: MappedFile, kind: Kind) -> Result<(Catalog, MappedFile)> {
-    let source = crate_open(&src, kind)?;
+    let source = crate_open(&src, kind).map_err(|e| match kind {
+        Kind::Gguf => gguf_name_overlap(&src, e),
+        _ => e,
+    })?;
     let mut catalog = project(&src, kind, Arc::new(source))?;
     if kind == Kind::Gguf {
         gguf_file_order(&src, &mut catalog)?;
         gguf_no_aliasing(&src, &catalog)?;
     }
     Ok((catalog, src))
+}
+
+/// The crate's "tensor ranges overlap at X and Y" gives file offsets only:
+/// the tensors starting there are named after it.
+fn gguf_name_overlap(src: &MappedFile, mut e: Error) -> Error {
+    const AT: &str = "tensor ranges overlap at ";
+    let Some(i) = e.message.find(AT) else {
+        return e;
+    };
+    let at: Vec<u64> = e.message[i + AT.len()..]
+        .split(" and ")
+        .filter_map(|s| s.split_whitespace().next()?.parse().ok())
+        .collect();
+    let Ok(starts) = super::gguf_header::tensor_starts(src.bytes()) else {
+        return e;
+    };
+    let [x, y] = at[..] else {
+        return e;
+    };
+    let first = starts.iter().find(|(_, s)| *s == x);
+    let second = first.and_then(|(a, _)| starts.iter().find(|(n, s)| *s == y && n != a));
+    if let (Some((a, _)), Some((b, _))) = (first, second) {
+        e.message = format!("{}: tensors {a:?} and {b:?}", e.message);
+    }
+    e
 }
 
 /// Two GGUF tensors at the very same bytes: the crate refuses ranges that
