@@ -326,3 +326,114 @@ fn index_memory_bounds_a_large_safetensors_header() {
     );
     m.unmount_ok();
 }
+
+/// `--index-memory` bounds a GGUF header of many small values: a token
+/// list of a million empty strings (8 MB in the file) was counted at 48
+/// bytes a value where it takes about 110 at mount (the crate's value and
+/// the JSON value of the index), so a limit the count allowed let the
+/// mounting command peak at 2.5 times it. Mounted under exactly the limit
+/// it counts, the command's peak and the daemon's stay within it plus the
+/// file and the binary's own.
+#[test]
+fn index_memory_bounds_a_gguf_header_of_many_values() {
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let path = m.scratch_path("tokens.gguf");
+    let n: u64 = 1_000_000;
+    // GGUF v3, 1 tensor, 1 key: an array (9) of n strings (8), all empty;
+    // then the tensor info "a", F32 [4] at 0, padding to 32, its data.
+    let mut bytes = b"GGUF".to_vec();
+    for v in [
+        3u32.to_le_bytes().to_vec(),
+        1u64.to_le_bytes().to_vec(),
+        1u64.to_le_bytes().to_vec(),
+    ] {
+        bytes.extend(v);
+    }
+    let key = "tokenizer.ggml.tokens";
+    bytes.extend((key.len() as u64).to_le_bytes());
+    bytes.extend(key.as_bytes());
+    bytes.extend(9u32.to_le_bytes());
+    bytes.extend(8u32.to_le_bytes());
+    bytes.extend(n.to_le_bytes());
+    bytes.resize(bytes.len() + 8 * n as usize, 0);
+    bytes.extend(1u64.to_le_bytes());
+    bytes.extend(b"a");
+    bytes.extend(1u32.to_le_bytes());
+    bytes.extend(4u64.to_le_bytes());
+    bytes.extend(0u32.to_le_bytes());
+    bytes.extend(0u64.to_le_bytes());
+    bytes.resize(bytes.len().next_multiple_of(32) + 16, 0);
+    let file = bytes.len() as u64;
+    std::fs::write(&path, &bytes).unwrap();
+    drop(bytes);
+    // What the limit counts, from the refusal under a limit of 1 byte.
+    let r = m.run(&path, &["--index-memory", "1"]);
+    assert!(!r.ok(), "mounted under --index-memory 1");
+    let cost: u64 = r
+        .stderr
+        .split("would take about ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{}", r.stderr));
+    assert!(cost >= n * 100, "{n} values counted as {cost} bytes");
+    // Reaped by wait4 below, which gives its rusage (Child::wait would not).
+    #[allow(clippy::zombie_processes)]
+    let child = std::process::Command::new(support::bin())
+        .arg(&path)
+        .arg(&m.mp)
+        .arg("--log-file")
+        .arg(&m.log)
+        .args(["--cache-size", "1M", "--index-memory", &cost.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut stderr = child.stderr.unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut text).unwrap();
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our own child, not yet waited for; both pointers
+    // are to live locals of the right types.
+    let got = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+    assert_eq!(got, pid, "wait4: {}", std::io::Error::last_os_error());
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{text}"
+    );
+    let daemon = support::daemon_pids(&m.mp).into_iter().max();
+    m.pid = daemon;
+    // The index lists every value ("", at least 3 bytes each). Counted,
+    // not parsed: this test process's own peak is what a later spawn of
+    // another test measures (a vfork child's maxrss is its parent's).
+    let listed = std::io::copy(
+        &mut std::fs::File::open(m.path(".ztensor/index.json")).unwrap(),
+        &mut std::io::sink(),
+    )
+    .unwrap();
+    assert!(listed >= 3 * n, "index.json of {listed} bytes");
+    assert_eq!(m.read("a"), [0; 16]);
+    let peak = ru.ru_maxrss as u64 * 1024;
+    let hwm = support::status_kib(daemon.expect("daemon pid"), "VmHWM:").unwrap() * 1024;
+    eprintln!(
+        "{n} values counted as {} MiB: the command peaked at {} MiB, the daemon at {} MiB",
+        cost >> 20,
+        peak >> 20,
+        hwm >> 20
+    );
+    let bound = cost + file + (48 << 20);
+    assert!(
+        peak <= bound,
+        "the command peaked at {peak} bytes, over {bound}"
+    );
+    assert!(
+        hwm <= bound,
+        "the daemon peaked at {hwm} bytes, over {bound}"
+    );
+    m.unmount_ok();
+}

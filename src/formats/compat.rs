@@ -143,18 +143,78 @@ pub fn looks_like_onnx(bytes: &[u8]) -> bool {
 /// file must have had what the crate reads at open made present
 /// ([`super::prepare`]).
 pub fn open(src: MappedFile, kind: Kind) -> Result<(Catalog, MappedFile)> {
-    let source = crate_open(&src, kind)?;
+    let source = crate_open(&src, kind).map_err(|e| match kind {
+        Kind::Gguf => gguf_name_overlap(&src, e),
+        _ => e,
+    })?;
     let mut catalog = project(&src, kind, Arc::new(source))?;
     if kind == Kind::Gguf {
         gguf_file_order(&src, &mut catalog)?;
+        gguf_no_aliasing(&src, &catalog)?;
     }
     Ok((catalog, src))
 }
 
+/// The crate's "tensor ranges overlap at X and Y" gives file offsets only:
+/// the tensors starting there are named after it.
+fn gguf_name_overlap(src: &MappedFile, mut e: Error) -> Error {
+    const AT: &str = "tensor ranges overlap at ";
+    let Some(i) = e.message.find(AT) else {
+        return e;
+    };
+    let at: Vec<u64> = e.message[i + AT.len()..]
+        .split(" and ")
+        .filter_map(|s| s.split_whitespace().next()?.parse().ok())
+        .collect();
+    let Ok(starts) = super::gguf_header::tensor_starts(src.bytes()) else {
+        return e;
+    };
+    let [x, y] = at[..] else {
+        return e;
+    };
+    let first = starts.iter().find(|(_, s)| *s == x);
+    let second = first.and_then(|(a, _)| starts.iter().find(|(n, s)| *s == y && n != a));
+    if let (Some((a, _)), Some((b, _))) = (first, second) {
+        e.message = format!("{}: tensors {a:?} and {b:?}", e.message);
+    }
+    e
+}
+
+/// Two GGUF tensors at the very same bytes: the crate refuses ranges that
+/// overlap but lets identical ones through, and llama.cpp refuses both.
+fn gguf_no_aliasing(src: &MappedFile, catalog: &Catalog) -> Result<()> {
+    let mut at: std::collections::HashMap<(u64, u64), &str> = Default::default();
+    for t in &catalog.tensors {
+        let Ok(parts) = &t.parts else { continue };
+        for p in parts {
+            let Some(b) = catalog.blobs.get(p.blob) else {
+                continue;
+            };
+            if b.len == 0 || !matches!(b.codec, Codec::Raw) {
+                continue;
+            }
+            if let Some(other) = at.insert((b.offset, b.len), &t.name) {
+                return Err(Error::new(
+                    ErrorKind::Placement,
+                    src.label(),
+                    Some(&t.name),
+                    format!(
+                        "its bytes [{}, {}) are those of tensor {other:?} too",
+                        b.offset,
+                        b.offset + b.len
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A GGUF file's tensors in the order of its tensor-info table (the crate
-/// gives them by name). Two tensors claiming the same bytes were refused
-/// by the crate already ("tensor ranges overlap"), as an overlapping
-/// safetensors or deathtensors file is.
+/// gives them by name). Two tensors whose bytes overlap were refused by
+/// the crate already ("tensor ranges overlap"), as an overlapping
+/// safetensors or deathtensors file is; two at the very same bytes are
+/// refused by [`gguf_no_aliasing`].
 fn gguf_file_order(src: &MappedFile, catalog: &mut Catalog) -> Result<()> {
     let order = super::gguf_header::tensor_order(src.bytes()).map_err(|why| {
         Error::new(

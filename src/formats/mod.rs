@@ -254,8 +254,44 @@ fn read_source(src: MappedFile, limits: Limits) -> Result<Opened> {
             None,
             format!(
                 "not a file of a format this version reads ({READS}): magic \"ZTEN0001\" \
-                 missing, and no other format's magic found"
+                 missing, and no other format's magic found; {}",
+                looks_like(src.bytes())
             ),
         )),
+    }
+}
+
+/// What a file of no known format looks like, from its first bytes.
+fn looks_like(bytes: &[u8]) -> String {
+    const SHOWN: usize = 16;
+    let head = &bytes[..bytes.len().min(SHOWN)];
+    let more = if bytes.len() > SHOWN { "..." } else { "" };
+    let known = [
+        (&b"\x1f\x8b"[..], "a gzip stream: decompress it first"),
+        (
+            &b"\x28\xb5\x2f\xfd"[..],
+            "a zstd stream: decompress it first",
+        ),
+        (&b"\xfd7zXZ\x00"[..], "an xz stream: decompress it first"),
+        (&b"BZh"[..], "a bzip2 stream: decompress it first"),
+        (&b"\x7fELF"[..], "an ELF executable"),
+    ];
+    if bytes.is_empty() {
+        return "the file is empty".into();
+    }
+    if let Some((_, what)) = known.iter().find(|(m, _)| bytes.starts_with(m)) {
+        return format!("it looks like {what}");
+    }
+    match std::str::from_utf8(head) {
+        Ok(t)
+            if t.chars()
+                .all(|c| !c.is_control() || c.is_ascii_whitespace()) =>
+        {
+            format!("it starts with text: {t:?}{more}")
+        }
+        _ => {
+            let hex: Vec<String> = head.iter().map(|b| format!("{b:02x}")).collect();
+            format!("its first bytes are {}{more}", hex.join(" "))
+        }
     }
 }

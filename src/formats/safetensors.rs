@@ -129,10 +129,15 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
              of the file ({file_len} bytes)"
         )));
     }
-    let cap = MAX_HEADER.min(limits.index_memory);
-    if header_len > cap {
+    if header_len > MAX_HEADER {
         return Err(bad(format!(
-            "header length {header_len} is over the {cap}-byte limit"
+            "header length {header_len} is over the {MAX_HEADER}-byte limit of safetensors"
+        )));
+    }
+    if header_len > limits.index_memory {
+        return Err(bad(format!(
+            "header length {header_len} is over the {} bytes allowed (--index-memory)",
+            limits.index_memory
         )));
     }
     let data_start = 8 + header_len;

@@ -7,18 +7,25 @@
 //! [`super::compat`]) and the
 //! catalogs are joined: blob sources renumbered, tensors appended. A shard
 //! that is missing or refused becomes an unusable source: the tensors the
-//! index gives it are listed and fail with its reason, the rest serve.
+//! index gives it are listed and fail with its reason, the rest serve. A
+//! GGUF split file that cannot be read is listed itself, as
+//! `NAME (unusable shard)`: only its own header names its tensors.
 
 use std::path::{Path, PathBuf};
 
 use super::compat::Kind;
 use super::{Detected, Limits, Opened, detect};
-use crate::catalog::{Catalog, Json, JsonMap, SourceRef, Tensor};
+use crate::catalog::{Catalog, Json, JsonMap, SourceRef, Tensor, cost};
 use crate::error::{Error, ErrorKind, Result};
 use crate::source::MappedFile;
 
 /// Largest index JSON read (a real one is well under a few MB).
 pub(crate) const MAX_INDEX: u64 = 64 << 20;
+
+/// Most bytes an index's JSON takes in memory parsed, per byte of text (a
+/// `"name":"shard",` entry of 26 bytes is two strings and a map slot, some
+/// 100 bytes).
+const JSON_EXPANSION: u64 = 8;
 
 /// Whether `bytes` are a Hugging Face sharded-safetensors index: a JSON
 /// object (checked cheaply here: `{` first, and a `weight_map` key).
@@ -78,14 +85,41 @@ fn shard_name_ok(name: &str) -> bool {
 pub fn open_hf_index(index: MappedFile, limits: Limits) -> Result<Opened> {
     let label = index.label().to_string();
     let bad = |m: String| Error::new(ErrorKind::Index, &label, None, m);
-    if index.len() > MAX_INDEX.min(limits.index_memory) {
-        return Err(bad(format!("index of {} bytes is too big", index.len())));
+    if index.len() > MAX_INDEX {
+        return Err(bad(format!(
+            "index of {} bytes is too big (the most read is {MAX_INDEX})",
+            index.len()
+        )));
+    }
+    // Held to --index-memory before it is parsed, then before the set is
+    // laid out: a 39 MB index of 1.5 million tensors took 1.8 GB and 39 s
+    // to be refused under a 60 MiB limit, once all was built.
+    let parsed = index.len().saturating_mul(JSON_EXPANSION);
+    if parsed > limits.index_memory {
+        return Err(bad(format!(
+            "an index of {} bytes would take about {parsed} bytes in memory parsed, more than \
+             the {} allowed (--index-memory)",
+            index.len(),
+            limits.index_memory
+        )));
     }
     let json: Json = serde_json::from_slice(index.bytes())
         .map_err(|e| bad(format!("index is not valid JSON: {e}")))?;
     let Some(map) = json.get("weight_map").and_then(Json::as_object) else {
         return Err(bad("index has no \"weight_map\" object".into()));
     };
+    let laid_out = map
+        .keys()
+        .map(|t| cost::name_cost(t).saturating_add(cost::TENSOR_COST))
+        .fold(0u64, u64::saturating_add);
+    if laid_out > limits.index_memory {
+        return Err(bad(format!(
+            "its index of {} tensors would take about {laid_out} bytes in memory (catalog, tree \
+             and views), more than the {} allowed (--index-memory)",
+            map.len(),
+            limits.index_memory
+        )));
+    }
     let dir = index
         .path()
         .parent()
@@ -93,6 +127,9 @@ pub fn open_hf_index(index: MappedFile, limits: Limits) -> Result<Opened> {
         .to_path_buf();
     // Shards in the order first named, each with the tensors it holds.
     let mut shards: Vec<(String, Vec<String>)> = Vec::new();
+    // Each shard's place in `shards`: a set of many shards (or of one
+    // shard of many tensors) is joined in linear time.
+    let mut shard_at: std::collections::HashMap<&str, usize> = Default::default();
     for (tensor, file) in map {
         let Some(file) = file.as_str() else {
             return Err(bad(format!("weight_map[{tensor:?}] is not a file name")));
@@ -102,9 +139,12 @@ pub fn open_hf_index(index: MappedFile, limits: Limits) -> Result<Opened> {
                 "weight_map[{tensor:?}] names {file:?}, not a file beside the index"
             )));
         }
-        match shards.iter_mut().find(|(f, _)| f == file) {
-            Some((_, ts)) => ts.push(tensor.clone()),
-            None => shards.push((file.to_string(), vec![tensor.clone()])),
+        match shard_at.get(file) {
+            Some(&i) => shards[i].1.push(tensor.clone()),
+            None => {
+                shard_at.insert(file, shards.len());
+                shards.push((file.to_string(), vec![tensor.clone()]));
+            }
         }
     }
     let mut set = Set::new("safetensors (sharded)", &label);
@@ -270,9 +310,14 @@ impl Set {
                     b.source = si;
                     b
                 }));
+                let wanted_set: Option<std::collections::HashSet<&str>> =
+                    wanted.map(|w| w.iter().map(String::as_str).collect());
                 let mut have = std::collections::HashSet::new();
                 for mut t in c.tensors {
-                    if wanted.is_some_and(|w| !w.contains(&t.name)) {
+                    if wanted_set
+                        .as_ref()
+                        .is_some_and(|w| !w.contains(t.name.as_str()))
+                    {
                         continue;
                     }
                     have.insert(t.name.clone());
@@ -301,6 +346,13 @@ impl Set {
                 self.files.push(None);
                 for name in wanted.into_iter().flatten() {
                     self.push(missing(name, &file, format!("shard unusable: {why}")));
+                }
+                // A set without an index (GGUF split files): the shard's
+                // tensors cannot be named, so the shard itself is listed,
+                // lest its tensors vanish without a word.
+                if wanted.is_none() {
+                    let why = format!("shard unusable, its tensors cannot be listed: {why}");
+                    self.push(missing(&format!("{file} (unusable shard)"), &file, why));
                 }
             }
         }
