@@ -8,6 +8,7 @@
 
 use ciborium::value::Value;
 use serde_json::{Map, Value as Json};
+use ztensor2::format::cbor::Value as ZValue;
 
 pub fn to_json(v: &Value) -> Json {
     match v {
@@ -77,6 +78,37 @@ pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// A `ztensor` 2.x CBOR value (zTensor v2 attributes, and what
+/// `ztensor-compat` reads from GGUF) as JSON, by the same rules.
+pub fn from_ztensor(v: &ZValue) -> Json {
+    match v {
+        ZValue::Uint(n) => (*n).into(),
+        // -1 - n, which i64 holds for n up to 2^63 - 1.
+        ZValue::Nint(n) => match i64::try_from(*n) {
+            Ok(n) => (-1 - n).into(),
+            Err(_) => Json::String((-1 - i128::from(*n)).to_string()),
+        },
+        ZValue::Bytes(b) => bytes(b),
+        ZValue::Text(s) => Json::String(s.clone()),
+        ZValue::Array(items) => Json::Array(items.iter().map(from_ztensor).collect()),
+        ZValue::Map(entries) => Json::Object(
+            entries
+                .iter()
+                .map(|(k, v)| {
+                    let k = match k {
+                        ZValue::Text(s) => s.clone(),
+                        other => format!("$key:{}", from_ztensor(other)),
+                    };
+                    (k, from_ztensor(v))
+                })
+                .collect(),
+        ),
+        ZValue::Bool(b) => (*b).into(),
+        ZValue::Null => Json::Null,
+        ZValue::Float(f) => float(*f),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,6 +128,21 @@ mod tests {
         assert_eq!(
             j.to_string(),
             r#"{"b":{"$bytes":"00ff"},"$key:7":{"$tag":1,"value":"NaN"},"neg":-3}"#
+        );
+    }
+
+    #[test]
+    fn ztensor_values_take_the_same_form() {
+        let v = ZValue::Map(vec![
+            (ZValue::Text("b".into()), ZValue::Bytes(vec![0, 255])),
+            (ZValue::Uint(7), ZValue::Float(f64::NAN)),
+            (ZValue::Text("neg".into()), ZValue::Nint(2)),
+            (ZValue::Text("big".into()), ZValue::Nint(u64::MAX)),
+            (ZValue::Text("inf".into()), ZValue::Float(f64::NEG_INFINITY)),
+        ]);
+        assert_eq!(
+            from_ztensor(&v).to_string(),
+            r#"{"b":{"$bytes":"00ff"},"$key:7":"NaN","neg":-3,"big":"-18446744073709551616","inf":"-Infinity"}"#
         );
     }
 }

@@ -19,7 +19,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use ztensor2::format::cbor::Value;
 use ztensor2::provide::Payload;
 use ztensor2::{DType as ZDType, Source};
 
@@ -27,6 +26,7 @@ use crate::catalog::{
     Blob, Catalog, Check, Codec, DType, Endian, Json, JsonMap, Part, Producer, SourceRef, Tensor,
 };
 use crate::error::{Error, ErrorKind, Result};
+use crate::formats::cbor_json;
 use crate::source::MappedFile;
 
 /// The foreign formats read through the crate.
@@ -380,7 +380,7 @@ fn project(src: &MappedFile, kind: Kind, source: Arc<Source>) -> Result<Catalog>
     let mut tensors = Vec::with_capacity(source.len());
     for t in source.tensors() {
         let name = t.name().to_string();
-        let entry_attrs = t.attributes().map(value_to_json);
+        let entry_attrs = t.attributes().map(cbor_json::from_ztensor);
         let mut meta = JsonMap::new();
         let mut parts = Ok(Vec::new());
         let mut first: Option<(ZDType, Option<String>)> = None;
@@ -529,7 +529,7 @@ fn project(src: &MappedFile, kind: Kind, source: Arc<Source>) -> Result<Catalog>
             meta,
         });
     }
-    let attributes = match source.attributes().map(value_to_json) {
+    let attributes = match source.attributes().map(cbor_json::from_ztensor) {
         Some(Json::Object(m)) => m,
         Some(other) => JsonMap::from_iter([("attributes".to_string(), other)]),
         None => JsonMap::new(),
@@ -705,35 +705,6 @@ fn format_dtype(kind: Kind, layout: &str, d: ZDType, l: Option<&str>) -> String 
             (None, ZDType::BF16) => "BFLOAT16".into(),
             (None, _) => format!("{}INT{}", if z.starts_with('u') { "U" } else { "" }, w * 8),
         },
-    }
-}
-
-/// The crate's attribute values (CBOR) as JSON.
-pub fn value_to_json(v: &Value) -> Json {
-    match v {
-        Value::Uint(n) => (*n).into(),
-        Value::Nint(n) => match i64::try_from(*n) {
-            Ok(n) => (-1 - n).into(),
-            Err(_) => Json::from(-1.0 - *n as f64),
-        },
-        Value::Bytes(b) => Json::String(b.iter().map(|x| format!("{x:02x}")).collect()),
-        Value::Text(s) => Json::String(s.clone()),
-        Value::Array(items) => Json::Array(items.iter().map(value_to_json).collect()),
-        Value::Map(entries) => Json::Object(
-            entries
-                .iter()
-                .map(|(k, v)| {
-                    let k = match k {
-                        Value::Text(s) => s.clone(),
-                        other => value_to_json(other).to_string(),
-                    };
-                    (k, value_to_json(v))
-                })
-                .collect(),
-        ),
-        Value::Bool(b) => (*b).into(),
-        Value::Null => Json::Null,
-        Value::Float(f) => serde_json::Number::from_f64(*f).map_or(Json::Null, Json::Number),
     }
 }
 

@@ -10,7 +10,6 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use ztensor2::format::cbor::Value;
 use ztensor2::format::{DType as V2, Manifest, Object, Part as V2Part};
 
 use super::check::{self, Elements};
@@ -52,7 +51,7 @@ pub fn project(root: MappedFile, manifest: Option<Manifest>) -> Result<Opened> {
     b.open_shards(&root, &manifest);
     b.maps.insert(0, Some(root));
     if let Some(attrs) = &manifest.attributes
-        && let Json::Object(m) = cbor_json::to_json(&to_ciborium(attrs))
+        && let Json::Object(m) = cbor_json::from_ztensor(attrs)
     {
         b.catalog.attributes = m;
     }
@@ -161,7 +160,7 @@ impl Builder {
             .or_else(|| obj.parts.values().next());
         let mut meta = JsonMap::new();
         if let Some(a) = &obj.attributes {
-            meta.insert("attributes".into(), cbor_json::to_json(&to_ciborium(a)));
+            meta.insert("attributes".into(), cbor_json::from_ztensor(a));
         }
         let mut part_meta = JsonMap::new();
         for (pname, p) in &obj.parts {
@@ -514,28 +513,4 @@ fn describe(p: &V2Part) -> JsonMap {
         p.digest.clone().map_or(Json::Null, Json::from),
     );
     m
-}
-
-/// The crate's CBOR value as ciborium's, for [`cbor_json`].
-fn to_ciborium(v: &Value) -> ciborium::value::Value {
-    use ciborium::value::{Integer, Value as C};
-    match v {
-        Value::Uint(n) => C::Integer(Integer::from(*n)),
-        Value::Nint(n) => match i64::try_from(*n) {
-            Ok(k) => C::Integer(Integer::from(-1 - k)),
-            // Below i64: ciborium's Integer holds it as i128.
-            Err(_) => Integer::try_from(-1 - i128::from(*n)).map_or(C::Null, C::Integer),
-        },
-        Value::Bytes(b) => C::Bytes(b.clone()),
-        Value::Text(t) => C::Text(t.clone()),
-        Value::Array(a) => C::Array(a.iter().map(to_ciborium).collect()),
-        Value::Map(m) => C::Map(
-            m.iter()
-                .map(|(k, v)| (to_ciborium(k), to_ciborium(v)))
-                .collect(),
-        ),
-        Value::Bool(b) => C::Bool(*b),
-        Value::Null => C::Null,
-        Value::Float(f) => C::Float(*f),
-    }
 }
