@@ -150,7 +150,11 @@ def read_zt01(path):
     with ztensor.Reader(path) as r:
         for name in r.get_tensor_names():
             try:
-                arr = np.asarray(r.read_tensor(name))
+                # Copied while the view lives: the package's view hands
+                # numpy a pointer into memory it frees with the view.
+                view = r.read_tensor(name)
+                arr = np.array(view, copy=True)
+                del view
             except Exception as e:  # noqa: BLE001 - the reader's refusal
                 out.append({"name": name, "unreadable": f"{type(e).__name__}: {e}"})
                 continue
