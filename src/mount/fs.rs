@@ -85,6 +85,10 @@ struct Opens {
     /// Bytes the daemon has served of each inode since mount (what the
     /// page cache served again is not among them).
     served_bytes: HashMap<Ino, u64>,
+    /// Last served handles of an inode closed whose fill is not decided
+    /// yet: counted as served, so that no reader of `.ztensor/stats` sees
+    /// neither an open nor a fill between the close and the fill's start.
+    closing: usize,
 }
 
 /// An open generated file: its inode and the text it reads.
@@ -393,12 +397,15 @@ impl TensorFs {
             }
             Content::Index => sidecar::index_to(w, cat, &self.tree.placements),
             Content::Stats => {
-                let (filled, filling) = self.backings.gauges();
+                // Opens first, then fills: a fill a close starts is queued
+                // before that close stops counting as an open, so a reader
+                // that sees neither has truly nothing in flight.
                 let (served, backed) = {
                     let o = super::lock(&self.opens);
-                    let served = o.served.values().sum::<usize>();
-                    (served as u64, (o.by_fh.len() - served) as u64)
+                    let held = o.served.values().sum::<usize>();
+                    ((held + o.closing) as u64, (o.by_fh.len() - held) as u64)
                 };
+                let (filled, filling) = self.backings.gauges();
                 let more = [
                     ("backing_bytes_now", filled),
                     ("backing_filling", filling),
@@ -713,6 +720,7 @@ impl TensorFs {
                 *n -= 1;
                 if *n == 0 {
                     opens.served.remove(ino);
+                    opens.closing += 1;
                     last = Some(opens.served_bytes.get(ino).copied().unwrap_or(0));
                 }
             }
@@ -721,7 +729,10 @@ impl TensorFs {
         if let Some(open) = data_handle {
             match (&open.backing, last) {
                 (Some(b), _) => self.backings.closed(b),
-                (None, Some(read)) => self.maybe_fill(open.ino, read),
+                (None, Some(read)) => {
+                    self.maybe_fill(open.ino, read);
+                    super::lock(&self.opens).closing -= 1;
+                }
                 (None, None) => {}
             }
             return;
