@@ -224,6 +224,30 @@ fn a_file_without_read_permission_fails_clearly() {
 }
 
 /// A safetensors file of `n` one-byte tensors (`layer.K.weight`).
+/// Runs `cmd` to its end: (its wait status, its stderr, its peak RSS in
+/// bytes, from the rusage wait4 gives, which Child::wait does not).
+fn run_measured(cmd: &mut std::process::Command) -> (i32, String, u64) {
+    // Reaped by wait4 below.
+    #[allow(clippy::zombie_processes)]
+    let child = cmd
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut stderr = child.stderr.unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut text).unwrap();
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our own child, not yet waited for; both pointers
+    // are to live locals of the right types.
+    let got = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+    assert_eq!(got, pid, "wait4: {}", std::io::Error::last_os_error());
+    (status, text, ru.ru_maxrss as u64 * 1024)
+}
+
 fn many_tensor_safetensors(path: &Path, n: usize) -> u64 {
     let mut header = String::with_capacity(n * 72);
     header.push('{');
@@ -260,27 +284,12 @@ fn index_memory_bounds_a_large_safetensors_header() {
     // Refused: its peak (ru_maxrss of the command, which parses the index
     // before it forks) is the limit's, not the index's.
     let limit: u64 = 16 << 20;
-    // Reaped by wait4 below, which gives its rusage (Child::wait would not).
-    #[allow(clippy::zombie_processes)]
-    let child = std::process::Command::new(support::bin())
-        .arg(&path)
-        .arg(&m.mp)
-        .args(["--index-memory", "16M"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id() as libc::pid_t;
-    let mut stderr = child.stderr.unwrap();
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut stderr, &mut text).unwrap();
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `pid` is our own child, not yet waited for; both pointers
-    // are to live locals of the right types.
-    let got = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
-    assert_eq!(got, pid, "wait4: {}", std::io::Error::last_os_error());
+    let (status, text, peak) = run_measured(
+        std::process::Command::new(support::bin())
+            .arg(&path)
+            .arg(&m.mp)
+            .args(["--index-memory", "16M"]),
+    );
     assert!(
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 1,
         "{text}"
@@ -292,7 +301,6 @@ fn index_memory_bounds_a_large_safetensors_header() {
         "{text}"
     );
     assert!(!m.is_mounted());
-    let peak = ru.ru_maxrss as u64 * 1024;
     eprintln!(
         "refused under --index-memory 16M: peak {} MiB ({n} tensors, header {} MiB)",
         peak >> 20,
@@ -379,29 +387,14 @@ fn index_memory_bounds_a_gguf_header_of_many_values() {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("{}", r.stderr));
     assert!(cost >= n * 100, "{n} values counted as {cost} bytes");
-    // Reaped by wait4 below, which gives its rusage (Child::wait would not).
-    #[allow(clippy::zombie_processes)]
-    let child = std::process::Command::new(support::bin())
-        .arg(&path)
-        .arg(&m.mp)
-        .arg("--log-file")
-        .arg(&m.log)
-        .args(["--cache-size", "1M", "--index-memory", &cost.to_string()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id() as libc::pid_t;
-    let mut stderr = child.stderr.unwrap();
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut stderr, &mut text).unwrap();
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `pid` is our own child, not yet waited for; both pointers
-    // are to live locals of the right types.
-    let got = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
-    assert_eq!(got, pid, "wait4: {}", std::io::Error::last_os_error());
+    let (status, text, peak) = run_measured(
+        std::process::Command::new(support::bin())
+            .arg(&path)
+            .arg(&m.mp)
+            .arg("--log-file")
+            .arg(&m.log)
+            .args(["--cache-size", "1M", "--index-memory", &cost.to_string()]),
+    );
     assert!(
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         "{text}"
@@ -418,7 +411,6 @@ fn index_memory_bounds_a_gguf_header_of_many_values() {
     .unwrap();
     assert!(listed >= 3 * n, "index.json of {listed} bytes");
     assert_eq!(m.read("a"), [0; 16]);
-    let peak = ru.ru_maxrss as u64 * 1024;
     let hwm = support::status_kib(daemon.expect("daemon pid"), "VmHWM:").unwrap() * 1024;
     eprintln!(
         "{n} values counted as {} MiB: the command peaked at {} MiB, the daemon at {} MiB",

@@ -79,24 +79,7 @@ pub fn tensor_starts(b: &[u8]) -> Result<Vec<(String, u64)>, String> {
 
 /// The tensors' names in the order of the header's tensor-info table.
 pub fn tensor_order(b: &[u8]) -> Result<Vec<String>, String> {
-    let mut r = Reader {
-        b,
-        whole: b.len() as u64,
-        at: 0,
-        short: false,
-        alignment: DEFAULT_ALIGNMENT,
-    };
-    let (tensors, _) = r.kvs()?;
-    let mut names = Vec::new();
-    // Each info: name, n_dims, the dims, type, offset. Every length is
-    // checked against the bytes before anything is kept.
-    for _ in 0..tensors {
-        let n = r.u64()?;
-        names.push(String::from_utf8_lossy(r.take(n)?).into_owned());
-        let dims = r.u32()?;
-        r.skip(u64::from(dims) * 8 + 4 + 8)?;
-    }
-    Ok(names)
+    Ok(tensor_starts(b)?.into_iter().map(|(n, _)| n).collect())
 }
 
 /// Where a header whose first bytes are `prefix` ends (past its last
