@@ -416,6 +416,7 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
         let connection = connection.clone();
         Box::new(move || connection.get().is_none_or(disconnected))
     };
+    let filled = fs.filled_hook();
     let adapter = Adapter::new(fs, uid, gid, time, s.max_read, unmounted, no_passthrough(s));
 
     let mut mount_options = vec![
@@ -458,6 +459,7 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
             return fail(msg);
         }
     };
+    crate::mount::fuse::drop_cache_when_filled(&filled, session.notifier());
     match std::os::fd::AsFd::as_fd(&session).try_clone_to_owned() {
         Ok(fd) => {
             let _ = connection.set(fd);

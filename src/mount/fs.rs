@@ -9,7 +9,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use super::backing::{Backing, BackingOptions, Backings, Segment};
+use super::backing::{Backing, BackingOptions, Backings, Filled, Segment};
 use super::data::{Bytes, Data, DataOptions, scratch};
 use super::sidecar;
 use super::stats::Stats;
@@ -236,6 +236,11 @@ impl TensorFs {
 
     pub fn data(&self) -> &Data {
         &self.data
+    }
+
+    /// Where to say that a backing file is complete (see [`Filled`]).
+    pub fn filled_hook(&self) -> Filled {
+        self.backings.filled_hook()
     }
 
     pub fn lookup(&self, parent: Ino, name: &OsStr) -> Result<Attr, Errno> {
@@ -594,7 +599,7 @@ impl TensorFs {
         }
         let segments = self.segments(c);
         if self.worth_filling(&segments) {
-            self.backings.start_fill(c, len, &self.data, segments);
+            self.backings.start_fill(c, ino, len, &self.data, segments);
         }
     }
 
@@ -1085,6 +1090,15 @@ mod passthrough_tests {
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 7 % 251) as u8).collect();
         let fs = zstd_fs(dir.path(), &data, 1 << 30);
         fs.set_passthrough(true);
+        // The hook hears of the inode whose reads asked for the file, before
+        // an open can take the file.
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let backings = fs.backings.clone();
+        let h = heard.clone();
+        let _ = fs.filled_hook().set(Box::new(move |ino| {
+            let ready = backings.ready(&Content::Part { tensor: 0, part: 0 });
+            h.lock().unwrap().push((ino, ready.is_some()));
+        }));
         let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
         let (fh, how) = fs.open(z, false).unwrap();
         assert!(matches!(how, Open::Served(CacheMode::KeepCache)));
@@ -1109,6 +1123,7 @@ mod passthrough_tests {
         };
         assert_eq!(b.origin(), Origin::Filled);
         assert_eq!(contents(&b), data);
+        assert_eq!(*heard.lock().unwrap(), vec![(z, false)]);
         fs.release(fh);
         // The .npy view: the header, then the same bytes.
         let npy_dir = fs.lookup(ROOT, OsStr::new(".npy")).unwrap().ino;

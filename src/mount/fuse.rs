@@ -13,6 +13,7 @@ use fuser::{
     Request,
 };
 
+use super::backing::Filled;
 use super::fs::{Attr, CacheMode, Kind, Open, TensorFs};
 use super::tree::Ino;
 
@@ -41,6 +42,21 @@ pub struct Adapter {
 struct BackingIds {
     by_fh: HashMap<u64, Arc<BackingId>>,
     by_ino: HashMap<Ino, Weak<BackingId>>,
+}
+
+/// Drops the kernel's page cache of an inode once its backing file is
+/// complete (see [`Filled`]), through the session's notifier. The call
+/// comes from the filler's thread, never from a request handler, so it
+/// cannot wait on a reply of its own.
+pub fn drop_cache_when_filled(hook: &Filled, notifier: fuser::Notifier) {
+    let _ = hook.set(Box::new(move |ino| {
+        // ENOENT: the kernel has forgotten the inode, and its cache with it.
+        if let Err(e) = notifier.inval_inode(INodeNo(ino), 0, 0)
+            && e.raw_os_error() != Some(libc::ENOENT)
+        {
+            log::debug!("cannot drop the page cache of inode {ino}: {e}");
+        }
+    }));
 }
 
 impl Adapter {
