@@ -518,7 +518,10 @@ impl TensorFs {
     /// How the daemon serves a tensor or view file.
     fn cache_mode(&self, c: &Content) -> CacheMode {
         // Decoded data is worth keeping: a second read from the page
-        // cache beats decoding again or copying from our cache.
+        // cache beats decoding again or copying from our cache. With
+        // passthrough a backing file keeps it instead (filled after this
+        // open), and the kernel's copy into its own cache would only cost
+        // the first read a quarter of its speed and the memory twice.
         let (tensor, part) = match c {
             Content::Part { tensor, part } => (Some(*tensor), *part),
             Content::Npy { tensor } => (Some(*tensor), 0),
@@ -527,7 +530,7 @@ impl TensorFs {
         let decoded = tensor
             .and_then(|t| self.part(t, part))
             .is_some_and(|p| !matches!(self.data.catalog().blobs[p.blob].codec, Codec::Raw));
-        if self.direct_io && !decoded {
+        if self.direct_io && (!decoded || self.passthrough()) {
             CacheMode::DirectIo
         } else {
             CacheMode::KeepCache
@@ -1101,7 +1104,9 @@ mod passthrough_tests {
         }));
         let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
         let (fh, how) = fs.open(z, false).unwrap();
-        assert!(matches!(how, Open::Served(CacheMode::KeepCache)));
+        // Served with direct I/O: the backing file, not the kernel's cache
+        // of this inode, keeps the decoded bytes.
+        assert!(matches!(how, Open::Served(CacheMode::DirectIo)));
         // A peek fills nothing.
         assert_eq!(fs.read(z, fh, 0, 4096).unwrap().len(), 4096);
         fs.release(fh);
@@ -1150,7 +1155,8 @@ mod passthrough_tests {
         let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
         for _ in 0..2 {
             let (fh, how) = fs.open(z, false).unwrap();
-            assert!(matches!(how, Open::Served(_)));
+            // No backing file to come: the kernel's page cache keeps it.
+            assert!(matches!(how, Open::Served(CacheMode::KeepCache)));
             read_all(&fs, z, fh, data.len());
             fs.release(fh);
             filled(&fs);
