@@ -109,9 +109,75 @@ pub enum Segment {
 }
 
 enum Slot {
+    /// Written by the reads of served opens (see [`Partial`]).
+    Writing(Arc<Partial>),
     /// Being filled; opens meanwhile are served by the daemon.
     Filling,
     Ready(Arc<Backing>),
+}
+
+/// A backing file written as the daemon serves its file's reads: each
+/// range a read got from the data layer (checked, as every byte it
+/// serves) is written here too. At the last close only what no read asked
+/// for is left to fill: a whole read is decoded once, not again for its
+/// backing file after its frames left the cache.
+pub struct Partial {
+    file: File,
+    written: Mutex<Written>,
+}
+
+impl Partial {
+    /// Writes `bytes`, served at `at`; a failed write (a full disk) leaves
+    /// the file to be dropped at close.
+    pub fn offer(&self, at: u64, bytes: &[u8]) {
+        if bytes.is_empty() || lock(&self.written).failed {
+            return;
+        }
+        let end = at + bytes.len() as u64;
+        match self.file.write_all_at(bytes, at) {
+            Ok(()) => lock(&self.written).add(at, end),
+            Err(e) => {
+                log::debug!("cannot write a backing file: {e}");
+                lock(&self.written).failed = true;
+            }
+        }
+    }
+}
+
+/// The ranges of a backing file written so far.
+#[derive(Default)]
+struct Written {
+    /// Start -> end, disjoint and not touching.
+    ranges: std::collections::BTreeMap<u64, u64>,
+    failed: bool,
+}
+
+impl Written {
+    fn add(&mut self, mut start: u64, mut end: u64) {
+        if let Some((&s, &e)) = self.ranges.range(..=start).next_back()
+            && e >= start
+        {
+            start = s;
+            end = end.max(e);
+        }
+        let after: Vec<(u64, u64)> = self
+            .ranges
+            .range(start..=end)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        for (s, e) in after {
+            self.ranges.remove(&s);
+            end = end.max(e);
+        }
+        self.ranges.insert(start, end);
+    }
+
+    fn covers(&self, start: u64, end: u64) -> bool {
+        self.ranges
+            .range(..=start)
+            .next_back()
+            .is_some_and(|(_, &e)| e >= end)
+    }
 }
 
 #[derive(Default)]
@@ -130,6 +196,8 @@ struct Job {
     len: u64,
     data: Arc<Data>,
     segments: Vec<Segment>,
+    /// What reads wrote already.
+    skip: Written,
 }
 
 #[derive(Default)]
@@ -278,28 +346,88 @@ impl Backings {
         }
     }
 
-    /// Starts filling a backing file of files of content `key` from
-    /// `segments` (`len` bytes), unless one is there or being filled, or
-    /// there is no room for it.
-    pub fn start_fill(
+    /// At a served open of a file of content `key` (`len` bytes) whose
+    /// bytes take work: a backing file its reads write through to (see
+    /// [`Partial`]), made now unless one is there already, being filled,
+    /// or has no room.
+    pub fn begin(&self, key: &Content, len: u64) -> Option<Arc<Partial>> {
+        if let Some(slot) = lock(&self.inner).slots.get(key) {
+            return match slot {
+                Slot::Writing(p) => Some(p.clone()),
+                _ => None,
+            };
+        }
+        let file = self.reserve(key, len)?;
+        let p = Arc::new(Partial {
+            file,
+            written: Mutex::default(),
+        });
+        lock(&self.inner)
+            .slots
+            .insert(key.clone(), Slot::Writing(p.clone()));
+        Some(p)
+    }
+
+    /// At the last close of the served files of content `key` (`len`
+    /// bytes, made of `segments`): with `worth`, fills what its reads did
+    /// not write of its backing file, or all of a new one; without, drops
+    /// what they wrote (a peek at a large tensor keeps no disk).
+    pub fn close(
         self: &Arc<Self>,
         key: &Content,
         asked_by: u64,
         len: u64,
+        worth: bool,
         data: &Arc<Data>,
         segments: Vec<Segment>,
     ) {
+        let partial = match lock(&self.inner).slots.get(key) {
+            Some(Slot::Writing(p)) => Some(p.clone()),
+            Some(_) => return,
+            None => None,
+        };
+        let (file, skip) = match partial {
+            Some(p) => {
+                let written = std::mem::take(&mut *lock(&p.written));
+                let file = p.file.try_clone();
+                match (worth && !written.failed, file) {
+                    (true, Ok(file)) => {
+                        lock(&self.inner).slots.insert(key.clone(), Slot::Filling);
+                        (file, written)
+                    }
+                    _ => return self.forget(key, len),
+                }
+            }
+            None if worth => match self.reserve(key, len) {
+                Some(file) => (file, Written::default()),
+                None => return,
+            },
+            None => return,
+        };
+        self.queue(Job {
+            key: key.clone(),
+            asked_by,
+            file,
+            len,
+            data: data.clone(),
+            segments,
+            skip,
+        });
+    }
+
+    /// Room and an empty file of `len` bytes for `key`, whose slot it takes
+    /// (as being filled); `None` when there is no room or no file.
+    fn reserve(&self, key: &Content, len: u64) -> Option<File> {
         let mut inner = lock(&self.inner);
         if inner.slots.contains_key(key) {
-            return;
+            return None;
         }
         if !self.make_room(&mut inner, len) {
             log::debug!(
-                "{}: no room for a {len}-byte backing file (limit {}); served by the daemon",
-                data.catalog().label,
+                "no room for a {len}-byte backing file (limit {}); served by the daemon",
                 self.opts.limit
             );
-            return;
+            return None;
         }
         inner.filled += len;
         inner.slots.insert(key.clone(), Slot::Filling);
@@ -307,27 +435,28 @@ impl Backings {
         if let Err(why) = super::spill::room(&self.opts.dir, len) {
             log::debug!("no backing file of {len} bytes: {why}");
             self.forget(key, len);
-            return;
+            return None;
         }
-        let file = match tempfile::tempfile_in(&self.opts.dir) {
-            Ok(f) => f,
+        // Sized, not reserved: pieces are written with pwrite, so a disk
+        // that fills fails that write (and the fill), never a fault; and a
+        // file written into `fallocate`d space reads back slower (40 ms
+        // against 28 for 64 MiB here).
+        let made = tempfile::tempfile_in(&self.opts.dir).and_then(|f| f.set_len(len).map(|_| f));
+        match made {
+            Ok(f) => Some(f),
             Err(e) => {
                 log::warn!(
                     "cannot create a backing file in {}: {e}",
                     self.opts.dir.display()
                 );
                 self.forget(key, len);
-                return;
+                None
             }
-        };
-        let job = Job {
-            key: key.clone(),
-            asked_by,
-            file,
-            len,
-            data: data.clone(),
-            segments,
-        };
+        }
+    }
+
+    fn queue(self: &Arc<Self>, job: Job) {
+        let (key, len) = (job.key.clone(), job.len);
         let mut queue = lock(&self.queue);
         queue.jobs.push_back(job);
         if !queue.running {
@@ -341,7 +470,7 @@ impl Backings {
                     log::warn!("cannot start a backing file's filler: {e}");
                     queue.jobs.pop_back();
                     drop(queue);
-                    self.forget(key, len);
+                    self.forget(&key, len);
                 }
             }
         }
@@ -370,25 +499,38 @@ impl Backings {
     /// `len` more bytes fit. False when they cannot.
     fn make_room(&self, inner: &mut Inner, len: u64) -> bool {
         while inner.filled + len > self.opts.limit {
-            let victim = inner
-                .slots
-                .iter()
-                .filter_map(|(key, s)| match s {
-                    Slot::Ready(b) if b.origin == Origin::Filled && b.opens.load(Relaxed) == 0 => {
-                        Some((key, b.used.load(Relaxed), b.len))
-                    }
-                    _ => None,
-                })
-                .min_by_key(|&(_, used, _)| used)
-                .map(|(key, _, len)| (key.clone(), len));
-            let Some((key, freed)) = victim else {
+            if !self.evict_one(inner) {
                 return false;
-            };
-            inner.slots.remove(&key);
-            inner.filled -= freed;
-            Stats::add(&self.stats.backing_evictions, 1);
-            log::debug!("dropped the {freed}-byte backing file of {key:?} to make room");
+            }
         }
+        true
+    }
+
+    /// Frees the least recently opened filled file no open holds, for a
+    /// spill that needs its disk. False when there is none.
+    pub fn drop_idle(&self) -> bool {
+        self.evict_one(&mut lock(&self.inner))
+    }
+
+    fn evict_one(&self, inner: &mut Inner) -> bool {
+        let victim = inner
+            .slots
+            .iter()
+            .filter_map(|(key, s)| match s {
+                Slot::Ready(b) if b.origin == Origin::Filled && b.opens.load(Relaxed) == 0 => {
+                    Some((key, b.used.load(Relaxed), b.len))
+                }
+                _ => None,
+            })
+            .min_by_key(|&(_, used, _)| used)
+            .map(|(key, _, len)| (key.clone(), len));
+        let Some((key, freed)) = victim else {
+            return false;
+        };
+        inner.slots.remove(&key);
+        inner.filled -= freed;
+        Stats::add(&self.stats.backing_evictions, 1);
+        log::debug!("dropped the {freed}-byte backing file of {key:?} to make room");
         true
     }
 
@@ -420,7 +562,7 @@ impl Backings {
         let filling = inner
             .slots
             .values()
-            .filter(|s| matches!(s, Slot::Filling))
+            .filter(|s| matches!(s, Slot::Filling | Slot::Writing(_)))
             .count();
         (inner.filled, filling as u64)
     }
@@ -439,8 +581,9 @@ impl Backings {
             len,
             data,
             segments,
+            skip,
         } = job;
-        if let Err(why) = write_all(&file, len, &data, &segments) {
+        if let Err(why) = write_all(&file, len, &data, &segments, &skip) {
             log::debug!("{key:?} stays served by the daemon: {why}");
             self.forget(&key, len);
             return;
@@ -559,15 +702,16 @@ struct Piece {
     to: u64,
 }
 
-/// Writes `segments` into `file` in order; parts in [`CHUNK`]s taken by one
-/// worker per core.
-fn write_all(file: &File, len: u64, data: &Data, segments: &[Segment]) -> Result<(), String> {
+/// Writes `segments` into `file` (sized) in order, but for what `skip`
+/// says is there; parts in [`CHUNK`]s taken by one worker per core.
+fn write_all(
+    file: &File,
+    len: u64,
+    data: &Data,
+    segments: &[Segment],
+    skip: &Written,
+) -> Result<(), String> {
     let io = |e: std::io::Error| format!("cannot write a backing file: {e}");
-    // Sized, not reserved: the pieces are written with pwrite, so a disk
-    // that fills fails that write (and the fill), never a fault; and a file
-    // written into `fallocate`d space reads back slower (40 ms against 28
-    // for 64 MiB here).
-    file.set_len(len).map_err(io)?;
     let mut pieces = Vec::new();
     let mut to = 0u64;
     for s in segments {
@@ -580,6 +724,10 @@ fn write_all(file: &File, len: u64, data: &Data, segments: &[Segment]) -> Result
                 let mut at = 0;
                 while at < len {
                     let n = CHUNK.min(len - at);
+                    if skip.covers(to + at, to + at + n) {
+                        at += n;
+                        continue;
+                    }
                     pieces.push(Piece {
                         tensor,
                         part,
@@ -633,5 +781,35 @@ fn write_all(file: &File, len: u64, data: &Data, segments: &[Segment]) -> Result
     match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
         Some(why) => Err(why),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Written;
+
+    #[test]
+    fn written_ranges_merge_and_cover() {
+        let mut w = Written::default();
+        w.add(10, 20);
+        w.add(30, 40);
+        assert!(w.covers(10, 20) && w.covers(12, 18) && w.covers(30, 40));
+        assert!(!w.covers(5, 15) && !w.covers(15, 35) && !w.covers(0, 1));
+        // Touching and overlapping ranges join; one inside changes nothing.
+        w.add(20, 30);
+        assert!(w.covers(10, 40));
+        w.add(5, 12);
+        w.add(35, 50);
+        w.add(15, 16);
+        assert_eq!(w.ranges.iter().collect::<Vec<_>>(), vec![(&5, &50)]);
+        // A range over several joins them all.
+        w.add(60, 70);
+        w.add(80, 90);
+        w.add(55, 85);
+        assert_eq!(
+            w.ranges.iter().collect::<Vec<_>>(),
+            vec![(&5, &50), (&55, &90)]
+        );
+        assert!(!w.covers(49, 56));
     }
 }

@@ -144,7 +144,13 @@ pub struct Data {
     /// Progressive decoder threads running, at most `max_decoders`.
     decoders: AtomicUsize,
     max_decoders: usize,
+    /// Asked to free some of `--cache-dir` that others hold (a filled
+    /// backing file no open holds) when a spill does not fit; true when it
+    /// freed something.
+    free_disk: OnceLock<FreeDisk>,
 }
+
+pub type FreeDisk = Box<dyn Fn() -> bool + Send + Sync>;
 
 impl Data {
     /// Serves `catalog` from `files` (one per `catalog.sources`).
@@ -178,6 +184,7 @@ impl Data {
             opts,
             decoders: AtomicUsize::new(0),
             max_decoders: workers,
+            free_disk: OnceLock::new(),
         }))
     }
 
@@ -1127,9 +1134,7 @@ impl Data {
         *slot = None;
         let decoded = b.decoded_len;
         let dir = &self.opts.cache_dir;
-        if spill::room(dir, decoded).is_err() {
-            self.drop_idle_spills(bi, dir, decoded);
-        }
+        self.room_for_spill(bi, dir, decoded);
         self.ensure_blob(s, bi)?;
         let (blob, name, stats) = (b.clone(), p.name, self.stats.clone());
         let run = Box::new(
@@ -1183,9 +1188,7 @@ impl Data {
         *slot = None;
         let decoded = self.blob(bi).decoded_len;
         let dir = &self.opts.cache_dir;
-        if spill::room(dir, decoded).is_err() {
-            self.drop_idle_spills(bi, dir, decoded);
-        }
+        self.room_for_spill(bi, dir, decoded);
         self.ensure_blob(s, bi)?;
         let span = self.span(s, bi);
         let early = self.trusted_early(bi, span.bytes(), one_frame);
@@ -1207,6 +1210,41 @@ impl Data {
 }
 
 impl Data {
+    /// Whether part `pi` of tensor `ti` is read from a spill: a decoded
+    /// copy on disk already, from which a backing file is filled without
+    /// decoding again (and which a second copy would crowd on the disk).
+    pub fn spilled(&self, ti: usize, pi: usize) -> bool {
+        let blob = self.catalog.tensors.get(ti).and_then(|t| match &t.parts {
+            Ok(parts) => parts.get(pi).map(|p| p.blob),
+            Err(_) => None,
+        });
+        blob.and_then(|bi| self.states.get(bi))
+            .is_some_and(|st| super::lock(&st.spill).is_some())
+    }
+
+    /// Sets who frees `--cache-dir` space others hold (see `free_disk`).
+    pub fn on_disk_full(&self, free: FreeDisk) {
+        let _ = self.free_disk.set(free);
+    }
+
+    /// The hook set by [`Data::on_disk_full`], for tests.
+    #[cfg(test)]
+    pub fn free_disk(&self) -> impl Fn() -> bool + '_ {
+        || self.free_disk.get().is_some_and(|f| f())
+    }
+
+    /// Room in `dir` for a spill of `decoded` bytes of blob `bi`, as far as
+    /// dropping idle spills and idle backing files can make it.
+    fn room_for_spill(&self, bi: usize, dir: &Path, decoded: u64) {
+        if spill::room(dir, decoded).is_ok() {
+            return;
+        }
+        self.drop_idle_spills(bi, dir, decoded);
+        if let Some(free) = self.free_disk.get() {
+            while spill::room(dir, decoded).is_err() && free() {}
+        }
+    }
+
     /// Spills stay while mounted, so that a tensor is decoded once. When a
     /// new one does not fit, finished spills that no reader holds go first
     /// (until it fits), so that spills read once cannot fill the disk and

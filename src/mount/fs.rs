@@ -9,7 +9,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use super::backing::{Backing, BackingOptions, Backings, Filled, Segment};
+use super::backing::{Backing, BackingOptions, Backings, Filled, Partial, Segment};
 use super::data::{Bytes, Data, DataOptions, scratch};
 use super::sidecar;
 use super::stats::Stats;
@@ -72,6 +72,9 @@ struct OpenFile {
     ino: Ino,
     /// Its backing when the kernel reads it.
     backing: Option<Arc<Backing>>,
+    /// The backing file its reads write through to, when the daemon
+    /// serves it and its bytes take work.
+    partial: Option<Arc<Partial>>,
 }
 
 /// Open handles of tensor and view files.
@@ -200,9 +203,16 @@ impl TensorFs {
         let sizes = (0..tree.len()).map(|_| OnceLock::new()).collect();
         let stats = Arc::new(Stats::default());
         let data = Data::new(catalog, files, opts.data, stats.clone())?;
+        let backings = Arc::new(Backings::new(opts.backing, stats));
+        // A spill that does not fit may take the disk of filled backing
+        // files no open holds: both live in `--cache-dir`.
+        let weak = Arc::downgrade(&backings);
+        data.on_disk_full(Box::new(move || {
+            weak.upgrade().is_some_and(|b| b.drop_idle())
+        }));
         Ok(TensorFs {
             safetensors_is_source,
-            backings: Arc::new(Backings::new(opts.backing, stats)),
+            backings,
             passthrough: std::sync::atomic::AtomicBool::new(false),
             opens: Mutex::default(),
             xattrs: opts.xattrs,
@@ -485,13 +495,20 @@ impl TensorFs {
             ) => {
                 let backing = self.backing(c)?;
                 let mut opens = super::lock(&self.opens);
-                let mut open = OpenFile { ino, backing: None };
+                let mut open = OpenFile {
+                    ino,
+                    backing: None,
+                    partial: None,
+                };
                 if let Some(b) = backing.filter(|_| !opens.served.contains_key(&ino)) {
                     self.backings.opened(&b);
                     open.backing = Some(b.clone());
                     opens.by_fh.insert(fh, open);
                     return Ok((fh, Open::Backed(b)));
                 }
+                drop(opens);
+                open.partial = self.write_through(ino, c);
+                let mut opens = super::lock(&self.opens);
                 *opens.served.entry(ino).or_default() += 1;
                 opens.by_fh.insert(fh, open);
                 Stats::add(&self.data.stats().fuse_opens, 1);
@@ -580,10 +597,10 @@ impl TensorFs {
     }
 
     /// When the last open of `ino` the daemon served is closed, `read`
-    /// bytes of it served since mount: fills a backing file for it when
-    /// those are at least half of a file worth one (a peek at a large
-    /// tensor decodes no more than it read). The fill then finds the
-    /// decoded bytes the readers left in the cache.
+    /// bytes of it served since mount: fills what its reads did not write
+    /// of a backing file for it when those are at least half of a file
+    /// worth one, else drops what they wrote (a peek at a large tensor
+    /// decodes no more than it read).
     fn maybe_fill(&self, ino: Ino, read: u64) {
         let Some(NodeKind::File(c)) = self.tree.node(ino).map(|n| &n.kind) else {
             return;
@@ -597,13 +614,25 @@ impl TensorFs {
             return;
         }
         let len = self.size_of(ino, c);
-        if read.saturating_mul(2) < len {
-            return;
-        }
         let segments = self.segments(c);
         if self.worth_filling(&segments) {
-            self.backings.start_fill(c, ino, len, &self.data, segments);
+            let worth = read.saturating_mul(2) >= len;
+            self.backings
+                .close(c, ino, len, worth, &self.data, segments);
         }
+    }
+
+    /// The backing file a served open of `ino` (content `c`) writes its
+    /// reads through to, when `c` is worth one (see [`Partial`]).
+    fn write_through(&self, ino: Ino, c: &Content) -> Option<Arc<Partial>> {
+        if !self.passthrough() {
+            return None;
+        }
+        let segments = self.segments(c);
+        if !self.worth_filling(&segments) {
+            return None;
+        }
+        self.backings.begin(c, self.size_of(ino, c))
     }
 
     /// The source file as the backing of the `model.safetensors` view,
@@ -722,7 +751,9 @@ impl TensorFs {
             let mut opens = super::lock(&self.opens);
             let gone = opens.by_fh.remove(&fh);
             let mut last = None;
-            if let Some(OpenFile { ino, backing: None }) = &gone
+            if let Some(OpenFile {
+                ino, backing: None, ..
+            }) = &gone
                 && let Some(n) = opens.served.get_mut(ino)
             {
                 *n -= 1;
@@ -800,6 +831,30 @@ impl TensorFs {
         }
         drop(opens);
         Ok(bytes)
+    }
+
+    /// After `bytes` read at `off` through `fh` went to the reader: writes
+    /// them through to the file's backing file, if it has one coming (see
+    /// [`Partial`]). Called once the reply is out, so the reader does not
+    /// wait for the write.
+    pub fn served(&self, fh: u64, off: u64, bytes: &[u8]) {
+        let Some((ino, p)) = super::lock(&self.opens)
+            .by_fh
+            .get(&fh)
+            .and_then(|o| Some((o.ino, o.partial.clone()?)))
+        else {
+            return;
+        };
+        let spilled = match self.tree.node(ino).map(|n| &n.kind) {
+            Some(NodeKind::File(Content::Part { tensor, part })) => {
+                self.data.spilled(*tensor, *part)
+            }
+            Some(NodeKind::File(Content::Npy { tensor })) => self.data.spilled(*tensor, 0),
+            _ => false,
+        };
+        if !spilled {
+            p.offer(off, bytes);
+        }
     }
 
     fn read_node(
@@ -1077,7 +1132,9 @@ mod passthrough_tests {
     fn read_all(fs: &TensorFs, ino: Ino, fh: u64, len: usize) {
         let mut at = 0;
         while at < len {
-            at += fs.read(ino, fh, at as u64, 1 << 20).unwrap().len();
+            let bytes = fs.read(ino, fh, at as u64, 1 << 20).unwrap();
+            fs.served(fh, at as u64, &bytes);
+            at += bytes.len();
         }
     }
 
@@ -1118,8 +1175,14 @@ mod passthrough_tests {
         assert!(matches!(how, Open::Served(_)));
         read_all(&fs, z, fh, data.len());
         fs.release(fh);
-        filled(&fs);
-        assert_eq!(fs.backings.gauges(), (0, 0));
+        // Its reads wrote the backing file through; it is not handed out
+        // while a served open is left.
+        assert_eq!(fs.backings.gauges(), (data.len() as u64, 1));
+        assert!(
+            fs.backings
+                .ready(&Content::Part { tensor: 0, part: 0 })
+                .is_none()
+        );
         fs.release(fh2);
         filled(&fs);
         let (fh, how) = fs.open(z, false).unwrap();
@@ -1145,6 +1208,88 @@ mod passthrough_tests {
         assert_eq!(&v[..6], b"\x93NUMPY");
         assert_eq!(&v[v.len() - data.len()..], &data[..]);
         assert_eq!(fs.backings.gauges().0, (v.len() + data.len()) as u64);
+    }
+
+    #[test]
+    fn a_whole_read_writes_its_backing_file_and_the_fill_reads_nothing_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 5 % 241) as u8).collect();
+        let fs = zstd_fs(dir.path(), &data, 1 << 30);
+        fs.set_passthrough(true);
+        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+        let (fh, _) = fs.open(z, false).unwrap();
+        read_all(&fs, z, fh, data.len());
+        let stats = fs.data().stats();
+        let counts = || {
+            (
+                stats.cache_hits.load(Relaxed),
+                stats.cache_misses.load(Relaxed),
+                stats.decompressions.load(Relaxed),
+            )
+        };
+        let before = counts();
+        fs.release(fh);
+        filled(&fs);
+        assert_eq!(counts(), before, "the fill read the data layer again");
+        let (_, how) = fs.open(z, false).unwrap();
+        let Open::Backed(b) = how else {
+            panic!("not backed")
+        };
+        assert_eq!(contents(&b), data);
+    }
+
+    #[test]
+    fn a_spill_short_of_disk_may_drop_a_filled_file_no_open_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = vec![9u8; 1 << 20];
+        let fs = zstd_fs(dir.path(), &data, 1 << 30);
+        fs.set_passthrough(true);
+        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+        let (fh, _) = fs.open(z, false).unwrap();
+        read_all(&fs, z, fh, data.len());
+        fs.release(fh);
+        filled(&fs);
+        let (fh, how) = fs.open(z, false).unwrap();
+        assert!(matches!(how, Open::Backed(_)));
+        let free = fs.data().free_disk();
+        assert!(!free(), "dropped a backing file an open holds");
+        fs.release(fh);
+        assert!(free());
+        assert_eq!(fs.backings.gauges(), (0, 0));
+        assert!(!free());
+    }
+
+    #[test]
+    fn a_partly_read_file_is_filled_in_its_gaps_and_a_peek_keeps_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 3 % 239) as u8).collect();
+        let fs = zstd_fs(dir.path(), &data, 1 << 30);
+        fs.set_passthrough(true);
+        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+        // A peek: what it wrote is dropped at close.
+        let (fh, _) = fs.open(z, false).unwrap();
+        let bytes = fs.read(z, fh, 4096, 4096).unwrap();
+        fs.served(fh, 4096, &bytes);
+        assert_eq!(fs.backings.gauges(), (data.len() as u64, 1));
+        fs.release(fh);
+        assert_eq!(fs.backings.gauges(), (0, 0));
+        // Two thirds read, out of order and in odd sizes: the rest is filled.
+        let (fh, _) = fs.open(z, false).unwrap();
+        for (at, n) in [
+            (1_000_000u64, 777_777u32),
+            (12_345, 987_655),
+            (1_777_777, 222_223),
+        ] {
+            let bytes = fs.read(z, fh, at, n).unwrap();
+            fs.served(fh, at, &bytes);
+        }
+        fs.release(fh);
+        filled(&fs);
+        let (_, how) = fs.open(z, false).unwrap();
+        let Open::Backed(b) = how else {
+            panic!("not backed")
+        };
+        assert_eq!(contents(&b), data);
     }
 
     #[test]

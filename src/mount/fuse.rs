@@ -273,7 +273,10 @@ impl Filesystem for Adapter {
         reply: ReplyData,
     ) {
         match self.fs.read(ino(i), fh.0, offset, size) {
-            Ok(bytes) => reply.data(&bytes),
+            Ok(bytes) => {
+                reply.data(&bytes);
+                self.fs.served(fh.0, offset, &bytes);
+            }
             Err(e) => reply.error(err(e)),
         }
     }
