@@ -303,8 +303,17 @@ fn readers_of_one_cold_tensor_decode_each_frame_once() {
         opts: zstd(FRAME, Endian::Little),
     };
     let le = Arc::new(t.le.clone());
+    // The data layer's cache alone: with passthrough, frames written
+    // through to a backing file leave the cache behind the readers.
     let Some(m) = Mount::with(
-        &["--cache-size", "64M", "--direct-io", "--threads", "8"],
+        &[
+            "--cache-size",
+            "64M",
+            "--direct-io",
+            "--threads",
+            "8",
+            "--no-passthrough",
+        ],
         |p| write(p, std::slice::from_ref(&t)),
     ) else {
         return;
@@ -405,9 +414,12 @@ fn a_second_pass_over_an_evicted_tensor_is_read_ahead_too() {
         le: compressible(31, 64 * FRAME),
         opts: zstd(FRAME, Endian::Little),
     };
-    let Some(m) = Mount::with(&["--cache-size", "1M", "--direct-io"], |p| {
-        write(p, std::slice::from_ref(&t))
-    }) else {
+    // The data layer's read-ahead: with passthrough, the second pass
+    // would read what the first wrote through to a backing file.
+    let Some(m) = Mount::with(
+        &["--cache-size", "1M", "--direct-io", "--no-passthrough"],
+        |p| write(p, std::slice::from_ref(&t)),
+    ) else {
         return;
     };
     let f = std::fs::File::open(m.path("seq")).unwrap();

@@ -680,3 +680,42 @@ fn a_peek_at_a_decoded_tensor_fills_nothing() {
     assert_eq!(m.stat_u64("backing_files"), 1, "{}", m.stats());
     m.unmount_ok();
 }
+
+#[test]
+fn a_first_read_writes_its_backing_file_through_and_decodes_each_frame_once() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("z.zt");
+    // 24 frames of 1 MiB under an 8 MiB cache: a fill after the close
+    // would find most of them evicted and decode them again.
+    let tensors = write_zstd(&src, &["z"], 6 << 20);
+    let want = &tensors[0].1;
+    m.mount(&src, &["--cache-size", "8M"]);
+    let frames = want.len() as u64 >> 20;
+    let mut held = std::fs::File::open(m.path("z")).unwrap();
+    let mut got = Vec::new();
+    held.read_to_end(&mut got).unwrap();
+    assert!(got == *want, "first read");
+    assert_eq!(m.stat_u64("decompressions"), frames, "{}", m.stats());
+    // Frames behind the reader left the cache as they were written.
+    assert!(m.stat_u64("cache_entries") <= 8, "{}", m.stats());
+    // A second open while the first is held is the daemon's (no backing
+    // file is handed out while a served open is left), and reads what the
+    // first one wrote: no decode.
+    assert!(m.read("z") == *want, "second read");
+    assert_eq!(m.stat_u64("decompressions"), frames, "{}", m.stats());
+    drop(held);
+    settled(&m);
+    assert_eq!(m.stat_u64("backing_files"), 1, "{}", m.stats());
+    assert_eq!(
+        m.stat_u64("decompressions"),
+        frames,
+        "the fill decoded again"
+    );
+    let served = m.stat_u64("bytes_served");
+    assert!(m.read("z") == *want, "backed read");
+    assert_eq!(m.stat_u64("bytes_served"), served, "{}", m.stats());
+    m.unmount_ok();
+}

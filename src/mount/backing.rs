@@ -123,22 +123,47 @@ enum Slot {
 /// backing file after its frames left the cache.
 pub struct Partial {
     file: File,
+    len: u64,
     written: Mutex<Written>,
 }
 
 impl Partial {
-    /// Writes `bytes`, served at `at`; a failed write (a full disk) leaves
-    /// the file to be dropped at close.
-    pub fn offer(&self, at: u64, bytes: &[u8]) {
-        if bytes.is_empty() || lock(&self.written).failed {
-            return;
+    /// Bytes `[at, at+n)` (cut at the end of the file) when they are
+    /// written: a read of them needs no decode, and no cache.
+    pub fn read(&self, at: u64, n: u64) -> Option<Vec<u8>> {
+        let end = at.saturating_add(n).min(self.len);
+        {
+            let w = lock(&self.written);
+            if at >= end || w.failed || !w.covers(at, end) {
+                return None;
+            }
         }
+        let mut v = super::data::scratch::take();
+        v.resize((end - at) as usize, 0);
+        self.file.read_exact_at(&mut v, at).ok()?;
+        Some(v)
+    }
+
+    /// Writes `bytes`, served at `at`: the written range they are in now,
+    /// or `None` when they could not be written (a full disk leaves the
+    /// file to be dropped at close).
+    pub fn offer(&self, at: u64, bytes: &[u8]) -> Option<(u64, u64)> {
         let end = at + bytes.len() as u64;
+        {
+            let w = lock(&self.written);
+            if bytes.is_empty() || w.failed {
+                return None;
+            }
+            if let Some(r) = w.around(at, end) {
+                return Some(r);
+            }
+        }
         match self.file.write_all_at(bytes, at) {
-            Ok(()) => lock(&self.written).add(at, end),
+            Ok(()) => Some(lock(&self.written).add(at, end)),
             Err(e) => {
                 log::debug!("cannot write a backing file: {e}");
                 lock(&self.written).failed = true;
+                None
             }
         }
     }
@@ -153,7 +178,8 @@ struct Written {
 }
 
 impl Written {
-    fn add(&mut self, mut start: u64, mut end: u64) {
+    /// Adds `[start, end)`; the written range it is part of now.
+    fn add(&mut self, mut start: u64, mut end: u64) -> (u64, u64) {
         if let Some((&s, &e)) = self.ranges.range(..=start).next_back()
             && e >= start
         {
@@ -170,13 +196,20 @@ impl Written {
             end = end.max(e);
         }
         self.ranges.insert(start, end);
+        (start, end)
     }
 
     fn covers(&self, start: u64, end: u64) -> bool {
+        self.around(start, end).is_some()
+    }
+
+    /// The written range holding all of `[start, end)`, if one does.
+    fn around(&self, start: u64, end: u64) -> Option<(u64, u64)> {
         self.ranges
             .range(..=start)
             .next_back()
-            .is_some_and(|(_, &e)| e >= end)
+            .filter(|(_, e)| **e >= end)
+            .map(|(&s, &e)| (s, e))
     }
 }
 
@@ -360,6 +393,7 @@ impl Backings {
         let file = self.reserve(key, len)?;
         let p = Arc::new(Partial {
             file,
+            len,
             written: Mutex::default(),
         });
         lock(&self.inner)

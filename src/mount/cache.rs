@@ -387,6 +387,21 @@ impl Cache {
         outcome
     }
 
+    /// Drops `key`'s unit unless someone holds it: its bytes are kept
+    /// elsewhere now. Its buffer is kept for the next decode of its size.
+    pub fn drop_idle(&self, key: Key) {
+        let mut inner = lock(&self.inner);
+        if inner
+            .lru
+            .peek(&key)
+            .is_some_and(|b| Arc::strong_count(b) == 1)
+        {
+            let gone = inner.lru.pop(&key);
+            drop(inner);
+            drop(gone);
+        }
+    }
+
     /// Drops `buf` from the cache if it is still the entry for `key`.
     pub fn discard(&self, key: Key, buf: &Arc<Buf>) {
         let mut inner = lock(&self.inner);

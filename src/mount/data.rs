@@ -1227,6 +1227,40 @@ impl Data {
         let _ = self.free_disk.set(free);
     }
 
+    /// Exposed bytes `covered` (from, to) of part `pi` of tensor `ti` are
+    /// kept elsewhere now (a backing file), and a read just wrote `touched`
+    /// of them: the few frames right behind `touched` that lie wholly in
+    /// `covered` leave the cache, unless someone holds them. A first read
+    /// then keeps a few frames in memory, not the tensor, and their buffers
+    /// serve the next decodes. Frames behind, not under, the read: the
+    /// requests of one read and readers side by side still use those, and
+    /// one dropped under a reader about to take it would be decoded again.
+    pub fn written(&self, ti: usize, pi: usize, touched: (u64, u64), covered: (u64, u64)) {
+        const BEHIND: usize = 8;
+        let Some(Ok(parts)) = self.catalog.tensors.get(ti).map(|t| t.parts.as_ref()) else {
+            return;
+        };
+        let Some(part) = parts.get(pi) else {
+            return;
+        };
+        let blob_range = |(a, b): (u64, u64)| {
+            expose::direct_range(part, a, b.saturating_sub(a)).map(|(at, n)| (at, at + n))
+        };
+        let (Some((t0, _)), Some((c0, _))) = (blob_range(touched), blob_range(covered)) else {
+            return;
+        };
+        let Some(Ok(Plan::Frames(frames))) = self.states.get(part.blob).and_then(|s| s.plan.get())
+        else {
+            return;
+        };
+        let first_after = frames.partition_point(|f| f.d_start + f.d_len <= t0);
+        for k in first_after.saturating_sub(BEHIND)..first_after {
+            if frames[k].d_start >= c0 {
+                self.cache.drop_idle((part.blob as u32, k as u32));
+            }
+        }
+    }
+
     /// The hook set by [`Data::on_disk_full`], for tests.
     #[cfg(test)]
     pub fn free_disk(&self) -> impl Fn() -> bool + '_ {

@@ -824,7 +824,10 @@ impl TensorFs {
     pub fn read(&self, ino: Ino, fh: u64, off: u64, size: u32) -> Result<Bytes<'_>, Errno> {
         Stats::add(&self.data.stats().reads, 1);
         let node = self.tree.node(ino).ok_or(libc::ENOENT)?;
-        let bytes = self.read_node(ino, &node.kind, fh, off, size)?;
+        let bytes = match self.written(fh, off, size) {
+            Some(v) => Bytes::Owned(v),
+            None => self.read_node(ino, &node.kind, fh, off, size)?,
+        };
         let mut opens = super::lock(&self.opens);
         if let Some(ino) = opens.by_fh.get(&fh).map(|o| o.ino) {
             *opens.served_bytes.entry(ino).or_default() += bytes.len() as u64;
@@ -837,24 +840,56 @@ impl TensorFs {
     /// them through to the file's backing file, if it has one coming (see
     /// [`Partial`]). Called once the reply is out, so the reader does not
     /// wait for the write.
-    pub fn served(&self, fh: u64, off: u64, bytes: &[u8]) {
-        let Some((ino, p)) = super::lock(&self.opens)
+    pub fn served(&self, fh: u64, off: u64, bytes: Bytes<'_>) {
+        let Some((ino, p)) = self.partial(fh) else {
+            return;
+        };
+        // The tensor's part, and where its bytes start in this file.
+        let (tensor, part, start) = match self.tree.node(ino).map(|n| &n.kind) {
+            Some(NodeKind::File(Content::Part { tensor, part })) => (*tensor, *part, 0),
+            Some(NodeKind::File(Content::Npy { tensor })) => {
+                let header = self.npy(*tensor).map_or(0, |(h, _)| h.len() as u64);
+                (*tensor, 0, header)
+            }
+            _ => {
+                let _ = p.offer(off, &bytes);
+                return;
+            }
+        };
+        if self.data.spilled(tensor, part) {
+            return;
+        }
+        let Some((from, to)) = p.offer(off, &bytes) else {
+            return;
+        };
+        let end = off + bytes.len() as u64;
+        // Let go of the frames first: a held one stays cached.
+        drop(bytes);
+        // In the part's own offsets: what this read touched, and all that
+        // is written around it.
+        let inside = |x: u64| x.max(start) - start;
+        if end > start {
+            self.data.written(
+                tensor,
+                part,
+                (inside(off), inside(end)),
+                (inside(from), inside(to)),
+            );
+        }
+    }
+
+    /// The backing file open `fh` writes through to, and its inode.
+    fn partial(&self, fh: u64) -> Option<(Ino, Arc<Partial>)> {
+        super::lock(&self.opens)
             .by_fh
             .get(&fh)
             .and_then(|o| Some((o.ino, o.partial.clone()?)))
-        else {
-            return;
-        };
-        let spilled = match self.tree.node(ino).map(|n| &n.kind) {
-            Some(NodeKind::File(Content::Part { tensor, part })) => {
-                self.data.spilled(*tensor, *part)
-            }
-            Some(NodeKind::File(Content::Npy { tensor })) => self.data.spilled(*tensor, 0),
-            _ => false,
-        };
-        if !spilled {
-            p.offer(off, bytes);
-        }
+    }
+
+    /// Bytes `[off, off+size)` of open `fh` from the backing file its reads
+    /// wrote, when they are all there.
+    fn written(&self, fh: u64, off: u64, size: u32) -> Option<Vec<u8>> {
+        self.partial(fh)?.1.read(off, size as u64)
     }
 
     fn read_node(
@@ -1133,8 +1168,9 @@ mod passthrough_tests {
         let mut at = 0;
         while at < len {
             let bytes = fs.read(ino, fh, at as u64, 1 << 20).unwrap();
-            fs.served(fh, at as u64, &bytes);
-            at += bytes.len();
+            let n = bytes.len();
+            fs.served(fh, at as u64, bytes);
+            at += n;
         }
     }
 
@@ -1269,7 +1305,7 @@ mod passthrough_tests {
         // A peek: what it wrote is dropped at close.
         let (fh, _) = fs.open(z, false).unwrap();
         let bytes = fs.read(z, fh, 4096, 4096).unwrap();
-        fs.served(fh, 4096, &bytes);
+        fs.served(fh, 4096, bytes);
         assert_eq!(fs.backings.gauges(), (data.len() as u64, 1));
         fs.release(fh);
         assert_eq!(fs.backings.gauges(), (0, 0));
@@ -1281,7 +1317,7 @@ mod passthrough_tests {
             (1_777_777, 222_223),
         ] {
             let bytes = fs.read(z, fh, at, n).unwrap();
-            fs.served(fh, at, &bytes);
+            fs.served(fh, at, bytes);
         }
         fs.release(fh);
         filled(&fs);
