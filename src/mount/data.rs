@@ -1254,8 +1254,9 @@ impl Data {
             return;
         };
         let first_after = frames.partition_point(|f| f.d_start + f.d_len <= t0);
-        for k in first_after.saturating_sub(BEHIND)..first_after {
-            if frames[k].d_start >= c0 {
+        let from = first_after.saturating_sub(BEHIND);
+        for (k, f) in frames.iter().enumerate().take(first_after).skip(from) {
+            if f.d_start >= c0 {
                 self.cache.drop_idle((part.blob as u32, k as u32));
             }
         }
