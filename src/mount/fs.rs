@@ -163,19 +163,26 @@ impl TensorFs {
         opts: FsOptions,
     ) -> std::io::Result<TensorFs> {
         let mut views = opts.views;
-        let layout = views
-            .safetensors
-            .then(|| safetensors_layout(&catalog, &files));
-        let (safetensors, safetensors_is_source) = match layout {
-            Some(Ok((l, identical))) => (Some(l), identical),
-            Some(Err(why)) => {
+        // The safetensors view's header is laid out on a second core while
+        // the tree is built: each is a pass over every tensor.
+        let (layout, tree) = std::thread::scope(|s| {
+            let layout = views
+                .safetensors
+                .then(|| s.spawn(|| safetensors_layout(&catalog, &files)));
+            let tree = Tree::build(&catalog, views);
+            (layout.map(|h| h.join()), tree)
+        });
+        let (safetensors, safetensors_is_source, mut tree) = match layout {
+            Some(Ok(Ok((l, identical)))) => (Some(l), identical, tree),
+            Some(Ok(Err(why))) => {
                 log::warn!("{}: no model.safetensors view: {why}", catalog.label);
                 views.safetensors = false;
-                (None, false)
+                // Rare: built again without the view's directory.
+                (None, false, Tree::build(&catalog, views))
             }
-            None => (None, false),
+            Some(Err(panic)) => std::panic::resume_unwind(panic),
+            None => (None, false, tree),
         };
-        let mut tree = Tree::build(&catalog, views);
         for e in safetensors.iter().flat_map(|l| &l.entries) {
             tree.placements[e.tensor].views |= super::tree::VIEW_SAFETENSORS;
         }

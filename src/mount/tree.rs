@@ -19,6 +19,8 @@ pub const ROOT: Ino = 1;
 /// The hidden directory at the top that holds `index.json` and `stats`.
 pub const META_DIR: &str = ".ztensor";
 const NAME_MAX: usize = 255;
+/// Nodes a tensor of one or two dimensions makes with every view on.
+const NODES_PER_TENSOR: usize = 8;
 
 /// What a regular file holds. Two files of equal content (a tensor's file
 /// and its zarr chunk) hold the same bytes.
@@ -104,12 +106,17 @@ impl Tree {
     /// are placed in index order; when two would take the same path, the
     /// first keeps it.
     pub fn build(catalog: &Catalog, views: Views) -> Tree {
+        // Room for what a tensor usually makes (its file and sidecar, the
+        // npy file, the zarr array's directory, zarr.json and chunk path):
+        // a vector of 10^6 nodes grown by doubling is moved at every step.
+        let mut nodes = Vec::with_capacity(NODES_PER_TENSOR * catalog.len() + 16);
+        nodes.push(Node {
+            parent: ROOT,
+            name: "".into(),
+            kind: new_dir(),
+        });
         let mut tree = Tree {
-            nodes: vec![Node {
-                parent: ROOT,
-                name: "".into(),
-                kind: new_dir(),
-            }],
+            nodes,
             placements: Vec::with_capacity(catalog.len()),
             sealed: Default::default(),
             moved: HashMap::default(),
@@ -256,14 +263,12 @@ impl Tree {
             why.push(format!("{leaf} is reserved"));
             leaf = self.free_name(dir, &leaf, ti, &[".json"]);
         }
-        let needs = |t: &Tree, l: &str| {
-            t.child(dir, l).is_some() || t.child(dir, &format!("{l}.json")).is_some()
-        };
-        if needs(self, &leaf) {
+        let mut sidecar = format!("{leaf}.json");
+        if self.child(dir, &leaf).is_some() || self.child(dir, &sidecar).is_some() {
             why.push(format!("{leaf:?} or {leaf:?}.json is already taken"));
             leaf = self.free_name(dir, &leaf, ti, &[".json"]);
+            sidecar = format!("{leaf}.json");
         }
-        let sidecar = format!("{leaf}.json");
         let mut placement = Placement {
             path: String::new(),
             sidecar: format!("{path}{sidecar}"),

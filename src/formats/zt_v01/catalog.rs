@@ -175,8 +175,7 @@ fn check_entry(
     probe: &mut u64,
     file: &str,
 ) -> Result<Tensor> {
-    let name = raw.name.clone();
-    let e = |kind, msg: String| Error::new(kind, file, Some(&name), msg);
+    let e = |kind, msg: String| Error::new(kind, file, Some(&raw.name), msg);
 
     let (endian, endian_explicit) = match raw.data_endianness.as_deref() {
         None => (Endian::Little, false),

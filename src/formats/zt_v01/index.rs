@@ -13,6 +13,8 @@ use crate::formats::cbor_json::key_to_string;
 
 use crate::error::{Error, ErrorKind, Result};
 
+mod direct;
+
 pub const MAGIC: &[u8; 8] = b"ZTEN0001";
 pub const ALIGNMENT: u64 = 64;
 
@@ -143,6 +145,10 @@ pub fn parse(bytes: &[u8], file: &str, memory_limit: u64) -> Result<Index> {
                     }
                 ),
             ));
+        }
+        if let Some((entries, end)) = direct::entries(cbor) {
+            check_trailing(tag_len + end as u64, index_size, file)?;
+            return Ok(Index { entries, data_end });
         }
         let list: Entries =
             ciborium::de::from_reader_with_recursion_limit(&mut cursor, MAX_CBOR_DEPTH).map_err(

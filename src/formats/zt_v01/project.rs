@@ -70,7 +70,9 @@ fn frame_table(t: &V01Tensor) -> Option<FrameTable> {
 }
 
 fn tensor(t: V01Tensor) -> Tensor {
-    let mut meta = JsonMap::new();
+    let sparse = t.layout.as_ref().ok().and_then(|l| l.sparse.as_ref());
+    // Sized for the fields below: growing the map moves its entries.
+    let mut meta = JsonMap::with_capacity(if sparse.is_some() { 8 } else { 5 });
     meta.insert("offset".into(), t.offset.into());
     meta.insert("size".into(), t.size.into());
     meta.insert("data_endianness".into(), t.endian.name().into());
@@ -80,7 +82,6 @@ fn tensor(t: V01Tensor) -> Tensor {
             .as_ref()
             .map_or(Json::Null, |c| c.to_string().into()),
     );
-    let sparse = t.layout.as_ref().ok().and_then(|l| l.sparse.as_ref());
     if let Some(s) = sparse {
         let format = match s.format {
             SparseFormat::Csr => "csr",
