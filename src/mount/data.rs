@@ -1249,9 +1249,17 @@ impl Data {
         let (Some((t0, _)), Some((c0, _))) = (blob_range(touched), blob_range(covered)) else {
             return;
         };
-        let Some(Ok(Plan::Frames(frames))) = self.states.get(part.blob).and_then(|s| s.plan.get())
-        else {
-            return;
+        let frames = match self.states.get(part.blob).and_then(|s| s.plan.get()) {
+            Some(Ok(Plan::Frames(frames))) => frames,
+            // One unit: it goes once all of it is written.
+            Some(Ok(Plan::Whole { .. })) => {
+                let (c1, whole) = (blob_range(covered).map_or(0, |r| r.1), self.blob(part.blob));
+                if c0 == 0 && c1 >= whole.decoded_len {
+                    self.cache.drop_idle((part.blob as u32, 0));
+                }
+                return;
+            }
+            _ => return,
         };
         let first_after = frames.partition_point(|f| f.d_start + f.d_len <= t0);
         let from = first_after.saturating_sub(BEHIND);
