@@ -57,6 +57,9 @@ pub struct Options {
     /// PEM certificates (a CA, or a server's own) trusted besides the
     /// system's (`--ca-file`).
     pub ca_file: Option<PathBuf>,
+    /// For an `hf://` URL: the revision (`--revision`), unless the URL
+    /// names one.
+    pub revision: Option<String>,
 }
 
 /// Default block: 4 MiB (see BENCHMARKS.md, remote reads): large enough
@@ -76,6 +79,7 @@ impl Default for Options {
             read_ahead: 4,
             whole_max: 1 << 30,
             ca_file: None,
+            revision: None,
         }
     }
 }
@@ -129,7 +133,7 @@ pub fn before_fork() {
 
 /// The runtime the clients run on, made again in a forked child (a fork
 /// keeps none of the parent's threads).
-fn runtime() -> std::io::Result<tokio::runtime::Handle> {
+pub(super) fn runtime() -> std::io::Result<tokio::runtime::Handle> {
     let mut rt = RT.lock().unwrap_or_else(|p| p.into_inner());
     let pid = std::process::id();
     if let Some((p, r)) = rt.as_ref()
@@ -158,6 +162,8 @@ struct Client {
     url: url::Url,
     opts: Options,
     store: Mutex<Option<(u32, Arc<dyn ObjectStore>)>>,
+    /// For a Hugging Face Hub file: the repo and commit its store reads.
+    hub: Option<Arc<super::hub::Repo>>,
 }
 
 fn env_has(prefixes: &[&str]) -> bool {
@@ -176,7 +182,10 @@ impl Client {
         {
             return Ok(s.clone());
         }
-        let s = self.build().map_err(one_line)?;
+        let s = match &self.hub {
+            Some(repo) => repo.store()?,
+            None => self.build().map_err(one_line)?,
+        };
         *slot = Some((pid, s.clone()));
         Ok(s)
     }
@@ -311,12 +320,32 @@ pub fn open(url: &str, opts: &Options) -> Result<MappedFile> {
         url: parsed.clone(),
         opts: opts.clone(),
         store: Mutex::new(None),
+        hub: None,
     });
     open_with(client, parsed)
 }
 
+/// Opens the file of a Hub repo whose resolve URL is `url`, fetched
+/// through `repo`'s store.
+pub(super) fn open_hub(
+    url: url::Url,
+    opts: &Options,
+    repo: Arc<super::hub::Repo>,
+) -> Result<MappedFile> {
+    let client = Arc::new(Client {
+        url: url.clone(),
+        opts: opts.clone(),
+        store: Mutex::new(None),
+        hub: Some(repo),
+    });
+    open_with(client, url)
+}
+
 fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
-    let label = url.to_string();
+    let label = match &client.hub {
+        Some(repo) => repo.label(&url),
+        None => url.to_string(),
+    };
     let opts = &client.opts;
     if opts.block_size == 0 || !opts.block_size.is_multiple_of(super::page_size() as u64) {
         return Err(fail(
@@ -390,6 +419,10 @@ fn describe(e: &object_store::Error) -> String {
         return tls;
     }
     match e {
+        // The Hub's store says what happened in its own words.
+        object_store::Error::Generic { store, source } if *store == super::hub::STORE => {
+            one_line(source)
+        }
         object_store::Error::NotFound { .. } => "no such object (or bucket)".into(),
         object_store::Error::PermissionDenied { source, .. } => {
             format!("access denied: {}", one_line(source))
