@@ -499,6 +499,7 @@ impl Repo {
         Ok(Arc::new(HubStore {
             repo: self.clone(),
             client: http_client(&self.opts)?,
+            resolving: tokio::sync::Mutex::new(()),
         }))
     }
 }
@@ -516,6 +517,9 @@ fn percent_decode(s: &str) -> String {
 struct HubStore {
     repo: Arc<Repo>,
     client: reqwest::Client,
+    /// Held while a file is resolved again: the requests that found its
+    /// signed URL expired together make one resolve, not one each.
+    resolving: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Display for HubStore {
@@ -656,9 +660,16 @@ impl HubStore {
             let at = match self.location(&path) {
                 Some(at) => at,
                 None => {
-                    resolved = Some(self.resolve(&path).await?);
-                    self.location(&path)
-                        .ok_or_else(|| generic("the file was resolved nowhere"))?
+                    let _one = self.resolving.lock().await;
+                    match self.location(&path) {
+                        // Resolved by another request while this one waited.
+                        Some(at) => at,
+                        None => {
+                            resolved = Some(self.resolve(&path).await?);
+                            self.location(&path)
+                                .ok_or_else(|| generic("the file was resolved nowhere"))?
+                        }
+                    }
                 }
             };
             let on_hub = self.repo.hub.is_hub_host(&at);
@@ -679,12 +690,16 @@ impl HubStore {
             .map_err(generic)?;
             let status = r.status();
             if status == StatusCode::FORBIDDEN && !on_hub {
-                log::info!("{path}: the signed URL was refused (expired?); resolving it again");
-                self.repo
+                let mut map = self
+                    .repo
                     .locations
                     .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(&path);
+                    .unwrap_or_else(|p| p.into_inner());
+                // Unless another request has resolved it again already.
+                if map.get(&path) == Some(&at) {
+                    log::info!("{path}: the signed URL was refused (expired?); resolving it again");
+                    map.remove(&path);
+                }
                 continue;
             }
             let resolved = match resolved.take() {
