@@ -737,3 +737,127 @@ fn an_offline_remount_serves_what_the_cache_holds_without_the_hub() {
          with this cache directory resolved this revision before"
     );
 }
+
+/// The byte ranges the CDN was asked for, in order.
+fn cdn_ranges(hub: &Hub) -> Vec<std::ops::Range<u64>> {
+    hub.stats()["log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e[0] == "localhost" && e[1] == "GET")
+        .map(|e| {
+            let r = e[3].as_str().expect("a ranged GET");
+            let (a, b) = r.strip_prefix("bytes=").unwrap().split_once('-').unwrap();
+            a.parse().unwrap()..b.parse::<u64>().unwrap() + 1
+        })
+        .collect()
+}
+
+fn overlaps(a: &std::ops::Range<u64>, b: &std::ops::Range<u64>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+#[test]
+fn two_mounts_of_one_repo_with_one_cache_dir_fetch_each_byte_once() {
+    let _s = support::serial();
+    let py = python();
+    let mut m1 = scratch();
+    let mut m2 = scratch();
+    let repos = write_repos(&m1.scratch_path("files"));
+    let size = std::fs::metadata(m1.scratch_path("files").join("c1.safetensors"))
+        .unwrap()
+        .len();
+    let hub = Hub::start(&py, &repos.config, 0);
+    let cache = m1.scratch_path("cache");
+    let ep = hub.endpoint();
+    hf_mount(&mut m1, &ep, "hf://org/single", &cache, &[]);
+    hf_mount(&mut m2, &ep, "hf://org/single", &cache, &[]);
+    // Both read everything at once.
+    std::thread::scope(|s| {
+        for m in [&m1, &m2] {
+            let want = &repos.c1;
+            s.spawn(move || assert_tensors(m, want));
+        }
+    });
+    let ranges = cdn_ranges(&hub);
+    let mut sorted = ranges.clone();
+    sorted.sort_by_key(|r| r.start);
+    for w in sorted.windows(2) {
+        assert!(
+            !overlaps(&w[0], &w[1]),
+            "fetched twice: {w:?} of {ranges:?}"
+        );
+    }
+    let fetched = hub.count("cdn_bytes");
+    assert_eq!(fetched, ranges.iter().map(|r| r.end - r.start).sum::<u64>());
+    assert!(fetched <= size, "{fetched} bytes fetched of {size}");
+    m1.unmount_ok();
+    m2.unmount_ok();
+    // A remount has it all: no byte fetched.
+    hf_mount(&mut m1, &ep, "hf://org/single", &cache, &[]);
+    assert_tensors(&m1, &repos.c1);
+    assert_eq!(hub.count("cdn_bytes"), fetched);
+    assert_eq!(m1.stat_u64("remote_requests"), 0);
+    m1.unmount_ok();
+}
+
+#[test]
+fn a_mount_killed_during_a_fetch_then_remounted_serves_the_right_bytes_refetching_only_what_was_incomplete()
+ {
+    let _s = support::serial();
+    let py = python();
+    let mut m = scratch();
+    let repos = write_repos(&m.scratch_path("files"));
+    let hub = Hub::start(&py, &repos.config, 0);
+    let cache = m.scratch_path("cache");
+    let ep = hub.endpoint();
+    // No read-ahead: every request is one the reads made, complete when
+    // they return.
+    let args = ["-o", "remote_read_ahead=0"];
+    let r = hf_run_args(&mut m, &ep, "hf://org/single", &cache, &[], &args);
+    assert!(r.ok(), "{}", r.stderr);
+    let embed = &repos.c1[0].1;
+    let f = std::fs::File::open(m.path("embed")).unwrap();
+    let mut first = vec![0u8; embed.len() / 2];
+    f.read_exact_at(&mut first, 0).unwrap();
+    assert!(first == embed[..first.len()]);
+    drop(f);
+    let complete = cdn_ranges(&hub);
+    // The next request stalls; the daemon is killed while it waits.
+    hub.control("/__fault?kind=stall&secs=30&count=1&on=cdn");
+    let path = m.path("embed");
+    let at = embed.len() as u64 * 3 / 4;
+    let reader = std::thread::spawn(move || {
+        let f = std::fs::File::open(path).unwrap();
+        let mut b = vec![0u8; 4096];
+        f.read_exact_at(&mut b, at)
+    });
+    assert!(
+        support::wait_until(Duration::from_secs(20), || cdn_ranges(&hub).len()
+            > complete.len()),
+        "the stalled request never came"
+    );
+    let stalled = cdn_ranges(&hub)[complete.len()].clone();
+    let pid = m.pid.expect("the daemon's pid");
+    support::signal(pid, libc::SIGKILL);
+    assert!(reader.join().unwrap().is_err(), "a read of a killed mount");
+    m.cleanup();
+    // The remount: the right bytes; no complete block fetched again.
+    let r = hf_run_args(&mut m, &ep, "hf://org/single", &cache, &[], &args);
+    assert!(r.ok(), "{}", r.stderr);
+    assert_tensors(&m, &repos.c1);
+    let again = &cdn_ranges(&hub)[complete.len() + 1..];
+    for r in again {
+        for c in &complete {
+            assert!(
+                !overlaps(r, c),
+                "{r:?} fetched again, complete before: {c:?}"
+            );
+        }
+    }
+    assert!(
+        again.iter().any(|r| overlaps(r, &stalled)),
+        "the incomplete {stalled:?} was not fetched again: {again:?}"
+    );
+    m.unmount_ok();
+}

@@ -10,6 +10,7 @@
 pub mod hub;
 mod local;
 pub mod remote;
+mod shared;
 
 pub use local::{MappedFile, Span, page_size};
 
