@@ -321,11 +321,26 @@ async fn fetch_info(hub: &Hub, spec: &Spec, opts: &Options) -> std::result::Resu
     if !r.status().is_success() {
         return Err(refusal(hub, r.status(), r.headers(), ""));
     }
-    // The answer lists every file; a repo of 100 000 files is some 20 MB.
-    let body = r.bytes().await.map_err(|e| one_line_err(&e))?;
+    let body = read_bounded(r, API_MAX).await?;
     let v: Value =
         serde_json::from_slice(&body).map_err(|e| format!("the Hub's answer is not JSON: {e}"))?;
     parse_info(&v)
+}
+
+/// The most the API's answer may take: it lists every file, and a repo of
+/// 100 000 files is some 20 MB.
+const API_MAX: usize = 64 << 20;
+
+/// A body of at most `max` bytes (a larger one is refused, not read).
+async fn read_bounded(mut r: reqwest::Response, max: usize) -> std::result::Result<Vec<u8>, Fail> {
+    let mut body = Vec::new();
+    while let Some(piece) = r.chunk().await.map_err(|e| one_line_err(&e))? {
+        if body.len() + piece.len() > max {
+            return Err(format!("the Hub's answer is over {} MiB", max >> 20));
+        }
+        body.extend_from_slice(&piece);
+    }
+    Ok(body)
 }
 
 fn with_token(hub: &Hub, b: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -455,7 +470,7 @@ pub struct Repo {
     commit: String,
     opts: Options,
     /// Where each file's bytes are (its signed CDN URL), by path.
-    locations: Mutex<HashMap<String, url::Url>>,
+    locations: Mutex<HashMap<String, (url::Url, Resolved)>>,
 }
 
 impl Repo {
@@ -615,18 +630,19 @@ impl HubStore {
             } else {
                 url.clone()
             };
+            let res = Resolved { size, etag };
+            save_record(&repo.record(path), &res);
             repo.locations
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(path.to_string(), at);
-            let res = Resolved { size, etag };
-            save_record(&repo.record(path), &res);
+                .insert(path.to_string(), (at, res.clone()));
             return Ok(res);
         }
         Err(generic("the Hub redirected more than 5 times"))
     }
 
-    fn location(&self, path: &str) -> Option<url::Url> {
+    /// Where the file's bytes are, and its size and ETag, once resolved.
+    fn location(&self, path: &str) -> Option<(url::Url, Resolved)> {
         self.repo
             .locations
             .lock()
@@ -649,7 +665,6 @@ impl HubStore {
     /// URL that has expired (403 from the CDN) is resolved again.
     async fn get(&self, key: &Key, range: Option<Range<u64>>) -> object_store::Result<GetResult> {
         let path = self.path(key)?;
-        let mut resolved = None;
         for _ in 0..3 {
             if self.repo.hub.offline {
                 return Err(generic(format!(
@@ -657,15 +672,15 @@ impl HubStore {
                      not in the cache"
                 )));
             }
-            let at = match self.location(&path) {
-                Some(at) => at,
+            let (at, resolved) = match self.location(&path) {
+                Some(known) => known,
                 None => {
                     let _one = self.resolving.lock().await;
                     match self.location(&path) {
                         // Resolved by another request while this one waited.
-                        Some(at) => at,
+                        Some(known) => known,
                         None => {
-                            resolved = Some(self.resolve(&path).await?);
+                            self.resolve(&path).await?;
                             self.location(&path)
                                 .ok_or_else(|| generic("the file was resolved nowhere"))?
                         }
@@ -696,29 +711,17 @@ impl HubStore {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner());
                 // Unless another request has resolved it again already.
-                if map.get(&path) == Some(&at) {
+                if map.get(&path).is_some_and(|(u, _)| *u == at) {
                     log::info!("{path}: the signed URL was refused (expired?); resolving it again");
                     map.remove(&path);
                 }
                 continue;
             }
-            let resolved = match resolved.take() {
-                Some(r) => r,
-                None => self.known(&path).await?,
-            };
             return self.answer(key, r, range, &resolved);
         }
         Err(generic(format!(
             "{path}: the CDN refused its freshly signed URL three times"
         )))
-    }
-
-    /// The size and ETag of a file resolved before (recorded at resolve).
-    async fn known(&self, path: &str) -> object_store::Result<Resolved> {
-        match load_record(&self.repo.record(path)) {
-            Some(r) => Ok(r),
-            None => self.resolve(path).await,
-        }
     }
 
     fn answer(
