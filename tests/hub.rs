@@ -861,3 +861,52 @@ fn a_mount_killed_during_a_fetch_then_remounted_serves_the_right_bytes_refetchin
     );
     m.unmount_ok();
 }
+
+/// The cache files (`*.data`) under `cache`, by name.
+fn cache_files(cache: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(cache.join("ztensor-remote"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".data"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn the_disk_cache_size_trims_files_no_mount_holds_and_never_one_in_use() {
+    let _s = support::serial();
+    let py = python();
+    let mut m1 = scratch();
+    let mut m2 = scratch();
+    let repos = write_repos(&m1.scratch_path("files"));
+    let hub = Hub::start(&py, &repos.config, 0);
+    let cache = m1.scratch_path("cache");
+    let ep = hub.endpoint();
+    let small = ["--disk-cache-size", "100K"];
+    // org/single read whole and kept mounted; org/sharded mounted beside
+    // it with a budget it overflows: the file in use stays.
+    hf_mount(&mut m1, &ep, "hf://org/single", &cache, &[]);
+    assert_tensors(&m1, &repos.c1);
+    let single = cache_files(&cache);
+    assert_eq!(single.len(), 1);
+    let r = hf_run_args(&mut m2, &ep, "hf://org/sharded", &cache, &[], &small);
+    assert!(r.ok(), "{}", r.stderr);
+    assert_tensors(&m2, &repos.c3);
+    assert!(
+        cache_files(&cache).contains(&single[0]),
+        "a file in use was trimmed"
+    );
+    assert_tensors(&m1, &repos.c1);
+    m1.unmount_ok();
+    m2.unmount_ok();
+    // Now no mount holds it: the next mount with that budget trims it.
+    let r = hf_run_args(&mut m2, &ep, "hf://org/sharded", &cache, &[], &small);
+    assert!(r.ok(), "{}", r.stderr);
+    assert!(
+        !cache_files(&cache).contains(&single[0]),
+        "{:?}",
+        cache_files(&cache)
+    );
+    m2.unmount_ok();
+}

@@ -596,41 +596,7 @@ impl HubStore {
                 url = to.clone();
                 continue;
             }
-            if !(status.is_success() || status.is_redirection()) {
-                return Err(generic(refusal(
-                    &repo.hub,
-                    status,
-                    h,
-                    &format!("at commit {}", repo.commit),
-                )));
-            }
-            if let Some(c) = header(h, "x-repo-commit")
-                && c != repo.commit
-            {
-                return Err(generic(format!(
-                    "the Hub resolved commit {} to {c}",
-                    repo.commit
-                )));
-            }
-            let size = header(h, "x-linked-size")
-                .or_else(|| {
-                    status
-                        .is_success()
-                        .then(|| header(h, "content-length"))
-                        .flatten()
-                })
-                .and_then(|s| s.parse().ok())
-                .ok_or_else(|| generic("the Hub's answer gives no size"))?;
-            let etag = header(h, "x-linked-etag")
-                .or_else(|| header(h, "etag"))
-                .map(|e| e.trim_start_matches("W/").to_string())
-                .ok_or_else(|| generic("the Hub's answer gives no ETag"))?;
-            let at = if status.is_redirection() {
-                location.ok_or_else(|| generic("the Hub's redirect has no Location"))?
-            } else {
-                url.clone()
-            };
-            let res = Resolved { size, etag };
+            let (at, res) = resolved(repo, status, h, &url, location)?;
             save_record(&repo.record(path), &res);
             repo.locations
                 .lock()
@@ -774,6 +740,50 @@ impl HubStore {
             extensions: Default::default(),
         })
     }
+}
+
+/// What the final answer to a resolve says: where the bytes are (the
+/// redirect's target, else the URL asked) and the file's size and ETag.
+fn resolved(
+    repo: &Repo,
+    status: StatusCode,
+    h: &HeaderMap,
+    url: &url::Url,
+    location: Option<url::Url>,
+) -> object_store::Result<(url::Url, Resolved)> {
+    if !(status.is_success() || status.is_redirection()) {
+        let what = format!("at commit {}", repo.commit);
+        return Err(generic(refusal(&repo.hub, status, h, &what)));
+    }
+    if let Some(c) = header(h, "x-repo-commit")
+        && c != repo.commit
+    {
+        return Err(generic(format!(
+            "the Hub resolved commit {} to {c}",
+            repo.commit
+        )));
+    }
+    // A large file's size and ETag are on the redirect (X-Linked-*); a
+    // small one's on the answer that carries it.
+    let size = header(h, "x-linked-size")
+        .or_else(|| {
+            status
+                .is_success()
+                .then(|| header(h, "content-length"))
+                .flatten()
+        })
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| generic("the Hub's answer gives no size"))?;
+    let etag = header(h, "x-linked-etag")
+        .or_else(|| header(h, "etag"))
+        .map(|e| e.trim_start_matches("W/").to_string())
+        .ok_or_else(|| generic("the Hub's answer gives no ETag"))?;
+    let at = if status.is_redirection() {
+        location.ok_or_else(|| generic("the Hub's redirect has no Location"))?
+    } else {
+        url.clone()
+    };
+    Ok((at, Resolved { size, etag }))
 }
 
 /// `bytes A-B/TOTAL` as (A..B+1, TOTAL).
