@@ -515,6 +515,10 @@ const BITMAP_MAGIC: &[u8; 8] = b"ZTRBLK1\n";
 /// Magic, block size, object size.
 const BITMAP_HEADER: u64 = 24;
 
+/// How long a mount waits for another to finish setting up the cache
+/// file they share.
+const SETUP_WAIT: Duration = Duration::from_secs(10);
+
 /// An object's cache files: `NAME.data` (the bytes), `NAME.blocks` (the
 /// durable bitmap), `NAME.live` (the bitmap every mount of it shares).
 struct Names {
@@ -563,10 +567,15 @@ impl Cache {
             evict(&n.dir, opts.disk_cache_size, &n.name);
             return Ok(c);
         }
-        // Another mount has it: wait for its setup (its exclusive lock),
-        // then share.
-        if !flock(&file, libc::LOCK_SH) {
-            return Self::private(label, size, words, &n, "cannot lock it");
+        // Another mount has it: wait for its setup (its exclusive lock, held
+        // for moments), then share. A lock held longer is not a setup (an
+        // older version held it while mounted): a private file then.
+        let until = Instant::now() + SETUP_WAIT;
+        while !flock(&file, libc::LOCK_SH | libc::LOCK_NB) {
+            if Instant::now() >= until {
+                return Self::private(label, size, words, &n, "another mount holds it alone");
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
         match Self::join(opts, size, words, &n, file) {
             Ok(c) => Ok(c),
