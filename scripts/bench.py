@@ -23,6 +23,13 @@ Conventions (see BENCHMARKS.md):
   tests' Range server (4 MiB blocks); its baselines are curl fetching the
   same blocks 4 at a time, curl of the same 4 KiB, and dd of the .zt with
   its pages evicted (the second read comes from the cache file on disk).
+- hub: the same tensor mounted as hf://bench/raw/raw.zt from the tests'
+  stand-in Hub (tests/python/fake_hub.py: the API, resolve's 302 to a
+  signed URL on a second host name, Range there); baselines are curl of the
+  same blocks from that signed URL, 4 at a time, on loopback and with each
+  data request answered 20 ms late; and two mounts of it with one cache
+  dir read at once, against one mount alone, with the bytes the stand-in
+  sent over the object's size.
 - model: the whole model read by 4 reader threads taking the next tensor in
   turn (one preadv of the whole tensor each), against the same threads
   reading the file's ranges directly (raw) or running `zstd -d` of each
@@ -30,8 +37,10 @@ Conventions (see BENCHMARKS.md):
 """
 
 import argparse
+import concurrent.futures
 import contextlib
 import ctypes
+import http.client
 import json
 import os
 import platform
@@ -41,6 +50,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -879,6 +889,54 @@ REMOTE_LATENCY_MS = 20
 
 
 @contextlib.contextmanager
+def fake_hub(config, latency_ms=0):
+    """The tests' stand-in Hub (tests/python/fake_hub.py) with the repos of
+    config, on 127.0.0.1, each CDN data request answered latency_ms late;
+    HF_ENDPOINT set to it meanwhile (the mounts started inherit it): its
+    port."""
+    path = Path(tempfile.mkdtemp()) / "hub.json"
+    path.write_text(json.dumps(config))
+    proc = subprocess.Popen([sys.executable, ROOT / "tests/python/fake_hub.py", path,
+                             str(latency_ms)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    old = {k: os.environ.get(k) for k in ("HF_ENDPOINT", "HF_TOKEN", "HF_HUB_OFFLINE")}
+    try:
+        line = proc.stdout.readline().split()
+        if len(line) != 2 or line[0] != "PORT":
+            raise BenchError(f"fake_hub.py said {line!r}")
+        os.environ["HF_ENDPOINT"] = f"http://127.0.0.1:{line[1]}"
+        os.environ.pop("HF_TOKEN", None)
+        os.environ.pop("HF_HUB_OFFLINE", None)
+        yield int(line[1])
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def hub_get(port, path):
+    """A control or API answer of the stand-in Hub, as JSON (or the
+    Location of a redirect)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("HEAD" if "/resolve/" in path else "GET", path)
+    r = conn.getresponse()
+    body = r.read()
+    conn.close()
+    if "/resolve/" in path:
+        return r.getheader("Location")
+    return json.loads(body) if body[:1] in (b"{", b"[") else body
+
+
+@contextlib.contextmanager
 def range_server(folder, latency_ms=0):
     """The tests' Range server (tests/python/range_server.py) over folder,
     on 127.0.0.1, answering each data request latency_ms late: its port.
@@ -1333,6 +1391,72 @@ class Bench:
                             "dd of the .zt range, its pages evicted")
         self.row("remote daemon peak RSS over the cold read", median(rss) / MiB, None, None,
                  "-", None, "MiB", dict(bytes=rss))
+
+    def section_hub(self):
+        """raw.zt's tensor as hf://bench/raw/raw.zt from the stand-in Hub,
+        default blocks and read-ahead: the first sequential read against curl
+        fetching the same blocks from the signed CDN URL 4 at a time, on
+        loopback and with each data request answered REMOTE_LATENCY_MS late;
+        then two mounts of it with one cache dir read at once, against one
+        mount alone, and the bytes the CDN sent over the object's size."""
+        f = self.files
+        t = f.tensor(f.raw, "w")
+        off, n = t["offset"], t["nbytes"]
+        size = f.raw.stat().st_size
+        block, parallel = 4 * MiB, 4
+        commit = "b" * 40
+        config = {"repos": {"bench/raw": {"refs": {"main": commit},
+                                          "commits": {commit: {"raw.zt": str(f.raw)}}}}}
+        url = "hf://bench/raw/raw.zt"
+        cache = self.work / "hub-cache"
+        ranges = [(a, min(a + block, size)) for a in range(off // block * block, off + n, block)]
+        log(f"hub: a {n / MiB:.0f} MiB raw tensor from the stand-in Hub")
+
+        def fresh():
+            shutil.rmtree(cache, ignore_errors=True)
+            cache.mkdir()
+            return ["--cache-dir", cache]
+
+        rows = {}
+        for latency in (0, REMOTE_LATENCY_MS):
+            cold, curl = [], []
+            with fake_hub(config, latency) as port:
+                signed = hub_get(port, f"/bench/raw/resolve/{commit}/raw.zt")
+                for _ in range(self.runs):
+                    self.hot(f.raw)
+                    curl.append(curl_ranges(signed, ranges, parallel))
+                    with self.mounter.mount(url, fresh(), tag="hub") as m:
+                        self.hot(f.raw)
+                        cold.append(dd(m.mp / t["path"], 0, n))
+                if latency == 0:
+                    one, two, sent = cold, [], []
+                    for _ in range(self.runs):
+                        opts = fresh()
+                        hub_get(port, "/__reset")
+                        with self.mounter.mount(url, opts, tag="hub") as a, \
+                                self.mounter.mount(url, opts, tag="hub") as b:
+                            self.hot(f.raw)
+                            t0 = time.perf_counter()
+                            with concurrent.futures.ThreadPoolExecutor(2) as ex:
+                                list(ex.map(lambda mp: dd(mp / t["path"], 0, n), [a.mp, b.mp]))
+                            two.append(time.perf_counter() - t0)
+                        sent.append(hub_get(port, "/__stats")["cdn_bytes"])
+            rows[latency] = (cold, curl)
+        shutil.rmtree(cache, ignore_errors=True)
+        what = f"curl of the signed URL, ranged GETs of one {block // MiB} MiB block, " \
+               f"{parallel} at a time"
+        cold, curl = rows[0]
+        self.throughput_row(f"hub seq read, cold (fresh cache), {n / GiB:.2g} GiB on loopback",
+                            n, cold, curl, 0.8, what)
+        cold, curl = rows[REMOTE_LATENCY_MS]
+        self.throughput_row(f"hub seq read, cold, the CDN answering each request "
+                            f"{REMOTE_LATENCY_MS} ms late", n, cold, curl, 0.8, what)
+        self.throughput_row("hub: two mounts, one cache dir, reading it at once (time for "
+                            "both) against one mount alone", n, two, one, 0.8,
+                            "one mount's cold read")
+        self.row("hub: bytes the CDN sent for the two mounts, over the object's size",
+                 median(sent) / size, 1.0, size / median(sent), "<= 1.0", median(sent) <= size,
+                 "x", dict(bytes=sent, size=size))
 
     def section_random(self):
         log("random 4 KiB reads")
@@ -2211,6 +2335,7 @@ class Bench:
             "views": self.section_views,
             "model": self.section_model,
             "remote": self.section_remote,
+            "hub": self.section_hub,
             "passthrough": self.section_passthrough,
         }
         only = self.args.only.split(",") if self.args.only else list(sections)
@@ -2344,7 +2469,7 @@ def main():
     ap.add_argument("--wait-quiet", type=float, metavar="MINUTES",
                     help="first wait up to MINUTES for cargo/fuzzer processes to finish")
     ap.add_argument("--only", help="comma-separated sections: raw,memmap,zstd,ttfb,random,"
-                                   "many,rss,v2,formats,views,model,remote,passthrough")
+                                   "many,rss,v2,formats,views,model,remote,hub,passthrough")
     args = ap.parse_args()
     if args.runs is not None and args.runs < (1 if args.quick else 3):
         ap.error("--runs must be at least 3 (figures are medians); --quick allows 1, "

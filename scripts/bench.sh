@@ -7,7 +7,7 @@
 # mount. Options go to bench.py: --quick (small files), --keep (keep the
 # files for the next run), --regen, --runs N, --only SECTIONS (raw, memmap,
 # zstd, ttfb, random, many, rss, v2, formats, writers, views, model, remote,
-# passthrough),
+# hub, passthrough),
 # --workdir DIR.
 #
 #   bash scripts/bench.sh            # full run (1-2 GiB files, about 25 GiB in all; ~20 minutes)

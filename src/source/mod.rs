@@ -7,8 +7,10 @@
 //! file's siblings, [`MappedFile::sibling`]) through here, so that every
 //! file is opened, checked and mapped the same way.
 
+pub mod hub;
 mod local;
 pub mod remote;
+mod shared;
 
 pub use local::{MappedFile, Span, page_size};
 
@@ -32,12 +34,31 @@ pub trait Backing: Send + Sync {
 /// Where and how remote objects are fetched; see [`remote::Options`].
 pub use remote::Options as RemoteOptions;
 
-/// Opens `arg`, a path or a URL (`s3://`, `gs://`, `az://`, `http(s)://`).
+/// Whether `arg` names a remote object (a URL: `s3://`, `gs://`, `az://`,
+/// `http(s)://`, `hf://`) rather than a path.
+pub fn is_remote(arg: &str) -> bool {
+    remote::is_url(arg) || hub::is_hub(arg)
+}
+
+/// Opens `arg`, a path or a URL (`s3://`, `gs://`, `az://`, `http(s)://`,
+/// `hf://`).
 pub fn open(arg: &str, remote: &RemoteOptions) -> crate::error::Result<MappedFile> {
-    if remote::is_url(arg) {
-        remote::open(arg, remote)
+    open_described(arg, remote).map(|(f, _)| f)
+}
+
+/// [`open`], and what `.ztensor/index.json` should say of where the file
+/// came from beyond its name (a Hub file's repo, commit and the repo's
+/// other files).
+pub fn open_described(
+    arg: &str,
+    remote: &RemoteOptions,
+) -> crate::error::Result<(MappedFile, Option<serde_json::Value>)> {
+    if hub::is_hub(arg) {
+        hub::open(arg, remote).map(|(f, about)| (f, Some(about)))
+    } else if remote::is_url(arg) {
+        Ok((remote::open(arg, remote)?, None))
     } else {
-        MappedFile::open(std::path::Path::new(arg))
+        Ok((MappedFile::open(std::path::Path::new(arg))?, None))
     }
 }
 

@@ -30,6 +30,7 @@ use futures_util::StreamExt;
 use object_store::path::Path as Key;
 use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 
+use super::shared::Live;
 use super::{Backing, MappedFile};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -57,6 +58,9 @@ pub struct Options {
     /// PEM certificates (a CA, or a server's own) trusted besides the
     /// system's (`--ca-file`).
     pub ca_file: Option<PathBuf>,
+    /// For an `hf://` URL: the revision (`--revision`), unless the URL
+    /// names one.
+    pub revision: Option<String>,
 }
 
 /// Default block: 4 MiB (see BENCHMARKS.md, remote reads): large enough
@@ -76,6 +80,7 @@ impl Default for Options {
             read_ahead: 4,
             whole_max: 1 << 30,
             ca_file: None,
+            revision: None,
         }
     }
 }
@@ -129,7 +134,7 @@ pub fn before_fork() {
 
 /// The runtime the clients run on, made again in a forked child (a fork
 /// keeps none of the parent's threads).
-fn runtime() -> std::io::Result<tokio::runtime::Handle> {
+pub(super) fn runtime() -> std::io::Result<tokio::runtime::Handle> {
     let mut rt = RT.lock().unwrap_or_else(|p| p.into_inner());
     let pid = std::process::id();
     if let Some((p, r)) = rt.as_ref()
@@ -158,6 +163,8 @@ struct Client {
     url: url::Url,
     opts: Options,
     store: Mutex<Option<(u32, Arc<dyn ObjectStore>)>>,
+    /// For a Hugging Face Hub file: the repo and commit its store reads.
+    hub: Option<Arc<super::hub::Repo>>,
 }
 
 fn env_has(prefixes: &[&str]) -> bool {
@@ -176,7 +183,10 @@ impl Client {
         {
             return Ok(s.clone());
         }
-        let s = self.build().map_err(one_line)?;
+        let s = match &self.hub {
+            Some(repo) => repo.store()?,
+            None => self.build().map_err(one_line)?,
+        };
         *slot = Some((pid, s.clone()));
         Ok(s)
     }
@@ -311,12 +321,32 @@ pub fn open(url: &str, opts: &Options) -> Result<MappedFile> {
         url: parsed.clone(),
         opts: opts.clone(),
         store: Mutex::new(None),
+        hub: None,
     });
     open_with(client, parsed)
 }
 
+/// Opens the file of a Hub repo whose resolve URL is `url`, fetched
+/// through `repo`'s store.
+pub(super) fn open_hub(
+    url: url::Url,
+    opts: &Options,
+    repo: Arc<super::hub::Repo>,
+) -> Result<MappedFile> {
+    let client = Arc::new(Client {
+        url: url.clone(),
+        opts: opts.clone(),
+        store: Mutex::new(None),
+        hub: Some(repo),
+    });
+    open_with(client, url)
+}
+
 fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
-    let label = url.to_string();
+    let label = match &client.hub {
+        Some(repo) => repo.label(&url),
+        None => url.to_string(),
+    };
     let opts = &client.opts;
     if opts.block_size == 0 || !opts.block_size.is_multiple_of(super::page_size() as u64) {
         return Err(fail(
@@ -341,7 +371,10 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         .or_else(|| meta.version.clone())
         .unwrap_or_else(|| format!("lm{}", meta.last_modified.timestamp()));
     let cache = Cache::open(opts, &label, &pin, meta.size)?;
-    let present = cache.present.clone();
+    let present = match cache.live {
+        Some(live) => Bits::Shared(live),
+        None => Bits::Own(cache.present.iter().map(|&w| AtomicU64::new(w)).collect()),
+    };
     let obj = Arc::new_cyclic(|me| Object {
         me: me.clone(),
         client: client.clone(),
@@ -353,10 +386,7 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         version: meta.version.clone(),
         block: opts.block_size,
         file: cache.file.try_clone().ok(),
-        present: present
-            .iter()
-            .map(|&w| AtomicU64::new(w))
-            .collect::<Vec<_>>(),
+        present,
         bitmap: cache.bitmap.map(Mutex::new),
         flights: Mutex::new(HashMap::new()),
         broken: OnceLock::new(),
@@ -390,6 +420,10 @@ fn describe(e: &object_store::Error) -> String {
         return tls;
     }
     match e {
+        // The Hub's store says what happened in its own words.
+        object_store::Error::Generic { store, source } if *store == super::hub::STORE => {
+            one_line(source)
+        }
         object_store::Error::NotFound { .. } => "no such object (or bucket)".into(),
         object_store::Error::PermissionDenied { source, .. } => {
             format!("access denied: {}", one_line(source))
@@ -467,22 +501,46 @@ fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
     })
 }
 
-/// A cache file opened for an object, with its saved bitmap.
+/// A cache file opened for an object, with its saved bitmap and the
+/// bitmap shared with the other mounts that have it open.
 struct Cache {
     path: PathBuf,
     file: File,
     present: Vec<u64>,
     bitmap: Option<File>,
+    live: Option<Live>,
 }
 
 const BITMAP_MAGIC: &[u8; 8] = b"ZTRBLK1\n";
 /// Magic, block size, object size.
 const BITMAP_HEADER: u64 = 24;
 
+/// How long a mount waits for another to finish setting up the cache
+/// file they share.
+const SETUP_WAIT: Duration = Duration::from_secs(10);
+
+/// An object's cache files: `NAME.data` (the bytes), `NAME.blocks` (the
+/// durable bitmap), `NAME.live` (the bitmap every mount of it shares).
+struct Names {
+    dir: PathBuf,
+    name: String,
+    data: PathBuf,
+    blocks: PathBuf,
+    live: PathBuf,
+}
+
+fn flock(f: &File, op: libc::c_int) -> bool {
+    // SAFETY: flock on our own descriptor.
+    unsafe { libc::flock(f.as_raw_fd(), op) == 0 }
+}
+
 impl Cache {
+    /// Opens the cache file of an object. Every mount of it holds a shared
+    /// lock on the file while mounted (eviction takes only files no one
+    /// holds); the first, alone with an exclusive lock for the while,
+    /// checks and sizes the files before any other maps them.
     fn open(opts: &Options, label: &str, pin: &str, size: u64) -> Result<Cache> {
-        let blocks = size.div_ceil(opts.block_size);
-        let words = blocks.div_ceil(64) as usize;
+        let words = size.div_ceil(opts.block_size).div_ceil(64) as usize;
         let dir = opts.cache_dir.join("ztensor-remote");
         let io = |what: &str, e: std::io::Error| fail(label, format!("cache: {what}: {e}"));
         std::fs::create_dir_all(&dir).map_err(|e| io(&format!("{}", dir.display()), e))?;
@@ -490,33 +548,111 @@ impl Cache {
             let h = xxhash_rust::xxh3::xxh3_128(format!("{label}\0{pin}\0{size}").as_bytes());
             format!("{h:032x}")
         };
-        let path = dir.join(format!("{name}.data"));
-        let bits_path = dir.join(format!("{name}.blocks"));
+        let n = Names {
+            data: dir.join(format!("{name}.data")),
+            blocks: dir.join(format!("{name}.blocks")),
+            live: dir.join(format!("{name}.live")),
+            dir,
+            name,
+        };
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .open(&path)
-            .map_err(|e| io(&path.display().to_string(), e))?;
-        // SAFETY: flock on our own descriptor.
-        let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
-        if !locked {
-            // Another mount of the same object owns the file: fetch into a
-            // private one instead (not kept).
-            log::info!("{label}: its cache file is in use by another mount; using a private one");
-            let file = tempfile::tempfile_in(&dir).map_err(|e| io("temporary file", e))?;
-            file.set_len(size)
-                .map_err(|e| io("sizing the cache file", e))?;
-            return Ok(Cache {
-                path: dir.join("(private)"),
-                file,
-                present: vec![0; words],
-                bitmap: None,
-            });
+            .open(&n.data)
+            .map_err(|e| io(&n.data.display().to_string(), e))?;
+        if flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
+            let c = Self::first(opts, label, size, words, &n, file)?;
+            evict(&n.dir, opts.disk_cache_size, &n.name);
+            return Ok(c);
         }
-        let saved = load_bitmap(&bits_path, opts.block_size, size, words)
-            .filter(|_| file.metadata().is_ok_and(|m| m.len() == size));
+        // Another mount has it: wait for its setup (its exclusive lock, held
+        // for moments), then share. A lock held longer is not a setup (an
+        // older version held it while mounted): a private file then.
+        let until = Instant::now() + SETUP_WAIT;
+        while !flock(&file, libc::LOCK_SH | libc::LOCK_NB) {
+            if Instant::now() >= until {
+                return Self::private(label, size, words, &n, "another mount holds it alone");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        match Self::join(opts, size, words, &n, file) {
+            Ok(c) => Ok(c),
+            Err(e) => Self::private(label, size, words, &n, &e.to_string()),
+        }
+    }
+
+    /// A cache file of this mount's own (not kept), for when the shared
+    /// one cannot be used.
+    fn private(label: &str, size: u64, words: usize, n: &Names, why: &str) -> Result<Cache> {
+        let io = |what: &str, e: std::io::Error| fail(label, format!("cache: {what}: {e}"));
+        log::info!(
+            "{label}: cannot share its cache file with another mount ({why}); using a private one"
+        );
+        let file = tempfile::tempfile_in(&n.dir).map_err(|e| io("temporary file", e))?;
+        file.set_len(size)
+            .map_err(|e| io("sizing the cache file", e))?;
+        Ok(Cache {
+            path: n.dir.join("(private)"),
+            file,
+            present: vec![0; words],
+            bitmap: None,
+            live: None,
+        })
+    }
+
+    /// Joins the mounts that have the cache file open: its size and live
+    /// bitmap are theirs.
+    fn join(
+        opts: &Options,
+        size: u64,
+        words: usize,
+        n: &Names,
+        file: File,
+    ) -> std::io::Result<Cache> {
+        if file.metadata()?.len() != size {
+            return Err(std::io::Error::other("the cache file has another size"));
+        }
+        let (live, _) = Live::open(&n.live, opts.block_size, size, words, false)?;
+        let present = live.iter().map(|w| w.load(Acquire)).collect();
+        let bitmap = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&n.blocks)?;
+        Ok(Cache {
+            path: n.data.clone(),
+            file,
+            present,
+            bitmap: Some(bitmap),
+            live: Some(live),
+        })
+    }
+
+    /// The first mount of the cache file (no other has it open): what is
+    /// present is what the live bitmap says when it is of this boot (a
+    /// mount killed with SIGKILL loses nothing it had fetched), else what
+    /// the durable one says; blocks that are holes are not believed.
+    fn first(
+        opts: &Options,
+        label: &str,
+        size: u64,
+        words: usize,
+        n: &Names,
+        file: File,
+    ) -> Result<Cache> {
+        let io = |what: &str, e: std::io::Error| fail(label, format!("cache: {what}: {e}"));
+        let sized = file.metadata().is_ok_and(|m| m.len() == size);
+        let (live, kept) = match Live::open(&n.live, opts.block_size, size, words, true) {
+            Ok((l, kept)) => (Some(l), kept.filter(|_| sized)),
+            Err(e) => {
+                log::warn!("{label}: the cache cannot be shared with other mounts: {e}");
+                (None, None)
+            }
+        };
+        let from_live = kept.is_some();
+        let saved =
+            kept.or_else(|| load_bitmap(&n.blocks, opts.block_size, size, words).filter(|_| sized));
         let present = match saved {
             Some(mut bits) => {
                 let dropped = drop_holes(&file, &mut bits, opts.block_size, size);
@@ -537,32 +673,47 @@ impl Cache {
         };
         file.set_len(size)
             .map_err(|e| io("sizing the cache file", e))?;
-        let bitmap = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&bits_path)
-            .map_err(|e| io(&bits_path.display().to_string(), e))?;
-        let mut head = Vec::with_capacity(BITMAP_HEADER as usize);
-        head.extend_from_slice(BITMAP_MAGIC);
-        head.extend_from_slice(&opts.block_size.to_le_bytes());
-        head.extend_from_slice(&size.to_le_bytes());
-        let words_bytes: Vec<u8> = present.iter().flat_map(|w| w.to_le_bytes()).collect();
-        (|| {
-            bitmap.set_len(BITMAP_HEADER + words_bytes.len() as u64)?;
-            bitmap.write_all_at(&head, 0)?;
-            bitmap.write_all_at(&words_bytes, BITMAP_HEADER)
-        })()
-        .map_err(|e| io("writing the block bitmap", e))?;
-        evict(&dir, opts.disk_cache_size, &name);
+        if let Some(l) = &live {
+            l.store(&present);
+        }
+        // Bits from the live bitmap may be of bytes not yet on disk: the
+        // durable bitmap claims them only once they are.
+        if from_live {
+            file.sync_data()
+                .map_err(|e| io("syncing the cache file", e))?;
+        }
+        let bitmap = write_bitmap(&n.blocks, opts.block_size, size, &present)
+            .map_err(|e| io("writing the block bitmap", e))?;
+        // Setup done: other mounts may join.
+        flock(&file, libc::LOCK_SH);
         Ok(Cache {
-            path,
+            path: n.data.clone(),
             file,
             present,
             bitmap: Some(bitmap),
+            live,
         })
     }
+}
+
+/// Writes the durable bitmap at `path` (header and `words`); the file,
+/// open for the commits that follow.
+fn write_bitmap(path: &Path, block: u64, size: u64, words: &[u64]) -> std::io::Result<File> {
+    let bitmap = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)?;
+    let mut head = Vec::with_capacity(BITMAP_HEADER as usize);
+    head.extend_from_slice(BITMAP_MAGIC);
+    head.extend_from_slice(&block.to_le_bytes());
+    head.extend_from_slice(&size.to_le_bytes());
+    let words_bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    bitmap.set_len(BITMAP_HEADER + words_bytes.len() as u64)?;
+    bitmap.write_all_at(&head, 0)?;
+    bitmap.write_all_at(&words_bytes, BITMAP_HEADER)?;
+    Ok(bitmap)
 }
 
 fn load_bitmap(path: &Path, block: u64, size: u64, words: usize) -> Option<Vec<u64>> {
@@ -624,6 +775,7 @@ fn evict(dir: &Path, budget: u64, keep: &str) {
             continue;
         }
         let _ = std::fs::remove_file(p.with_extension("blocks"));
+        let _ = std::fs::remove_file(p.with_extension("live"));
         if std::fs::remove_file(&p).is_ok() {
             log::info!(
                 "remote cache: removed {} ({bytes} bytes) to stay within the disk cache size",
@@ -666,6 +818,24 @@ impl Flight {
     }
 }
 
+/// Which blocks of a cache file are present: this process's own view (a
+/// private file), or the view every mount of the file shares.
+enum Bits {
+    Own(Vec<AtomicU64>),
+    Shared(Live),
+}
+
+impl std::ops::Deref for Bits {
+    type Target = [AtomicU64];
+
+    fn deref(&self) -> &[AtomicU64] {
+        match self {
+            Bits::Own(v) => v,
+            Bits::Shared(l) => l,
+        }
+    }
+}
+
 /// A pinned remote object and its cache file.
 pub struct Object {
     me: Weak<Object>,
@@ -679,7 +849,9 @@ pub struct Object {
     block: u64,
     /// The cache file, written with pwrite.
     file: Option<File>,
-    present: Vec<AtomicU64>,
+    /// The blocks present in the cache file (shared with the other mounts
+    /// of the object that use it).
+    present: Bits,
     /// The saved bitmap (none for a private cache file).
     bitmap: Option<Mutex<File>>,
     flights: Mutex<HashMap<u64, Arc<Flight>>>,
@@ -790,7 +962,9 @@ impl Object {
             let Some(me) = self.me.upgrade() else { return };
             let blocks = at..end;
             rt.spawn(async move {
-                let r = me.fetch(blocks.clone()).await;
+                // Held until the blocks are marked present (or failed):
+                // another mount of the object waits for them, then has them.
+                let (r, _held) = me.fetch_locked(blocks.clone()).await;
                 if let Err(why) = &r {
                     log::debug!("{}: blocks {blocks:?}: {why}", me.label);
                 } else {
@@ -812,6 +986,41 @@ impl Object {
             });
             at = end;
         }
+    }
+
+    /// [`Object::fetch`] under the lock of `blocks` that every mount of
+    /// the cache file takes, of only those still missing once it is held
+    /// (another mount may have fetched them meanwhile). The lock comes
+    /// back, for the caller to hold until it has marked them present.
+    async fn fetch_locked(
+        &self,
+        blocks: Range<u64>,
+    ) -> (std::result::Result<(), String>, Option<File>) {
+        let Bits::Shared(live) = &self.present else {
+            return (self.fetch(blocks).await, None);
+        };
+        let path = live.path().to_path_buf();
+        let run = blocks.clone();
+        let held = match tokio::task::spawn_blocking(move || super::shared::lock_range(&path, run))
+            .await
+        {
+            Ok(Ok(f)) => Some(f),
+            // Without the lock the blocks are fetched all the same: it
+            // only saves a fetch another mount makes.
+            Ok(Err(e)) => {
+                log::debug!("{}: cannot lock blocks {blocks:?}: {e}", self.label);
+                None
+            }
+            Err(e) => {
+                log::debug!("{}: cannot lock blocks {blocks:?}: {e}", self.label);
+                None
+            }
+        };
+        let missing: Vec<u64> = blocks.filter(|&b| !self.has(b)).collect();
+        let (Some(&first), Some(&last)) = (missing.first(), missing.last()) else {
+            return (Ok(()), held);
+        };
+        (self.fetch(first..last + 1).await, held)
     }
 
     async fn fetch(&self, blocks: Range<u64>) -> std::result::Result<(), String> {
@@ -1389,11 +1598,43 @@ mod tests {
         bits.write_all_at(&0b100111u64.to_le_bytes(), BITMAP_HEADER)
             .unwrap();
         drop(c);
+        // As after a reboot: the live bitmap is not believed (it is of
+        // another boot), the saved one is read.
+        let forget_live = || {
+            for e in std::fs::read_dir(dir.path().join("ztensor-remote")).unwrap() {
+                let p = e.unwrap().path();
+                if p.extension().is_some_and(|x| x == "live") {
+                    std::fs::remove_file(p).unwrap();
+                }
+            }
+        };
+        forget_live();
         let c = Cache::open(&o, "http://h/x", "e1", size).unwrap();
         assert_eq!(c.present, vec![0b101], "only the blocks with bytes");
         // And what was believed is what is saved.
         drop(c);
+        forget_live();
         let c = Cache::open(&o, "http://h/x", "e1", size).unwrap();
         assert_eq!(c.present, vec![0b101]);
+    }
+
+    #[test]
+    fn a_second_open_shares_the_first_ones_live_bitmap_and_a_reopen_keeps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = 5 * (64 << 10) + 100;
+        let o = opts(dir.path());
+        let a = Cache::open(&o, "http://h/x", "e1", size).unwrap();
+        let b = Cache::open(&o, "http://h/x", "e1", size).unwrap();
+        assert_eq!(a.path, b.path, "one cache file, not a private one");
+        let (la, lb) = (a.live.as_ref().unwrap(), b.live.as_ref().unwrap());
+        // A block written and marked by one is present for the other.
+        a.file.write_all_at(&[7u8; 64 << 10], 64 << 10).unwrap();
+        la[0].fetch_or(0b10, Release);
+        assert_eq!(lb[0].load(Acquire), 0b10);
+        // Both gone without a commit (as after SIGKILL): the next open
+        // still has the block.
+        drop((a, b));
+        let c = Cache::open(&o, "http://h/x", "e1", size).unwrap();
+        assert_eq!(c.present, vec![0b10]);
     }
 }

@@ -1,0 +1,1042 @@
+//! `hf://ORG/REPO[@REVISION][/PATH]`: a file of a Hugging Face Hub repo,
+//! served as a remote object (see [`super::remote`]: the same block cache,
+//! pinning and fetching). This module speaks the Hub's protocol as
+//! `huggingface_hub` does:
+//!
+//! - the endpoint is `HF_ENDPOINT` (default `https://huggingface.co`), the
+//!   token `HF_TOKEN`, else the file `huggingface-cli login` writes
+//!   (`HF_TOKEN_PATH`, else `$HF_HOME/token`, default
+//!   `~/.cache/huggingface/token`), sent to the endpoint's host only;
+//! - `GET /api/models/ORG/REPO/revision/REV?blobs=true` gives the commit
+//!   the revision names and the repo's files, resolved once at mount: every
+//!   byte comes from that commit;
+//! - `HEAD /ORG/REPO/resolve/COMMIT/PATH` gives a file's size and ETag
+//!   (`X-Linked-Size`, `X-Linked-Etag` on the redirect of a large file) and
+//!   where its bytes are (`Location`, a signed URL on a CDN host); ranged
+//!   GETs go there, and a 403 from it (the signature expired) resolves the
+//!   file again;
+//! - 429 and 5xx answers are retried with backoff.
+//!
+//! What a mount learned (the commit of a revision, a file's size and ETag)
+//! is recorded under the cache directory, so that with `HF_HUB_OFFLINE=1`
+//! a remount serves what the cache holds without asking the Hub.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::stream::BoxStream;
+use object_store::path::Path as Key;
+use object_store::{GetOptions, GetRange, GetResult, GetResultPayload, ObjectMeta, ObjectStore};
+use reqwest::StatusCode;
+use reqwest::header::{HeaderMap, LOCATION};
+use serde_json::Value;
+
+use super::MappedFile;
+use super::remote::{self, Options};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Whether `arg` names a Hub file (`hf://…`).
+pub fn is_hub(arg: &str) -> bool {
+    arg.get(..5)
+        .is_some_and(|s| s.eq_ignore_ascii_case("hf://"))
+}
+
+/// What `hf://ORG/REPO[@REVISION][/PATH]` asks for.
+#[derive(Debug, Clone, PartialEq)]
+struct Spec {
+    /// `ORG/REPO`.
+    repo: String,
+    revision: String,
+    path: Option<String>,
+}
+
+const USAGE: &str = "expected hf://ORG/REPO[@REVISION][/PATH]";
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s != "."
+        && s != ".."
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// Parses `arg`; `revision` is `--revision`, which must agree with an
+/// `@REVISION` in the URL.
+fn parse(arg: &str, revision: Option<&str>) -> std::result::Result<Spec, String> {
+    let rest = arg.get(5..).unwrap_or("");
+    let mut parts = rest.splitn(3, '/');
+    let org = parts.next().unwrap_or("");
+    let name_rev = parts.next().unwrap_or("");
+    let path = parts.next().filter(|p| !p.is_empty());
+    let (name, at) = match name_rev.split_once('@') {
+        Some((n, r)) => (n, Some(r)),
+        None => (name_rev, None),
+    };
+    if !valid_name(org) || !valid_name(name) {
+        return Err(USAGE.into());
+    }
+    if at == Some("") {
+        return Err(format!("{USAGE}: the revision after @ is empty"));
+    }
+    let revision = match (at, revision) {
+        (Some(a), Some(r)) if a != r => {
+            return Err(format!(
+                "the URL names revision {a:?} and --revision {r:?}; give one"
+            ));
+        }
+        (Some(a), _) => a.to_string(),
+        (None, Some(r)) if !r.is_empty() => r.to_string(),
+        _ => "main".to_string(),
+    };
+    if let Some(p) = path
+        && p.split('/').any(|s| s.is_empty() || s == "." || s == "..")
+    {
+        return Err(format!("{USAGE}: {p:?} is not a file's path in a repo"));
+    }
+    Ok(Spec {
+        repo: format!("{org}/{name}"),
+        revision,
+        path: path.map(str::to_string),
+    })
+}
+
+/// How to reach the Hub, from the environment `huggingface_hub` reads.
+#[derive(Debug, Clone)]
+pub struct Hub {
+    endpoint: url::Url,
+    token: Option<String>,
+    offline: bool,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// Where `huggingface-cli login` keeps the token.
+fn token_file() -> Option<PathBuf> {
+    if let Some(p) = env("HF_TOKEN_PATH") {
+        return Some(PathBuf::from(p));
+    }
+    let home = env("HF_HOME").map(PathBuf::from).or_else(|| {
+        env("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| env("HOME").map(|h| Path::new(&h).join(".cache")))
+            .map(|c| c.join("huggingface"))
+    })?;
+    Some(home.join("token"))
+}
+
+impl Hub {
+    fn from_env() -> std::result::Result<Hub, String> {
+        let ep = env("HF_ENDPOINT").unwrap_or_else(|| "https://huggingface.co".into());
+        let endpoint = url::Url::parse(ep.trim_end_matches('/'))
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
+            .ok_or_else(|| format!("HF_ENDPOINT {ep:?} is not an http(s) URL"))?;
+        let token = env("HF_TOKEN").or_else(|| {
+            std::fs::read_to_string(token_file()?)
+                .ok()
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty())
+        });
+        let offline = env("HF_HUB_OFFLINE")
+            .is_some_and(|v| ["1", "on", "yes", "true"].contains(&v.to_ascii_lowercase().as_str()));
+        Ok(Hub {
+            endpoint,
+            token,
+            offline,
+        })
+    }
+
+    /// `ENDPOINT/SEGMENTS…`, each segment percent-encoded.
+    fn url<'a>(&self, segments: impl IntoIterator<Item = &'a str>) -> url::Url {
+        let mut u = self.endpoint.clone();
+        if let Ok(mut p) = u.path_segments_mut() {
+            p.pop_if_empty().extend(segments);
+        }
+        u
+    }
+
+    /// Whether `u` is on the Hub's own host (the token may go there).
+    fn is_hub_host(&self, u: &url::Url) -> bool {
+        u.scheme() == self.endpoint.scheme()
+            && u.host_str() == self.endpoint.host_str()
+            && u.port_or_known_default() == self.endpoint.port_or_known_default()
+    }
+}
+
+/// A failed exchange with the Hub, as one line (the caller names the
+/// repo, revision or file).
+type Fail = String;
+
+/// A request to the Hub or its CDN, retried with backoff while the answer
+/// is 429 (rate limited), a 5xx, or no answer at all; any other answer is
+/// the caller's to read.
+async fn send(
+    opts: &Options,
+    what: &str,
+    make: impl Fn() -> reqwest::RequestBuilder,
+) -> std::result::Result<reqwest::Response, Fail> {
+    let mut last = String::new();
+    let mut limited = 0;
+    for attempt in 0..=opts.retries {
+        if attempt > 0 {
+            let wait =
+                Duration::from_millis(100 << (attempt - 1).min(6)).min(Duration::from_secs(5));
+            tokio::time::sleep(wait).await;
+        }
+        match make().send().await {
+            Ok(r) if r.status() == StatusCode::TOO_MANY_REQUESTS => {
+                limited += 1;
+                if limited == 1 {
+                    log::warn!("{what}: rate limited by the Hub (429); backing off");
+                }
+                last = "rate limited by the Hub (429)".into();
+            }
+            Ok(r) if r.status().is_server_error() => {
+                last = format!("the server answered {}", r.status());
+            }
+            Ok(r) => return Ok(r),
+            Err(e) => last = one_line_err(&e),
+        }
+    }
+    Err(if limited > 0 {
+        format!(
+            "{last} after {} tries; try again later (a token raises the Hub's limits)",
+            opts.retries + 1
+        )
+    } else {
+        format!("{last} (after {} tries)", opts.retries + 1)
+    })
+}
+
+fn one_line_err(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = std::error::Error::source(e);
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s = format!("{s}: {m}");
+        }
+        cur = c.source();
+    }
+    if e.is_timeout() {
+        s = format!("no answer in time ({s})");
+    }
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The one line for an answer the Hub gives to say no: its
+/// `X-Error-Code`, else the status.
+fn refusal(hub: &Hub, status: StatusCode, h: &HeaderMap, what: &str) -> String {
+    let code = header(h, "x-error-code").unwrap_or("");
+    let token = hub.token.is_some();
+    match (code, status.as_u16()) {
+        ("GatedRepo", _) if !token => "the repo is gated: its files need a token \
+             (HF_TOKEN, or `huggingface-cli login`) of an account that accepted its conditions"
+            .into(),
+        ("GatedRepo", _) => "the repo is gated, and the token's account has not been \
+             granted access (accept its conditions on the Hub)"
+            .into(),
+        ("RepoNotFound", _) | (_, 401) if !token => {
+            "no such repo (or it is private: give a token with HF_TOKEN or `huggingface-cli login`)"
+                .into()
+        }
+        ("RepoNotFound", _) | (_, 401) => "no such repo, or the token cannot see it".into(),
+        ("RevisionNotFound", _) => "no such revision (branch, tag or commit)".into(),
+        ("EntryNotFound", _) => format!("no such file {what}"),
+        (_, 403) => "access denied by the Hub (403)".into(),
+        _ => format!("the Hub answered {status}"),
+    }
+}
+
+/// The client for one process's requests (its connections belong to the
+/// runtime of that process). Redirects are never followed: a CDN URL is
+/// taken from `Location` and asked without the token.
+fn http_client(opts: &Options) -> std::result::Result<reqwest::Client, Fail> {
+    let mut b = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(opts.timeout)
+        .connect_timeout(opts.timeout.min(Duration::from_secs(10)))
+        .user_agent(concat!("ztensor-mount/", env!("CARGO_PKG_VERSION")));
+    if let Some(path) = &opts.ca_file {
+        let pem = std::fs::read(path).map_err(|e| format!("--ca-file {}: {e}", path.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| format!("--ca-file {}: not PEM certificates: {e}", path.display()))?;
+        for c in certs {
+            b = b.add_root_certificate(c);
+        }
+    }
+    b.build().map_err(|e| one_line_err(&e))
+}
+
+/// What the Hub says of a revision: its commit and the repo's files.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct RepoInfo {
+    commit: String,
+    /// Every file of the repo at that commit, with its size when known.
+    files: Vec<(String, Option<u64>)>,
+}
+
+fn parse_info(v: &Value) -> std::result::Result<RepoInfo, Fail> {
+    let commit = v["sha"]
+        .as_str()
+        .filter(|s| s.len() >= 7 && s.chars().all(|c| c.is_ascii_hexdigit()))
+        .ok_or("the Hub's answer names no commit (\"sha\")")?
+        .to_string();
+    let files = v["siblings"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| {
+                    let name = s["rfilename"].as_str()?.to_string();
+                    let size = s["lfs"]["size"].as_u64().or_else(|| s["size"].as_u64());
+                    Some((name, size))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(RepoInfo { commit, files })
+}
+
+/// Asks the Hub for `spec`'s revision.
+async fn fetch_info(hub: &Hub, spec: &Spec, opts: &Options) -> std::result::Result<RepoInfo, Fail> {
+    let client = http_client(opts)?;
+    let (org, name) = spec.repo.split_once('/').unwrap_or((&spec.repo, ""));
+    let mut url = hub.url(["api", "models", org, name, "revision", &spec.revision]);
+    url.set_query(Some("blobs=true"));
+    let r = send(opts, &spec.repo, || {
+        with_token(hub, client.get(url.clone()))
+    })
+    .await?;
+    if !r.status().is_success() {
+        return Err(refusal(hub, r.status(), r.headers(), ""));
+    }
+    let body = read_bounded(r, API_MAX).await?;
+    let v: Value =
+        serde_json::from_slice(&body).map_err(|e| format!("the Hub's answer is not JSON: {e}"))?;
+    parse_info(&v)
+}
+
+/// The most the API's answer may take: it lists every file, and a repo of
+/// 100 000 files is some 20 MB.
+const API_MAX: usize = 64 << 20;
+
+/// A body of at most `max` bytes (a larger one is refused, not read).
+async fn read_bounded(mut r: reqwest::Response, max: usize) -> std::result::Result<Vec<u8>, Fail> {
+    let mut body = Vec::new();
+    while let Some(piece) = r.chunk().await.map_err(|e| one_line_err(&e))? {
+        if body.len() + piece.len() > max {
+            return Err(format!("the Hub's answer is over {} MiB", max >> 20));
+        }
+        body.extend_from_slice(&piece);
+    }
+    Ok(body)
+}
+
+fn with_token(hub: &Hub, b: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    match &hub.token {
+        Some(t) => b.bearer_auth(t),
+        None => b,
+    }
+}
+
+/// Extensions of the files a mount reads.
+const MOUNTABLE: &[&str] = &[
+    ".safetensors",
+    ".gguf",
+    ".zt",
+    ".npz",
+    ".onnx",
+    ".h5",
+    ".hdf5",
+    ".pt",
+    ".pth",
+    ".dt",
+];
+
+/// The file to mount when the URL names none: the safetensors index, else
+/// the one safetensors file, else the one file of another format; else
+/// one line listing the candidates.
+fn choose(spec: &Spec, info: &RepoInfo) -> std::result::Result<String, Fail> {
+    let names: Vec<&str> = info.files.iter().map(|(n, _)| n.as_str()).collect();
+    if names.contains(&"model.safetensors.index.json") {
+        return Ok("model.safetensors.index.json".into());
+    }
+    let indexes: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| n.ends_with(".safetensors.index.json"))
+        .collect();
+    let st: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| n.ends_with(".safetensors"))
+        .collect();
+    let any: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| MOUNTABLE.iter().any(|e| n.ends_with(e)))
+        .collect();
+    let pick = match (indexes.as_slice(), st.as_slice(), any.as_slice()) {
+        ([one], _, _) => Some(*one),
+        ([], [one], _) => Some(*one),
+        ([], [], [one]) => Some(*one),
+        _ => None,
+    };
+    if let Some(p) = pick {
+        return Ok(p.to_string());
+    }
+    let candidates: Vec<&str> = if !indexes.is_empty() {
+        indexes
+    } else if !st.is_empty() {
+        st
+    } else {
+        any
+    };
+    if candidates.is_empty() {
+        return Err(format!(
+            "the repo has no weights file the mount reads (of {} files); name one as \
+             hf://{}@{}/PATH",
+            names.len(),
+            spec.repo,
+            spec.revision
+        ));
+    }
+    let list: Vec<String> = candidates
+        .iter()
+        .map(|c| format!("hf://{}@{}/{c}", spec.repo, spec.revision))
+        .collect();
+    Err(format!(
+        "the repo has several weights files; name one: {}",
+        list.join(" ")
+    ))
+}
+
+/// Where the facts a mount learned from the Hub are kept for an offline
+/// remount: a small JSON file per revision and per file resolved.
+fn record_path(opts: &Options, kind: &str, parts: &[&str]) -> PathBuf {
+    let h = xxhash_rust::xxh3::xxh3_128(parts.join("\0").as_bytes());
+    opts.cache_dir
+        .join("ztensor-remote")
+        .join("hub")
+        .join(format!("{kind}-{h:032x}.json"))
+}
+
+fn save_record(path: &Path, v: &impl serde::Serialize) {
+    // Written whole then renamed: a reader sees the old record or the new.
+    let r = (|| -> std::io::Result<()> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir)?;
+        let tmp = tempfile::NamedTempFile::new_in(dir)?;
+        serde_json::to_writer(&tmp, v)?;
+        tmp.persist(path).map_err(|e| e.error)?;
+        Ok(())
+    })();
+    if let Err(e) = r {
+        log::warn!(
+            "cannot record {} for an offline remount: {e}",
+            path.display()
+        );
+    }
+}
+
+fn load_record<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+/// A file's size and ETag, as the Hub said at resolve.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Resolved {
+    size: u64,
+    etag: String,
+}
+
+/// One commit of one repo, as the objects of a mount see it (shared by the
+/// mount's files, and by the processes it forks: no connection in it).
+#[derive(Debug)]
+pub struct Repo {
+    hub: Hub,
+    repo: String,
+    commit: String,
+    opts: Options,
+    /// Where each file's bytes are (its signed CDN URL), by path.
+    locations: Mutex<HashMap<String, (url::Url, Resolved)>>,
+}
+
+impl Repo {
+    /// The path of the file a resolve URL names.
+    fn path_of(&self, url: &url::Url) -> Option<String> {
+        let base = self
+            .hub
+            .url(self.repo.split('/').chain(["resolve", &self.commit]));
+        let rest = url.path().strip_prefix(base.path())?.strip_prefix('/')?;
+        let decoded = percent_decode(rest);
+        (!decoded.is_empty()).then_some(decoded)
+    }
+
+    /// How messages name the object at `url`: `hf://ORG/REPO@COMMIT/PATH`.
+    pub fn label(&self, url: &url::Url) -> String {
+        match self.path_of(url) {
+            Some(p) => format!("hf://{}@{}/{p}", self.repo, self.commit),
+            None => url.to_string(),
+        }
+    }
+
+    fn resolve_url(&self, path: &str) -> url::Url {
+        self.hub.url(
+            self.repo
+                .split('/')
+                .chain(["resolve", &self.commit])
+                .chain(path.split('/')),
+        )
+    }
+
+    fn record(&self, path: &str) -> PathBuf {
+        record_path(
+            &self.opts,
+            "file",
+            &[self.hub.endpoint.as_str(), &self.repo, &self.commit, path],
+        )
+    }
+
+    /// The store for this process's requests.
+    pub fn store(self: &Arc<Self>) -> std::result::Result<Arc<dyn ObjectStore>, String> {
+        Ok(Arc::new(HubStore {
+            repo: self.clone(),
+            client: http_client(&self.opts)?,
+            resolving: tokio::sync::Mutex::new(()),
+        }))
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    url::form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+/// The Hub as an object store of one commit: a key is a resolve URL's
+/// path, `ORG/REPO/resolve/COMMIT/PATH`. Only reads are offered.
+#[derive(Debug)]
+struct HubStore {
+    repo: Arc<Repo>,
+    client: reqwest::Client,
+    /// Held while a file is resolved again: the requests that found its
+    /// signed URL expired together make one resolve, not one each.
+    resolving: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Display for HubStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HubStore({}@{})", self.repo.repo, self.repo.commit)
+    }
+}
+
+/// The `store` of this module's errors (remote.rs shows their text alone).
+pub const STORE: &str = "Hugging Face Hub";
+
+fn generic(msg: impl Into<String>) -> object_store::Error {
+    object_store::Error::Generic {
+        store: STORE,
+        source: msg.into().into(),
+    }
+}
+
+impl HubStore {
+    /// The file a key names (the key is a resolve URL's path).
+    fn path(&self, key: &Key) -> object_store::Result<String> {
+        let marker = format!("{}/resolve/{}/", self.repo.repo, self.repo.commit);
+        key.as_ref()
+            .split_once(&marker)
+            .map(|(_, p)| p.to_string())
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| generic(format!("{key} is not a file of {}", self.repo.repo)))
+    }
+
+    /// HEAD of the file's resolve URL: its size and ETag, and where its
+    /// bytes are (a relative redirect, as for a renamed repo, is followed
+    /// on the Hub's host).
+    async fn resolve(&self, path: &str) -> object_store::Result<Resolved> {
+        let repo = &self.repo;
+        if repo.hub.offline {
+            return load_record(&repo.record(path)).ok_or_else(|| {
+                generic(format!(
+                    "offline (HF_HUB_OFFLINE is set), and {path} was never resolved with this \
+                     cache directory"
+                ))
+            });
+        }
+        let mut url = repo.resolve_url(path);
+        for _ in 0..5 {
+            let r = send(&repo.opts, path, || {
+                with_token(&repo.hub, self.client.head(url.clone()))
+                    .header("Accept-Encoding", "identity")
+            })
+            .await
+            .map_err(generic)?;
+            let h = r.headers();
+            let status = r.status();
+            let location = header(h, LOCATION.as_str()).and_then(|l| url.join(l).ok());
+            if status.is_redirection()
+                && let Some(to) = &location
+                && repo.hub.is_hub_host(to)
+                && header(h, "x-linked-size").is_none()
+            {
+                url = to.clone();
+                continue;
+            }
+            let (at, res) = resolved(repo, status, h, &url, location)?;
+            save_record(&repo.record(path), &res);
+            repo.locations
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(path.to_string(), (at, res.clone()));
+            return Ok(res);
+        }
+        Err(generic("the Hub redirected more than 5 times"))
+    }
+
+    /// Where the file's bytes are, and its size and ETag, once resolved.
+    fn location(&self, path: &str) -> Option<(url::Url, Resolved)> {
+        self.repo
+            .locations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(path)
+            .cloned()
+    }
+
+    fn meta(&self, key: &Key, r: &Resolved) -> ObjectMeta {
+        ObjectMeta {
+            location: key.clone(),
+            last_modified: chrono::DateTime::UNIX_EPOCH,
+            size: r.size,
+            e_tag: Some(r.etag.clone()),
+            version: None,
+        }
+    }
+
+    /// A GET of `range` (all of it if none) of the file's bytes; a signed
+    /// URL that has expired (403 from the CDN) is resolved again.
+    async fn get(&self, key: &Key, range: Option<Range<u64>>) -> object_store::Result<GetResult> {
+        let path = self.path(key)?;
+        for _ in 0..3 {
+            if self.repo.hub.offline {
+                return Err(generic(format!(
+                    "offline (HF_HUB_OFFLINE is set), and bytes of {path} the read needs are \
+                     not in the cache"
+                )));
+            }
+            let (at, resolved) = match self.location(&path) {
+                Some(known) => known,
+                None => {
+                    let _one = self.resolving.lock().await;
+                    match self.location(&path) {
+                        // Resolved by another request while this one waited.
+                        Some(known) => known,
+                        None => {
+                            self.resolve(&path).await?;
+                            self.location(&path)
+                                .ok_or_else(|| generic("the file was resolved nowhere"))?
+                        }
+                    }
+                }
+            };
+            let on_hub = self.repo.hub.is_hub_host(&at);
+            let r = send(&self.repo.opts, &path, || {
+                let mut b = self.client.get(at.clone());
+                if on_hub {
+                    b = with_token(&self.repo.hub, b);
+                }
+                if let Some(r) = &range {
+                    b = b.header(
+                        "Range",
+                        format!("bytes={}-{}", r.start, r.end.saturating_sub(1)),
+                    );
+                }
+                b
+            })
+            .await
+            .map_err(generic)?;
+            let status = r.status();
+            if status == StatusCode::FORBIDDEN && !on_hub {
+                let mut map = self
+                    .repo
+                    .locations
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                // Unless another request has resolved it again already.
+                if map.get(&path).is_some_and(|(u, _)| *u == at) {
+                    log::info!("{path}: the signed URL was refused (expired?); resolving it again");
+                    map.remove(&path);
+                }
+                continue;
+            }
+            return self.answer(key, r, range, &resolved);
+        }
+        Err(generic(format!(
+            "{path}: the CDN refused its freshly signed URL three times"
+        )))
+    }
+
+    fn answer(
+        &self,
+        key: &Key,
+        r: reqwest::Response,
+        range: Option<Range<u64>>,
+        file: &Resolved,
+    ) -> object_store::Result<GetResult> {
+        let status = r.status();
+        let got = match status {
+            StatusCode::PARTIAL_CONTENT => {
+                let cr = header(r.headers(), "content-range").unwrap_or("");
+                parse_content_range(cr)
+                    .ok_or_else(|| generic(format!("a 206 with Content-Range {cr:?}")))?
+            }
+            StatusCode::OK if range.is_some() => {
+                return Err(object_store::Error::NotSupported {
+                    source: "the server ignored the Range request".into(),
+                });
+            }
+            StatusCode::OK => (0..file.size, file.size),
+            s => {
+                return Err(generic(refusal(
+                    &self.repo.hub,
+                    s,
+                    r.headers(),
+                    "at that commit",
+                )));
+            }
+        };
+        let (bytes, total) = got;
+        let mut meta = self.meta(key, file);
+        // A size that differs is the caller's to see (it refuses the bytes).
+        meta.size = total;
+        let stream: BoxStream<'static, object_store::Result<Bytes>> =
+            Box::pin(futures_util::stream::unfold(Some(r), |r| async move {
+                let mut r = r?;
+                match r.chunk().await {
+                    Ok(Some(b)) => Some((Ok(b), Some(r))),
+                    Ok(None) => None,
+                    Err(e) => Some((Err(generic(one_line_err(&e))), None)),
+                }
+            }));
+        Ok(GetResult {
+            payload: GetResultPayload::Stream(stream),
+            meta,
+            range: bytes,
+            attributes: Default::default(),
+            extensions: Default::default(),
+        })
+    }
+}
+
+/// What the final answer to a resolve says: where the bytes are (the
+/// redirect's target, else the URL asked) and the file's size and ETag.
+fn resolved(
+    repo: &Repo,
+    status: StatusCode,
+    h: &HeaderMap,
+    url: &url::Url,
+    location: Option<url::Url>,
+) -> object_store::Result<(url::Url, Resolved)> {
+    if !(status.is_success() || status.is_redirection()) {
+        let what = format!("at commit {}", repo.commit);
+        return Err(generic(refusal(&repo.hub, status, h, &what)));
+    }
+    if let Some(c) = header(h, "x-repo-commit")
+        && c != repo.commit
+    {
+        return Err(generic(format!(
+            "the Hub resolved commit {} to {c}",
+            repo.commit
+        )));
+    }
+    // A large file's size and ETag are on the redirect (X-Linked-*); a
+    // small one's on the answer that carries it.
+    let size = header(h, "x-linked-size")
+        .or_else(|| {
+            status
+                .is_success()
+                .then(|| header(h, "content-length"))
+                .flatten()
+        })
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| generic("the Hub's answer gives no size"))?;
+    let etag = header(h, "x-linked-etag")
+        .or_else(|| header(h, "etag"))
+        .map(|e| e.trim_start_matches("W/").to_string())
+        .ok_or_else(|| generic("the Hub's answer gives no ETag"))?;
+    let at = if status.is_redirection() {
+        location.ok_or_else(|| generic("the Hub's redirect has no Location"))?
+    } else {
+        url.clone()
+    };
+    Ok((at, Resolved { size, etag }))
+}
+
+/// `bytes A-B/TOTAL` as (A..B+1, TOTAL).
+fn parse_content_range(s: &str) -> Option<(Range<u64>, u64)> {
+    let (range, total) = s.strip_prefix("bytes ")?.split_once('/')?;
+    let (a, b) = range.split_once('-')?;
+    let (a, b, total): (u64, u64, u64) = (a.parse().ok()?, b.parse().ok()?, total.parse().ok()?);
+    (a <= b && b < total).then_some((a..b + 1, total))
+}
+
+fn not_offered(op: &str) -> object_store::Error {
+    object_store::Error::NotImplemented {
+        operation: op.into(),
+        implementer: STORE.into(),
+    }
+}
+
+#[async_trait]
+impl ObjectStore for HubStore {
+    async fn put_opts(
+        &self,
+        _: &Key,
+        _: object_store::PutPayload,
+        _: object_store::PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        Err(not_offered("put"))
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        _: &Key,
+        _: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        Err(not_offered("put_multipart"))
+    }
+
+    async fn get_opts(&self, key: &Key, o: GetOptions) -> object_store::Result<GetResult> {
+        if o.head {
+            let path = self.path(key)?;
+            let r = self.resolve(&path).await?;
+            return Ok(GetResult {
+                payload: GetResultPayload::Stream(Box::pin(futures_util::stream::empty())),
+                meta: self.meta(key, &r),
+                range: 0..r.size,
+                attributes: Default::default(),
+                extensions: Default::default(),
+            });
+        }
+        // The commit pins the bytes: If-Match is not needed (and a CDN's
+        // ETag is not the Hub's).
+        let range = match o.range {
+            Some(GetRange::Bounded(r)) => Some(r),
+            None => None,
+            Some(_) => return Err(not_offered("get with an open range")),
+        };
+        self.get(key, range).await
+    }
+
+    fn delete_stream(
+        &self,
+        _: BoxStream<'static, object_store::Result<Key>>,
+    ) -> BoxStream<'static, object_store::Result<Key>> {
+        Box::pin(futures_util::stream::once(async {
+            Err(not_offered("delete"))
+        }))
+    }
+
+    fn list(&self, _: Option<&Key>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        Box::pin(futures_util::stream::once(async {
+            Err(not_offered("list"))
+        }))
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        _: Option<&Key>,
+    ) -> object_store::Result<object_store::ListResult> {
+        Err(not_offered("list"))
+    }
+
+    async fn copy_opts(
+        &self,
+        _: &Key,
+        _: &Key,
+        _: object_store::CopyOptions,
+    ) -> object_store::Result<()> {
+        Err(not_offered("copy"))
+    }
+}
+
+fn fail(label: &str, why: impl std::fmt::Display) -> Error {
+    Error::new(ErrorKind::Io, label, None, why.to_string())
+}
+
+/// The commit and files of `spec`'s revision: asked of the Hub (and
+/// recorded), or, offline, as recorded by an earlier mount.
+fn repo_info(hub: &Hub, spec: &Spec, opts: &Options, label: &str) -> Result<RepoInfo> {
+    let record = record_path(
+        opts,
+        "rev",
+        &[hub.endpoint.as_str(), &spec.repo, &spec.revision],
+    );
+    if hub.offline {
+        return load_record(&record).ok_or_else(|| {
+            fail(
+                label,
+                "offline (HF_HUB_OFFLINE is set), and no mount with this cache directory \
+                 resolved this revision before",
+            )
+        });
+    }
+    let rt =
+        remote::runtime().map_err(|e| fail(label, format!("cannot start the I/O runtime: {e}")))?;
+    let info = rt
+        .block_on(fetch_info(hub, spec, opts))
+        .map_err(|e| fail(label, e))?;
+    save_record(&record, &info);
+    Ok(info)
+}
+
+/// What `.ztensor/index.json` says of a Hub file (under `attributes`).
+fn describe(hub: &Hub, spec: &Spec, info: &RepoInfo, path: &str) -> Value {
+    let others: Vec<&str> = info
+        .files
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .filter(|n| *n != path)
+        .collect();
+    serde_json::json!({
+        "endpoint": hub.endpoint.as_str(),
+        "repo": spec.repo,
+        "revision": spec.revision,
+        "commit": info.commit,
+        "path": path,
+        "other_files": others,
+    })
+}
+
+/// Opens `arg` (`hf://ORG/REPO[@REVISION][/PATH]`): resolves the revision
+/// to a commit, picks the file, and opens it as a remote object. Also
+/// gives what index.json should say of it.
+pub fn open(arg: &str, opts: &Options) -> Result<(MappedFile, Value)> {
+    let spec = parse(arg, opts.revision.as_deref()).map_err(|e| fail(arg, e))?;
+    let label = format!("hf://{}@{}", spec.repo, spec.revision);
+    let hub = Hub::from_env().map_err(|e| fail(&label, e))?;
+    let info = repo_info(&hub, &spec, opts, &label)?;
+    let path = match &spec.path {
+        Some(p) => {
+            if !info.files.is_empty() && !info.files.iter().any(|(n, _)| n == p) {
+                return Err(fail(
+                    &format!("{label}/{p}"),
+                    format!("no such file at commit {}", info.commit),
+                ));
+            }
+            p.clone()
+        }
+        None => choose(&spec, &info).map_err(|e| fail(&label, e))?,
+    };
+    log::info!(
+        "{label}: revision {} is commit {}; mounting {path} (the repo has {} other files{})",
+        spec.revision,
+        info.commit,
+        info.files.len().saturating_sub(1),
+        if hub.offline { "; offline" } else { "" }
+    );
+    let about = describe(&hub, &spec, &info, &path);
+    let repo = Arc::new(Repo {
+        hub,
+        repo: spec.repo.clone(),
+        commit: info.commit.clone(),
+        opts: opts.clone(),
+        locations: Mutex::new(HashMap::new()),
+    });
+    let url = repo.resolve_url(&path);
+    let file = remote::open_hub(url, opts, repo)?;
+    Ok((file, about))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_into_repo_revision_and_path() {
+        let p = |a: &str| parse(a, None);
+        assert_eq!(
+            p("hf://org/repo").unwrap(),
+            Spec {
+                repo: "org/repo".into(),
+                revision: "main".into(),
+                path: None
+            }
+        );
+        let s = p("hf://o-1/r.x@v1.0/sub/m.safetensors").unwrap();
+        assert_eq!(s.repo, "o-1/r.x");
+        assert_eq!(s.revision, "v1.0");
+        assert_eq!(s.path.as_deref(), Some("sub/m.safetensors"));
+        assert_eq!(parse("hf://o/r", Some("dev")).unwrap().revision, "dev");
+        assert!(parse("hf://o/r@a", Some("b")).is_err());
+        assert_eq!(parse("hf://o/r@a", Some("a")).unwrap().revision, "a");
+        for bad in [
+            "hf://",
+            "hf://o",
+            "hf://o/",
+            "hf://o/r@",
+            "hf://o/r/../x",
+            "hf://o/r//x",
+        ] {
+            assert!(p(bad).is_err(), "{bad}");
+        }
+        assert!(is_hub("HF://o/r"));
+        assert!(!is_hub("hf:/o/r"));
+    }
+
+    fn info(files: &[&str]) -> RepoInfo {
+        RepoInfo {
+            commit: "abc1234".into(),
+            files: files.iter().map(|f| (f.to_string(), None)).collect(),
+        }
+    }
+
+    #[test]
+    fn the_weights_are_the_index_else_the_one_file() {
+        let spec = parse("hf://o/r", None).unwrap();
+        let c = |f: &[&str]| choose(&spec, &info(f));
+        assert_eq!(
+            c(&[
+                "config.json",
+                "model.safetensors.index.json",
+                "a.safetensors",
+                "b.safetensors"
+            ])
+            .unwrap(),
+            "model.safetensors.index.json"
+        );
+        assert_eq!(
+            c(&["config.json", "model.safetensors"]).unwrap(),
+            "model.safetensors"
+        );
+        assert_eq!(c(&["README.md", "m.Q4.gguf"]).unwrap(), "m.Q4.gguf");
+        assert_eq!(
+            c(&["m.Q4.gguf", "m.Q8.gguf"]).unwrap_err(),
+            "the repo has several weights files; name one: hf://o/r@main/m.Q4.gguf \
+             hf://o/r@main/m.Q8.gguf"
+        );
+        assert!(c(&["README.md"]).unwrap_err().contains("no weights file"));
+    }
+
+    #[test]
+    fn content_ranges_parse() {
+        assert_eq!(parse_content_range("bytes 0-9/100"), Some((0..10, 100)));
+        assert_eq!(parse_content_range("bytes 5-4/100"), None);
+        assert_eq!(parse_content_range("bytes 0-100/100"), None);
+        assert_eq!(parse_content_range("bytes */100"), None);
+    }
+}

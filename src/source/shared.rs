@@ -1,0 +1,222 @@
+//! What lets several processes (mounts of one object, with one cache
+//! directory) share a cache file: a bitmap of the blocks present that all
+//! of them map (`NAME.live`, `MAP_SHARED`, its words changed only
+//! atomically), and a lock per run of blocks (an open-file-description
+//! lock on a byte range of that file), held from before a block is
+//! fetched until it is marked present, so that a block is fetched once
+//! whichever process asks first.
+//!
+//! The live bitmap is believed only during the boot that wrote it (its
+//! header holds the boot id): a bit is set once the block's bytes are
+//! written into the cache file, which puts them in the page cache, and
+//! the page cache outlives a process killed with SIGKILL but not the
+//! machine. After a reboot the durable bitmap (`NAME.blocks`, saved after
+//! an fdatasync) is the truth.
+
+use std::fs::File;
+use std::io;
+use std::ops::{Deref, Range};
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+
+const MAGIC: &[u8; 8] = b"ZTRLIVE1";
+/// Magic, boot id (36 bytes of text), block size, object size; then the
+/// words, 8-byte aligned.
+const HEADER: usize = 64;
+/// Where the block locks are: past any real offset of the file, so that
+/// they never cover its header or words (a lock is only a range).
+const LOCK_BASE: i64 = 1 << 40;
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`).
+fn boot_id() -> io::Result<[u8; 36]> {
+    let s = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?;
+    s.trim()
+        .as_bytes()
+        .try_into()
+        .map_err(|_| io::Error::other("boot_id is not 36 characters"))
+}
+
+fn header(block: u64, size: u64) -> io::Result<[u8; HEADER]> {
+    let mut h = [0u8; HEADER];
+    h[..8].copy_from_slice(MAGIC);
+    h[8..44].copy_from_slice(&boot_id()?);
+    h[44..52].copy_from_slice(&block.to_le_bytes());
+    h[52..60].copy_from_slice(&size.to_le_bytes());
+    Ok(h)
+}
+
+/// The blocks present in one cache file, as every process mapping it
+/// sees them.
+pub struct Live {
+    path: PathBuf,
+    map: memmap2::MmapMut,
+    words: usize,
+}
+
+impl Live {
+    /// Opens (creating) the live bitmap at `path` for `words` words of an
+    /// object of `size` bytes in blocks of `block`. `alone`: no other
+    /// process has the cache file open (its exclusive lock is held), so
+    /// the file may be sized and its header checked and written; the words
+    /// it held are given back when they are of this boot and this layout.
+    /// Otherwise it is mapped as it is, or refused if its layout differs.
+    pub fn open(
+        path: &Path,
+        block: u64,
+        size: u64,
+        words: usize,
+        alone: bool,
+    ) -> io::Result<(Live, Option<Vec<u64>>)> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        let want = header(block, size)?;
+        let len = (HEADER + words * 8) as u64;
+        let mut have = [0u8; HEADER];
+        let same =
+            f.metadata()?.len() == len && f.read_exact_at(&mut have, 0).is_ok() && have == want;
+        if !alone && !same {
+            return Err(io::Error::other(
+                "another mount uses the cache file with another block size, or from before a reboot",
+            ));
+        }
+        if alone && !same {
+            f.set_len(0)?;
+            f.set_len(len)?;
+            f.write_all_at(&want, 0)?;
+        }
+        // SAFETY: the file is ours to map: it is sized above (or checked to
+        // be) before any process maps it, and is only resized by a process
+        // holding the cache file's exclusive lock, which no process holds
+        // while another has it mapped (each holds a shared lock).
+        let map = unsafe { memmap2::MmapOptions::new().map_mut(&f)? };
+        let live = Live {
+            path: path.to_path_buf(),
+            map,
+            words,
+        };
+        let kept = (alone && same).then(|| {
+            live.iter()
+                .map(|w| w.load(std::sync::atomic::Ordering::Acquire))
+                .collect()
+        });
+        Ok((live, kept))
+    }
+
+    /// Sets the words (while alone, before any other process maps them).
+    pub fn store(&self, words: &[u64]) {
+        for (w, &v) in self.iter().zip(words) {
+            w.store(v, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    /// The file whose ranges [`lock_range`] locks.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Deref for Live {
+    type Target = [AtomicU64];
+
+    fn deref(&self) -> &[AtomicU64] {
+        let words = &self.map[HEADER..];
+        debug_assert!(words.len() >= self.words * 8);
+        // SAFETY: the mapping holds HEADER + words * 8 bytes (sized at
+        // open), page-aligned, so the words at HEADER (a multiple of 8) are
+        // aligned for AtomicU64, which has u64's layout; they live as long
+        // as `self.map`; every process changes them only through atomics.
+        unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<AtomicU64>(), self.words) }
+    }
+}
+
+/// An open-file-description write lock on `blocks` (at [`LOCK_BASE`]
+/// plus the block number) of the file at `path`, through a descriptor of
+/// its own: OFD locks of one description do not exclude each other, so
+/// each holder opens the file anew. Waits for the range to be free.
+pub fn lock_range(path: &Path, blocks: Range<u64>) -> io::Result<File> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)?;
+    let start = LOCK_BASE
+        .checked_add(i64::try_from(blocks.start).map_err(io::Error::other)?)
+        .ok_or_else(|| io::Error::other("block number out of range"))?;
+    let len = i64::try_from(blocks.end.saturating_sub(blocks.start)).map_err(io::Error::other)?;
+    // SAFETY: a zeroed flock is a valid value of the C struct; the fields
+    // that matter are set below.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as _;
+    fl.l_whence = libc::SEEK_SET as _;
+    fl.l_start = start;
+    fl.l_len = len.max(1);
+    loop {
+        // SAFETY: fcntl on our own descriptor with a valid flock.
+        let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLKW, &fl) };
+        if r == 0 {
+            return Ok(f);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    #[test]
+    fn a_live_bitmap_is_kept_for_its_layout_and_shared_between_mappings() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.live");
+        let (a, kept) = Live::open(&p, 4096, 100_000, 1, true).unwrap();
+        assert_eq!(kept, None, "a new file holds nothing");
+        a.store(&[0b101]);
+        // A second mapping (another process's) sees the same words.
+        let (b, kept) = Live::open(&p, 4096, 100_000, 1, false).unwrap();
+        assert_eq!(kept, None);
+        b[0].fetch_or(0b10, Relaxed);
+        assert_eq!(a[0].load(Relaxed), 0b111);
+        drop((a, b));
+        // Reopened alone: kept; with another block size: reset, and
+        // refused to a process that is not alone.
+        let (_, kept) = Live::open(&p, 4096, 100_000, 1, true).unwrap();
+        assert_eq!(kept, Some(vec![0b111]));
+        assert!(Live::open(&p, 8192, 100_000, 1, false).is_err());
+        let (c, kept) = Live::open(&p, 8192, 100_000, 1, true).unwrap();
+        assert_eq!(kept, None);
+        assert_eq!(c[0].load(Relaxed), 0);
+    }
+
+    #[test]
+    fn a_block_lock_excludes_another_holder_until_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.live");
+        let (live, _) = Live::open(&p, 4096, 100_000, 1, true).unwrap();
+        let held = lock_range(live.path(), 2..5).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p2 = p.clone();
+        let t = std::thread::spawn(move || {
+            let _l = lock_range(&p2, 4..6).unwrap();
+            tx.send(()).unwrap();
+        });
+        // Disjoint ranges do not wait.
+        drop(lock_range(&p, 5..6).unwrap());
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(200))
+                .is_err(),
+            "an overlapping lock was granted"
+        );
+        drop(held);
+        rx.recv().unwrap();
+        t.join().unwrap();
+    }
+}
