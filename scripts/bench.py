@@ -462,6 +462,9 @@ class More:
             return paths
         have.pop(key, None)
         self.manifest.write_text(json.dumps(have))
+        # Made anew: `pack` refuses to replace a file it did not just write.
+        for p in paths:
+            p.unlink(missing_ok=True)
         t0 = time.perf_counter()
         build()
         for p in paths:
