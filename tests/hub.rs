@@ -15,7 +15,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -43,6 +43,18 @@ fn python() -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     py
+}
+
+/// What most tests start from, in the order it is dropped back: the
+/// lock that runs them one at a time, a scratch mount, the repos written
+/// under it, and the stand-in serving them.
+fn setup() -> (std::sync::MutexGuard<'static, ()>, Mount, Repos, Hub) {
+    let s = support::serial();
+    let py = python();
+    let m = scratch();
+    let repos = write_repos(&m.scratch_path("files"));
+    let hub = Hub::start(&py, &repos.config, 0);
+    (s, m, repos, hub)
 }
 
 fn scratch() -> Mount {
@@ -164,46 +176,21 @@ fn write_repos(dir: &Path) -> Repos {
 }
 
 /// The stand-in Hub, killed (and reaped) on drop.
-struct Hub {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Hub {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+type Hub = support::server::Server;
 
 impl Hub {
     fn start(py: &Path, config: &Value, latency_ms: u32) -> Hub {
         let dir = tempfile::tempdir().unwrap();
         let cfg = dir.path().join("hub.json");
         std::fs::write(&cfg, config.to_string()).unwrap();
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/fake_hub.py");
-        let mut child = Command::new(py)
-            .arg(script)
-            .arg(&cfg)
-            .arg(latency_ms.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start fake_hub.py");
-        let mut line = String::new();
-        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-        let port = line
-            .trim()
-            .strip_prefix("PORT ")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("fake_hub.py said {line:?}"));
-        Hub {
-            child,
-            port,
-            _dir: dir,
-        }
+        let latency = latency_ms.to_string();
+        let mut hub = Hub::script(
+            Command::new(py),
+            "fake_hub.py",
+            &[cfg.as_os_str(), latency.as_ref()],
+        );
+        hub.dir = Some(dir);
+        hub
     }
 
     fn endpoint(&self) -> String {
@@ -394,11 +381,7 @@ print(fails(repo_id="org/single", filename="nope.bin", token=False))
 
 #[test]
 fn a_single_file_repo_mounts_pinned_to_its_commit_without_the_token_on_the_cdn() {
-    let _s = support::serial();
-    let py = python();
-    let mut m = scratch();
-    let repos = write_repos(&m.scratch_path("files"));
-    let hub = Hub::start(&py, &repos.config, 0);
+    let (_s, mut m, repos, hub) = setup();
     let cache = m.scratch_path("cache");
     hf_mount(
         &mut m,
@@ -440,11 +423,7 @@ fn a_single_file_repo_mounts_pinned_to_its_commit_without_the_token_on_the_cdn()
 
 #[test]
 fn a_sharded_repo_mounts_through_its_index() {
-    let _s = support::serial();
-    let py = python();
-    let mut m = scratch();
-    let repos = write_repos(&m.scratch_path("files"));
-    let hub = Hub::start(&py, &repos.config, 0);
+    let (_s, mut m, repos, hub) = setup();
     let cache = m.scratch_path("cache");
     hf_mount(&mut m, &hub.endpoint(), "hf://org/sharded", &cache, &[]);
     assert_tensors(&m, &repos.c3);
@@ -460,11 +439,7 @@ fn a_sharded_repo_mounts_through_its_index() {
 
 #[test]
 fn a_branch_a_tag_a_commit_a_path_and_revision_choose_what_is_mounted() {
-    let _s = support::serial();
-    let py = python();
-    let mut m = scratch();
-    let repos = write_repos(&m.scratch_path("files"));
-    let hub = Hub::start(&py, &repos.config, 0);
+    let (_s, mut m, repos, hub) = setup();
     let cache = m.scratch_path("cache");
     let ep = hub.endpoint();
     let cases: [(&str, &[&str], &str, &Tensors); 5] = [
@@ -507,11 +482,7 @@ fn a_branch_a_tag_a_commit_a_path_and_revision_choose_what_is_mounted() {
 
 #[test]
 fn a_gated_repo_needs_a_token_from_hf_token_or_the_token_file() {
-    let _s = support::serial();
-    let py = python();
-    let mut m = scratch();
-    let repos = write_repos(&m.scratch_path("files"));
-    let hub = Hub::start(&py, &repos.config, 0);
+    let (_s, mut m, repos, hub) = setup();
     let cache = m.scratch_path("cache");
     let ep = hub.endpoint();
     let r = hf_run(&mut m, &ep, "hf://org/gated", &cache, &[]);
@@ -556,11 +527,7 @@ fn a_gated_repo_needs_a_token_from_hf_token_or_the_token_file() {
 
 #[test]
 fn an_unknown_repo_revision_or_file_and_an_ambiguous_repo_are_refused_in_one_line() {
-    let _s = support::serial();
-    let py = python();
-    let mut m = scratch();
-    let repos = write_repos(&m.scratch_path("files"));
-    let hub = Hub::start(&py, &repos.config, 0);
+    let (_s, mut m, _repos, hub) = setup();
     let cache = m.scratch_path("cache");
     let ep = hub.endpoint();
     let cases = [
@@ -617,11 +584,7 @@ fn read_in_halves(m: &Mount, name: &str, between: impl FnOnce()) -> std::io::Res
 
 #[test]
 fn a_signed_url_that_expires_mid_read_is_resolved_again() {
-    let _s = support::serial();
-    let py = python();
-    let mut m = scratch();
-    let repos = write_repos(&m.scratch_path("files"));
-    let hub = Hub::start(&py, &repos.config, 0);
+    let (_s, mut m, repos, hub) = setup();
     let cache = m.scratch_path("cache");
     hf_mount(&mut m, &hub.endpoint(), "hf://org/single", &cache, &[]);
     let resolves_before = hub.count("hub_requests");
@@ -641,11 +604,7 @@ fn a_signed_url_that_expires_mid_read_is_resolved_again() {
 
 #[test]
 fn rate_limits_5xx_and_a_stall_recover_and_a_lasting_429_fails_the_read_in_one_log_line() {
-    let _s = support::serial();
-    let py = python();
-    let mut m = scratch();
-    let repos = write_repos(&m.scratch_path("files"));
-    let hub = Hub::start(&py, &repos.config, 0);
+    let (_s, mut m, repos, hub) = setup();
     let cache = m.scratch_path("cache");
     // At mount: the API and resolve answer 429, then 503, then serve.
     hub.control("/__fault?kind=status&status=429&count=2&on=hub");
@@ -712,11 +671,7 @@ fn a_branch_that_moves_while_mounted_leaves_the_mount_on_its_commit() {
 
 #[test]
 fn an_offline_remount_serves_what_the_cache_holds_without_the_hub() {
-    let _s = support::serial();
-    let py = python();
-    let mut m = scratch();
-    let repos = write_repos(&m.scratch_path("files"));
-    let hub = Hub::start(&py, &repos.config, 0);
+    let (_s, mut m, repos, hub) = setup();
     let ep = hub.endpoint();
     let cache = m.scratch_path("cache");
     hf_mount(&mut m, &ep, "hf://org/single", &cache, &[]);
@@ -804,11 +759,7 @@ fn two_mounts_of_one_repo_with_one_cache_dir_fetch_each_byte_once() {
 #[test]
 fn a_mount_killed_during_a_fetch_then_remounted_serves_the_right_bytes_refetching_only_what_was_incomplete()
  {
-    let _s = support::serial();
-    let py = python();
-    let mut m = scratch();
-    let repos = write_repos(&m.scratch_path("files"));
-    let hub = Hub::start(&py, &repos.config, 0);
+    let (_s, mut m, repos, hub) = setup();
     let cache = m.scratch_path("cache");
     let ep = hub.endpoint();
     // No read-ahead: every request is one the reads made, complete when

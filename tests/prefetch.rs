@@ -6,10 +6,10 @@
 
 mod support;
 
-use std::io::{BufRead, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use support::python::Python;
@@ -96,40 +96,11 @@ fn prefetch_decodes_the_zstd_tensors_once_and_a_second_read_decodes_nothing() {
 }
 
 /// The Range server over `dir`; exits when its stdin closes.
-struct RangeServer {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for RangeServer {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+type RangeServer = support::server::Server;
 
 impl RangeServer {
-    fn start(py: &Python, dir: &Path) -> RangeServer {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/range_server.py");
-        let mut child = py
-            .cmd()
-            .arg(script)
-            .arg(dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start range_server.py");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .trim()
-            .strip_prefix("PORT ")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("range_server.py said {line:?}"));
-        RangeServer { child, port }
+    fn range(py: &Python, dir: &Path) -> RangeServer {
+        RangeServer::script(py.cmd(), "range_server.py", &[dir.as_os_str()])
     }
 
     /// Data requests the server has answered.
@@ -162,7 +133,7 @@ fn prefetch_of_a_remote_object_fills_the_disk_cache_and_a_second_read_fetches_no
     std::fs::create_dir(&files).unwrap();
     let tensors = write_model(&files.join("model.zt"));
     let size = std::fs::metadata(files.join("model.zt")).unwrap().len();
-    let srv = RangeServer::start(&py, &files);
+    let srv = RangeServer::range(&py, &files);
     let url = format!("http://127.0.0.1:{}/model.zt", srv.port);
     m.mount(
         Path::new(&url),

@@ -14,9 +14,10 @@ mod support;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use support::server::Server;
 use support::{Mount, require};
 use ztensor_mount::catalog::Algorithm;
 use ztensor_mount::formats::zt_v01::DType;
@@ -43,20 +44,6 @@ fn python() -> Option<PathBuf> {
 }
 
 /// A server process of the test's own, killed (and reaped) on drop.
-struct Server {
-    child: Child,
-    port: u16,
-    /// Where the server may write (moto's recording), gone with it.
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -93,27 +80,7 @@ fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, 
 impl Server {
     /// The Range server over the files of `dir`.
     fn range(py: &Path, dir: &Path) -> Server {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/range_server.py");
-        let mut child = Command::new(py)
-            .arg(script)
-            .arg(dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start range_server.py");
-        let mut line = String::new();
-        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-        let port = line
-            .trim()
-            .strip_prefix("PORT ")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("range_server.py said {line:?}"));
-        Server {
-            child,
-            port,
-            _dir: None,
-        }
+        Server::script(Command::new(py), "range_server.py", &[dir.as_os_str()])
     }
 
     /// moto's S3 server, its recorder on; `auth` makes it check credentials.
@@ -142,7 +109,7 @@ impl Server {
         let s = Server {
             child,
             port,
-            _dir: Some(dir),
+            dir: Some(dir),
         };
         let until = Instant::now() + Duration::from_secs(60);
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -1046,7 +1013,7 @@ fn fake_gcs(py: &Path, data: &Path) -> Option<Server> {
     let s = Server {
         child,
         port,
-        _dir: None,
+        dir: None,
     };
     let until = Instant::now() + Duration::from_secs(60);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -1088,7 +1055,7 @@ fn azurite(py: &Path) -> Option<Server> {
     let s = Server {
         child,
         port,
-        _dir: Some(dir),
+        dir: Some(dir),
     };
     let until = Instant::now() + Duration::from_secs(60);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {

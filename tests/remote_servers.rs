@@ -11,12 +11,12 @@
 
 mod support;
 
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use support::Mount;
 use support::python::Python;
+use support::server::Server;
 use ztensor_mount::formats::zt_v01::DType;
 use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
 
@@ -30,39 +30,7 @@ fn python(what: &str, module: &str) -> Option<Python> {
 
 /// A server process of the test's own: it exits when its stdin closes
 /// (this is dropped, or the test process dies); killed and reaped on drop.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 impl Server {
-    /// Runs `cmd`, which prints "PORT <n>" once it listens.
-    fn start(mut cmd: Command) -> Server {
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-        let mut line = String::new();
-        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-        out.read_line(&mut line).unwrap();
-        let port = line
-            .trim()
-            .strip_prefix("PORT ")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("{cmd:?} said {line:?}"));
-        Server { child, port }
-    }
-
     /// Python's `http.server` file handler (what `python3 -m http.server
     /// --bind 127.0.0.1` serves with: no Range, no ETag) over `dir`.
     fn plain(py: &Python, dir: &Path) -> Server {
@@ -80,7 +48,7 @@ impl Server {
              sys.stdin.read()\n",
         ])
         .arg(dir);
-        Server::start(cmd)
+        Server::spawn(cmd)
     }
 
     /// The Range server behind TLS with a certificate of `kind` (good,
@@ -89,7 +57,7 @@ impl Server {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/tls_server.py");
         let mut cmd = py.cmd();
         cmd.arg(script).arg(dir).arg(certs).arg(kind);
-        Server::start(cmd)
+        Server::spawn(cmd)
     }
 }
 

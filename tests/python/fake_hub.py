@@ -48,8 +48,10 @@ import os
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+import serving
 
 CONFIG = json.load(open(sys.argv[1]))
 LATENCY = float(sys.argv[2]) / 1000 if len(sys.argv) > 2 else 0.0
@@ -338,22 +340,5 @@ class Handler(BaseHTTPRequestHandler):
                     STATE["bytes"] += len(b)
 
 
-class Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address):
-        # A client that went away (a timeout, a killed mount) is part of
-        # the tests, not news.
-        pass
-
-
-def main():
-    srv = Server(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    print("PORT %d" % srv.server_address[1], flush=True)
-    sys.stdin.read()
-    srv.shutdown()
-
-
 if __name__ == "__main__":
-    main()
+    serving.serve(serving.QuietServer, Handler)

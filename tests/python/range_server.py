@@ -28,8 +28,10 @@ import sys
 import threading
 import time
 from email.utils import formatdate
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
+
+import serving
 
 ROOT = os.path.abspath(sys.argv[1])
 LATENCY = float(sys.argv[2]) / 1000 if len(sys.argv) > 2 else 0.0
@@ -184,21 +186,8 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
-class Server(ThreadingHTTPServer):
-    def handle_error(self, request, client_address):
-        # A client that went away (after a dropped body, a timeout) is
-        # part of the tests, not news.
-        pass
-
-
-def main():
-    srv = Server(("127.0.0.1", 0), Handler)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    print("PORT %d" % srv.server_address[1], flush=True)
-    sys.stdin.read()
-    srv.shutdown()
+Server = serving.QuietServer
 
 
 if __name__ == "__main__":
-    main()
+    serving.serve(Server, Handler)

@@ -21,7 +21,6 @@ import ipaddress
 import os
 import ssl
 import sys
-import threading
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -33,6 +32,7 @@ root, cert_dir, kind = sys.argv[1], sys.argv[2], sys.argv[3]
 sys.argv = [sys.argv[0], root]
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import range_server  # noqa: E402
+import serving  # noqa: E402
 
 now = datetime.datetime.now(datetime.timezone.utc)
 day = datetime.timedelta(days=1)
@@ -123,14 +123,5 @@ class Handler(range_server.Handler):
         super().setup()
 
 
-def main():
-    srv = Server(("127.0.0.1", 0), Handler)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    print("PORT %d" % srv.server_address[1], flush=True)
-    sys.stdin.read()
-    srv.shutdown()
-
-
 if __name__ == "__main__":
-    main()
+    serving.serve(Server, Handler)

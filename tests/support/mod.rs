@@ -10,6 +10,7 @@
 pub mod data;
 pub mod hostile;
 pub mod python;
+pub mod server;
 
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
