@@ -892,37 +892,45 @@ REMOTE_LATENCY_MS = 20
 
 
 @contextlib.contextmanager
-def fake_hub(config, latency_ms=0):
-    """The tests' stand-in Hub (tests/python/fake_hub.py) with the repos of
-    config, on 127.0.0.1, each CDN data request answered latency_ms late;
-    HF_ENDPOINT set to it meanwhile (the mounts started inherit it): its
-    port."""
-    path = Path(tempfile.mkdtemp()) / "hub.json"
-    path.write_text(json.dumps(config))
-    proc = subprocess.Popen([sys.executable, ROOT / "tests/python/fake_hub.py", path,
-                             str(latency_ms)],
+def test_server(script, *args):
+    """One of the tests' servers (tests/python/SCRIPT ARGS...) on
+    127.0.0.1: its port. It serves until its stdin closes."""
+    proc = subprocess.Popen([sys.executable, ROOT / "tests/python" / script, *map(str, args)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    old = {k: os.environ.get(k) for k in ("HF_ENDPOINT", "HF_TOKEN", "HF_HUB_OFFLINE")}
     try:
         line = proc.stdout.readline().split()
         if len(line) != 2 or line[0] != "PORT":
-            raise BenchError(f"fake_hub.py said {line!r}")
-        os.environ["HF_ENDPOINT"] = f"http://127.0.0.1:{line[1]}"
-        os.environ.pop("HF_TOKEN", None)
-        os.environ.pop("HF_HUB_OFFLINE", None)
+            raise BenchError(f"{script} said {line!r}")
         yield int(line[1])
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         proc.stdin.close()
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def fake_hub(config, latency_ms=0):
+    """The tests' stand-in Hub (tests/python/fake_hub.py) with the repos of
+    config, each CDN data request answered latency_ms late; HF_ENDPOINT set
+    to it meanwhile (the mounts started inherit it): its port."""
+    path = Path(tempfile.mkdtemp()) / "hub.json"
+    path.write_text(json.dumps(config))
+    old = {k: os.environ.get(k) for k in ("HF_ENDPOINT", "HF_TOKEN", "HF_HUB_OFFLINE")}
+    try:
+        with test_server("fake_hub.py", path, latency_ms) as port:
+            os.environ["HF_ENDPOINT"] = f"http://127.0.0.1:{port}"
+            os.environ.pop("HF_TOKEN", None)
+            os.environ.pop("HF_HUB_OFFLINE", None)
+            yield port
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         shutil.rmtree(path.parent, ignore_errors=True)
 
 
@@ -939,26 +947,10 @@ def hub_get(port, path):
     return json.loads(body) if body[:1] in (b"{", b"[") else body
 
 
-@contextlib.contextmanager
 def range_server(folder, latency_ms=0):
     """The tests' Range server (tests/python/range_server.py) over folder,
-    on 127.0.0.1, answering each data request latency_ms late: its port.
-    It serves until its stdin closes."""
-    proc = subprocess.Popen([sys.executable, ROOT / "tests/python/range_server.py", folder,
-                             str(latency_ms)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline().split()
-        if len(line) != 2 or line[0] != "PORT":
-            raise BenchError(f"range_server.py said {line!r}")
-        yield int(line[1])
-    finally:
-        proc.stdin.close()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    answering each data request latency_ms late: its port."""
+    return test_server("range_server.py", folder, latency_ms)
 
 
 def curl_ranges(url, ranges, parallel):
