@@ -719,3 +719,31 @@ fn a_first_read_writes_its_backing_file_through_and_decodes_each_frame_once() {
     assert_eq!(m.stat_u64("bytes_served"), served, "{}", m.stats());
     m.unmount_ok();
 }
+
+#[test]
+fn bytes_written_through_are_not_served_once_the_source_changed() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("z.zt");
+    let tensors = write_zstd(&src, &["z"], 1 << 20);
+    m.mount(&src, &[]);
+    // Read whole through an open kept: its bytes are in its backing file.
+    let f = std::fs::File::open(m.path("z")).unwrap();
+    let mut got = vec![0u8; tensors[0].1.len()];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut got, 0).unwrap();
+    assert!(got == tensors[0].1);
+    rewrite_keeping_mtime(&src, 100);
+    // Read again through the same open: the data layer's refusal, not the
+    // written copy of the old bytes.
+    let e = std::os::unix::fs::FileExt::read_exact_at(&f, &mut got, 0).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert!(
+        m.log_text().contains("file was modified since mount"),
+        "{}",
+        m.log_text()
+    );
+    drop(f);
+    m.unmount_ok();
+}

@@ -1270,6 +1270,18 @@ impl Data {
         }
     }
 
+    /// Whether part `pi` of tensor `ti`'s file is as it was at mount: bytes
+    /// decoded from it earlier may be served only while it is.
+    pub fn unchanged(&self, ti: usize, pi: usize) -> bool {
+        let blob = self.catalog.tensors.get(ti).and_then(|t| match &t.parts {
+            Ok(parts) => parts.get(pi).map(|p| p.blob),
+            Err(_) => None,
+        });
+        blob.and_then(|bi| self.files.get(self.blob(bi).source))
+            .and_then(Option::as_ref)
+            .is_some_and(|s| s.guard.check().is_ok())
+    }
+
     /// The hook set by [`Data::on_disk_full`], for tests.
     #[cfg(test)]
     pub fn free_disk(&self) -> impl Fn() -> bool + '_ {

@@ -831,7 +831,7 @@ impl TensorFs {
     pub fn read(&self, ino: Ino, fh: u64, off: u64, size: u32) -> Result<Bytes<'_>, Errno> {
         Stats::add(&self.data.stats().reads, 1);
         let node = self.tree.node(ino).ok_or(libc::ENOENT)?;
-        let bytes = match self.written(fh, off, size) {
+        let bytes = match self.written(ino, &node.kind, fh, off, size) {
             Some(v) => Bytes::Owned(v),
             None => self.read_node(ino, &node.kind, fh, off, size)?,
         };
@@ -893,10 +893,18 @@ impl TensorFs {
             .and_then(|o| Some((o.ino, o.partial.clone()?)))
     }
 
-    /// Bytes `[off, off+size)` of open `fh` from the backing file its reads
-    /// wrote, when they are all there.
-    fn written(&self, fh: u64, off: u64, size: u32) -> Option<Vec<u8>> {
-        self.partial(fh)?.1.read(off, size as u64)
+    /// Bytes `[off, off+size)` of open `fh` of file `ino` from the backing
+    /// file its reads wrote, when they are all there and the tensor's file
+    /// is unchanged (else the data layer's read fails, and says why).
+    fn written(&self, ino: Ino, kind: &NodeKind, fh: u64, off: u64, size: u32) -> Option<Vec<u8>> {
+        let (tensor, part) = match kind {
+            NodeKind::File(Content::Part { tensor, part }) => (*tensor, *part),
+            NodeKind::File(Content::Npy { tensor }) => (*tensor, 0),
+            _ => return None,
+        };
+        let (_, p) = self.partial(fh).filter(|(i, _)| *i == ino)?;
+        let bytes = p.read(off, size as u64)?;
+        self.data.unchanged(tensor, part).then_some(bytes)
     }
 
     fn read_node(
