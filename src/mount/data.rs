@@ -1210,14 +1210,16 @@ impl Data {
 }
 
 impl Data {
+    /// Part `pi` of tensor `ti`, if the tensor has parts and that one.
+    fn part_of(&self, ti: usize, pi: usize) -> Option<&Part> {
+        self.catalog.tensors.get(ti)?.parts.as_ref().ok()?.get(pi)
+    }
+
     /// Whether part `pi` of tensor `ti` is read from a spill: a decoded
     /// copy on disk already, from which a backing file is filled without
     /// decoding again (and which a second copy would crowd on the disk).
     pub fn spilled(&self, ti: usize, pi: usize) -> bool {
-        let blob = self.catalog.tensors.get(ti).and_then(|t| match &t.parts {
-            Ok(parts) => parts.get(pi).map(|p| p.blob),
-            Err(_) => None,
-        });
+        let blob = self.part_of(ti, pi).map(|p| p.blob);
         blob.and_then(|bi| self.states.get(bi))
             .is_some_and(|st| super::lock(&st.spill).is_some())
     }
@@ -1237,10 +1239,7 @@ impl Data {
     /// one dropped under a reader about to take it would be decoded again.
     pub fn written(&self, ti: usize, pi: usize, touched: (u64, u64), covered: (u64, u64)) {
         const BEHIND: usize = 8;
-        let Some(Ok(parts)) = self.catalog.tensors.get(ti).map(|t| t.parts.as_ref()) else {
-            return;
-        };
-        let Some(part) = parts.get(pi) else {
+        let Some(part) = self.part_of(ti, pi) else {
             return;
         };
         let blob_range = |(a, b): (u64, u64)| {
@@ -1273,10 +1272,7 @@ impl Data {
     /// Whether part `pi` of tensor `ti`'s file is as it was at mount: bytes
     /// decoded from it earlier may be served only while it is.
     pub fn unchanged(&self, ti: usize, pi: usize) -> bool {
-        let blob = self.catalog.tensors.get(ti).and_then(|t| match &t.parts {
-            Ok(parts) => parts.get(pi).map(|p| p.blob),
-            Err(_) => None,
-        });
+        let blob = self.part_of(ti, pi).map(|p| p.blob);
         blob.and_then(|bi| self.files.get(self.blob(bi).source))
             .and_then(Option::as_ref)
             .is_some_and(|s| s.guard.check().is_ok())

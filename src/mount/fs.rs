@@ -595,12 +595,18 @@ impl TensorFs {
     }
 
     /// Whether files of content `c` are worth a filled backing file: some
-    /// of their bytes take work to make.
-    fn worth_filling(&self, segments: &[Segment]) -> bool {
-        segments.iter().any(|s| match s {
-            Segment::Part { tensor, part, .. } => self.needs_work(*tensor, *part),
-            Segment::Bytes(_) => false,
-        })
+    /// of their bytes take work to make. (Asked at every open: no segments
+    /// built, no header copied.)
+    fn worth_filling(&self, c: &Content) -> bool {
+        match c {
+            Content::Part { tensor, part } => self.needs_work(*tensor, *part),
+            Content::Npy { tensor } => self.needs_work(*tensor, 0),
+            Content::Safetensors => self
+                .safetensors
+                .as_ref()
+                .is_some_and(|l| l.entries.iter().any(|e| self.needs_work(e.tensor, 0))),
+            _ => false,
+        }
     }
 
     /// When the last open of `ino` the daemon served is closed, `read`
@@ -620,12 +626,11 @@ impl TensorFs {
         {
             return;
         }
-        let len = self.size_of(ino, c);
-        let segments = self.segments(c);
-        if self.worth_filling(&segments) {
+        if self.worth_filling(c) {
+            let len = self.size_of(ino, c);
             let worth = read.saturating_mul(2) >= len;
             self.backings
-                .close(c, ino, len, worth, &self.data, segments);
+                .close(c, ino, len, worth, &self.data, self.segments(c));
         }
     }
 
@@ -635,8 +640,7 @@ impl TensorFs {
         if !self.passthrough() {
             return None;
         }
-        let segments = self.segments(c);
-        if !self.worth_filling(&segments) {
+        if !self.worth_filling(c) {
             return None;
         }
         self.backings.begin(c, self.size_of(ino, c))
@@ -851,17 +855,10 @@ impl TensorFs {
         let Some((ino, p)) = self.partial(fh) else {
             return;
         };
-        // The tensor's part, and where its bytes start in this file.
-        let (tensor, part, start) = match self.tree.node(ino).map(|n| &n.kind) {
-            Some(NodeKind::File(Content::Part { tensor, part })) => (*tensor, *part, 0),
-            Some(NodeKind::File(Content::Npy { tensor })) => {
-                let header = self.npy(*tensor).map_or(0, |(h, _)| h.len() as u64);
-                (*tensor, 0, header)
-            }
-            _ => {
-                let _ = p.offer(off, &bytes);
-                return;
-            }
+        let Some((tensor, part, start)) = self.tree.node(ino).and_then(|n| self.one_part(&n.kind))
+        else {
+            let _ = p.offer(off, &bytes);
+            return;
         };
         if self.data.spilled(tensor, part) {
             return;
@@ -885,6 +882,19 @@ impl TensorFs {
         }
     }
 
+    /// For a file holding one tensor part (the tensor's file, its `.npy`
+    /// view): the part, and where its bytes start in the file.
+    fn one_part(&self, kind: &NodeKind) -> Option<(usize, usize, u64)> {
+        match kind {
+            NodeKind::File(Content::Part { tensor, part }) => Some((*tensor, *part, 0)),
+            NodeKind::File(Content::Npy { tensor }) => {
+                let header = self.npy(*tensor)?.0.len() as u64;
+                Some((*tensor, 0, header))
+            }
+            _ => None,
+        }
+    }
+
     /// The backing file open `fh` writes through to, and its inode.
     fn partial(&self, fh: u64) -> Option<(Ino, Arc<Partial>)> {
         super::lock(&self.opens)
@@ -897,11 +907,7 @@ impl TensorFs {
     /// file its reads wrote, when they are all there and the tensor's file
     /// is unchanged (else the data layer's read fails, and says why).
     fn written(&self, ino: Ino, kind: &NodeKind, fh: u64, off: u64, size: u32) -> Option<Vec<u8>> {
-        let (tensor, part) = match kind {
-            NodeKind::File(Content::Part { tensor, part }) => (*tensor, *part),
-            NodeKind::File(Content::Npy { tensor }) => (*tensor, 0),
-            _ => return None,
-        };
+        let (tensor, part, _) = self.one_part(kind)?;
         let (_, p) = self.partial(fh).filter(|(i, _)| *i == ino)?;
         let bytes = p.read(off, size as u64)?;
         self.data.unchanged(tensor, part).then_some(bytes)
