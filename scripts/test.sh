@@ -5,6 +5,8 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 source scripts/setup.sh
+# One build from a fresh clone: incremental state would only add gigabytes.
+export CARGO_INCREMENTAL=0
 export ZT_PYTHON="$root/.venv/bin/python"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
