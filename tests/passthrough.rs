@@ -721,6 +721,52 @@ fn a_first_read_writes_its_backing_file_through_and_decodes_each_frame_once() {
 }
 
 #[test]
+fn an_open_while_its_backing_file_is_filled_reads_what_the_first_read_wrote() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("z.zt");
+    // `big`: 128 MiB stored big-endian (turned around to be served: worth a
+    // backing file, and no decode); `z`: 16 MiB of zstd in 1 MiB frames.
+    let big = support::compressible(7, 128 << 20);
+    let z = support::compressible(8, 16 << 20);
+    let mut w = Writer::create(&src).unwrap();
+    let be = Options {
+        endian: ztensor_mount::formats::zt_v01::Endian::Big,
+        ..Options::default()
+    };
+    w.add("big", DType::Float32, &[32 << 20], &big, &be)
+        .unwrap();
+    let zstd = Options {
+        compression: Compression::zstd(),
+        ..Options::default()
+    };
+    w.add("z", DType::Float32, &[4 << 20], &z, &zstd).unwrap();
+    w.finish().unwrap();
+    m.mount(&src, &["--cache-size", "8M"]);
+    // Most of `big`, then closed: the filler turns the rest around, and
+    // takes `z`'s file only after that.
+    let mut f = std::fs::File::open(m.path("big")).unwrap();
+    let mut head = vec![0u8; 80 << 20];
+    f.read_exact(&mut head).unwrap();
+    assert!(head[..] == big[..80 << 20]);
+    drop(f);
+    // `z` whole, closed, and at once opened again while its backing file
+    // waits for the filler: read from what the first read wrote, not
+    // decoded again (its frames left the cache behind the reader).
+    assert!(m.read("z") == z, "first read");
+    let decoded = m.stat_u64("decompressions");
+    assert_eq!(decoded, 16, "{}", m.stats());
+    assert!(m.read("z") == z, "second read");
+    assert_eq!(m.stat_u64("decompressions"), decoded, "{}", m.stats());
+    settled(&m);
+    assert_eq!(m.stat_u64("backing_files"), 2, "{}", m.stats());
+    assert!(m.read("big") == big);
+    m.unmount_ok();
+}
+
+#[test]
 fn bytes_written_through_are_not_served_once_the_source_changed() {
     let _s = support::serial();
     let Some(mut m) = Mount::scratch() else {

@@ -111,8 +111,10 @@ pub enum Segment {
 enum Slot {
     /// Written by the reads of served opens (see [`Partial`]).
     Writing(Arc<Partial>),
-    /// Being filled; opens meanwhile are served by the daemon.
-    Filling,
+    /// Being filled; opens meanwhile are served by the daemon, from what
+    /// the reads of the served opens before wrote (the partial, sealed) and
+    /// otherwise from the data layer.
+    Filling(Option<Arc<Partial>>),
     Ready(Arc<Backing>),
 }
 
@@ -151,7 +153,7 @@ impl Partial {
         let end = at + bytes.len() as u64;
         {
             let w = lock(&self.written);
-            if bytes.is_empty() || w.failed {
+            if bytes.is_empty() || w.failed || w.sealed {
                 return None;
             }
             if let Some(r) = w.around(at, end) {
@@ -170,11 +172,14 @@ impl Partial {
 }
 
 /// The ranges of a backing file written so far.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Written {
     /// Start -> end, disjoint and not touching.
     ranges: std::collections::BTreeMap<u64, u64>,
     failed: bool,
+    /// The filler owns the file now: reads add nothing more (what they
+    /// wrote is still read back).
+    sealed: bool,
 }
 
 impl Written {
@@ -386,7 +391,7 @@ impl Backings {
     pub fn begin(&self, key: &Content, len: u64) -> Option<Arc<Partial>> {
         if let Some(slot) = lock(&self.inner).slots.get(key) {
             return match slot {
-                Slot::Writing(p) => Some(p.clone()),
+                Slot::Writing(p) | Slot::Filling(Some(p)) => Some(p.clone()),
                 _ => None,
             };
         }
@@ -422,11 +427,16 @@ impl Backings {
         };
         let (file, skip) = match partial {
             Some(p) => {
-                let written = std::mem::take(&mut *lock(&p.written));
+                let written = {
+                    let mut w = lock(&p.written);
+                    w.sealed = true;
+                    w.clone()
+                };
                 let file = p.file.try_clone();
                 match (worth && !written.failed, file) {
                     (true, Ok(file)) => {
-                        lock(&self.inner).slots.insert(key.clone(), Slot::Filling);
+                        let filling = Slot::Filling(Some(p));
+                        lock(&self.inner).slots.insert(key.clone(), filling);
                         (file, written)
                     }
                     _ => return self.forget(key, len),
@@ -464,7 +474,7 @@ impl Backings {
             return None;
         }
         inner.filled += len;
-        inner.slots.insert(key.clone(), Slot::Filling);
+        inner.slots.insert(key.clone(), Slot::Filling(None));
         drop(inner);
         if let Err(why) = super::spill::room(&self.opts.dir, len) {
             log::debug!("no backing file of {len} bytes: {why}");
@@ -596,7 +606,7 @@ impl Backings {
         let filling = inner
             .slots
             .values()
-            .filter(|s| matches!(s, Slot::Filling | Slot::Writing(_)))
+            .filter(|s| matches!(s, Slot::Filling(_) | Slot::Writing(_)))
             .count();
         (inner.filled, filling as u64)
     }
