@@ -407,6 +407,15 @@ fn a_single_file_repo_mounts_pinned_to_its_commit_without_the_token_on_the_cdn()
         "{}",
         m.log_text()
     );
+    // Said while the revision was resolved, before the daemon (and its
+    // log) existed: in that log all the same.
+    assert!(
+        m.log_text().contains(&format!(
+            "revision main is commit {C1}; mounting model.safetensors"
+        )),
+        "{}",
+        m.log_text()
+    );
     let st = hub.stats();
     assert_eq!(st["cdn_auth"], 0, "the token went to the CDN: {st}");
     let log = st["log"].as_array().unwrap();

@@ -65,6 +65,93 @@ pub fn to_stderr(debug: bool) {
     let _ = builder(debug).try_init();
 }
 
+/// A background mount's log lines from before its daemon's log is open:
+/// what the formats and sources say while the file is opened (a shard that
+/// cannot be used, the commit a Hub revision names). They are kept, up to
+/// [`HELD_MAX`] of them, and written to the daemon's log once it is open
+/// (`log` takes one logger per process, so this one stays and forwards).
+struct Relay {
+    state: std::sync::Mutex<Relayed>,
+}
+
+enum Relayed {
+    Held(Vec<(log::Level, String, String)>, usize),
+    To(Box<dyn Log>),
+}
+
+/// Lines held before the daemon's log is open; more are counted, not kept.
+const HELD_MAX: usize = 1000;
+
+static RELAY: std::sync::OnceLock<&'static Relay> = std::sync::OnceLock::new();
+
+impl Log for Relay {
+    fn enabled(&self, m: &Metadata) -> bool {
+        m.level() <= log::max_level()
+    }
+    fn log(&self, r: &Record) {
+        if !self.enabled(r.metadata()) {
+            return;
+        }
+        match &mut *self.state.lock().unwrap_or_else(|e| e.into_inner()) {
+            Relayed::To(to) => to.log(r),
+            Relayed::Held(held, _) if held.len() < HELD_MAX => {
+                held.push((r.level(), r.target().to_string(), r.args().to_string()))
+            }
+            Relayed::Held(_, dropped) => *dropped += 1,
+        }
+    }
+    fn flush(&self) {
+        if let Relayed::To(to) = &*self.state.lock().unwrap_or_else(|e| e.into_inner()) {
+            to.flush();
+        }
+    }
+}
+
+/// Holds the log lines of a background mount until [`to_file`] or
+/// [`to_syslog`] opens its log.
+pub fn hold(debug: bool) {
+    let relay: &'static Relay = Box::leak(Box::new(Relay {
+        state: std::sync::Mutex::new(Relayed::Held(Vec::new(), 0)),
+    }));
+    if log::set_logger(relay).is_ok() {
+        log::set_max_level(builder(debug).build().filter());
+        let _ = RELAY.set(relay);
+    }
+}
+
+/// Makes `to` (passing lines up to `max`) this process's logger: behind
+/// the relay, after writing what it held, when [`hold`] installed one.
+fn install(to: Box<dyn Log>, max: LevelFilter) {
+    let Some(relay) = RELAY.get() else {
+        if log::set_boxed_logger(to).is_ok() {
+            log::set_max_level(max);
+        }
+        return;
+    };
+    let mut state = relay.state.lock().unwrap_or_else(|e| e.into_inner());
+    let emit = |level: log::Level, target: &str, args: std::fmt::Arguments| {
+        let r = Record::builder()
+            .level(level)
+            .target(target)
+            .args(args)
+            .build();
+        if to.enabled(r.metadata()) {
+            to.log(&r);
+        }
+    };
+    if let Relayed::Held(held, dropped) = &*state {
+        for (level, target, line) in held {
+            emit(*level, target, format_args!("{line}"));
+        }
+        if *dropped > 0 {
+            let said = format!("{dropped} more lines from before the mount were dropped");
+            emit(log::Level::Warn, "ztensor_mount", format_args!("{said}"));
+        }
+    }
+    *state = Relayed::To(to);
+    log::set_max_level(max);
+}
+
 pub fn to_file(path: &Path, debug: bool) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     // Non-blocking: a FIFO nobody reads fails to open (ENXIO) instead of
@@ -94,7 +181,9 @@ pub fn to_file(path: &Path, debug: bool) -> std::io::Result<()> {
             r.args()
         )
     });
-    let _ = b.try_init();
+    let logger = b.build();
+    let max = logger.filter();
+    install(Box::new(logger), max);
     Ok(())
 }
 
@@ -151,7 +240,5 @@ pub fn to_syslog(debug: bool) {
     // SAFETY: openlog keeps the ident pointer for later syslog calls: a
     // C string literal, which lives as long as the process.
     unsafe { libc::openlog(c"ztensor-mount".as_ptr(), libc::LOG_PID, libc::LOG_DAEMON) };
-    if log::set_boxed_logger(Box::new(Syslog)).is_ok() {
-        log::set_max_level(level(debug));
-    }
+    install(Box::new(Syslog), level(debug));
 }

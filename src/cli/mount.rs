@@ -29,6 +29,8 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
 pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
     if s.foreground {
         logging::to_stderr(s.debug);
+    } else {
+        logging::hold(s.debug);
     }
     // Errors must be findable: without syslog, a file in a known place
     // (said once the mount is up).
