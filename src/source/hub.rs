@@ -73,10 +73,13 @@ fn parse(arg: &str, revision: Option<&str>) -> std::result::Result<Spec, String>
     let org = parts.next().unwrap_or("");
     let name_rev = parts.next().unwrap_or("");
     let path = parts.next().filter(|p| !p.is_empty());
+    // A revision with a `/` (refs/pr/3) is percent-encoded in the URL
+    // (refs%2Fpr%2F3), as huggingface_hub's HfFileSystem writes it.
     let (name, at) = match name_rev.split_once('@') {
-        Some((n, r)) => (n, Some(r)),
+        Some((n, r)) => (n, Some(percent_decode(r))),
         None => (name_rev, None),
     };
+    let at = at.as_deref();
     if !valid_name(org) || !valid_name(name) {
         return Err(USAGE.into());
     }
@@ -984,6 +987,11 @@ mod tests {
         assert_eq!(parse("hf://o/r", Some("dev")).unwrap().revision, "dev");
         assert!(parse("hf://o/r@a", Some("b")).is_err());
         assert_eq!(parse("hf://o/r@a", Some("a")).unwrap().revision, "a");
+        let pr = p("hf://o/r@refs%2Fpr%2F3/m.safetensors").unwrap();
+        assert_eq!(pr.revision, "refs/pr/3");
+        assert_eq!(pr.path.as_deref(), Some("m.safetensors"));
+        let pr = parse("hf://o/r@refs%2Fpr%2F3", Some("refs/pr/3")).unwrap();
+        assert_eq!(pr.revision, "refs/pr/3");
         for bad in [
             "hf://",
             "hf://o",
