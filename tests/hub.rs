@@ -165,6 +165,10 @@ fn write_repos(dir: &Path) -> Repos {
                 "refs": {"main": C4},
                 "commits": {C4: {"model.safetensors": s1.clone()}}
             },
+            "datasets/org/data": {
+                "refs": {"main": C2},
+                "commits": {C2: {"data.safetensors": s1.clone(), "README.md": f("config.json")}}
+            },
             "org/quants": {
                 "refs": {"main": C5},
                 "commits": {C5: {"m.Q4_K_M.gguf": f("q4.gguf"), "m.Q8_0.gguf": f("q8.gguf"),
@@ -328,6 +332,9 @@ print("gated with token", hashlib.sha256(open(p, "rb").read()).hexdigest())
 print(fails(repo_id="org/none", filename="x", token=False))
 print(fails(repo_id="org/single", filename="x", revision="nope", token=False))
 print(fails(repo_id="org/single", filename="nope.bin", token=False))
+d = HfApi(endpoint=ep).dataset_info("org/data", files_metadata=True)
+p = hf_hub_download("org/data", "data.safetensors", repo_type="dataset", cache_dir=cache, endpoint=ep, token=False)
+print("dataset", d.sha, sorted(s.rfilename for s in d.siblings), hashlib.sha256(open(p, "rb").read()).hexdigest())
 "#;
     let cache = dir.path().join("hf_cache");
     let out = Command::new(&py)
@@ -364,13 +371,15 @@ print(fails(repo_id="org/single", filename="nope.bin", token=False))
          gated with token {}\n\
          RepositoryNotFoundError\n\
          RevisionNotFoundError\n\
-         RemoteEntryNotFoundError\n",
+         RemoteEntryNotFoundError\n\
+         dataset {C2} ['README.md', 'data.safetensors'] {}\n",
         size("config.json"),
         size("c1.safetensors"),
         size("c1.safetensors"),
         sha(&f("c1.safetensors")),
         sha(&f("c2.safetensors")),
         sha(&f("config.json")),
+        sha(&f("c1.safetensors")),
         sha(&f("c1.safetensors")),
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), want);
@@ -426,6 +435,41 @@ fn a_single_file_repo_mounts_pinned_to_its_commit_without_the_token_on_the_cdn()
     assert_eq!(
         hub_reqs[1][2],
         format!("/org/single/resolve/{C1}/model.safetensors")
+    );
+    m.unmount_ok();
+}
+
+#[test]
+fn a_dataset_repo_mounts_by_its_hf_filesystem_name() {
+    let (_s, mut m, repos, hub) = setup();
+    let cache = m.scratch_path("cache");
+    hf_mount(
+        &mut m,
+        &hub.endpoint(),
+        "hf://datasets/org/data",
+        &cache,
+        &[],
+    );
+    assert_tensors(&m, &repos.c1);
+    assert_eq!(source(&m)["repo"], "datasets/org/data");
+    assert_eq!(
+        m.index()["file"],
+        format!("hf://datasets/org/data@{C2}/data.safetensors")
+    );
+    let st = hub.stats();
+    let paths: Vec<&str> = st["log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e[2].as_str())
+        .collect();
+    assert_eq!(
+        paths[0], "/api/datasets/org/data/revision/main",
+        "{paths:?}"
+    );
+    assert_eq!(
+        paths[1],
+        format!("/datasets/org/data/resolve/{C2}/data.safetensors")
     );
     m.unmount_ok();
 }
@@ -565,7 +609,7 @@ fn an_unknown_repo_revision_or_file_and_an_ambiguous_repo_are_refused_in_one_lin
         ),
         (
             "hf://org",
-            "ztensor-mount: hf://org: expected hf://ORG/REPO[@REVISION][/PATH]".to_string(),
+            "ztensor-mount: hf://org: expected hf://[datasets/|spaces/]ORG/REPO[@REVISION][/PATH]".to_string(),
         ),
     ];
     for (url, want) in cases {

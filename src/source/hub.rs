@@ -46,16 +46,30 @@ pub fn is_hub(arg: &str) -> bool {
         .is_some_and(|s| s.eq_ignore_ascii_case("hf://"))
 }
 
-/// What `hf://ORG/REPO[@REVISION][/PATH]` asks for.
+/// What `hf://[datasets/|spaces/]ORG/REPO[@REVISION][/PATH]` asks for.
 #[derive(Debug, Clone, PartialEq)]
 struct Spec {
-    /// `ORG/REPO`.
+    /// `ORG/REPO` for a model; `datasets/ORG/REPO` or `spaces/ORG/REPO`
+    /// (as the Hub's file URLs and `huggingface_hub`'s HfFileSystem name
+    /// them).
     repo: String,
     revision: String,
     path: Option<String>,
 }
 
-const USAGE: &str = "expected hf://ORG/REPO[@REVISION][/PATH]";
+const USAGE: &str = "expected hf://[datasets/|spaces/]ORG/REPO[@REVISION][/PATH]";
+
+/// The repo types besides models, as a repo's name starts (`datasets/`)
+/// and as the API names them (`/api/datasets/...`).
+const KINDS: [&str; 2] = ["datasets", "spaces"];
+
+/// The API's name for `repo`'s type, and its `ORG/REPO`.
+fn api_kind(repo: &str) -> (&str, &str) {
+    match repo.split_once('/') {
+        Some((k, rest)) if KINDS.contains(&k) => (k, rest),
+        _ => ("models", repo),
+    }
+}
 
 fn valid_name(s: &str) -> bool {
     !s.is_empty()
@@ -69,6 +83,10 @@ fn valid_name(s: &str) -> bool {
 /// `@REVISION` in the URL.
 fn parse(arg: &str, revision: Option<&str>) -> std::result::Result<Spec, String> {
     let rest = arg.get(5..).unwrap_or("");
+    let (kind, rest) = match rest.split_once('/') {
+        Some((k, rest)) if KINDS.contains(&k) => (Some(k), rest),
+        _ => (None, rest),
+    };
     let mut parts = rest.splitn(3, '/');
     let org = parts.next().unwrap_or("");
     let name_rev = parts.next().unwrap_or("");
@@ -102,7 +120,10 @@ fn parse(arg: &str, revision: Option<&str>) -> std::result::Result<Spec, String>
         return Err(format!("{USAGE}: {p:?} is not a file's path in a repo"));
     }
     Ok(Spec {
-        repo: format!("{org}/{name}"),
+        repo: match kind {
+            Some(k) => format!("{k}/{org}/{name}"),
+            None => format!("{org}/{name}"),
+        },
         revision,
         path: path.map(str::to_string),
     })
@@ -314,8 +335,9 @@ fn parse_info(v: &Value) -> std::result::Result<RepoInfo, Fail> {
 /// Asks the Hub for `spec`'s revision.
 async fn fetch_info(hub: &Hub, spec: &Spec, opts: &Options) -> std::result::Result<RepoInfo, Fail> {
     let client = http_client(opts)?;
-    let (org, name) = spec.repo.split_once('/').unwrap_or((&spec.repo, ""));
-    let mut url = hub.url(["api", "models", org, name, "revision", &spec.revision]);
+    let (kind, repo) = api_kind(&spec.repo);
+    let (org, name) = repo.split_once('/').unwrap_or((repo, ""));
+    let mut url = hub.url(["api", kind, org, name, "revision", &spec.revision]);
     url.set_query(Some("blobs=true"));
     let r = send(opts, &spec.repo, || {
         with_token(hub, client.get(url.clone()))
@@ -992,8 +1014,17 @@ mod tests {
         assert_eq!(pr.path.as_deref(), Some("m.safetensors"));
         let pr = parse("hf://o/r@refs%2Fpr%2F3", Some("refs/pr/3")).unwrap();
         assert_eq!(pr.revision, "refs/pr/3");
+        let d = p("hf://datasets/o/d@v2/t.safetensors").unwrap();
+        assert_eq!(
+            (d.repo.as_str(), d.revision.as_str()),
+            ("datasets/o/d", "v2")
+        );
+        assert_eq!(api_kind(&d.repo), ("datasets", "o/d"));
+        assert_eq!(api_kind("o/r"), ("models", "o/r"));
+        assert_eq!(p("hf://spaces/o/s").unwrap().repo, "spaces/o/s");
         for bad in [
             "hf://",
+            "hf://datasets/o",
             "hf://o",
             "hf://o/",
             "hf://o/r@",

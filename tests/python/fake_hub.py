@@ -16,9 +16,11 @@ names (127.0.0.1:PORT); a large file's bytes are on "the CDN", the same
 port under the host name localhost: a second host, as the real Hub's CDN
 is. Routes, as the Hub answers them:
 
-    GET  /api/models/ORG/NAME/revision/REV[?blobs=true]
+    GET  /api/models/ORG/NAME[/revision/REV][?blobs=true]
          {"id", "sha", "siblings": [{"rfilename", "blobId", "size", "lfs"}], ...}
-    HEAD|GET /ORG/NAME/resolve/REV/PATH
+         (/api/datasets/..., /api/spaces/...: the repos named
+         "datasets/ORG/NAME", "spaces/ORG/NAME" in CONFIG)
+    HEAD|GET /ORG/NAME/resolve/REV/PATH (/datasets/ORG/NAME/resolve/..., ...)
          a small file (not .safetensors/.gguf/.bin/...): 200, its ETag, the
          bytes; a large (LFS) one: 302 to a signed CDN URL, with
          X-Linked-Size, X-Linked-Etag and X-Repo-Commit
@@ -58,6 +60,8 @@ LATENCY = float(sys.argv[2]) / 1000 if len(sys.argv) > 2 else 0.0
 LOCK = threading.Lock()
 STATE = {"hub": 0, "cdn": 0, "bytes": 0, "auth": 0, "log": [], "faults": [], "sig": 0, "expired": 0}
 HASHES = {}
+# The API's repo types, and the prefix of their names in CONFIG.
+KINDS = {"models": "", "datasets": "datasets/", "spaces": "spaces/"}
 LFS = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".npz", ".onnx", ".h5", ".zt", ".dt")
 
 
@@ -133,10 +137,15 @@ class Handler(BaseHTTPRequestHandler):
                 return self.error(404, "", "the CDN is at localhost")
             return self.serve_cdn(url.path[len("/__cdn/"):], q)
         parts = [unquote(p) for p in url.path.split("/")[1:]]
-        if parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] == "revision":
-            return self.api("/".join(parts[2:4]), "/".join(parts[5:]), "blobs" in q)
-        if len(parts) >= 5 and parts[2] == "resolve":
-            return self.resolve("/".join(parts[:2]), parts[3], "/".join(parts[4:]))
+        if parts[0] == "api" and len(parts) >= 6 and parts[1] in KINDS and parts[4] == "revision":
+            return self.api(KINDS[parts[1]], "/".join(parts[2:4]), "/".join(parts[5:]), "blobs" in q)
+        if parts[0] == "api" and len(parts) == 4 and parts[1] in KINDS:
+            return self.api(KINDS[parts[1]], "/".join(parts[2:4]), "main", "blobs" in q)
+        # A dataset's or space's files are under datasets/ or spaces/.
+        prefix = parts[0] + "/" if parts[0] in ("datasets", "spaces") else ""
+        rest = parts[1:] if prefix else parts
+        if len(rest) >= 5 and rest[2] == "resolve":
+            return self.resolve(prefix + "/".join(rest[:2]), rest[3], "/".join(rest[4:]))
         self.error(404, "", "no such route")
 
     def control(self, path, q):
@@ -224,8 +233,8 @@ class Handler(BaseHTTPRequestHandler):
             return None
         return repo, sha
 
-    def api(self, name, rev, blobs):
-        found = self.lookup(name, unquote(rev))
+    def api(self, prefix, name, rev, blobs):
+        found = self.lookup(prefix + name, unquote(rev))
         if not found:
             return
         repo, sha = found
