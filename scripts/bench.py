@@ -58,8 +58,11 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-BIN = ROOT / "target/release/ztensor-mount"
-MANY_BIN = ROOT / "target/release/examples/bench_many"
+# The binaries cargo built: under CARGO_TARGET_DIR when it is set, as cargo
+# itself puts them there.
+TARGET = Path(os.environ.get("CARGO_TARGET_DIR") or ROOT / "target")
+BIN = TARGET / "release/ztensor-mount"
+MANY_BIN = TARGET / "release/examples/bench_many"
 MiB = 1 << 20
 GiB = 1 << 30
 FORMAT_VERSION = 1  # bump when the generated files change
