@@ -1306,9 +1306,9 @@ class Bench:
     def section_remote(self):
         """raw.zt's tensor over HTTP (the tests' Range server on 127.0.0.1),
         default 4 MiB blocks and read-ahead: the first sequential read
-        against curl fetching the same blocks with as many ranged GETs at a
-        time as the mount has in flight for a sequential reader (its block
-        and 4 ahead, 4 here); time to a first byte in the middle; a second
+        against curl fetching the same blocks with 4 ranged GETs at a time
+        (issue 28's yardstick; the mount has its reader's block and up to 8
+        ahead in flight); time to a first byte in the middle; a second
         read from the disk cache (remounted, the cache file's pages
         evicted) against dd of the .zt from disk; the daemon's peak RSS.
         The first read and curl are timed again with the server answering
