@@ -265,12 +265,12 @@ mod tests {
         let mut s = Settings::default();
         apply_o(
             &mut s,
-            "endpoint=http://127.0.0.1:9000,block_size=1M,remote_timeout=2.5,remote_retries=1,disk_cache_size=2G,remote_read_ahead=8",
+            "endpoint=http://127.0.0.1:9000,block_size=1M,remote_timeout=2.5,remote_retries=1,disk_cache_size=2G,remote_read_ahead=3",
         )
         .unwrap();
         let r = &s.remote;
         assert_eq!(r.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
-        assert_eq!((r.block_size, r.retries, r.read_ahead), (1 << 20, 1, 8));
+        assert_eq!((r.block_size, r.retries, r.read_ahead), (1 << 20, 1, 3));
         assert_eq!(r.disk_cache_size, 2 << 30);
         assert_eq!(r.timeout, std::time::Duration::from_millis(2500));
         for bad in [

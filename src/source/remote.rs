@@ -77,7 +77,7 @@ impl Default for Options {
             endpoint: None,
             timeout: Duration::from_secs(30),
             retries: 3,
-            read_ahead: 4,
+            read_ahead: DEFAULT_READ_AHEAD,
             whole_max: 1 << 30,
             ca_file: None,
             revision: None,
@@ -85,8 +85,14 @@ impl Default for Options {
     }
 }
 
-/// Requests in flight at once, per object.
-const MAX_REQUESTS: usize = 8;
+/// Default read-ahead: 8 blocks (32 MiB of 4 MiB blocks), each its own
+/// request. With the bench's server answering 20 ms late, 8 in flight ran
+/// at 1.0-1.4x of curl making 4 at a time, 4 at 0.8x (BENCHMARKS.md).
+pub const DEFAULT_READ_AHEAD: u64 = 8;
+
+/// Requests in flight at once, per object: the read-ahead's and the
+/// reader's own.
+const MAX_REQUESTS: usize = 12;
 /// A multi-block range is fetched as at most this many parallel requests.
 const PARALLEL: u64 = 4;
 
@@ -391,6 +397,7 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         flights: Mutex::new(HashMap::new()),
         broken: OnceLock::new(),
         next_seq: AtomicU64::new(u64::MAX),
+        advised: AtomicU64::new(0),
         requests: Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS)),
         dirty: AtomicU64::new(0),
         committed: Mutex::new(Instant::now()),
@@ -794,8 +801,14 @@ struct Flight {
 }
 
 impl Flight {
+    /// Ends the flight with `r`, unless it ended already (a block that
+    /// arrived keeps its success when a later block of its request fails).
     fn finish(&self, r: std::result::Result<(), String>) {
-        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        let mut g = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            *g = Some(r);
+        }
+        drop(g);
         self.cv.notify_all();
     }
 
@@ -858,6 +871,9 @@ pub struct Object {
     broken: OnceLock<String>,
     /// The block after the last one a reader asked for (read-ahead).
     next_seq: AtomicU64,
+    /// The block after the last one of the cache file that the kernel was
+    /// asked to read ahead for a sequential reader (see [`Object::advise`]).
+    advised: AtomicU64,
     requests: Arc<tokio::sync::Semaphore>,
     /// Blocks fetched since the bitmap was last committed.
     dirty: AtomicU64,
@@ -889,6 +905,25 @@ impl Object {
             }
         }
         self.dirty.fetch_add(n, Relaxed);
+    }
+
+    /// Block `b`'s bytes are all in the cache file: marks it present and
+    /// lets its readers go on, while the rest of its request is under way.
+    fn arrived(&self, b: u64) {
+        self.mark(b..b + 1);
+        if self.commit_due()
+            && let Some(me) = self.me.upgrade()
+        {
+            tokio::task::spawn_blocking(move || me.commit());
+        }
+        let f = self
+            .flights
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&b);
+        if let Some(f) = f {
+            f.finish(Ok(()));
+        }
     }
 
     /// Whether enough was fetched, or long enough ago, to commit.
@@ -964,20 +999,18 @@ impl Object {
             rt.spawn(async move {
                 // Held until the blocks are marked present (or failed):
                 // another mount of the object waits for them, then has them.
+                // Each block's readers go on as soon as it arrived
+                // ([`Object::arrived`]); the rest end here.
                 let (r, _held) = me.fetch_locked(blocks.clone()).await;
                 if let Err(why) = &r {
                     log::debug!("{}: blocks {blocks:?}: {why}", me.label);
-                } else {
-                    me.mark(blocks.clone());
-                    if me.commit_due() {
-                        let me = me.clone();
-                        tokio::task::spawn_blocking(move || me.commit());
-                    }
                 }
                 {
                     let mut map = me.flights.lock().unwrap_or_else(|p| p.into_inner());
-                    for b in blocks {
-                        map.remove(&b);
+                    for (b, f) in blocks.zip(&mine) {
+                        if map.get(&b).is_some_and(|m| Arc::ptr_eq(m, f)) {
+                            map.remove(&b);
+                        }
                     }
                 }
                 for f in mine {
@@ -1076,10 +1109,12 @@ impl Object {
             .ok_or_else(|| format!("{what}: the cache file cannot be written"))?;
         // Each piece of the body goes into the cache file as it arrives:
         // collecting the block first would cost a copy and a fresh buffer
-        // per block. The block is marked present only once all of it is
-        // written, so a body cut short leaves nothing believed.
+        // per block. A block is marked present once all of it is written
+        // (its readers go on then, before the rest of the request), so a
+        // body cut short leaves no block believed that it did not fill.
         let mut body = got.into_stream();
         let mut at = start;
+        let mut next = blocks.start;
         while let Some(piece) = body.next().await {
             let piece = piece.map_err(|e| format!("{what}: {}", describe(&e)))?;
             if at + piece.len() as u64 > end {
@@ -1092,6 +1127,10 @@ impl Object {
                 .map_err(|e| format!("{what}: cannot write the cache file: {e}"))?;
             at += piece.len() as u64;
             FETCHED.fetch_add(piece.len() as u64, Relaxed);
+            while next < blocks.end && ((next + 1) * self.block).min(self.size) <= at {
+                self.arrived(next);
+                next += 1;
+            }
         }
         if at != end {
             return Err(format!(
@@ -1258,6 +1297,45 @@ impl Waited {
 }
 
 impl Object {
+    /// Asks the kernel to read the present blocks of `blocks` (those ahead
+    /// of a sequential reader) from the cache file into the page cache, in
+    /// the background, so that the reader finds them there rather than
+    /// waiting for the disk a fault at a time. Each block is asked for
+    /// once per pass of a reader.
+    fn advise(&self, blocks: Range<u64>) {
+        let Some(file) = &self.file else { return };
+        let from = self.advised.load(Relaxed);
+        // Going on from the last advice, or starting over elsewhere.
+        let start = if (blocks.start..=blocks.end).contains(&from) {
+            from
+        } else {
+            blocks.start
+        };
+        if start >= blocks.end {
+            return;
+        }
+        self.advised.store(blocks.end, Relaxed);
+        let mut b = start;
+        while b < blocks.end {
+            if !self.has(b) {
+                b += 1;
+                continue;
+            }
+            let run = b;
+            while b < blocks.end && self.has(b) {
+                b += 1;
+            }
+            let at = run * self.block;
+            let len = (b * self.block).min(self.size).saturating_sub(at);
+            let (Ok(at), Ok(len)) = (libc::off_t::try_from(at), libc::off_t::try_from(len)) else {
+                return;
+            };
+            // SAFETY: posix_fadvise on our own descriptor; a hint, its
+            // failure changes nothing.
+            unsafe { libc::posix_fadvise(file.as_raw_fd(), at, len, libc::POSIX_FADV_WILLNEED) };
+        }
+    }
+
     /// Fetches the missing blocks of `ranges` (joining requests under way
     /// for any of them), and starts read-ahead for a sequential reader.
     fn ensure_once(&self, ranges: &[(u64, u64)], index: bool) -> std::result::Result<(), Waited> {
@@ -1283,6 +1361,7 @@ impl Object {
             if first <= seq && seq <= last + 1 {
                 let until = (last + 1 + self.client.opts.read_ahead).min(self.blocks());
                 ahead.extend((last + 1..until).filter(|&b| !self.has(b)));
+                self.advise(last + 1..until);
             }
         }
         wanted.retain(|&b| !self.has(b));
@@ -1318,7 +1397,12 @@ impl Object {
                 }
             }
         }
-        for (list, pieces) in [(led, if index { 1 } else { PARALLEL }), (led_ahead, 1)] {
+        // Blocks ahead are one request each: with a store's time to first
+        // byte, the requests in flight are what bounds a sequential read.
+        for (list, pieces) in [
+            (led, if index { 1 } else { PARALLEL }),
+            (led_ahead, u64::MAX),
+        ] {
             // Contiguous runs, each fetched by up to `pieces` requests.
             let mut i = 0;
             while i < list.len() {
