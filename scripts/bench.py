@@ -58,8 +58,11 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-BIN = ROOT / "target/release/ztensor-mount"
-MANY_BIN = ROOT / "target/release/examples/bench_many"
+# The build to measure: cargo's target directory (CARGO_TARGET_DIR, as cargo
+# reads it; else the checkout's own target/).
+TARGET = Path(os.environ.get("CARGO_TARGET_DIR") or ROOT / "target")
+BIN = TARGET / "release/ztensor-mount"
+MANY_BIN = TARGET / "release/examples/bench_many"
 MiB = 1 << 20
 GiB = 1 << 30
 FORMAT_VERSION = 1  # bump when the generated files change
@@ -245,9 +248,12 @@ def write_normal_npy(path, nelem, seed, sigma=0.02, as_bf16=False):
 class Files:
     """The benchmark's .zt files under WORK, reused when the manifest matches."""
 
-    def __init__(self, work, sizes, regen):
+    def __init__(self, work, sizes, regen, many_only=False):
         self.work = work
         self.sizes = sizes
+        # Only the many section runs: only its file is made (the others
+        # take minutes and gigabytes).
+        self.many_only = many_only
         self.raw = work / "raw.zt"          # w: raw float32
         self.raw_crc = work / "raw_crc32c.zt"  # w: the same, with a crc32c checksum
         self.zframes = work / "zstd_frames.zt"  # f32, bf16, big: 1 MiB frames
@@ -260,6 +266,8 @@ class Files:
                                     text=True).stdout.strip()
                   for p in ("src/format/writer.rs", "examples/bench_many.rs")}
         want = dict(sizes, version=FORMAT_VERSION, writer=writer)
+        if many_only:
+            want["many_only"] = True
         if not regen and self.manifest.exists():
             try:
                 have = json.loads(self.manifest.read_text())
@@ -274,11 +282,17 @@ class Files:
         self.load_info()
 
     def all(self):
+        if self.many_only:
+            return [self.many]
         return [self.raw, self.raw_crc, self.zframes, self.zsingle, self.many]
 
     def generate(self):
         s = self.sizes
         self.manifest.unlink(missing_ok=True)
+        if self.many_only:
+            log(f"writing {s['many']} small tensors with examples/bench_many")
+            run([MANY_BIN, self.many, s["many"]], capture_output=True, text=True)
+            return
         src = self.work / "src"
         src.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
@@ -305,6 +319,8 @@ class Files:
 
     def load_info(self):
         self.info = {}
+        if self.many_only:
+            return
         for f in [self.raw, self.raw_crc, self.zframes, self.zsingle]:
             out = run([BIN, "info", f, "--json"], capture_output=True, text=True).stdout
             self.info[f] = {t["name"]: t for t in json.loads(out)}
@@ -2347,7 +2363,7 @@ class Bench:
         if busy_processes():
             log(f"WARNING: {len(busy_processes())} fuzzer/cargo processes are running: "
                 "figures will be distorted")
-        self.files = Files(self.work, self.sizes, self.args.regen)
+        self.files = Files(self.work, self.sizes, self.args.regen, many_only=only == ["many"])
         # The writers' files only for the sections that read them.
         if {"v2", "formats", "views", "model"} & set(only):
             self.more = More(self.work, MORE_SIZES[self.mode], self.args.regen)
