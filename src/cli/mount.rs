@@ -190,6 +190,10 @@ fn daemonize(opened: Opened, mountpoint: &Path, s: &Settings) -> ExitCode {
         }
         _child => {
             drop(wr);
+            // This process only waits and exits: freeing the catalog here
+            // would touch every page of it, copying each from the child it
+            // now shares them with (half a second for 10^5 tensors).
+            std::mem::forget(opened);
             let mut rd = File::from(rd);
             let msg = read_line(&mut rd);
             match msg.trim().split_once(' ') {
