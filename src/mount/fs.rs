@@ -1087,6 +1087,47 @@ mod tests {
     }
 
     #[test]
+    fn the_views_mirrors_are_laid_out_at_first_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs_with(dir.path(), 2);
+        let main = fs.tree.main_len();
+        assert!(!fs.tree.mirrors_laid_out());
+        let w = fs.lookup(ROOT, OsStr::new("w")).unwrap();
+        assert_eq!(w.size, 4);
+        assert!(!fs.tree.mirrors_laid_out());
+        // A view's directory is stat'ed with its entries counted.
+        let npy = fs.lookup(ROOT, OsStr::new(crate::views::NPY_DIR)).unwrap();
+        assert!(fs.tree.mirrors_laid_out());
+        assert_eq!(fs.tree.main_len(), main);
+        let w_npy = fs.lookup(npy.ino, OsStr::new("w.npy")).unwrap();
+        assert!(w_npy.ino as usize > main);
+        assert_eq!(w_npy.size, 128 + 4);
+        let mut names = Vec::new();
+        fs.readdir(npy.ino, 0, |_, _, _, n| {
+            names.push(n.to_string());
+            false
+        })
+        .unwrap();
+        assert_eq!(names, [".", "..", "w.npy", "t0.npy", "t1.npy"]);
+        let zarr = fs.lookup(ROOT, OsStr::new(crate::views::ZARR_DIR)).unwrap();
+        let array = fs.lookup(zarr.ino, OsStr::new("t1")).unwrap();
+        assert_eq!(fs.tree.path(array.ino), ".zarr/t1");
+        // Laid out by `views_layout` first: the same inodes.
+        let dir2 = tempfile::tempdir().unwrap();
+        let other = fs_with(dir2.path(), 2);
+        (other.views_layout())();
+        assert!(other.tree.mirrors_laid_out());
+        let npy2 = other
+            .lookup(ROOT, OsStr::new(crate::views::NPY_DIR))
+            .unwrap();
+        assert_eq!(
+            other.lookup(npy2.ino, OsStr::new("w.npy")).unwrap().ino,
+            w_npy.ino
+        );
+        assert_eq!(other.tree.len(), fs.tree.len());
+    }
+
+    #[test]
     fn open_handles_of_a_generated_file_share_one_render() {
         let dir = tempfile::tempdir().unwrap();
         let fs = fs_of(dir.path());

@@ -75,6 +75,12 @@ impl Tree {
         }
     }
 
+    /// Whether the mirrors are laid out yet.
+    #[cfg(test)]
+    pub(crate) fn mirrors_laid_out(&self) -> bool {
+        self.mirrors.get().is_some()
+    }
+
     pub(super) fn mirrors(&self) -> &Mirrors {
         self.mirrors.get_or_init(|| self.build_mirrors())
     }
