@@ -347,7 +347,8 @@ class Files:
 
     def warm(self):
         """Reads every file once so the backing bytes are in the page cache."""
-        paths = self.all() + sorted(self.blobs.iterdir())
+        blobs = sorted(self.blobs.iterdir()) if self.blobs.exists() else []
+        paths = self.all() + blobs
         for p in paths:
             with open(p, "rb", buffering=0) as fh:
                 buf = bytearray(4 * MiB)
@@ -2368,7 +2369,8 @@ class Bench:
         if {"v2", "formats", "views", "model"} & set(only):
             self.more = More(self.work, MORE_SIZES[self.mode], self.args.regen)
         self.files.warm()
-        self.detect_modes()
+        if not self.files.many_only:  # the many section mounts with defaults only
+            self.detect_modes()
         fm = fresh_memory(False), fresh_memory(True)
         t0 = time.perf_counter()
         noisy = []
