@@ -8,7 +8,8 @@
 # files for the next run), --regen, --runs N, --only SECTIONS (raw, memmap,
 # zstd, ttfb, random, many, rss, v2, formats, writers, views, model, remote,
 # hub, passthrough),
-# --workdir DIR.
+# --workdir DIR. It measures the build in CARGO_TARGET_DIR when that is set
+# (as cargo builds there), else in target/.
 #
 #   bash scripts/bench.sh            # full run (1-2 GiB files, about 25 GiB in all; ~20 minutes)
 #   bash scripts/bench.sh --quick    # small sizes, to try it out
