@@ -248,9 +248,12 @@ def write_normal_npy(path, nelem, seed, sigma=0.02, as_bf16=False):
 class Files:
     """The benchmark's .zt files under WORK, reused when the manifest matches."""
 
-    def __init__(self, work, sizes, regen):
+    def __init__(self, work, sizes, regen, many_only=False):
         self.work = work
         self.sizes = sizes
+        # Only the many section runs: only its file is made (the others
+        # take minutes and gigabytes).
+        self.many_only = many_only
         self.raw = work / "raw.zt"          # w: raw float32
         self.raw_crc = work / "raw_crc32c.zt"  # w: the same, with a crc32c checksum
         self.zframes = work / "zstd_frames.zt"  # f32, bf16, big: 1 MiB frames
@@ -263,6 +266,8 @@ class Files:
                                     text=True).stdout.strip()
                   for p in ("src/format/writer.rs", "examples/bench_many.rs")}
         want = dict(sizes, version=FORMAT_VERSION, writer=writer)
+        if many_only:
+            want["many_only"] = True
         if not regen and self.manifest.exists():
             try:
                 have = json.loads(self.manifest.read_text())
@@ -277,11 +282,17 @@ class Files:
         self.load_info()
 
     def all(self):
+        if self.many_only:
+            return [self.many]
         return [self.raw, self.raw_crc, self.zframes, self.zsingle, self.many]
 
     def generate(self):
         s = self.sizes
         self.manifest.unlink(missing_ok=True)
+        if self.many_only:
+            log(f"writing {s['many']} small tensors with examples/bench_many")
+            run([MANY_BIN, self.many, s["many"]], capture_output=True, text=True)
+            return
         src = self.work / "src"
         src.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
@@ -308,6 +319,8 @@ class Files:
 
     def load_info(self):
         self.info = {}
+        if self.many_only:
+            return
         for f in [self.raw, self.raw_crc, self.zframes, self.zsingle]:
             out = run([BIN, "info", f, "--json"], capture_output=True, text=True).stdout
             self.info[f] = {t["name"]: t for t in json.loads(out)}
@@ -334,7 +347,8 @@ class Files:
 
     def warm(self):
         """Reads every file once so the backing bytes are in the page cache."""
-        paths = self.all() + sorted(self.blobs.iterdir())
+        blobs = sorted(self.blobs.iterdir()) if self.blobs.exists() else []
+        paths = self.all() + blobs
         for p in paths:
             with open(p, "rb", buffering=0) as fh:
                 buf = bytearray(4 * MiB)
@@ -2350,12 +2364,13 @@ class Bench:
         if busy_processes():
             log(f"WARNING: {len(busy_processes())} fuzzer/cargo processes are running: "
                 "figures will be distorted")
-        self.files = Files(self.work, self.sizes, self.args.regen)
+        self.files = Files(self.work, self.sizes, self.args.regen, many_only=only == ["many"])
         # The writers' files only for the sections that read them.
         if {"v2", "formats", "views", "model"} & set(only):
             self.more = More(self.work, MORE_SIZES[self.mode], self.args.regen)
         self.files.warm()
-        self.detect_modes()
+        if not self.files.many_only:  # the many section mounts with defaults only
+            self.detect_modes()
         fm = fresh_memory(False), fresh_memory(True)
         t0 = time.perf_counter()
         noisy = []

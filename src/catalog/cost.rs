@@ -24,7 +24,7 @@ pub const DIR_COST: u64 = 512;
 const SMALL: u64 = 32;
 
 /// What a name takes: its bytes (at least a small allocation), held
-/// several times over (catalog, tree, placement paths), and a directory
+/// several times over (catalog, tree, the views' mirrors), and a directory
 /// for each `/`.
 pub fn name_cost(name: &str) -> u64 {
     let slashes = name.bytes().filter(|&b| b == b'/').count() as u64;

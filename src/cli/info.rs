@@ -17,13 +17,17 @@ pub fn run(path: &Path, json: bool, remote: &crate::source::RemoteOptions) -> Ex
         }
     };
     // The same placements the mount would use, so paths agree.
-    let tree = Tree::build(&cat, Views::NONE);
+    let cat = std::sync::Arc::new(cat);
+    let tree = Tree::build(cat.clone(), Views::NONE);
     if json {
+        let paths: Vec<String> = (0..cat.len()).map(|i| tree.path_of(i)).collect();
         let all: Vec<_> = cat
             .tensors
             .iter()
             .zip(&tree.placements)
-            .map(|(t, p)| sidecar::tensor_sidecar(&cat, t, p))
+            .zip(&paths)
+            .enumerate()
+            .map(|(i, ((t, p), path))| sidecar::tensor_sidecar(&cat, t, path, p, tree.views_of(i)))
             .collect();
         print!("{}", String::from_utf8_lossy(&sidecar::render(&all)));
         return ExitCode::SUCCESS;

@@ -192,6 +192,10 @@ fn daemonize(opened: Opened, mountpoint: &Path, s: &Settings) -> ExitCode {
         }
         _child => {
             drop(wr);
+            // This process only waits and exits: freeing the catalog here
+            // would touch every page of it, copying each from the child it
+            // now shares them with (half a second for 10^5 tensors).
+            std::mem::forget(opened);
             let mut rd = File::from(rd);
             let msg = read_line(&mut rd);
             match msg.trim().split_once(' ') {
@@ -441,6 +445,7 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
         Box::new(move || connection.get().is_none_or(disconnected))
     };
     let filled = fs.filled_hook();
+    let views_layout = fs.views_layout();
     let adapter = Adapter::new(fs, uid, gid, time, s.max_read, unmounted, no_passthrough(s));
 
     let mut mount_options = vec![
@@ -526,29 +531,32 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
     }
     report(&format!("mounted {dev_seen}\n"));
     // "serving" once run() below has started every worker: it returns an
-    // error if one cannot start, with the others already answering.
+    // error if one cannot start, with the others already answering. Then
+    // the views' directories are laid out (the mount is live without
+    // them: the first lookup in one would otherwise lay them out).
     let ended = Arc::new(AtomicBool::new(false));
-    if waiting {
-        let (n, ended, pipe) = (s.threads, ended.clone(), ready.clone());
-        let watcher = std::thread::Builder::new()
-            .name("ready".into())
-            .spawn(move || {
-                // Without /proc to count them, or if they take implausibly
-                // long, say so anyway rather than keep the command waiting.
-                let start = std::time::Instant::now();
-                while !ended.load(Relaxed) {
-                    if workers().is_none_or(|w| w >= n)
-                        || start.elapsed() > std::time::Duration::from_secs(10)
-                    {
-                        tell(&pipe, "serving\n");
-                        return;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(2));
+    let (n, ended_, pipe) = (s.threads, ended.clone(), ready.clone());
+    let watcher = std::thread::Builder::new()
+        .name("ready".into())
+        .spawn(move || {
+            // Without /proc to count them, or if they take implausibly
+            // long, say so anyway rather than keep the command waiting.
+            let start = std::time::Instant::now();
+            while waiting && !ended_.load(Relaxed) {
+                if workers().is_none_or(|w| w >= n)
+                    || start.elapsed() > std::time::Duration::from_secs(10)
+                {
+                    tell(&pipe, "serving\n");
+                    break;
                 }
-            });
-        if let Err(e) = watcher {
-            return no_thread(e);
-        }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            if !ended_.load(Relaxed) {
+                views_layout();
+            }
+        });
+    if let Err(e) = watcher {
+        return no_thread(e);
     }
     let run = session.run();
     ended.store(true, Relaxed);

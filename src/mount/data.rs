@@ -124,7 +124,9 @@ struct Served {
 pub struct Data {
     me: Weak<Data>,
     prefetcher: Prefetcher,
-    catalog: Catalog,
+    /// Shared with the tree, which lays out the views' directories from it
+    /// on first use.
+    catalog: Arc<Catalog>,
     /// One per `catalog.sources`; `None` where the file cannot be served.
     files: Vec<Option<Served>>,
     cache: Cache,
@@ -155,11 +157,12 @@ pub type FreeDisk = Box<dyn Fn() -> bool + Send + Sync>;
 impl Data {
     /// Serves `catalog` from `files` (one per `catalog.sources`).
     pub fn new(
-        catalog: Catalog,
+        catalog: impl Into<Arc<Catalog>>,
         files: Vec<Option<MappedFile>>,
         opts: DataOptions,
         stats: Arc<Stats>,
     ) -> std::io::Result<Arc<Data>> {
+        let catalog = catalog.into();
         let files = files
             .into_iter()
             .map(|f| f.map(serve_file).transpose())

@@ -101,7 +101,9 @@ type Text = Arc<Vec<u8>>;
 type Held = (Ino, Text);
 
 pub struct TensorFs {
-    tree: Tree,
+    /// Shared with the thread that lays out the views' mirrors after
+    /// mount (see [`TensorFs::views_layout`]).
+    tree: Arc<Tree>,
     data: Arc<Data>,
     xattrs: bool,
     /// The `model.safetensors` view's layout, when it is made.
@@ -114,8 +116,10 @@ pub struct TensorFs {
     passthrough: std::sync::atomic::AtomicBool,
     opens: Mutex<Opens>,
     direct_io: bool,
-    /// Sizes of generated files, computed on first stat.
+    /// Sizes of generated files, computed on first stat: of the nodes
+    /// made at mount, then (made with them) of the views' mirrors.
     sizes: Vec<OnceLock<u64>>,
+    mirror_sizes: OnceLock<Vec<OnceLock<u64>>>,
     /// Contents of generated files, per open handle.
     handles: Mutex<HashMap<u64, Held>>,
     /// The render each open handle of a file shares (never changes, except
@@ -163,13 +167,14 @@ impl TensorFs {
         opts: FsOptions,
     ) -> std::io::Result<TensorFs> {
         let mut views = opts.views;
+        let catalog = Arc::new(catalog);
         // The safetensors view's header is laid out on a second core while
         // the tree is built: each is a pass over every tensor.
         let (layout, tree) = std::thread::scope(|s| {
             let layout = views
                 .safetensors
                 .then(|| s.spawn(|| safetensors_layout(&catalog, &files)));
-            let tree = Tree::build(&catalog, views);
+            let tree = Tree::build(catalog.clone(), views);
             (layout.map(|h| h.join()), tree)
         });
         let (safetensors, safetensors_is_source, mut tree) = match layout {
@@ -178,7 +183,7 @@ impl TensorFs {
                 log::warn!("{}: no model.safetensors view: {why}", catalog.label);
                 views.safetensors = false;
                 // Rare: built again without the view's directory.
-                (None, false, Tree::build(&catalog, views))
+                (None, false, Tree::build(catalog.clone(), views))
             }
             Some(Err(panic)) => std::panic::resume_unwind(panic),
             None => (None, false, tree),
@@ -199,15 +204,11 @@ impl TensorFs {
                     "{}: tensor {:?} is served as {:?}: {why}",
                     catalog.label,
                     t.name,
-                    if p.path.is_empty() {
-                        &p.sidecar
-                    } else {
-                        &p.path
-                    }
+                    tree.path(if p.file == 0 { p.sidecar } else { p.file })
                 );
             }
         }
-        let sizes = (0..tree.len()).map(|_| OnceLock::new()).collect();
+        let sizes = (0..tree.main_len()).map(|_| OnceLock::new()).collect();
         let stats = Arc::new(Stats::default());
         let data = Data::new(catalog, files, opts.data, stats.clone())?;
         let backings = Arc::new(Backings::new(opts.backing, stats));
@@ -223,11 +224,12 @@ impl TensorFs {
             passthrough: std::sync::atomic::AtomicBool::new(false),
             opens: Mutex::default(),
             xattrs: opts.xattrs,
-            tree,
+            tree: Arc::new(tree),
             data,
             safetensors,
             direct_io: opts.direct_io,
             sizes,
+            mirror_sizes: OnceLock::new(),
             handles: Mutex::new(HashMap::new()),
             shared: Mutex::new(HashMap::new()),
             index_render: Mutex::new(()),
@@ -245,6 +247,14 @@ impl TensorFs {
 
     pub fn serves_direct_io(&self) -> bool {
         self.direct_io
+    }
+
+    /// Lays out the `.npy` and `.zarr` mirrors, for a thread to run once
+    /// the mount is live: the first lookup in a view then finds them made
+    /// (or waits for them) rather than making them itself.
+    pub fn views_layout(&self) -> impl FnOnce() + Send + 'static {
+        let tree = self.tree.clone();
+        move || tree.lay_out_views()
     }
 
     pub fn tree(&self) -> &Tree {
@@ -296,11 +306,32 @@ impl TensorFs {
             // Changes all the time: read it with direct I/O, like /proc.
             Content::Stats | Content::Errors => 0,
             // Counted, not kept: the text is made when a file is opened.
-            _ => *self.sizes[(ino - 1) as usize].get_or_init(|| {
-                let mut n = sidecar::Counter::default();
-                self.render_to(c, &mut n);
-                n.0
-            }),
+            _ => {
+                let count = || {
+                    let mut n = sidecar::Counter::default();
+                    self.render_to(c, &mut n);
+                    n.0
+                };
+                match self.size_slot(ino) {
+                    Some(slot) => *slot.get_or_init(count),
+                    None => count(),
+                }
+            }
+        }
+    }
+
+    /// Where the size of generated file `ino` is kept.
+    fn size_slot(&self, ino: Ino) -> Option<&OnceLock<u64>> {
+        let i = (ino as usize).checked_sub(1)?;
+        match i.checked_sub(self.sizes.len()) {
+            None => self.sizes.get(i),
+            Some(j) => self
+                .mirror_sizes
+                .get_or_init(|| {
+                    let n = self.tree.len() - self.tree.main_len();
+                    (0..n).map(|_| OnceLock::new()).collect()
+                })
+                .get(j),
         }
     }
 
@@ -397,14 +428,13 @@ impl TensorFs {
     fn render_to(&self, c: &Content, w: &mut impl std::io::Write) {
         let cat = self.data.catalog();
         match c {
-            Content::Sidecar { tensor, part: None } => sidecar::render_to(
-                w,
-                &sidecar::tensor_sidecar(
-                    cat,
-                    &cat.tensors[*tensor],
-                    &self.tree.placements[*tensor],
-                ),
-            ),
+            Content::Sidecar { tensor, part: None } => {
+                let path = self.tree.path_of(*tensor);
+                let at = &self.tree.placements[*tensor];
+                let views = self.tree.views_of(*tensor);
+                let t = &cat.tensors[*tensor];
+                sidecar::render_to(w, &sidecar::tensor_sidecar(cat, t, &path, at, views))
+            }
             Content::Sidecar {
                 tensor,
                 part: Some(p),
@@ -413,11 +443,11 @@ impl TensorFs {
                 if let Some(part) = self.part(*tensor, *p) {
                     sidecar::render_to(
                         w,
-                        &sidecar::part_sidecar(cat, t, part, &self.tree.placements[*tensor].path),
+                        &sidecar::part_sidecar(cat, t, part, &self.tree.path_of(*tensor)),
                     )
                 }
             }
-            Content::Index => sidecar::index_to(w, cat, &self.tree.placements),
+            Content::Index => sidecar::index_to(w, cat, &self.tree),
             Content::Stats => {
                 // Opens first, then fills: a fill a close starts is queued
                 // before that close stops counting as an open, so a reader
@@ -1054,6 +1084,47 @@ mod tests {
             backing: BackingOptions::off(),
         };
         TensorFs::new(catalog, files, opts).unwrap()
+    }
+
+    #[test]
+    fn the_views_mirrors_are_laid_out_at_first_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs_with(dir.path(), 2);
+        let main = fs.tree.main_len();
+        assert!(!fs.tree.mirrors_laid_out());
+        let w = fs.lookup(ROOT, OsStr::new("w")).unwrap();
+        assert_eq!(w.size, 4);
+        assert!(!fs.tree.mirrors_laid_out());
+        // A view's directory is stat'ed with its entries counted.
+        let npy = fs.lookup(ROOT, OsStr::new(crate::views::NPY_DIR)).unwrap();
+        assert!(fs.tree.mirrors_laid_out());
+        assert_eq!(fs.tree.main_len(), main);
+        let w_npy = fs.lookup(npy.ino, OsStr::new("w.npy")).unwrap();
+        assert!(w_npy.ino as usize > main);
+        assert_eq!(w_npy.size, 128 + 4);
+        let mut names = Vec::new();
+        fs.readdir(npy.ino, 0, |_, _, _, n| {
+            names.push(n.to_string());
+            false
+        })
+        .unwrap();
+        assert_eq!(names, [".", "..", "w.npy", "t0.npy", "t1.npy"]);
+        let zarr = fs.lookup(ROOT, OsStr::new(crate::views::ZARR_DIR)).unwrap();
+        let array = fs.lookup(zarr.ino, OsStr::new("t1")).unwrap();
+        assert_eq!(fs.tree.path(array.ino), ".zarr/t1");
+        // Laid out by `views_layout` first: the same inodes.
+        let dir2 = tempfile::tempdir().unwrap();
+        let other = fs_with(dir2.path(), 2);
+        (other.views_layout())();
+        assert!(other.tree.mirrors_laid_out());
+        let npy2 = other
+            .lookup(ROOT, OsStr::new(crate::views::NPY_DIR))
+            .unwrap();
+        assert_eq!(
+            other.lookup(npy2.ino, OsStr::new("w.npy")).unwrap().ino,
+            w_npy.ino
+        );
+        assert_eq!(other.tree.len(), fs.tree.len());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use super::tree::Placement;
+use super::tree::{Placement, Tree};
 use crate::catalog::{Catalog, JsonMap, Part, Tensor};
 
 /// One tensor, as in `NAME.json`.
@@ -63,13 +63,21 @@ pub struct PartSidecar<'a> {
     meta: &'a JsonMap,
 }
 
-pub fn tensor_sidecar<'a>(c: &'a Catalog, t: &'a Tensor, at: &'a Placement) -> TensorSidecar<'a> {
+/// The sidecar of tensor `t`, placed at `at` with exposed path `path`
+/// (`Tree::path_of`) and shown by `views` (`Tree::views_of`).
+pub fn tensor_sidecar<'a>(
+    c: &'a Catalog,
+    t: &'a Tensor,
+    path: &'a str,
+    at: &'a Placement,
+    views: u8,
+) -> TensorSidecar<'a> {
     let parts = t.parts.as_ref().ok();
     let file = parts.filter(|_| !t.directory).and_then(|ps| ps.first());
     let dtype = file.map_or(t.dtype.as_str(), |p| p.dtype.name());
     TensorSidecar {
         name: &t.name,
-        path: (!at.path.is_empty()).then_some(at.path.as_str()),
+        path: (!path.is_empty()).then_some(path),
         path_escaped_because: at.escaped.as_deref(),
         format: &c.format,
         dtype,
@@ -85,23 +93,23 @@ pub fn tensor_sidecar<'a>(c: &'a Catalog, t: &'a Tensor, at: &'a Placement) -> T
         meta: &t.meta,
         parts: parts
             .filter(|_| t.directory)
-            .map(|ps| ps.iter().map(|p| part_sidecar(c, t, p, &at.path)).collect()),
-        views: view_paths(at),
+            .map(|ps| ps.iter().map(|p| part_sidecar(c, t, p, path)).collect()),
+        views: view_paths(path, views),
     }
 }
 
-/// Where the views show a tensor placed at `at`.
-fn view_paths(at: &Placement) -> JsonMap {
+/// Where the views show a tensor of exposed path `path`.
+fn view_paths(path: &str, views: u8) -> JsonMap {
     use super::tree::{VIEW_NPY, VIEW_SAFETENSORS, VIEW_ZARR};
     use crate::views::{NPY_DIR, SAFETENSORS_DIR, SAFETENSORS_FILE, ZARR_DIR};
     let mut m = JsonMap::new();
-    if at.views & VIEW_NPY != 0 {
-        m.insert("npy".into(), format!("{NPY_DIR}/{}.npy", at.path).into());
+    if views & VIEW_NPY != 0 {
+        m.insert("npy".into(), format!("{NPY_DIR}/{path}.npy").into());
     }
-    if at.views & VIEW_ZARR != 0 {
-        m.insert("zarr".into(), format!("{ZARR_DIR}/{}", at.path).into());
+    if views & VIEW_ZARR != 0 {
+        m.insert("zarr".into(), format!("{ZARR_DIR}/{path}").into());
     }
-    if at.views & VIEW_SAFETENSORS != 0 {
+    if views & VIEW_SAFETENSORS != 0 {
         m.insert(
             "safetensors".into(),
             format!("{SAFETENSORS_DIR}/{SAFETENSORS_FILE}").into(),
@@ -141,7 +149,7 @@ pub fn render_to(w: &mut impl Write, v: &impl Serialize) {
 
 /// `.ztensor/index.json` into `w`: one tensor per line, written as it goes
 /// so that only the text (not a JSON tree of every tensor) is ever made.
-pub fn index_to(w: &mut impl Write, c: &Catalog, placements: &[Placement]) {
+pub fn index_to(w: &mut impl Write, c: &Catalog, tree: &Tree) {
     let n = c.tensors.len();
     let _ = w.write_all(b"{\"file\":");
     let _ = serde_json::to_writer(&mut *w, &c.label);
@@ -150,8 +158,9 @@ pub fn index_to(w: &mut impl Write, c: &Catalog, placements: &[Placement]) {
     let _ = w.write_all(b",\"attributes\":");
     let _ = serde_json::to_writer(&mut *w, &c.attributes);
     let _ = w.write_all(format!(",\"tensor_count\":{n},\"tensors\":[\n").as_bytes());
-    for (i, (t, p)) in c.tensors.iter().zip(placements).enumerate() {
-        let _ = serde_json::to_writer(&mut *w, &tensor_sidecar(c, t, p));
+    for (i, (t, p)) in c.tensors.iter().zip(&tree.placements).enumerate() {
+        let path = tree.path_of(i);
+        let _ = serde_json::to_writer(&mut *w, &tensor_sidecar(c, t, &path, p, tree.views_of(i)));
         let _ = w.write_all(if i + 1 < n { b",\n" } else { b"\n" });
     }
     let _ = w.write_all(b"]}\n");

@@ -2,11 +2,12 @@
 //! where each tensor, part and sidecar lives and escapes names that cannot be
 //! paths. Knows nothing about bytes or the kernel.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, Part};
 use crate::views::Views;
 
 mod mirror;
@@ -19,8 +20,8 @@ pub const ROOT: Ino = 1;
 /// The hidden directory at the top that holds `index.json` and `stats`.
 pub const META_DIR: &str = ".ztensor";
 const NAME_MAX: usize = 255;
-/// Nodes a tensor of one or two dimensions makes with every view on.
-const NODES_PER_TENSOR: usize = 8;
+/// Nodes a dense tensor makes at mount: its file and sidecar.
+const NODES_PER_TENSOR: usize = 2;
 
 /// What a regular file holds. Two files of equal content (a tensor's file
 /// and its zarr chunk) hold the same bytes.
@@ -70,15 +71,18 @@ pub struct Node {
     pub kind: NodeKind,
 }
 
-/// Where a tensor ended up.
+/// Where a tensor ended up: its nodes (their paths are the names on the
+/// way up, see [`Tree::path`]), not copies of its paths.
 #[derive(Debug, Clone, Default)]
 pub struct Placement {
-    /// Exposed path of the data file or sparse directory ("" if none).
-    pub path: String,
-    pub sidecar: String,
+    /// The data file or sparse directory (0 if none).
+    pub file: Ino,
+    pub sidecar: Ino,
     /// Set when the path differs from the tensor name: why.
     pub escaped: Option<String>,
-    /// The views that show it: `VIEW_*` bits.
+    /// [`VIEW_SAFETENSORS`] when the safetensors view shows it (the other
+    /// views' bits are known once their directories are laid out: see
+    /// [`Tree::views_of`]).
     pub views: u8,
 }
 
@@ -87,8 +91,14 @@ pub const VIEW_ZARR: u8 = 2;
 pub const VIEW_SAFETENSORS: u8 = 4;
 
 pub struct Tree {
+    /// Every node but the views' mirrors: inode `i` is `nodes[i - 1]`.
     nodes: Vec<Node>,
     pub placements: Vec<Placement>,
+    catalog: Arc<Catalog>,
+    /// The `.npy` and `.zarr` top directories, when made: their contents
+    /// (and every inode after `nodes`) are laid out on first use.
+    mirror_tops: Vec<Ino>,
+    mirrors: OnceLock<mirror::Mirrors>,
     /// Directories that are a sparse tensor's parts, and `.ztensor`:
     /// nothing else goes in.
     sealed: std::collections::HashSet<Ino>,
@@ -97,18 +107,17 @@ pub struct Tree {
     moved: HashMap<(Ino, String), Ino>,
     /// Top-level directories of the mount's own (`.ztensor`, the views').
     reserved: std::collections::HashSet<Ino>,
-    /// Names the views repeat, shared (see `Tree::common`).
-    common: std::collections::HashSet<Arc<str>>,
 }
 
 impl Tree {
     /// Lays out every tensor of `catalog`, and the `views` of them. Tensors
     /// are placed in index order; when two would take the same path, the
-    /// first keeps it.
-    pub fn build(catalog: &Catalog, views: Views) -> Tree {
-        // Room for what a tensor usually makes (its file and sidecar, the
-        // npy file, the zarr array's directory, zarr.json and chunk path):
-        // a vector of 10^6 nodes grown by doubling is moved at every step.
+    /// first keeps it. The `.npy` and `.zarr` directories are laid out when
+    /// first used (or by [`Tree::lay_out_views`]): the same nodes, with the
+    /// same inode numbers, as if they had been made here.
+    pub fn build(catalog: Arc<Catalog>, views: Views) -> Tree {
+        // Room for what a tensor makes here (its file and sidecar): a
+        // vector of 10^5 nodes grown by doubling is moved at every step.
         let mut nodes = Vec::with_capacity(NODES_PER_TENSOR * catalog.len() + 16);
         nodes.push(Node {
             parent: ROOT,
@@ -118,10 +127,12 @@ impl Tree {
         let mut tree = Tree {
             nodes,
             placements: Vec::with_capacity(catalog.len()),
+            catalog: catalog.clone(),
+            mirror_tops: Vec::new(),
+            mirrors: OnceLock::new(),
             sealed: Default::default(),
             moved: HashMap::default(),
             reserved: Default::default(),
-            common: Default::default(),
         };
         let meta = tree.add(ROOT, META_DIR.to_string(), new_dir());
         tree.sealed.insert(meta);
@@ -137,41 +148,19 @@ impl Tree {
             .count();
         tree.reserve(ROOT, 2 * top);
         for (ti, t) in catalog.tensors.iter().enumerate() {
-            let parts = t.parts.as_ref().ok().map(|ps| {
-                let names = ps.iter().map(|p| p.name.as_str()).collect();
-                (t.directory, names)
-            });
+            let parts = t.parts.as_ref().ok().map(|ps| (t.directory, &ps[..]));
             let p = tree.place(ti, &t.name, parts);
             tree.placements.push(p);
         }
-        tree.add_views(catalog, views);
+        tree.add_view_files(views);
         tree
     }
 
     fn add(&mut self, parent: Ino, name: impl Into<Arc<str>>, kind: NodeKind) -> Ino {
         let name: Arc<str> = name.into();
         let ino = self.nodes.len() as Ino + 1;
-        let is_dir = matches!(kind, NodeKind::Dir { .. });
-        if let NodeKind::Dir {
-            entries,
-            lookup,
-            subdirs,
-        } = &mut self.nodes[(parent - 1) as usize].kind
-        {
-            entries.push((name.clone(), ino));
-            match lookup {
-                Some(table) => {
-                    table.insert(name.clone(), ino);
-                }
-                None if entries.len() > SMALL_DIR => {
-                    let mut table =
-                        Lookup::with_capacity_and_hasher(entries.capacity(), Default::default());
-                    table.extend(entries.iter().cloned());
-                    *lookup = Some(Box::new(table));
-                }
-                None => {}
-            }
-            *subdirs += u32::from(is_dir);
+        if let Some(dir) = self.nodes.get_mut((parent - 1) as usize) {
+            enter(&mut dir.kind, &name, ino, &kind);
         }
         self.nodes.push(Node { parent, name, kind });
         ino
@@ -180,54 +169,39 @@ impl Tree {
     /// Makes room in `dir` for `n` more entries (a top directory that will
     /// hold one per tensor grows once, not twenty times).
     fn reserve(&mut self, dir: Ino, n: usize) {
-        if let Some(NodeKind::Dir {
-            entries, lookup, ..
-        }) = self.nodes.get_mut((dir - 1) as usize).map(|n| &mut n.kind)
-        {
-            entries.reserve(n);
-            if let Some(table) = lookup {
-                table.reserve(n);
-            }
+        if let Some(node) = self.nodes.get_mut((dir - 1) as usize) {
+            reserve(&mut node.kind, n);
         }
     }
 
+    /// The entry `name` of `dir` among the nodes made so far (while
+    /// placing tensors: no view's mirror is asked for).
     fn child(&self, dir: Ino, name: &str) -> Option<Ino> {
-        match &self.node(dir)?.kind {
-            NodeKind::Dir {
-                lookup: Some(table),
-                ..
-            } => table.get(name).copied(),
-            NodeKind::Dir { entries, .. } => {
-                entries.iter().find(|(n, _)| &**n == name).map(|e| e.1)
-            }
-            NodeKind::File(_) => None,
-        }
+        find(&self.nodes.get(dir.checked_sub(1)? as usize)?.kind, name)
     }
 
     fn is_dir(&self, ino: Ino) -> bool {
-        matches!(self.node(ino).map(|n| &n.kind), Some(NodeKind::Dir { .. }))
+        let node = ino.checked_sub(1).and_then(|i| self.nodes.get(i as usize));
+        matches!(node.map(|n| &n.kind), Some(NodeKind::Dir { .. }))
     }
 
     /// `parts`: None for an unsupported tensor (sidecar only), else
-    /// (is_sparse, part names).
-    fn place(&mut self, ti: usize, name: &str, parts: Option<(bool, Vec<&str>)>) -> Placement {
+    /// (is a directory of parts, the parts).
+    fn place(&mut self, ti: usize, name: &str, parts: Option<(bool, &[Part])>) -> Placement {
         let mut why: Vec<String> = Vec::new();
-        let comps: Vec<String> = name
+        let mut comps: Vec<Cow<str>> = name
             .split('/')
             .map(|c| escape_component(c, &mut why))
             .collect();
-        let (leaf, dirs) = comps
-            .split_last()
-            .map(|(l, d)| (l.clone(), d.to_vec()))
-            .unwrap_or_default();
+        // `split` yields at least one component: the leaf.
+        let leaf = comps.pop().unwrap_or_default();
 
         // Walk or create the directories; a component that is a file already
         // gets a suffix so this tensor gets a directory of its own.
         let mut dir = ROOT;
-        let mut path = String::new();
-        for c in &dirs {
-            let mut c = c.clone();
-            match self.child(dir, &c) {
+        for c in &comps {
+            let c: &str = c;
+            match self.child(dir, c) {
                 Some(ino) if self.is_dir(ino) && !self.sealed.contains(&ino) => dir = ino,
                 Some(ino) => {
                     why.push(if self.reserved.contains(&ino) {
@@ -237,23 +211,19 @@ impl Tree {
                     } else {
                         format!("{c:?} is already a file")
                     });
-                    let key = (dir, c.clone());
-                    let moved = match self.moved.get(&key) {
+                    let key = (dir, c.to_string());
+                    dir = match self.moved.get(&key) {
                         Some(&d) => d,
                         None => {
-                            let free = self.free_name(dir, &c, ti, &[]);
+                            let free = self.free_name(dir, c, ti, &[]);
                             let d = self.add(dir, free, new_dir());
                             self.moved.insert(key, d);
                             d
                         }
                     };
-                    c = self.node(moved).map_or(c, |n| n.name.to_string());
-                    dir = moved;
                 }
-                None => dir = self.add(dir, c.clone(), new_dir()),
+                None => dir = self.add(dir, c, new_dir()),
             }
-            path.push_str(&c);
-            path.push('/');
         }
         // The leaf: a data file (or sparse directory) plus `leaf.json`, both free.
         let mut leaf = leaf;
@@ -261,41 +231,36 @@ impl Tree {
             && self.reserved.contains(&ino)
         {
             why.push(format!("{leaf} is reserved"));
-            leaf = self.free_name(dir, &leaf, ti, &[".json"]);
+            leaf = self.free_name(dir, &leaf, ti, &[".json"]).into();
         }
         let mut sidecar = format!("{leaf}.json");
         if self.child(dir, &leaf).is_some() || self.child(dir, &sidecar).is_some() {
             why.push(format!("{leaf:?} or {leaf:?}.json is already taken"));
-            leaf = self.free_name(dir, &leaf, ti, &[".json"]);
+            leaf = self.free_name(dir, &leaf, ti, &[".json"]).into();
             sidecar = format!("{leaf}.json");
         }
-        let mut placement = Placement {
-            path: String::new(),
-            sidecar: format!("{path}{sidecar}"),
-            escaped: None,
-            views: 0,
-        };
+        let mut placement = Placement::default();
         match parts {
             None => {}
             Some((false, _)) => {
-                self.add(
+                placement.file = self.add(
                     dir,
-                    leaf.clone(),
+                    &*leaf,
                     NodeKind::File(Content::Part {
                         tensor: ti,
                         part: 0,
                     }),
                 );
-                placement.path = format!("{path}{leaf}");
             }
-            Some((true, names)) => {
-                let sdir = self.add(dir, leaf.clone(), new_dir());
+            Some((true, parts)) => {
+                let sdir = self.add(dir, &*leaf, new_dir());
+                placement.file = sdir;
                 self.sealed.insert(sdir);
-                for (part, pname) in names.into_iter().enumerate() {
-                    let pname = escape_component(pname, &mut why);
+                for (part, p) in parts.iter().enumerate() {
+                    let pname = escape_component(&p.name, &mut why);
                     self.add(
                         sdir,
-                        pname.clone(),
+                        &*pname,
                         NodeKind::File(Content::Part { tensor: ti, part }),
                     );
                     self.add(
@@ -307,10 +272,9 @@ impl Tree {
                         }),
                     );
                 }
-                placement.path = format!("{path}{leaf}");
             }
         }
-        self.add(
+        placement.sidecar = self.add(
             dir,
             sidecar,
             NodeKind::File(Content::Sidecar {
@@ -339,20 +303,83 @@ impl Tree {
         cand
     }
 
+    /// Node `ino`; asking for a view's mirror (its top directory or a node
+    /// in it) lays the mirrors out first.
     pub fn node(&self, ino: Ino) -> Option<&Node> {
-        ino.checked_sub(1).and_then(|i| self.nodes.get(i as usize))
+        let i = ino.checked_sub(1)? as usize;
+        match self.nodes.get(i) {
+            Some(_) if self.mirror_tops.contains(&ino) => self.mirrors().top(ino),
+            Some(node) => Some(node),
+            None if self.mirror_tops.is_empty() => None,
+            None => self.mirrors().nodes.get(i - self.nodes.len()),
+        }
     }
 
     pub fn lookup(&self, parent: Ino, name: &str) -> Option<Ino> {
-        self.child(parent, name)
+        find(&self.node(parent)?.kind, name)
     }
 
+    /// Every node, the views' mirrors included (laid out to count them).
     pub fn len(&self) -> usize {
+        self.nodes.len()
+            + self
+                .mirror_tops
+                .first()
+                .map_or(0, |_| self.mirrors().nodes.len())
+    }
+
+    /// The nodes made at mount: inodes `1..=main_len()`. The mirrors'
+    /// nodes come after them.
+    pub fn main_len(&self) -> usize {
         self.nodes.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
+    }
+
+    /// The path of node `ino` in the mount ("" for the root or no node):
+    /// the names on the way up.
+    pub fn path(&self, ino: Ino) -> String {
+        let mut names = Vec::new();
+        let mut at = ino;
+        while at != ROOT {
+            let Some(node) = self.node(at) else {
+                return String::new();
+            };
+            names.push(&*node.name);
+            at = node.parent;
+        }
+        let mut out = String::with_capacity(names.iter().map(|n| n.len() + 1).sum());
+        for (i, n) in names.iter().rev().enumerate() {
+            if i > 0 {
+                out.push('/');
+            }
+            out.push_str(n);
+        }
+        out
+    }
+
+    /// The exposed path of tensor `ti`'s data file or sparse directory
+    /// ("" if none).
+    pub fn path_of(&self, ti: usize) -> String {
+        self.placements.get(ti).map_or_else(String::new, |p| {
+            if p.file == 0 {
+                String::new()
+            } else {
+                self.path(p.file)
+            }
+        })
+    }
+
+    /// The views that show tensor `ti`: `VIEW_*` bits (lays the mirrors
+    /// out when there are any).
+    pub fn views_of(&self, ti: usize) -> u8 {
+        let mirrored = match self.mirror_tops.first() {
+            Some(_) => self.mirrors().views.get(ti).copied().unwrap_or(0),
+            None => 0,
+        };
+        self.placements.get(ti).map_or(0, |p| p.views) | mirrored
     }
 
     /// Number of subdirectories of `ino` (for nlink).
@@ -369,6 +396,58 @@ fn new_dir() -> NodeKind {
         entries: Vec::new(),
         lookup: None,
         subdirs: 0,
+    }
+}
+
+/// Enters `name` (node `ino`, of `kind`) in directory `dir` (nothing if
+/// `dir` is a file).
+fn enter(dir: &mut NodeKind, name: &Arc<str>, ino: Ino, kind: &NodeKind) {
+    let is_dir = matches!(kind, NodeKind::Dir { .. });
+    if let NodeKind::Dir {
+        entries,
+        lookup,
+        subdirs,
+    } = dir
+    {
+        entries.push((name.clone(), ino));
+        match lookup {
+            Some(table) => {
+                table.insert(name.clone(), ino);
+            }
+            None if entries.len() > SMALL_DIR => {
+                let mut table =
+                    Lookup::with_capacity_and_hasher(entries.capacity(), Default::default());
+                table.extend(entries.iter().cloned());
+                *lookup = Some(Box::new(table));
+            }
+            None => {}
+        }
+        *subdirs += u32::from(is_dir);
+    }
+}
+
+/// Makes room in directory `dir` for `n` more entries.
+fn reserve(dir: &mut NodeKind, n: usize) {
+    if let NodeKind::Dir {
+        entries, lookup, ..
+    } = dir
+    {
+        entries.reserve(n);
+        if let Some(table) = lookup {
+            table.reserve(n);
+        }
+    }
+}
+
+/// The entry `name` of directory `dir`.
+fn find(dir: &NodeKind, name: &str) -> Option<Ino> {
+    match dir {
+        NodeKind::Dir {
+            lookup: Some(table),
+            ..
+        } => table.get(name).copied(),
+        NodeKind::Dir { entries, .. } => entries.iter().find(|(n, _)| &**n == name).map(|e| e.1),
+        NodeKind::File(_) => None,
     }
 }
 
@@ -399,16 +478,14 @@ impl Hasher for Fnv {
 /// dot names, `%00` for each NUL byte (a path cannot hold one: the kernel
 /// would end the name there, and `a\0b` would shadow `a`), and a hashed
 /// tail for names over 255 bytes.
-fn escape_component(c: &str, why: &mut Vec<String>) -> String {
-    let nul_free;
-    let c = if c.contains('\0') {
+fn escape_component<'a>(c: &'a str, why: &mut Vec<String>) -> Cow<'a, str> {
+    let c: Cow<str> = if c.contains('\0') {
         why.push("a NUL byte in the name".into());
-        nul_free = c.replace('\0', "%00");
-        nul_free.as_str()
+        c.replace('\0', "%00").into()
     } else {
-        c
+        c.into()
     };
-    match c {
+    match &*c {
         "" => {
             why.push("empty path component".into());
             "%".into()
@@ -421,11 +498,11 @@ fn escape_component(c: &str, why: &mut Vec<String>) -> String {
             why.push("\"..\" is not a file name".into());
             "%2E%2E".into()
         }
-        _ if c.len() > NAME_MAX - 5 => {
-            why.push(format!("component of {} bytes is too long", c.len()));
-            fit(c, 5)
+        long if long.len() > NAME_MAX - 5 => {
+            why.push(format!("component of {} bytes is too long", long.len()));
+            fit(long, 5).into()
         }
-        _ => c.to_string(),
+        _ => c,
     }
 }
 

@@ -49,8 +49,25 @@ fn blob(t: &V01Tensor) -> Blob {
         codec,
         decoded_len,
         checks: t.checksum.iter().cloned().map(Check::Stored).collect(),
-        label: format!("tensor {:?}", t.name),
+        label: label(&t.name),
     }
+}
+
+/// `tensor "NAME"`, as `format!("tensor {name:?}")` writes it; without the
+/// formatter when the name is printable ASCII other than `"` and `\`,
+/// which Debug writes as they are (the usual name; one per tensor).
+fn label(name: &str) -> String {
+    if !name
+        .bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+    {
+        return format!("tensor {name:?}");
+    }
+    let mut s = String::with_capacity(name.len() + 9);
+    s.push_str("tensor \"");
+    s.push_str(name);
+    s.push('"');
+    s
 }
 
 /// The frame table our writer records in custom fields, when present.
@@ -108,5 +125,24 @@ fn tensor(t: V01Tensor) -> Tensor {
         encoding: t.encoding_name,
         parts: t.layout.map(|l| l.parts),
         meta,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn labels_are_those_debug_writes() {
+        for name in [
+            "w",
+            "a/b.c d'e",
+            "q\"x",
+            "back\\slash",
+            "nl\n",
+            "é",
+            "",
+            "\u{7f}",
+        ] {
+            assert_eq!(super::label(name), format!("tensor {name:?}"), "{name:?}");
+        }
     }
 }
