@@ -609,7 +609,8 @@ fn an_unknown_repo_revision_or_file_and_an_ambiguous_repo_are_refused_in_one_lin
         ),
         (
             "hf://org",
-            "ztensor-mount: hf://org: expected hf://[datasets/|spaces/]ORG/REPO[@REVISION][/PATH]".to_string(),
+            "ztensor-mount: hf://org: expected hf://[datasets/|spaces/]ORG/REPO[@REVISION][/PATH]"
+                .to_string(),
         ),
     ];
     for (url, want) in cases {

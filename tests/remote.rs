@@ -18,7 +18,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::server::Server;
-use support::{Mount, require};
+use support::{Mount, require, wait_until};
 use ztensor_mount::catalog::Algorithm;
 use ztensor_mount::formats::zt_v01::DType;
 use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
@@ -440,6 +440,58 @@ fn two_cold_readers_of_one_block_make_one_request() {
         })
         .collect();
     assert_eq!(covering.len(), 1, "two readers of one cold block: {log:?}");
+}
+
+/// A remote tensor read whole gets a backing file of the bytes its reads
+/// wrote (the cache file holds them at an offset the kernel cannot be
+/// handed): its next open is the kernel's. One read in part fetches
+/// nothing more for a backing file, and keeps none.
+#[test]
+fn a_remote_tensor_read_whole_is_read_by_the_kernel_next_time() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let files = m.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    let tensors = write_model(&files.join("model.zt"));
+    let srv = Server::range(&py, &files);
+    let cache = m.scratch_path("cache");
+    mount_remote(
+        &mut m,
+        &srv.url("/model.zt"),
+        &cache,
+        &["-o", "remote_read_ahead=0"],
+    );
+    assert!(m.read("embed") == tensors[0].1);
+    assert!(
+        wait_until(Duration::from_secs(20), || m.stat_u64("backing_files") == 1),
+        "{}",
+        m.stats()
+    );
+    let served = m.stat_u64("bytes_served");
+    assert!(m.read("embed") == tensors[0].1);
+    assert_eq!(m.stat_u64("bytes_served"), served, "{}", m.stats());
+    assert_eq!(m.stat_u64("passthrough_opens"), 1, "{}", m.stats());
+    // "tail", read in part (over half), then closed: nothing more is
+    // fetched to complete a backing file, and none is kept.
+    let n = tensors[5].1.len();
+    let fetched = {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::open(m.path("tail")).unwrap();
+        let mut head = vec![0u8; n * 3 / 4];
+        f.read_exact_at(&mut head, 0).unwrap();
+        assert!(head == tensors[5].1[..head.len()]);
+        m.stat_u64("remote_fetched_bytes")
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || m.stat_u64("backing_filling")
+            == 0),
+        "{}",
+        m.stats()
+    );
+    assert_eq!(m.stat_u64("backing_files"), 1, "{}", m.stats());
+    assert_eq!(m.stat_u64("remote_fetched_bytes"), fetched, "{}", m.stats());
+    m.unmount_ok();
 }
 
 /// Mounts the model over HTTP with short timeouts, injects `fault`, reads

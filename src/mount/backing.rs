@@ -108,6 +108,19 @@ pub enum Segment {
     },
 }
 
+/// What the last close of a file's served opens does with the backing
+/// file their reads wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fill {
+    /// Fills what the reads did not write (or all of a new file).
+    Rest,
+    /// Keeps it only if the reads wrote all of it: a remote object's
+    /// bytes are not fetched for a backing file.
+    IfWhole,
+    /// Drops what they wrote.
+    Drop,
+}
+
 enum Slot {
     /// Written by the reads of served opens (see [`Partial`]).
     Writing(Arc<Partial>),
@@ -408,15 +421,15 @@ impl Backings {
     }
 
     /// At the last close of the served files of content `key` (`len`
-    /// bytes, made of `segments`): with `worth`, fills what its reads did
-    /// not write of its backing file, or all of a new one; without, drops
-    /// what they wrote (a peek at a large tensor keeps no disk).
+    /// bytes, made of `segments`): completes, keeps or drops the backing
+    /// file their reads wrote, as `fill` says (a peek at a large tensor
+    /// keeps no disk).
     pub fn close(
         self: &Arc<Self>,
         key: &Content,
         asked_by: u64,
         len: u64,
-        worth: bool,
+        fill: Fill,
         data: &Arc<Data>,
         segments: Vec<Segment>,
     ) {
@@ -433,7 +446,12 @@ impl Backings {
                     w.clone()
                 };
                 let file = p.file.try_clone();
-                match (worth && !written.failed, file) {
+                let keep = match fill {
+                    Fill::Rest => true,
+                    Fill::IfWhole => written.covers(0, len),
+                    Fill::Drop => false,
+                };
+                match (keep && !written.failed, file) {
                     (true, Ok(file)) => {
                         let filling = Slot::Filling(Some(p));
                         lock(&self.inner).slots.insert(key.clone(), filling);
@@ -442,7 +460,7 @@ impl Backings {
                     _ => return self.forget(key, len),
                 }
             }
-            None if worth => match self.reserve(key, len) {
+            None if fill == Fill::Rest => match self.reserve(key, len) {
                 Some(file) => (file, Written::default()),
                 None => return,
             },

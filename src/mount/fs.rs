@@ -9,7 +9,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use super::backing::{Backing, BackingOptions, Backings, Filled, Partial, Segment};
+use super::backing::{Backing, BackingOptions, Backings, Fill, Filled, Partial, Segment};
 use super::data::{Bytes, Data, DataOptions, scratch};
 use super::sidecar;
 use super::stats::Stats;
@@ -639,6 +639,21 @@ impl TensorFs {
         }
     }
 
+    /// Whether some bytes of files of content `c` come from a remote
+    /// object (fetched, not only read).
+    fn fetched(&self, c: &Content) -> bool {
+        let remote = |tensor: usize, part: usize| self.fetched_part(tensor, part);
+        match c {
+            Content::Part { tensor, part } => remote(*tensor, *part),
+            Content::Npy { tensor } => remote(*tensor, 0),
+            Content::Safetensors => self
+                .safetensors
+                .as_ref()
+                .is_some_and(|l| l.entries.iter().any(|e| remote(e.tensor, 0))),
+            _ => false,
+        }
+    }
+
     /// When the last open of `ino` the daemon served is closed, `read`
     /// bytes of it served since mount: fills what its reads did not write
     /// of a backing file for it when those are at least half of a file
@@ -658,9 +673,15 @@ impl TensorFs {
         }
         if self.worth_filling(c) {
             let len = self.size_of(ino, c);
-            let worth = read.saturating_mul(2) >= len;
+            let fill = if read.saturating_mul(2) < len {
+                Fill::Drop
+            } else if self.fetched(c) {
+                Fill::IfWhole
+            } else {
+                Fill::Rest
+            };
             self.backings
-                .close(c, ino, len, worth, &self.data, self.segments(c));
+                .close(c, ino, len, fill, &self.data, self.segments(c));
         }
     }
 
@@ -733,6 +754,17 @@ impl TensorFs {
         !matches!(b.codec, Codec::Raw)
             || !matches!(p.map, crate::catalog::PartMap::Contiguous { .. })
             || (p.order == crate::catalog::Endian::Big && p.dtype.size() > 1)
+            // A remote object's bytes sit at an offset in its cache file,
+            // which the kernel cannot be handed: a copy of its own is.
+            || self.fetched_part(ti, pi)
+    }
+
+    /// Whether part `pi` of tensor `ti` is stored in a remote object.
+    fn fetched_part(&self, ti: usize, pi: usize) -> bool {
+        self.part(ti, pi).is_some_and(|p| {
+            let b = &self.data.catalog().blobs[p.blob];
+            self.data.local_file(b.source).is_none()
+        })
     }
 
     /// What tensor or view file `c` is made of, in order.
