@@ -291,6 +291,16 @@ fn local_and_remote() -> Option<(Mount, Mount, PathBuf)> {
     Some((local, remote, files))
 }
 
+/// The test model written to `m`'s scratch space and served over HTTP:
+/// its tensors, the server (`/model.zt`), and a cache folder to mount with.
+fn served_model(py: &Path, m: &Mount) -> (Vec<(String, Vec<u8>)>, Server, PathBuf) {
+    let files = m.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    let tensors = write_model(&files.join("model.zt"));
+    let srv = Server::range(py, &files);
+    (tensors, srv, m.scratch_path("cache"))
+}
+
 /// Mounts `file` and `url` (with `extra`) side by side and checks that
 /// the two trees are the same; both are unmounted after. False when the
 /// test is skipped (no FUSE here and not CI).
@@ -395,11 +405,7 @@ fn two_cold_readers_of_one_block_make_one_request() {
     let _s = support::serial();
     let Some(py) = python() else { return };
     let Some(mut m) = scratch_mount() else { return };
-    let files = m.scratch_path("files");
-    std::fs::create_dir(&files).unwrap();
-    let tensors = write_model(&files.join("model.zt"));
-    let srv = Server::range(&py, &files);
-    let cache = m.scratch_path("cache");
+    let (tensors, srv, cache) = served_model(&py, &m);
     mount_remote(&mut m, &srv.url("/model.zt"), &cache, &[]);
     srv.control("/__reset");
     // The first data request waits a while, so the second reader comes
@@ -451,11 +457,7 @@ fn a_remote_tensor_read_whole_is_read_by_the_kernel_next_time() {
     let _s = support::serial();
     let Some(py) = python() else { return };
     let Some(mut m) = scratch_mount() else { return };
-    let files = m.scratch_path("files");
-    std::fs::create_dir(&files).unwrap();
-    let tensors = write_model(&files.join("model.zt"));
-    let srv = Server::range(&py, &files);
-    let cache = m.scratch_path("cache");
+    let (tensors, srv, cache) = served_model(&py, &m);
     mount_remote(
         &mut m,
         &srv.url("/model.zt"),
@@ -503,11 +505,8 @@ type Outcome = (std::io::Result<Vec<u8>>, Vec<u8>, String, Duration);
 fn read_with_fault(fault: &str) -> Option<Outcome> {
     let py = python()?;
     let mut m = scratch_mount()?;
+    let (tensors, srv, cache) = served_model(&py, &m);
     let files = m.scratch_path("files");
-    std::fs::create_dir(&files).unwrap();
-    let tensors = write_model(&files.join("model.zt"));
-    let srv = Server::range(&py, &files);
-    let cache = m.scratch_path("cache");
     mount_remote(&mut m, &srv.url("/model.zt"), &cache, &[]);
     if fault.starts_with("replace") {
         // Another object of the same size: a new ETag.
