@@ -29,20 +29,11 @@ const C5: &str = "5555555555555555555555555555555555555555";
 const TOKEN: &str = "hf_granted";
 
 fn python() -> PathBuf {
-    let py = std::env::var_os("ZT_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
-    let out = Command::new(&py)
-        .args(["-c", "import huggingface_hub, safetensors"])
-        .output()
-        .unwrap_or_else(|e| panic!("{}: {e} (scripts/setup.sh --test makes it)", py.display()));
-    assert!(
-        out.status.success(),
-        "{} lacks huggingface_hub or safetensors (scripts/setup.sh --test): {}",
-        py.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    py
+    let py = support::python::Python::from_env();
+    if let Err(why) = py.probe("import huggingface_hub, safetensors") {
+        panic!("{why} (scripts/setup.sh --test makes it)");
+    }
+    py.exe().to_path_buf()
 }
 
 /// What most tests start from, in the order it is dropped back: the

@@ -24,23 +24,13 @@ use ztensor_mount::formats::zt_v01::DType;
 use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
 
 fn python() -> Option<PathBuf> {
-    let py = std::env::var_os("ZT_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
-    let check = Command::new(&py)
-        .args(["-c", "import moto, boto3, flask"])
-        .output()
-        .map_err(|e| format!("{}: {e}", py.display()))
-        .and_then(|o| {
-            o.status.success().then_some(()).ok_or_else(|| {
-                format!(
-                    "{} lacks moto[server]: {}",
-                    py.display(),
-                    String::from_utf8_lossy(&o.stderr).trim()
-                )
-            })
-        });
-    require("python with moto[server] (set ZT_PYTHON)", check).then_some(py)
+    support::python::Python::from_env()
+        .require(
+            "python with moto[server] (set ZT_PYTHON)",
+            "import moto, boto3, flask",
+            |_| Ok(()),
+        )
+        .map(|py| py.exe().to_path_buf())
 }
 
 /// A server process of the test's own, killed (and reaped) on drop.
