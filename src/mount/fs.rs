@@ -628,28 +628,25 @@ impl TensorFs {
     /// of their bytes take work to make. (Asked at every open: no segments
     /// built, no header copied.)
     fn worth_filling(&self, c: &Content) -> bool {
-        match c {
-            Content::Part { tensor, part } => self.needs_work(*tensor, *part),
-            Content::Npy { tensor } => self.needs_work(*tensor, 0),
-            Content::Safetensors => self
-                .safetensors
-                .as_ref()
-                .is_some_and(|l| l.entries.iter().any(|e| self.needs_work(e.tensor, 0))),
-            _ => false,
-        }
+        self.any_part(c, |t, p| self.needs_work(t, p))
     }
 
     /// Whether some bytes of files of content `c` come from a remote
     /// object (fetched, not only read).
     fn fetched(&self, c: &Content) -> bool {
-        let remote = |tensor: usize, part: usize| self.fetched_part(tensor, part);
+        self.any_part(c, |t, p| self.fetched_part(t, p))
+    }
+
+    /// Whether `pred` holds for a tensor part (tensor, part) that files of
+    /// content `c` show; false for generated files.
+    fn any_part(&self, c: &Content, pred: impl Fn(usize, usize) -> bool) -> bool {
         match c {
-            Content::Part { tensor, part } => remote(*tensor, *part),
-            Content::Npy { tensor } => remote(*tensor, 0),
+            Content::Part { tensor, part } => pred(*tensor, *part),
+            Content::Npy { tensor } => pred(*tensor, 0),
             Content::Safetensors => self
                 .safetensors
                 .as_ref()
-                .is_some_and(|l| l.entries.iter().any(|e| remote(e.tensor, 0))),
+                .is_some_and(|l| l.entries.iter().any(|e| pred(e.tensor, 0))),
             _ => false,
         }
     }
