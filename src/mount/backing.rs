@@ -20,7 +20,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use super::data::Data;
 use super::lock;
@@ -31,6 +31,10 @@ use super::tree::Content;
 /// frame as `pack --zstd` writes them, so a read is one cache unit's slice,
 /// handed over without a copy.
 const CHUNK: u64 = 1 << 20;
+
+/// The longest an open waits for a backing file that is only being
+/// published (see [`Backings::ready_or_wait`]).
+const PUBLISH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
 pub struct BackingOptions {
@@ -126,7 +130,9 @@ enum Slot {
     Writing(Arc<Partial>),
     /// Being filled; opens meanwhile are served by the daemon, from what
     /// the reads of the served opens before wrote (the partial, sealed) and
-    /// otherwise from the data layer.
+    /// otherwise from the data layer, except when those reads wrote all of
+    /// it: then opens wait the moment it takes to publish it (see
+    /// [`Backings::ready_or_wait`]).
     Filling(Option<Arc<Partial>>),
     Ready(Arc<Backing>),
 }
@@ -157,6 +163,13 @@ impl Partial {
         v.resize((end - at) as usize, 0);
         self.file.read_exact_at(&mut v, at).ok()?;
         Some(v)
+    }
+
+    /// Whether it is sealed with every byte written: nothing is left to
+    /// fill, and it is published as soon as the filler's thread gets to it.
+    fn whole(&self) -> bool {
+        let w = lock(&self.written);
+        w.sealed && !w.failed && w.covers(0, self.len)
     }
 
     /// Writes `bytes`, served at `at`: the written range they are in now,
@@ -264,7 +277,8 @@ struct Queue {
 /// serving those reads, passthrough opens never read it, and the kernel
 /// would otherwise drop it inside the next open (10 ms for 64 MiB, on the
 /// reader's clock).
-pub type Filled = Arc<std::sync::OnceLock<Box<dyn Fn(u64) + Send + Sync>>>;
+/// Its arguments: the inode, and the file's length.
+pub type Filled = Arc<std::sync::OnceLock<Box<dyn Fn(u64, u64) + Send + Sync>>>;
 
 pub struct Backings {
     opts: BackingOptions,
@@ -276,6 +290,8 @@ pub struct Backings {
     /// `--cache-dir`'s block size, which a cloned range must start on.
     block: std::sync::OnceLock<u64>,
     inner: Mutex<Inner>,
+    /// Notified when a slot becomes ready or is forgotten.
+    published: Condvar,
     clock: AtomicU64,
     stats: Arc<Stats>,
 }
@@ -297,6 +313,7 @@ impl Backings {
             no_clones: std::sync::atomic::AtomicBool::new(false),
             block: std::sync::OnceLock::new(),
             inner: Mutex::default(),
+            published: Condvar::new(),
             clock: AtomicU64::new(0),
             stats,
         }
@@ -397,6 +414,76 @@ impl Backings {
         }
     }
 
+    /// Like [`Self::ready`], but when the reads of the last served opens
+    /// wrote every byte of it and only its publication is pending (the
+    /// kernel dropping the inode's page cache, see [`Filled`]), waits for
+    /// that, at most [`PUBLISH_WAIT`]: an open served meanwhile would fill
+    /// that page cache again (a model loaded twice in a row, by `mmap`),
+    /// and the next passthrough open would wait for its drop instead.
+    pub fn ready_or_wait(&self, key: &Content) -> Option<Arc<Backing>> {
+        let deadline = std::time::Instant::now() + PUBLISH_WAIT;
+        let mut inner = lock(&self.inner);
+        loop {
+            match inner.slots.get(key) {
+                Some(Slot::Ready(b)) => return Some(b.clone()),
+                Some(Slot::Filling(Some(p))) if p.whole() => {}
+                _ => return None,
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            inner = self
+                .published
+                .wait_timeout(inner, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Fills a backing file for content `key` (`len` bytes of `segments`)
+    /// on this thread and every core, for an open that waits for it, and
+    /// returns it; or waits for the fill another open or the filler's
+    /// thread has under way. `None` (the open is served by the daemon) when
+    /// reads of served opens are writing one, there is no room, or the fill
+    /// fails (logged by the data layer).
+    pub fn fill_now(
+        &self,
+        key: &Content,
+        len: u64,
+        data: &Data,
+        segments: &[Segment],
+    ) -> Option<Arc<Backing>> {
+        {
+            let mut inner = lock(&self.inner);
+            loop {
+                match inner.slots.get(key) {
+                    Some(Slot::Ready(b)) => return Some(b.clone()),
+                    Some(Slot::Filling(None)) => {
+                        inner = self
+                            .published
+                            .wait(inner)
+                            .unwrap_or_else(|e| e.into_inner());
+                    }
+                    Some(_) => return None,
+                    None => break,
+                }
+            }
+        }
+        let file = self.reserve(key, len)?;
+        let t0 = std::time::Instant::now();
+        if let Err(why) = write_all(&file, len, data, segments, &Written::default()) {
+            log::debug!("{key:?} stays served by the daemon: {why}");
+            self.forget(key, len);
+            return None;
+        }
+        log::debug!(
+            "{key:?}: backing file of {len} bytes filled at open in {:?}",
+            t0.elapsed()
+        );
+        Some(self.publish(key.clone(), file, len))
+    }
+
     /// At a served open of a file of content `key` (`len` bytes) whose
     /// bytes take work: a backing file its reads write through to (see
     /// [`Partial`]), made now unless one is there already, being filled,
@@ -466,7 +553,8 @@ impl Backings {
             },
             None => return,
         };
-        self.queue(Job {
+        let whole = skip.covers(0, len);
+        let job = Job {
             key: key.clone(),
             asked_by,
             file,
@@ -474,7 +562,8 @@ impl Backings {
             data: data.clone(),
             segments,
             skip,
-        });
+        };
+        self.queue(job, whole);
     }
 
     /// Room and an empty file of `len` bytes for `key`, whose slot it takes
@@ -517,10 +606,16 @@ impl Backings {
         }
     }
 
-    fn queue(self: &Arc<Self>, job: Job) {
+    /// Queues `job`, before the others when it is `urgent` (nothing left
+    /// to write, an open may be waiting for it).
+    fn queue(self: &Arc<Self>, job: Job, urgent: bool) {
         let (key, len) = (job.key.clone(), job.len);
         let mut queue = lock(&self.queue);
-        queue.jobs.push_back(job);
+        if urgent {
+            queue.jobs.push_front(job);
+        } else {
+            queue.jobs.push_back(job);
+        }
         if !queue.running {
             let me = self.clone();
             let spawned = std::thread::Builder::new()
@@ -530,7 +625,7 @@ impl Backings {
                 Ok(_) => queue.running = true,
                 Err(e) => {
                     log::warn!("cannot start a backing file's filler: {e}");
-                    queue.jobs.pop_back();
+                    queue.jobs.clear();
                     drop(queue);
                     self.forget(&key, len);
                 }
@@ -600,6 +695,7 @@ impl Backings {
         let mut inner = lock(&self.inner);
         inner.slots.remove(key);
         inner.filled -= len;
+        self.published.notify_all();
     }
 
     /// An open now served from `b`. The first open of a source's bytes
@@ -645,16 +741,32 @@ impl Backings {
             segments,
             skip,
         } = job;
-        if let Err(why) = write_all(&file, len, &data, &segments, &skip) {
-            log::debug!("{key:?} stays served by the daemon: {why}");
-            self.forget(&key, len);
-            return;
+        let t0 = std::time::Instant::now();
+        let wrote = match write_all(&file, len, &data, &segments, &skip) {
+            Ok(n) => n,
+            Err(why) => {
+                log::debug!("{key:?} stays served by the daemon: {why}");
+                self.forget(&key, len);
+                return;
+            }
+        };
+        let t1 = std::time::Instant::now();
+        if let Some(hook) = self.filled_hook.get() {
+            hook(asked_by, len);
         }
+        log::debug!(
+            "{key:?}: backing file of {len} bytes: {wrote} written by the filler in {:?}, \
+             the inode's page cache dropped in {:?}",
+            t1 - t0,
+            t1.elapsed()
+        );
+        self.publish(key, file, len);
+    }
+
+    /// Makes `file`, complete, the backing of files of content `key`.
+    fn publish(&self, key: Content, file: File, len: u64) -> Arc<Backing> {
         Stats::add(&self.stats.backing_files, 1);
         Stats::add(&self.stats.backing_bytes, len);
-        if let Some(hook) = self.filled_hook.get() {
-            hook(asked_by);
-        }
         let b = Arc::new(Backing {
             file,
             len,
@@ -662,7 +774,9 @@ impl Backings {
             opens: AtomicUsize::new(0),
             used: AtomicU64::new(self.clock.fetch_add(1, Relaxed)),
         });
-        lock(&self.inner).slots.insert(key, Slot::Ready(b));
+        lock(&self.inner).slots.insert(key, Slot::Ready(b.clone()));
+        self.published.notify_all();
+        b
     }
 }
 
@@ -765,14 +879,15 @@ struct Piece {
 }
 
 /// Writes `segments` into `file` (sized) in order, but for what `skip`
-/// says is there; parts in [`CHUNK`]s taken by one worker per core.
+/// says is there; parts in [`CHUNK`]s taken by one worker per core. The
+/// bytes of parts it wrote.
 fn write_all(
     file: &File,
     len: u64,
     data: &Data,
     segments: &[Segment],
     skip: &Written,
-) -> Result<(), String> {
+) -> Result<u64, String> {
     let io = |e: std::io::Error| format!("cannot write a backing file: {e}");
     let mut pieces = Vec::new();
     let mut to = 0u64;
@@ -842,7 +957,7 @@ fn write_all(
     });
     match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
         Some(why) => Err(why),
-        None => Ok(()),
+        None => Ok(pieces.iter().map(|p| p.len).sum()),
     }
 }
 
