@@ -206,46 +206,6 @@ fn a_decoded_tensor_is_passed_through_once_its_backing_file_is_filled() {
 }
 
 #[test]
-fn the_safetensors_view_of_decoded_tensors_is_filled_at_its_first_open_and_read_by_the_kernel() {
-    let _s = support::serial();
-    let Some(mut m) = Mount::scratch() else {
-        return;
-    };
-    let src = m.scratch_path("z.zt");
-    let tensors = write_zstd(&src, &["a", "b"], 1 << 20);
-    m.mount(&src, &[]);
-    let frames = (2 * (4 << 20)) >> 20;
-    let view = m.read(".safetensors/model.safetensors");
-    // Every tensor's bytes where the header says, each frame decoded once.
-    let hlen = u64::from_le_bytes(view[..8].try_into().unwrap()) as usize;
-    let header: serde_json::Value = serde_json::from_slice(&view[8..8 + hlen]).unwrap();
-    for (name, bytes) in &tensors {
-        let at = &header[name]["data_offsets"];
-        let (a, b) = (
-            at[0].as_u64().unwrap() as usize,
-            at[1].as_u64().unwrap() as usize,
-        );
-        assert!(view[8 + hlen + a..8 + hlen + b] == bytes[..], "{name}");
-    }
-    assert_eq!(m.stat_u64("decompressions"), frames, "{}", m.stats());
-    // Its first open waited for the file: the daemon served no read of it.
-    assert_eq!(m.stat_u64("fuse_opens"), 0, "{}", m.stats());
-    assert_eq!(m.stat_u64("passthrough_opens"), 1, "{}", m.stats());
-    assert_eq!(m.stat_u64("backing_files"), 1);
-    assert_eq!(m.stat_u64("backing_bytes_now"), view.len() as u64);
-    // mmap, as safetensors' loaders read it.
-    let f = std::fs::File::open(m.path(".safetensors/model.safetensors")).unwrap();
-    // SAFETY: the mount is read-only; nothing writes the file while mapped.
-    let map = unsafe { memmap2::Mmap::map(&f).unwrap() };
-    assert!(map[..] == view[..]);
-    drop(map);
-    drop(f);
-    assert_eq!(m.stat_u64("fuse_opens"), 0, "{}", m.stats());
-    assert_eq!(m.stat_u64("decompressions"), frames);
-    m.unmount_ok();
-}
-
-#[test]
 fn opens_while_a_backing_file_fills_get_the_same_bytes() {
     let _s = support::serial();
     let Some(mut m) = Mount::scratch() else {

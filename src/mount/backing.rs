@@ -441,49 +441,6 @@ impl Backings {
         }
     }
 
-    /// Fills a backing file for content `key` (`len` bytes of `segments`)
-    /// on this thread and every core, for an open that waits for it, and
-    /// returns it; or waits for the fill another open or the filler's
-    /// thread has under way. `None` (the open is served by the daemon) when
-    /// reads of served opens are writing one, there is no room, or the fill
-    /// fails (logged by the data layer).
-    pub fn fill_now(
-        &self,
-        key: &Content,
-        len: u64,
-        data: &Data,
-        segments: &[Segment],
-    ) -> Option<Arc<Backing>> {
-        {
-            let mut inner = lock(&self.inner);
-            loop {
-                match inner.slots.get(key) {
-                    Some(Slot::Ready(b)) => return Some(b.clone()),
-                    Some(Slot::Filling(None)) => {
-                        inner = self
-                            .published
-                            .wait(inner)
-                            .unwrap_or_else(|e| e.into_inner());
-                    }
-                    Some(_) => return None,
-                    None => break,
-                }
-            }
-        }
-        let file = self.reserve(key, len)?;
-        let t0 = std::time::Instant::now();
-        if let Err(why) = write_all(&file, len, data, segments, &Written::default()) {
-            log::debug!("{key:?} stays served by the daemon: {why}");
-            self.forget(key, len);
-            return None;
-        }
-        log::debug!(
-            "{key:?}: backing file of {len} bytes filled at open in {:?}",
-            t0.elapsed()
-        );
-        Some(self.publish(key.clone(), file, len))
-    }
-
     /// At a served open of a file of content `key` (`len` bytes) whose
     /// bytes take work: a backing file its reads write through to (see
     /// [`Partial`]), made now unless one is there already, being filled,
@@ -764,7 +721,7 @@ impl Backings {
     }
 
     /// Makes `file`, complete, the backing of files of content `key`.
-    fn publish(&self, key: Content, file: File, len: u64) -> Arc<Backing> {
+    fn publish(&self, key: Content, file: File, len: u64) {
         Stats::add(&self.stats.backing_files, 1);
         Stats::add(&self.stats.backing_bytes, len);
         let b = Arc::new(Backing {
@@ -774,9 +731,8 @@ impl Backings {
             opens: AtomicUsize::new(0),
             used: AtomicU64::new(self.clock.fetch_add(1, Relaxed)),
         });
-        lock(&self.inner).slots.insert(key, Slot::Ready(b.clone()));
+        lock(&self.inner).slots.insert(key, Slot::Ready(b));
         self.published.notify_all();
-        b
     }
 }
 

@@ -530,10 +530,7 @@ impl TensorFs {
             NodeKind::File(
                 c @ (Content::Part { .. } | Content::Npy { .. } | Content::Safetensors),
             ) => {
-                let backing = match self.backing(c)? {
-                    None => self.fill_at_open(ino, c),
-                    b => b,
-                };
+                let backing = self.backing(c)?;
                 let mut opens = super::lock(&self.opens);
                 let mut open = OpenFile {
                     ino,
@@ -625,31 +622,6 @@ impl TensorFs {
             return self.cloned_backing(c, *tensor, *part);
         }
         Ok(self.backings.ready_or_wait(c))
-    }
-
-    /// A backing file for the `model.safetensors` view of decoded tensors,
-    /// filled now, at its first open, on every core: its loaders read all
-    /// of it, and a first load served by the daemon would leave the
-    /// kernel's page cache of the view full (they `mmap` it) for the next
-    /// open to drop, 0.4 s for 3 GiB. Not for fetched bytes (an open would
-    /// wait for the download of the whole model), nor once the daemon has
-    /// served some of the file (see [`Self::maybe_fill`]).
-    fn fill_at_open(&self, ino: Ino, c: &Content) -> Option<Arc<Backing>> {
-        if *c != Content::Safetensors || !self.passthrough() || !self.worth_filling(c) {
-            return None;
-        }
-        if self.fetched(c) {
-            return None;
-        }
-        {
-            let opens = super::lock(&self.opens);
-            if opens.served.contains_key(&ino) || opens.served_bytes.contains_key(&ino) {
-                return None;
-            }
-        }
-        let len = self.size_of(ino, c);
-        self.backings
-            .fill_now(c, len, &self.data, &self.segments(c))
     }
 
     /// Whether files of content `c` are worth a filled backing file: some
