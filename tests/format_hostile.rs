@@ -299,10 +299,10 @@ fn want(what: &str) -> Want {
     match what {
         // safetensors
         "header length past the end" => Refused("truncated safetensors file"),
-        "header length u64::MAX" => Refused("no other format's magic found"),
+        "header length u64::MAX" => Refused("no format's magic or header found"),
         "header JSON broken" => Refused("header is not a JSON object"),
         "header deeply nested" => Refused("recursion limit exceeded"),
-        "header not an object" => Refused("no other format's magic found"),
+        "header not an object" => Refused("no format's magic or header found"),
         "offsets outside the data" => {
             Refused("data_offsets [0,1000] are not [begin, end] within the 8 bytes of data")
         }
@@ -911,7 +911,7 @@ fn a_safetensors_header_over_index_memory_names_the_option() {
 #[test]
 fn an_unknown_file_says_what_its_bytes_look_like() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[u8], &str); 6] = [
+    let cases: [(&[u8], &str); 8] = [
         (b"", "the file is empty"),
         (
             b"hello world, this is text\n",
@@ -930,6 +930,16 @@ fn an_unknown_file_says_what_its_bytes_look_like() {
             "its first bytes are ff ff ff ff ff ff ff ff 7b 7d",
         ),
         (b"ab", "it starts with text: \"ab\""),
+        (
+            b"\n<!DOCTYPE html><html><head><title>401",
+            "it is an HTML page, not tensor data (an error or login page saved in place of the \
+             file?): \"\\n<!DOCTYPE html>\"...",
+        ),
+        (
+            b"ZTEN0009\0\0\0\0",
+            "it starts like a zTensor file, but \"ZTEN0009\" is no version this build reads \
+             (\"ZTEN0001\": v0.1, \"ZTEN1000\": v1; v2 starts with \"\\x89ZT2\")",
+        ),
     ];
     for (i, (bytes, says)) in cases.iter().enumerate() {
         let path = dir.path().join(format!("unknown-{i}"));
@@ -938,7 +948,7 @@ fn an_unknown_file_says_what_its_bytes_look_like() {
         let line = e.to_string();
         assert!(
             line.starts_with(&path.display().to_string())
-                && line.contains("no other format's magic found; ")
+                && line.contains("no format's magic or header found; ")
                 && line.ends_with(says)
                 && !line.contains('\n'),
             "{line}"

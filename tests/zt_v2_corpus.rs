@@ -168,9 +168,9 @@ const REASONS: &[(&str, &str)] = &[
         "f4-nonzero-odd-nibble",
         "the unused high nibble of the last byte of packed 4-bit elements is not zero",
     ),
-    ("file-too-small", "no other format's magic found"),
+    ("file-too-small", "no format's magic or header found"),
     ("footer-magic", "rejected (FooterMagic): bad footer magic"),
-    ("header-magic", "no other format's magic found"),
+    ("header-magic", "no format's magic or header found"),
     (
         "manifest-hash-mismatch",
         "rejected (ManifestHash): manifest hash mismatch",

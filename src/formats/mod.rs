@@ -259,12 +259,19 @@ fn read_source(src: MappedFile, limits: Limits) -> Result<Opened> {
             src.label(),
             None,
             format!(
-                "not a file of a format this version reads ({READS}): magic \"ZTEN0001\" \
-                 missing, and no other format's magic found; {}",
+                "not a file of a format this version reads ({READS}): no format's magic or \
+                 header found; {}",
                 looks_like(src.bytes())
             ),
         )),
     }
+}
+
+/// Whether `head` opens an HTML page (`<!DOCTYPE html` or `<html`, any
+/// case, after white space).
+fn looks_like_html(head: &[u8]) -> bool {
+    let t = head.trim_ascii_start().to_ascii_lowercase();
+    t.starts_with(b"<!doctype html") || t.starts_with(b"<html")
 }
 
 /// What a file of no known format looks like, from its first bytes.
@@ -287,6 +294,20 @@ fn looks_like(bytes: &[u8]) -> String {
     }
     if let Some((_, what)) = known.iter().find(|(m, _)| bytes.starts_with(m)) {
         return format!("it looks like {what}");
+    }
+    if bytes.starts_with(b"ZTEN") {
+        let magic = String::from_utf8_lossy(&bytes[..bytes.len().min(8)]);
+        return format!(
+            "it starts like a zTensor file, but {magic:?} is no version this build reads \
+             (\"ZTEN0001\": v0.1, \"ZTEN1000\": v1; v2 starts with \"\\x89ZT2\")"
+        );
+    }
+    if looks_like_html(head) {
+        return format!(
+            "it is an HTML page, not tensor data (an error or login page saved in place of \
+             the file?): {:?}{more}",
+            String::from_utf8_lossy(head)
+        );
     }
     match std::str::from_utf8(head) {
         Ok(t)

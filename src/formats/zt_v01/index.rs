@@ -79,9 +79,16 @@ pub fn parse(bytes: &[u8], file: &str, memory_limit: u64) -> Result<Index> {
     let err = |kind, msg: String| Error::new(kind, file, None, msg);
     let len = bytes.len() as u64;
     if bytes.len() < 8 || &bytes[..8] != MAGIC {
+        let found = match bytes.len() {
+            0 => "the file is empty".to_string(),
+            n => format!(
+                "it starts with {:?}",
+                String::from_utf8_lossy(&bytes[..n.min(8)])
+            ),
+        };
         return Err(err(
             ErrorKind::NotZtensor,
-            "not a zTensor v0.1 file (magic \"ZTEN0001\" missing)".into(),
+            format!("not a zTensor v0.1 file (magic \"ZTEN0001\" missing; {found})"),
         ));
     }
     if len < 16 {
