@@ -17,7 +17,12 @@ use clap::{Parser, Subcommand};
 
 use crate::catalog::Algorithm;
 
-/// Mount a zTensor file as a read-only directory of tensors.
+/// Mount a file of tensors as a read-only directory: each tensor a file of
+/// its little-endian bytes, with .npy, zarr and safetensors views.
+///
+/// Reads zTensor v0.1, v1 and v2, safetensors (and sharded sets), GGUF
+/// (and split files), deathtensors (and sharded sets), npz, PyTorch .pt,
+/// ONNX and HDF5, from a local path or a URL.
 #[derive(Parser, Debug)]
 #[command(
     name = "ztensor-mount",
@@ -410,6 +415,19 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<MountCli, clap::Error> {
         MountCli::try_parse_from(std::iter::once("ztensor-mount").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn help_names_every_format_the_program_reads() {
+        use clap::CommandFactory;
+        let help = MountCli::command().render_long_help().to_string();
+        let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        for format in crate::formats::READS.split(", ") {
+            assert!(
+                help.contains(format),
+                "--help does not name {format:?}: {help}"
+            );
+        }
     }
 
     #[test]
