@@ -821,6 +821,62 @@ dt.save(out + "/model.deathtensors",
     }
 }
 
+/// The `model.safetensors` view of a remote safetensors file is that file:
+/// the daemon serves it (fetching) until its cache file holds every block,
+/// then the kernel reads it from the cache file, in this mount and the
+/// next one, with no copy beside it.
+#[test]
+fn the_view_of_a_remote_safetensors_file_is_its_cache_file_once_whole() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let files = m.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    let script = r#"
+import sys, numpy as np, safetensors.numpy as st
+rng = np.random.default_rng(3)
+st.save_file({"w": rng.standard_normal((6000, 1000)).astype("<f4"),
+              "b": np.arange(9, dtype="<i8")}, sys.argv[1] + "/model.safetensors",
+             metadata={"k": "v"})
+"#;
+    let out = Command::new(&py)
+        .args(["-c", script])
+        .arg(&files)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want = std::fs::read(files.join("model.safetensors")).unwrap();
+    let srv = Server::range(&py, &files);
+    let cache = m.scratch_path("cache");
+    let url = srv.url("/model.safetensors");
+    let view = ".safetensors/model.safetensors";
+    let no_read_ahead = ["-o", "remote_read_ahead=0"];
+    mount_remote(&mut m, &url, &cache, &no_read_ahead);
+    // Cold: the daemon serves it, fetching; no copy is written beside it.
+    assert!(m.read(view) == want, "first read");
+    assert_eq!(m.stat_u64("passthrough_opens"), 0, "{}", m.stats());
+    let served = m.stat_u64("bytes_served");
+    assert!(served >= want.len() as u64 - 4096, "{}", m.stats());
+    // Whole now: the kernel reads the cache file.
+    assert!(m.read(view) == want, "second read");
+    assert_eq!(m.stat_u64("passthrough_opens"), 1, "{}", m.stats());
+    assert_eq!(m.stat_u64("bytes_served"), served, "{}", m.stats());
+    assert_eq!(m.stat_u64("backing_files"), 0, "{}", m.stats());
+    m.unmount_ok();
+    // The next mount with the same cache: read by the kernel from the
+    // first open, nothing fetched.
+    mount_remote(&mut m, &url, &cache, &no_read_ahead);
+    assert!(m.read(view) == want, "after remount");
+    assert_eq!(m.stat_u64("passthrough_opens"), 1, "{}", m.stats());
+    assert_eq!(m.stat_u64("bytes_served"), 0, "{}", m.stats());
+    assert_eq!(m.stat_u64("remote_fetched_bytes"), 0, "{}", m.stats());
+    m.unmount_ok();
+}
+
 /// Writes `tests/python/write_remote_formats.py`'s files into `dir`.
 fn write_remote_formats(py: &Path, dir: &Path) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/write_remote_formats.py");

@@ -214,6 +214,21 @@ impl Data {
         (!s.file.is_remote()).then_some(&*s.file)
     }
 
+    /// Source `i`, when every byte of it is in its file now: a local file,
+    /// or a remote object whose cache file holds all of it (blocks there
+    /// are never written again, and the object is not known to have
+    /// changed).
+    pub fn whole_file(&self, i: usize) -> Option<&MappedFile> {
+        let s = self.files.get(i)?.as_ref()?;
+        match s.file.backing() {
+            None => Some(&*s.file),
+            Some(b) => {
+                let whole = b.broken().is_none() && b.present(0, s.file.len()) == s.file.len();
+                whole.then_some(&*s.file)
+            }
+        }
+    }
+
     /// Whether part `pi` of tensor `ti` may be read straight from its
     /// source now: its source is unchanged since mount and every check a
     /// read of it would make has passed (a failure is logged as a read's).

@@ -148,13 +148,18 @@ fn safetensors_layout(
             views::SAFETENSORS_FILE
         );
     }
+    // The header is compared with the file's own (a remote object's is
+    // in its cache file since the index was read).
+    let read_at = |f: &MappedFile, buf: &mut [u8], at: u64| {
+        f.ensure(at, buf.len() as u64)
+            .map_err(std::io::Error::other)?;
+        f.file().read_exact_at(buf, at)
+    };
     Ok(match files.first() {
-        Some(Some(f)) if !f.is_remote() => {
-            match l.identical(catalog, f.len(), |buf, at| f.file().read_exact_at(buf, at)) {
-                Ok(l) => (l, true),
-                Err(l) => (l, false),
-            }
-        }
+        Some(Some(f)) => match l.identical(catalog, f.len(), |buf, at| read_at(f, buf, at)) {
+            Ok(l) => (l, true),
+            Err(l) => (l, false),
+        },
         _ => (l, false),
     })
 }
@@ -614,7 +619,7 @@ impl TensorFs {
             return Ok(None);
         }
         if *c == Content::Safetensors && self.safetensors_is_source {
-            return self.source_backing(c).map(Some);
+            return self.source_backing(c);
         }
         if let Content::Part { tensor, part } = c
             && !self.needs_work(*tensor, *part)
@@ -628,6 +633,10 @@ impl TensorFs {
     /// of their bytes take work to make. (Asked at every open: no segments
     /// built, no header copied.)
     fn worth_filling(&self, c: &Content) -> bool {
+        // The view that is its source is backed by the source itself.
+        if *c == Content::Safetensors && self.safetensors_is_source {
+            return false;
+        }
         self.any_part(c, |t, p| self.needs_work(t, p))
     }
 
@@ -695,18 +704,22 @@ impl TensorFs {
     }
 
     /// The source file as the backing of the `model.safetensors` view,
-    /// after the checks a read of every tensor in it would make.
-    fn source_backing(&self, c: &Content) -> Result<Arc<Backing>, Errno> {
+    /// after the checks a read of every tensor in it would make; `None`
+    /// while it is a remote object whose cache file lacks some of it (the
+    /// daemon serves the view, fetching, until every block is there).
+    fn source_backing(&self, c: &Content) -> Result<Option<Arc<Backing>>, Errno> {
         let l = self.safetensors.as_ref().ok_or(libc::EIO)?;
+        let Some(f) = self.data.whole_file(0) else {
+            return Ok(None);
+        };
         for e in &l.entries {
             self.data.check_raw(e.tensor, 0).map_err(|_| libc::EIO)?;
         }
-        let f = self.data.local_file(0).ok_or(libc::EIO)?;
         let file = f.file().try_clone().map_err(|e| {
             log::error!("{}: cannot hand the file to the kernel: {e}", f.label());
             libc::EIO
         })?;
-        Ok(self.backings.source(c, file, l.size))
+        Ok(Some(self.backings.source(c, file, l.size)))
     }
 
     /// A raw tensor's file backed by a clone of its range of the source,
