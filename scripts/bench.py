@@ -1327,7 +1327,9 @@ class Bench:
         evicted) against dd of the .zt from disk; the daemon's peak RSS.
         The first read and curl are timed again with the server answering
         each request LATENCY_MS late, as an object store's time to first
-        byte does."""
+        byte does. And the model's safetensors file over HTTP, its cache
+        file complete: dd of its .safetensors view after a remount, the
+        cache file's pages evicted, against dd of the file evicted."""
         f = self.files
         t = f.tensor(f.raw, "w")
         off, n = t["offset"], t["nbytes"]
@@ -1341,6 +1343,13 @@ class Bench:
         link = served / "raw.zt"
         link.unlink(missing_ok=True)
         os.link(f.raw, link)
+        st_file = f.model()["safetensors (save_file)"]
+        st_link = served / "model.safetensors"
+        st_link.unlink(missing_ok=True)
+        os.link(st_file, st_link)
+        st_size = st_file.stat().st_size
+        st_cache = self.work / "remote-cache-st"
+        view_second, view_disk = [], []
         cache = self.work / "remote-cache"
         # The blocks the mount fetches for the tensor: those covering it.
         ranges = [(a, min(a + block, size)) for a in range(off // block * block, off + n, block)]
@@ -1378,6 +1387,24 @@ class Bench:
                     if len(got) != 4096:
                         raise BenchError("short read in the remote ttfb test")
                 curl_small.append(curl_ranges(url, [(off + mid, off + mid + 4096)], 1))
+            # The safetensors file fetched whole once, then its view read
+            # after each remount from the cache file on disk.
+            st_url = f"http://127.0.0.1:{port}/model.safetensors"
+            shutil.rmtree(st_cache, ignore_errors=True)
+            st_cache.mkdir()
+            st_opts = ["--cache-dir", st_cache, "-o", f"block_size={block // MiB}M"]
+            view = Path(".safetensors") / "model.safetensors"
+            with self.mounter.mount(st_url, st_opts, tag="remote-st") as m:
+                dd(m.mp / view, 0, st_size)
+            for _ in range(self.runs):
+                drop_file_pages(*st_cache.rglob("*.data"))
+                with self.mounter.mount(st_url, st_opts, tag="remote-st") as m:
+                    view_second.append(dd(m.mp / view, 0, st_size))
+                    opens = m.stats().get("passthrough_opens", 0)
+                drop_file_pages(st_file)
+                view_disk.append(dd(st_file, 0, st_size))
+            self.note(f"remote: safetensors view after remount, {opens} passthrough open(s)")
+        shutil.rmtree(st_cache, ignore_errors=True)
         slow_cold, slow_curl = [], []
         with range_server(served, REMOTE_LATENCY_MS) as port:
             url = f"http://127.0.0.1:{port}/raw.zt"
@@ -1403,6 +1430,10 @@ class Bench:
                             "dd of the .zt range, its pages evicted")
         self.row("remote daemon peak RSS over the cold read", median(rss) / MiB, None, None,
                  "-", None, "MiB", dict(bytes=rss))
+        self.throughput_row(f"remote .safetensors view of a {st_size / GiB:.2g} GiB safetensors "
+                            "file, cache complete: read after a remount, the cache file's "
+                            "pages evicted", st_size, view_second, view_disk, 0.8,
+                            "dd of the file, its pages evicted")
 
     def section_hub(self):
         """raw.zt's tensor as hf://bench/raw/raw.zt from the stand-in Hub,
