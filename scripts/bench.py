@@ -260,7 +260,9 @@ class Files:
         self.zsingle = work / "zstd_single.zt"  # f32, bf16: one frame each
         self.many = work / "many.zt"
         self.blobs = work / "blobs"
-        self.manifest = work / "manifest.json"
+        # A many-only run records its one file apart, so that it does not
+        # make the next full run think every file is stale.
+        self.manifest = work / ("manifest-many.json" if many_only else "manifest.json")
         # Files follow the writer: regenerate them when its source changes.
         writer = {p: subprocess.run(["git", "-C", ROOT, "hash-object", p], capture_output=True,
                                     text=True).stdout.strip()
@@ -305,13 +307,14 @@ class Files:
         if raw_src != big:
             write_normal_npy(raw_src, s["raw"] // 4, seed=1)
         log("packing raw.zt, raw_crc32c.zt, zstd_frames.zt, zstd_single.zt")
-        run([BIN, "pack", self.raw, f"w={raw_src}"], capture_output=True, text=True)
-        run([BIN, "pack", self.raw_crc, f"w={raw_src}", "--checksum", "crc32c"],
+        # --force: files of an older writer (or sizes) are there to replace.
+        run([BIN, "pack", self.raw, f"w={raw_src}", "--force"], capture_output=True, text=True)
+        run([BIN, "pack", self.raw_crc, f"w={raw_src}", "--checksum", "crc32c", "--force"],
             capture_output=True, text=True)
         run([BIN, "pack", self.zframes, f"f32={z}", f"bf16={bf}:bfloat16", f"big={big}",
-             "--zstd"], capture_output=True, text=True)
+             "--zstd", "--force"], capture_output=True, text=True)
         run([BIN, "pack", self.zsingle, f"f32={z}", f"bf16={bf}:bfloat16", "--zstd",
-             "--frame-size", "0"], capture_output=True, text=True)
+             "--frame-size", "0", "--force"], capture_output=True, text=True)
         log(f"writing {s['many']} small tensors with examples/bench_many")
         run([MANY_BIN, self.many, s["many"]], capture_output=True, text=True)
         shutil.rmtree(src)
@@ -1343,7 +1346,7 @@ class Bench:
         link = served / "raw.zt"
         link.unlink(missing_ok=True)
         os.link(f.raw, link)
-        st_file = f.model()["safetensors (save_file)"]
+        st_file = self.more.model()["safetensors (save_file)"]
         st_link = served / "model.safetensors"
         st_link.unlink(missing_ok=True)
         os.link(st_file, st_link)
@@ -2397,7 +2400,7 @@ class Bench:
                 "figures will be distorted")
         self.files = Files(self.work, self.sizes, self.args.regen, many_only=only == ["many"])
         # The writers' files only for the sections that read them.
-        if {"v2", "formats", "views", "model"} & set(only):
+        if {"v2", "formats", "views", "model", "remote"} & set(only):
             self.more = More(self.work, MORE_SIZES[self.mode], self.args.regen)
         self.files.warm()
         if not self.files.many_only:  # the many section mounts with defaults only
