@@ -443,7 +443,7 @@ fn two_cold_readers_of_one_block_make_one_request() {
 /// handed): its next open is the kernel's. One read in part fetches
 /// nothing more for a backing file, and keeps none.
 #[test]
-fn a_remote_tensor_read_whole_is_read_by_the_kernel_next_time() {
+fn a_decoded_remote_tensor_read_whole_is_read_by_the_kernel_next_time_a_raw_one_is_not_copied() {
     let _s = support::serial();
     let Some(py) = python() else { return };
     let Some(mut m) = scratch_mount() else { return };
@@ -454,35 +454,42 @@ fn a_remote_tensor_read_whole_is_read_by_the_kernel_next_time() {
         &cache,
         &["-o", "remote_read_ahead=0"],
     );
+    let settled = |m: &Mount| {
+        assert!(
+            wait_until(Duration::from_secs(20), || {
+                let s = m.stats();
+                s["backing_filling"] == 0 && s["open_files_served"] == 0
+            }),
+            "{}",
+            m.stats()
+        );
+    };
+    // A raw tensor is served from the object's cache file: no copy.
     assert!(m.read("embed") == tensors[0].1);
-    assert!(
-        wait_until(Duration::from_secs(20), || m.stat_u64("backing_files") == 1),
-        "{}",
-        m.stats()
-    );
-    let served = m.stat_u64("bytes_served");
-    assert!(m.read("embed") == tensors[0].1);
-    assert_eq!(m.stat_u64("bytes_served"), served, "{}", m.stats());
-    assert_eq!(m.stat_u64("passthrough_opens"), 1, "{}", m.stats());
-    // "tail", read in part (over half), then closed: nothing more is
-    // fetched to complete a backing file, and none is kept.
-    let n = tensors[5].1.len();
+    settled(&m);
+    assert_eq!(m.stat_u64("backing_files"), 0, "{}", m.stats());
+    // A zstd tensor read in part (over half), then closed: nothing more
+    // is fetched to complete a copy of its decoded bytes, and none is kept.
+    let packed = &tensors[3].1;
     let fetched = {
         use std::os::unix::fs::FileExt;
-        let f = std::fs::File::open(m.path("tail")).unwrap();
-        let mut head = vec![0u8; n * 3 / 4];
+        let f = std::fs::File::open(m.path("packed")).unwrap();
+        let mut head = vec![0u8; packed.len() * 3 / 4];
         f.read_exact_at(&mut head, 0).unwrap();
-        assert!(head == tensors[5].1[..head.len()]);
+        assert!(head == packed[..head.len()]);
         m.stat_u64("remote_fetched_bytes")
     };
-    assert!(
-        wait_until(Duration::from_secs(20), || m.stat_u64("backing_filling")
-            == 0),
-        "{}",
-        m.stats()
-    );
-    assert_eq!(m.stat_u64("backing_files"), 1, "{}", m.stats());
+    settled(&m);
+    assert_eq!(m.stat_u64("backing_files"), 0, "{}", m.stats());
     assert_eq!(m.stat_u64("remote_fetched_bytes"), fetched, "{}", m.stats());
+    // Read whole: its decoded bytes are kept, and read by the kernel.
+    assert!(m.read("packed") == *packed);
+    settled(&m);
+    assert_eq!(m.stat_u64("backing_files"), 1, "{}", m.stats());
+    let served = m.stat_u64("bytes_served");
+    assert!(m.read("packed") == *packed);
+    assert_eq!(m.stat_u64("bytes_served"), served, "{}", m.stats());
+    assert_eq!(m.stat_u64("passthrough_opens"), 1, "{}", m.stats());
     m.unmount_ok();
 }
 

@@ -761,12 +761,14 @@ impl TensorFs {
             return false;
         };
         let b = &self.data.catalog().blobs[p.blob];
+        // A raw range of a remote object is not: the daemon serves it from
+        // the object's cache file, where a remount finds it, and a copy of
+        // it made while a cold read is served would cost that read a
+        // quarter of its speed (the copies, not the requests, bound a
+        // fetch on loopback).
         !matches!(b.codec, Codec::Raw)
             || !matches!(p.map, crate::catalog::PartMap::Contiguous { .. })
             || (p.order == crate::catalog::Endian::Big && p.dtype.size() > 1)
-            // A remote object's bytes sit at an offset in its cache file,
-            // which the kernel cannot be handed: a copy of its own is.
-            || self.fetched_part(ti, pi)
     }
 
     /// Whether part `pi` of tensor `ti` is stored in a remote object.
