@@ -33,6 +33,21 @@ fn python() -> Option<PathBuf> {
         .map(|py| py.exe().to_path_buf())
 }
 
+/// Runs the Python `script` with `arg` as its argument; panics with its
+/// stderr if it fails.
+fn run_inline(py: &Path, script: &str, arg: &Path) {
+    let out = Command::new(py)
+        .args(["-c", script])
+        .arg(arg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A server process of the test's own, killed (and reaped) on drop.
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -810,16 +825,7 @@ dt.save(out + "/model.deathtensors",
         {"w": ("F32", [300, 700], rng.standard_normal(210000).astype("<f4").tobytes()),
          "m": ("BOOL", [3], bytes([1, 0, 1]))}, compress=True, checksum=True)
 "#;
-    let out = Command::new(&py)
-        .args(["-c", script])
-        .arg(&files)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_inline(&py, script, &files);
     let srv = Server::range(&py, &files);
     for name in ["model.safetensors", "model.deathtensors"] {
         if !same_as_local(&files.join(name), &srv.url(&format!("/{name}")), &[]) {
@@ -846,16 +852,7 @@ st.save_file({"w": rng.standard_normal((6000, 1000)).astype("<f4"),
               "b": np.arange(9, dtype="<i8")}, sys.argv[1] + "/model.safetensors",
              metadata={"k": "v"})
 "#;
-    let out = Command::new(&py)
-        .args(["-c", script])
-        .arg(&files)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_inline(&py, script, &files);
     let want = std::fs::read(files.join("model.safetensors")).unwrap();
     let srv = Server::range(&py, &files);
     let cache = m.scratch_path("cache");
