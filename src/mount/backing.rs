@@ -582,6 +582,7 @@ impl Backings {
                 Ok(_) => queue.running = true,
                 Err(e) => {
                     log::warn!("cannot start a backing file's filler: {e}");
+                    // No thread was running, so the queue held only this job.
                     queue.jobs.clear();
                     drop(queue);
                     self.forget(&key, len);

@@ -48,8 +48,8 @@ struct BackingIds {
 /// complete (see [`Filled`]), through the session's notifier. The call
 /// comes from the filler's thread, never from a request handler, so it
 /// cannot wait on a reply of its own. A large file is dropped in ranges,
-/// one thread per core: the kernel drops a page at a time, 0.1 s per GiB
-/// on one core, and an open may be waiting (`Backings::ready_or_wait`).
+/// one thread per core: the kernel drops a page at a time (0.15 s per GiB
+/// here), and an open may be waiting (`Backings::ready_or_wait`).
 pub fn drop_cache_when_filled(hook: &Filled, notifier: fuser::Notifier) {
     let _ = hook.set(Box::new(move |ino, len| {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
@@ -58,7 +58,12 @@ pub fn drop_cache_when_filled(hook: &Filled, notifier: fuser::Notifier) {
         std::thread::scope(|s| {
             for i in 0..ranges {
                 let notifier = &notifier;
-                s.spawn(move || drop_range(notifier, ino, i * step, step));
+                let range = move || drop_range(notifier, ino, i * step, step);
+                // No thread to spare: this one drops that range itself.
+                if let Err(e) = std::thread::Builder::new().spawn_scoped(s, range) {
+                    log::debug!("dropping a page cache on one thread: {e}");
+                    drop_range(notifier, ino, i * step, step);
+                }
             }
         });
     }));
