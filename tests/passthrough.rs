@@ -77,20 +77,6 @@ fn npy_data(npy: &[u8]) -> &[u8] {
     &npy[10 + hlen..]
 }
 
-/// Waits until no backing file is being filled and the daemon has heard
-/// of every close (the kernel says so after `close` returns; an inode
-/// with a handle the daemon serves is not passed through).
-fn settled(m: &Mount) {
-    assert!(
-        wait_until(Duration::from_secs(30), || {
-            let s = m.stats();
-            s["backing_filling"] == 0 && s["open_files_served"] == 0
-        }),
-        "backing files still filling: {}",
-        m.stats()
-    );
-}
-
 #[test]
 fn the_safetensors_view_of_a_safetensors_file_is_that_file_read_by_the_kernel() {
     let _s = support::serial();
@@ -175,7 +161,7 @@ fn a_decoded_tensor_is_passed_through_once_its_backing_file_is_filled() {
     let want = &tensors[0].1;
     // The first open is the daemon's, and starts the fill.
     assert_eq!(&m.read("z"), want);
-    settled(&m);
+    m.settled();
     assert_eq!(m.stat_u64("backing_files"), 1, "{}", m.stats());
     assert_eq!(m.stat_u64("backing_bytes_now"), want.len() as u64);
     // Unlinked: nothing in the directory, though it holds the bytes.
@@ -195,7 +181,7 @@ fn a_decoded_tensor_is_passed_through_once_its_backing_file_is_filled() {
     // The .npy view: a file of its own (header first), filled the same way.
     let npy = m.read(".npy/z.npy");
     assert_eq!(npy_data(&npy), &want[..]);
-    settled(&m);
+    m.settled();
     let served = m.stat_u64("bytes_served");
     assert_eq!(m.read(".npy/z.npy"), npy);
     assert_eq!(m.stat_u64("bytes_served"), served);
@@ -240,7 +226,7 @@ fn opens_while_a_backing_file_fills_get_the_same_bytes() {
         passes = readers.into_iter().map(|r| r.join().unwrap()).sum::<i32>();
     });
     assert_eq!(passes, 12);
-    settled(&m);
+    m.settled();
     assert_eq!(m.read("z"), *want);
     assert_eq!(
         m.stat_u64("backing_files"),
@@ -263,12 +249,12 @@ fn a_small_limit_evicts_only_backing_files_no_open_holds() {
     m.mount(&src, &["--decoded-cache-size", "6M"]);
     let (a, b) = (&tensors[0].1, &tensors[1].1);
     assert_eq!(&m.read("a"), a);
-    settled(&m);
+    m.settled();
     assert_eq!(m.stat_u64("backing_files"), 1);
     // Held open (by the kernel, from its backing file) while b wants room.
     let mut held = std::fs::File::open(m.path("a")).unwrap();
     assert_eq!(&m.read("b"), b);
-    settled(&m);
+    m.settled();
     assert_eq!(m.stat_u64("backing_files"), 1, "b was filled over a held a");
     assert_eq!(m.stat_u64("backing_evictions"), 0);
     let mut got = Vec::new();
@@ -279,7 +265,7 @@ fn a_small_limit_evicts_only_backing_files_no_open_holds() {
     assert!(
         wait_until(Duration::from_secs(10), || {
             assert_eq!(&m.read("b"), b);
-            settled(&m);
+            m.settled();
             m.stat_u64("backing_files") == 2
         }),
         "{}\n{}",
@@ -306,7 +292,7 @@ fn kill_9_leaves_nothing_in_the_cache_dir() {
     m.mount(&src, &["--cache-dir", cache.to_str().unwrap()]);
     assert_eq!(m.read("a"), tensors[0].1);
     assert_eq!(npy_data(&m.read(".npy/b.npy")), &tensors[1].1[..]);
-    settled(&m);
+    m.settled();
     assert!(m.stat_u64("backing_files") >= 2);
     let pid = m.pid.expect("daemon pid");
     support::signal(pid, libc::SIGKILL);
@@ -644,7 +630,7 @@ fn every_formats_fixtures_read_the_same_with_passthrough_on_and_off() {
                     ),
                 }
             }
-            settled(&on);
+            on.settled();
         }
         backed_somewhere += (on.stat_u64("passthrough_opens") > 0) as usize;
         assert_eq!(off.stat_u64("passthrough_opens"), 0);
@@ -672,11 +658,11 @@ fn a_peek_at_a_decoded_tensor_fills_nothing() {
         .read_exact(&mut head)
         .unwrap();
     assert_eq!(head, tensors[0].1[..4096]);
-    settled(&m);
+    m.settled();
     assert_eq!(m.stat_u64("backing_files"), 0, "{}", m.stats());
     // Read whole, it is filled.
     assert_eq!(m.read("z"), tensors[0].1);
-    settled(&m);
+    m.settled();
     assert_eq!(m.stat_u64("backing_files"), 1, "{}", m.stats());
     m.unmount_ok();
 }
@@ -707,7 +693,7 @@ fn a_first_read_writes_its_backing_file_through_and_decodes_each_frame_once() {
     assert!(m.read("z") == *want, "second read");
     assert_eq!(m.stat_u64("decompressions"), frames, "{}", m.stats());
     drop(held);
-    settled(&m);
+    m.settled();
     assert_eq!(m.stat_u64("backing_files"), 1, "{}", m.stats());
     assert_eq!(
         m.stat_u64("decompressions"),
@@ -760,7 +746,7 @@ fn an_open_while_its_backing_file_is_filled_reads_what_the_first_read_wrote() {
     assert_eq!(decoded, 16, "{}", m.stats());
     assert!(m.read("z") == z, "second read");
     assert_eq!(m.stat_u64("decompressions"), decoded, "{}", m.stats());
-    settled(&m);
+    m.settled();
     assert_eq!(m.stat_u64("backing_files"), 2, "{}", m.stats());
     assert!(m.read("big") == big);
     m.unmount_ok();

@@ -18,7 +18,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::server::Server;
-use support::{Mount, require, wait_until};
+use support::{Mount, require};
 use ztensor_mount::catalog::Algorithm;
 use ztensor_mount::formats::zt_v01::DType;
 use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
@@ -469,19 +469,9 @@ fn a_decoded_remote_tensor_read_whole_is_read_by_the_kernel_next_time_a_raw_one_
         &cache,
         &["-o", "remote_read_ahead=0"],
     );
-    let settled = |m: &Mount| {
-        assert!(
-            wait_until(Duration::from_secs(20), || {
-                let s = m.stats();
-                s["backing_filling"] == 0 && s["open_files_served"] == 0
-            }),
-            "{}",
-            m.stats()
-        );
-    };
     // A raw tensor is served from the object's cache file: no copy.
     assert!(m.read("embed") == tensors[0].1);
-    settled(&m);
+    m.settled();
     assert_eq!(m.stat_u64("backing_files"), 0, "{}", m.stats());
     // A zstd tensor read in part (over half), then closed: nothing more
     // is fetched to complete a copy of its decoded bytes, and none is kept.
@@ -494,12 +484,12 @@ fn a_decoded_remote_tensor_read_whole_is_read_by_the_kernel_next_time_a_raw_one_
         assert!(head == packed[..head.len()]);
         m.stat_u64("remote_fetched_bytes")
     };
-    settled(&m);
+    m.settled();
     assert_eq!(m.stat_u64("backing_files"), 0, "{}", m.stats());
     assert_eq!(m.stat_u64("remote_fetched_bytes"), fetched, "{}", m.stats());
     // Read whole: its decoded bytes are kept, and read by the kernel.
     assert!(m.read("packed") == *packed);
-    settled(&m);
+    m.settled();
     assert_eq!(m.stat_u64("backing_files"), 1, "{}", m.stats());
     let served = m.stat_u64("bytes_served");
     assert!(m.read("packed") == *packed);
