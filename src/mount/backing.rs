@@ -277,8 +277,7 @@ struct Queue {
 /// serving those reads, passthrough opens never read it, and the kernel
 /// would otherwise drop it inside the next open (10 ms for 64 MiB, on the
 /// reader's clock).
-/// Its arguments: the inode, and the file's length.
-pub type Filled = Arc<std::sync::OnceLock<Box<dyn Fn(u64, u64) + Send + Sync>>>;
+pub type Filled = Arc<std::sync::OnceLock<Box<dyn Fn(u64) + Send + Sync>>>;
 
 pub struct Backings {
     opts: BackingOptions,
@@ -710,7 +709,7 @@ impl Backings {
         };
         let t1 = std::time::Instant::now();
         if let Some(hook) = self.filled_hook.get() {
-            hook(asked_by, len);
+            hook(asked_by);
         }
         log::debug!(
             "{key:?}: backing file of {len} bytes: {wrote} written by the filler in {:?}, \

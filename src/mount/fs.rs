@@ -1327,7 +1327,7 @@ mod passthrough_tests {
         let heard = Arc::new(Mutex::new(Vec::new()));
         let backings = fs.backings.clone();
         let h = heard.clone();
-        let _ = fs.filled_hook().set(Box::new(move |ino, _| {
+        let _ = fs.filled_hook().set(Box::new(move |ino| {
             let ready = backings.ready(&Content::Part { tensor: 0, part: 0 });
             h.lock().unwrap().push((ino, ready.is_some()));
         }));
@@ -1421,7 +1421,7 @@ mod passthrough_tests {
         // A slow drop of the inode's page cache, as for gigabytes of it.
         let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let d = dropped.clone();
-        let _ = fs.filled_hook().set(Box::new(move |_, _| {
+        let _ = fs.filled_hook().set(Box::new(move |_| {
             std::thread::sleep(std::time::Duration::from_millis(300));
             d.store(true, Relaxed);
         }));

@@ -47,38 +47,16 @@ struct BackingIds {
 /// Drops the kernel's page cache of an inode once its backing file is
 /// complete (see [`Filled`]), through the session's notifier. The call
 /// comes from the filler's thread, never from a request handler, so it
-/// cannot wait on a reply of its own. A large file is dropped in ranges,
-/// one thread per core: the kernel drops a page at a time (0.15 s per GiB
-/// here), and an open may be waiting (`Backings::ready_or_wait`).
+/// cannot wait on a reply of its own.
 pub fn drop_cache_when_filled(hook: &Filled, notifier: fuser::Notifier) {
-    let _ = hook.set(Box::new(move |ino, len| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
-        let ranges = (len / DROP_RANGE).clamp(1, cores);
-        let step = len.div_ceil(ranges).next_multiple_of(4096);
-        std::thread::scope(|s| {
-            for i in 0..ranges {
-                let notifier = &notifier;
-                let range = move || drop_range(notifier, ino, i * step, step);
-                // No thread to spare: this one drops that range itself.
-                if let Err(e) = std::thread::Builder::new().spawn_scoped(s, range) {
-                    log::debug!("dropping a page cache on one thread: {e}");
-                    drop_range(notifier, ino, i * step, step);
-                }
-            }
-        });
+    let _ = hook.set(Box::new(move |ino| {
+        // ENOENT: the kernel has forgotten the inode, and its cache with it.
+        if let Err(e) = notifier.inval_inode(INodeNo(ino), 0, 0)
+            && e.raw_os_error() != Some(libc::ENOENT)
+        {
+            log::debug!("cannot drop the page cache of inode {ino}: {e}");
+        }
     }));
-}
-
-/// Least bytes worth a thread of their own when dropping a page cache.
-const DROP_RANGE: u64 = 256 << 20;
-
-fn drop_range(notifier: &fuser::Notifier, ino: Ino, off: u64, len: u64) {
-    // ENOENT: the kernel has forgotten the inode, and its cache with it.
-    if let Err(e) = notifier.inval_inode(INodeNo(ino), off as i64, len as i64)
-        && e.raw_os_error() != Some(libc::ENOENT)
-    {
-        log::debug!("cannot drop the page cache of inode {ino}: {e}");
-    }
 }
 
 impl Adapter {
