@@ -36,6 +36,11 @@ const CHUNK: u64 = 1 << 20;
 /// published (see [`Backings::ready_or_wait`]).
 const PUBLISH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How long the last close of a file waits for the write-through of
+/// reads already sent to the reader (see [`Through`]); a write that takes
+/// longer is left to the filler.
+const SEAL_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 #[derive(Debug, Clone)]
 pub struct BackingOptions {
     /// Whether to make backing files at all (`--no-passthrough` says no).
@@ -146,9 +151,65 @@ pub struct Partial {
     file: File,
     len: u64,
     written: Mutex<Written>,
+    /// Notified when no [`Through`] is pending any more.
+    settled: Condvar,
+}
+
+/// The bytes of one read, sent to the reader before they are written
+/// through to its file's [`Partial`]: the reader may close (and the close
+/// seal the partial) before the daemon's write, so a sealing waits until
+/// every `Through` made before it is dropped.
+pub struct Through(Arc<Partial>);
+
+impl Through {
+    /// See [`Partial::offer`].
+    pub fn offer(&self, at: u64, bytes: &[u8]) -> Option<(u64, u64)> {
+        self.0.offer(at, bytes)
+    }
+}
+
+impl Drop for Through {
+    fn drop(&mut self) {
+        let mut w = lock(&self.0.written);
+        w.pending -= 1;
+        if w.pending == 0 {
+            self.0.settled.notify_all();
+        }
+    }
 }
 
 impl Partial {
+    /// A read's bytes are on their way to the reader, to be offered here
+    /// once they are (see [`Through`]).
+    pub fn through(self: &Arc<Self>) -> Through {
+        lock(&self.written).pending += 1;
+        Through(self.clone())
+    }
+
+    /// Takes no more writes once those of the reads already answered are
+    /// in (at most [`SEAL_WAIT`]): what they wrote.
+    fn seal(&self) -> Written {
+        let deadline = std::time::Instant::now() + SEAL_WAIT;
+        let mut w = lock(&self.written);
+        while w.pending > 0 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                log::debug!(
+                    "sealed a backing file with {} writes still pending",
+                    w.pending
+                );
+                break;
+            }
+            w = self
+                .settled
+                .wait_timeout(w, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        w.sealed = true;
+        w.clone()
+    }
+
     /// Bytes `[at, at+n)` (cut at the end of the file) when they are
     /// written: a read of them needs no decode, and no cache.
     pub fn read(&self, at: u64, n: u64) -> Option<Vec<u8>> {
@@ -206,6 +267,8 @@ struct Written {
     /// The filler owns the file now: reads add nothing more (what they
     /// wrote is still read back).
     sealed: bool,
+    /// Reads answered and not yet offered (see [`Through`]).
+    pending: usize,
 }
 
 impl Written {
@@ -456,6 +519,7 @@ impl Backings {
             file,
             len,
             written: Mutex::default(),
+            settled: Condvar::new(),
         });
         lock(&self.inner)
             .slots
@@ -483,11 +547,7 @@ impl Backings {
         };
         let (file, skip) = match partial {
             Some(p) => {
-                let written = {
-                    let mut w = lock(&p.written);
-                    w.sealed = true;
-                    w.clone()
-                };
+                let written = p.seal();
                 let file = p.file.try_clone();
                 let keep = match fill {
                     Fill::Rest => true,

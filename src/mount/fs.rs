@@ -9,7 +9,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use super::backing::{Backing, BackingOptions, Backings, Fill, Filled, Partial, Segment};
+use super::backing::{Backing, BackingOptions, Backings, Fill, Filled, Partial, Segment, Through};
 use super::data::{Bytes, Data, DataOptions, scratch};
 use super::sidecar;
 use super::stats::Stats;
@@ -42,6 +42,21 @@ pub enum Open {
     Served(CacheMode),
     /// By the kernel itself, from this file (FUSE passthrough).
     Backed(Arc<Backing>),
+}
+
+/// The bytes of one read, for its reply; handed back to
+/// [`TensorFs::served`] once the reply is out.
+pub struct Served<'a> {
+    bytes: Bytes<'a>,
+    /// The file's inode and the backing file the bytes are written to.
+    through: Option<(Ino, Through)>,
+}
+
+impl std::ops::Deref for Served<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes
+    }
 }
 
 /// How the kernel should cache an opened file.
@@ -906,27 +921,38 @@ impl TensorFs {
 
     /// Bytes `[off, off+size)` of file `ino` opened as `fh`. A data error is
     /// logged by the data layer and becomes EIO.
-    pub fn read(&self, ino: Ino, fh: u64, off: u64, size: u32) -> Result<Bytes<'_>, Errno> {
+    pub fn read(&self, ino: Ino, fh: u64, off: u64, size: u32) -> Result<Served<'_>, Errno> {
         Stats::add(&self.data.stats().reads, 1);
         let node = self.tree.node(ino).ok_or(libc::ENOENT)?;
-        let bytes = match self.written(ino, &node.kind, fh, off, size) {
-            Some(v) => Bytes::Owned(v),
-            None => self.read_node(ino, &node.kind, fh, off, size)?,
+        let partial = self.partial(fh).filter(|(i, _)| *i == ino).map(|(_, p)| p);
+        let written = partial
+            .as_ref()
+            .and_then(|p| self.written(&node.kind, p, off, size));
+        let served = match written {
+            Some(v) => Served {
+                bytes: Bytes::Owned(v),
+                through: None,
+            },
+            None => Served {
+                bytes: self.read_node(ino, &node.kind, fh, off, size)?,
+                through: partial.map(|p| (ino, p.through())),
+            },
         };
         let mut opens = super::lock(&self.opens);
         if let Some(ino) = opens.by_fh.get(&fh).map(|o| o.ino) {
-            *opens.served_bytes.entry(ino).or_default() += bytes.len() as u64;
+            *opens.served_bytes.entry(ino).or_default() += served.len() as u64;
         }
         drop(opens);
-        Ok(bytes)
+        Ok(served)
     }
 
-    /// After `bytes` read at `off` through `fh` went to the reader: writes
+    /// After `read`'s bytes, read at `off`, went to the reader: writes
     /// them through to the file's backing file, if it has one coming (see
     /// [`Partial`]). Called once the reply is out, so the reader does not
     /// wait for the write.
-    pub fn served(&self, fh: u64, off: u64, bytes: Bytes<'_>) {
-        let Some((ino, p)) = self.partial(fh) else {
+    pub fn served(&self, off: u64, read: Served<'_>) {
+        let Served { bytes, through } = read;
+        let Some((ino, p)) = through else {
             return;
         };
         let Some((tensor, part, start)) = self.tree.node(ino).and_then(|n| self.one_part(&n.kind))
@@ -977,12 +1003,11 @@ impl TensorFs {
             .and_then(|o| Some((o.ino, o.partial.clone()?)))
     }
 
-    /// Bytes `[off, off+size)` of open `fh` of file `ino` from the backing
-    /// file its reads wrote, when they are all there and the tensor's file
-    /// is unchanged (else the data layer's read fails, and says why).
-    fn written(&self, ino: Ino, kind: &NodeKind, fh: u64, off: u64, size: u32) -> Option<Vec<u8>> {
+    /// Bytes `[off, off+size)` of a file from the backing file `p` its
+    /// reads wrote, when they are all there and the tensor's file is
+    /// unchanged (else the data layer's read fails, and says why).
+    fn written(&self, kind: &NodeKind, p: &Partial, off: u64, size: u32) -> Option<Vec<u8>> {
         let (tensor, part, _) = self.one_part(kind)?;
-        let (_, p) = self.partial(fh).filter(|(i, _)| *i == ino)?;
         let bytes = p.read(off, size as u64)?;
         self.data.unchanged(tensor, part).then_some(bytes)
     }
@@ -1305,7 +1330,7 @@ mod passthrough_tests {
         while at < len {
             let bytes = fs.read(ino, fh, at as u64, 1 << 20).unwrap();
             let n = bytes.len();
-            fs.served(fh, at as u64, bytes);
+            fs.served(at as u64, bytes);
             at += n;
         }
     }
@@ -1413,6 +1438,41 @@ mod passthrough_tests {
     }
 
     #[test]
+    fn a_close_that_comes_before_the_last_reads_write_through_waits_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 7 % 233) as u8).collect();
+        let fs = zstd_fs(dir.path(), &data, 1 << 30);
+        fs.set_passthrough(true);
+        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+        let (fh, _) = fs.open(z, false).unwrap();
+        let last = 2_000_000;
+        read_all(&fs, z, fh, last);
+        let tail = fs.read(z, fh, last as u64, 1 << 20).unwrap();
+        assert_eq!(tail.len(), data.len() - last);
+        let decoded = fs.data().stats().decompressions.load(Relaxed);
+        // The reader has the tail and closes while the daemon has yet to
+        // write it through.
+        std::thread::scope(|s| {
+            let closing = s.spawn(|| fs.release(fh));
+            let t = std::time::Instant::now();
+            while super::super::lock(&fs.opens).by_fh.contains_key(&fh) {
+                assert!(t.elapsed().as_secs() < 30, "release never began");
+                std::thread::yield_now();
+            }
+            fs.served(last as u64, tail);
+            closing.join().unwrap();
+        });
+        filled(&fs);
+        let stats = fs.data().stats();
+        assert_eq!(stats.decompressions.load(Relaxed), decoded, "decoded again");
+        let (_, how) = fs.open(z, false).unwrap();
+        let Open::Backed(b) = how else {
+            panic!("not backed")
+        };
+        assert_eq!(contents(&b), data);
+    }
+
+    #[test]
     fn an_open_right_after_a_whole_read_waits_for_its_backing_file_to_be_published() {
         let dir = tempfile::tempdir().unwrap();
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 3 % 239) as u8).collect();
@@ -1474,7 +1534,7 @@ mod passthrough_tests {
         // A peek: what it wrote is dropped at close.
         let (fh, _) = fs.open(z, false).unwrap();
         let bytes = fs.read(z, fh, 4096, 4096).unwrap();
-        fs.served(fh, 4096, bytes);
+        fs.served(4096, bytes);
         assert_eq!(fs.backings.gauges(), (data.len() as u64, 1));
         fs.release(fh);
         assert_eq!(fs.backings.gauges(), (0, 0));
@@ -1486,7 +1546,7 @@ mod passthrough_tests {
             (1_777_777, 222_223),
         ] {
             let bytes = fs.read(z, fh, at, n).unwrap();
-            fs.served(fh, at, bytes);
+            fs.served(at, bytes);
         }
         fs.release(fh);
         filled(&fs);

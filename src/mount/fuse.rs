@@ -275,7 +275,7 @@ impl Filesystem for Adapter {
         match self.fs.read(ino(i), fh.0, offset, size) {
             Ok(bytes) => {
                 reply.data(&bytes);
-                self.fs.served(fh.0, offset, bytes);
+                self.fs.served(offset, bytes);
             }
             Err(e) => reply.error(err(e)),
         }
