@@ -955,7 +955,8 @@ impl TensorFs {
         let Some((ino, p)) = through else {
             return;
         };
-        let Some((tensor, part, start)) = self.tree.node(ino).and_then(|n| self.one_part(&n.kind))
+        let Some((tensor, part, start, len)) =
+            self.tree.node(ino).and_then(|n| self.part_at(&n.kind, off))
         else {
             let _ = p.offer(off, &bytes);
             return;
@@ -971,7 +972,7 @@ impl TensorFs {
         drop(bytes);
         // In the part's own offsets: what this read touched, and all that
         // is written around it.
-        let inside = |x: u64| x.max(start) - start;
+        let inside = |x: u64| (x.max(start) - start).min(len);
         if end > start {
             self.data.written(
                 tensor,
@@ -980,6 +981,19 @@ impl TensorFs {
                 (inside(from), inside(to)),
             );
         }
+    }
+
+    /// The tensor part whose bytes are at `off` of a file of `kind`: (tensor,
+    /// part, where the part starts in the file, its length). For the
+    /// `.safetensors` view, the tensor whose range holds `off`.
+    fn part_at(&self, kind: &NodeKind, off: u64) -> Option<(usize, usize, u64, u64)> {
+        if let NodeKind::File(Content::Safetensors) = kind {
+            let entries = &self.safetensors.as_ref()?.entries;
+            let e = entries.get(entries.partition_point(|e| e.start + e.len <= off))?;
+            return (e.start <= off).then_some((e.tensor, 0, e.start, e.len));
+        }
+        let (tensor, part, start) = self.one_part(kind)?;
+        Some((tensor, part, start, u64::MAX))
     }
 
     /// For a file holding one tensor part (the tensor's file, its `.npy`
@@ -1435,6 +1449,22 @@ mod passthrough_tests {
             panic!("not backed")
         };
         assert_eq!(contents(&b), data);
+    }
+
+    #[test]
+    fn a_read_of_the_safetensors_view_lets_what_it_wrote_through_leave_the_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 5 % 241) as u8).collect();
+        let fs = zstd_fs(dir.path(), &data, 1 << 30);
+        fs.set_passthrough(true);
+        let views = fs.lookup(ROOT, OsStr::new(".safetensors")).unwrap().ino;
+        let view = fs.lookup(views, OsStr::new("model.safetensors")).unwrap();
+        let (fh, _) = fs.open(view.ino, false).unwrap();
+        read_all(&fs, view.ino, fh, view.size as usize);
+        // As for the tensor's own file: its decoded unit is all written
+        // through, so it is not kept in memory too.
+        assert_eq!(fs.data().cache().gauges().cache_entries, 0);
+        fs.release(fh);
     }
 
     #[test]
