@@ -445,6 +445,7 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
         Box::new(move || connection.get().is_none_or(disconnected))
     };
     let filled = fs.filled_hook();
+    let behind = fs.behind_hook();
     let views_layout = fs.views_layout();
     let adapter = Adapter::new(fs, uid, gid, time, s.max_read, unmounted, no_passthrough(s));
 
@@ -488,7 +489,7 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
             return fail(msg);
         }
     };
-    crate::mount::fuse::drop_cache_when_filled(&filled, session.notifier());
+    crate::mount::fuse::drop_cache_when_filled(&filled, &behind, session.notifier());
     match std::os::fd::AsFd::as_fd(&session).try_clone_to_owned() {
         Ok(fd) => {
             let _ = connection.set(fd);

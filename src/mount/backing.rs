@@ -41,6 +41,13 @@ const PUBLISH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// longer is left to the filler.
 const SEAL_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// The page cache a daemon-served read fills (by `mmap`) is dropped behind
+/// the reader in steps of this many bytes (see [`Behind`]) ...
+const DROP_STEP: u64 = if cfg!(test) { 2 << 20 } else { 64 << 20 };
+/// ... ending this far behind it: pages just read may be read again (a
+/// loader's next tensor shares their page), and read-ahead runs ahead.
+const DROP_MARGIN: u64 = if cfg!(test) { 1 << 20 } else { 32 << 20 };
+
 #[derive(Debug, Clone)]
 pub struct BackingOptions {
     /// Whether to make backing files at all (`--no-passthrough` says no).
@@ -153,6 +160,9 @@ pub struct Partial {
     written: Mutex<Written>,
     /// Notified when no [`Through`] is pending any more.
     settled: Condvar,
+    /// The page cache of the file being read is dropped up to here (see
+    /// [`Behind`]).
+    dropped: AtomicU64,
 }
 
 /// The bytes of one read, sent to the reader before they are written
@@ -165,6 +175,21 @@ impl Through {
     /// See [`Partial::offer`].
     pub fn offer(&self, at: u64, bytes: &[u8]) -> Option<(u64, u64)> {
         self.0.offer(at, bytes)
+    }
+
+    /// The range of the file's page cache to drop now (see [`Behind`]),
+    /// with a reader at `at` and `written` (from [`Self::offer`]) written
+    /// through: from where the last drop ended to [`DROP_MARGIN`] behind
+    /// the reader, once that is a [`DROP_STEP`] or more, all written.
+    pub fn behind(&self, at: u64, written: (u64, u64)) -> Option<(u64, u64)> {
+        let dropped = &self.0.dropped;
+        let from = dropped.load(Relaxed);
+        let to = at.saturating_sub(DROP_MARGIN).min(written.1) / DROP_STEP * DROP_STEP;
+        if written.0 > from || to < from + DROP_STEP {
+            return None;
+        }
+        dropped.compare_exchange(from, to, Relaxed, Relaxed).ok()?;
+        Some((from, to))
     }
 }
 
@@ -342,9 +367,19 @@ struct Queue {
 /// reader's clock).
 pub type Filled = Arc<std::sync::OnceLock<Box<dyn Fn(u64) + Send + Sync>>>;
 
+/// Told (inode, offset, length) of a part of an exposed file's page cache
+/// that the daemon's replies filled while they were written through to
+/// its backing file, now well behind the reader (see
+/// [`Through::behind`]). The FUSE adapter drops it, on a thread of its
+/// own: a loader's `mmap` of a decoded file fills that page cache, and
+/// dropping it all at once when the backing file is complete (see
+/// [`Filled`]) took 0.4 s for 3 GiB, which the next open waits for.
+pub type Behind = Arc<std::sync::OnceLock<Box<dyn Fn(u64, u64, u64) + Send + Sync>>>;
+
 pub struct Backings {
     opts: BackingOptions,
     filled_hook: Filled,
+    behind_hook: Behind,
     queue: Mutex<Queue>,
     /// Set once `--cache-dir` could not clone a range of the source
     /// (another filesystem, or one without reflink): not tried again.
@@ -371,6 +406,7 @@ impl Backings {
         Backings {
             opts,
             filled_hook: Filled::default(),
+            behind_hook: Behind::default(),
             queue: Mutex::default(),
             no_clones: std::sync::atomic::AtomicBool::new(false),
             block: std::sync::OnceLock::new(),
@@ -384,6 +420,18 @@ impl Backings {
     /// Where to say that a backing file is complete (set once).
     pub fn filled_hook(&self) -> Filled {
         self.filled_hook.clone()
+    }
+
+    /// Where to say which page cache to drop behind a reader (set once).
+    pub fn behind_hook(&self) -> Behind {
+        self.behind_hook.clone()
+    }
+
+    /// Drops `[from, to)` of inode `ino`'s page cache, when told how.
+    pub fn drop_behind(&self, ino: u64, (from, to): (u64, u64)) {
+        if let Some(hook) = self.behind_hook.get() {
+            hook(ino, from, to - from);
+        }
     }
 
     pub fn enabled(&self) -> bool {
@@ -520,6 +568,7 @@ impl Backings {
             len,
             written: Mutex::default(),
             settled: Condvar::new(),
+            dropped: AtomicU64::new(0),
         });
         lock(&self.inner)
             .slots

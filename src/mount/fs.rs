@@ -9,7 +9,9 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use super::backing::{Backing, BackingOptions, Backings, Fill, Filled, Partial, Segment, Through};
+use super::backing::{
+    Backing, BackingOptions, Backings, Behind, Fill, Filled, Partial, Segment, Through,
+};
 use super::data::{Bytes, Data, DataOptions, scratch};
 use super::sidecar;
 use super::stats::Stats;
@@ -288,6 +290,12 @@ impl TensorFs {
     /// Where to say that a backing file is complete (see [`Filled`]).
     pub fn filled_hook(&self) -> Filled {
         self.backings.filled_hook()
+    }
+
+    /// Where to say which page cache to drop behind a reader (see
+    /// [`Behind`]).
+    pub fn behind_hook(&self) -> Behind {
+        self.backings.behind_hook()
     }
 
     pub fn lookup(&self, parent: Ino, name: &OsStr) -> Result<Attr, Errno> {
@@ -967,6 +975,9 @@ impl TensorFs {
         let Some((from, to)) = p.offer(off, &bytes) else {
             return;
         };
+        if let Some(range) = p.behind(off, (from, to)) {
+            self.backings.drop_behind(ino, range);
+        }
         let end = off + bytes.len() as u64;
         // Let go of the frames first: a held one stays cached.
         drop(bytes);
@@ -1464,6 +1475,34 @@ mod passthrough_tests {
         // As for the tensor's own file: its decoded unit is all written
         // through, so it is not kept in memory too.
         assert_eq!(fs.data().cache().gauges().cache_entries, 0);
+        fs.release(fh);
+    }
+
+    #[test]
+    fn the_page_cache_behind_a_reader_is_dropped_in_steps_once_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..8u32 << 20).map(|i| (i / 9 % 227) as u8).collect();
+        let fs = zstd_fs(dir.path(), &data, 1 << 30);
+        fs.set_passthrough(true);
+        let drops = Arc::new(Mutex::new(Vec::new()));
+        let d = drops.clone();
+        let _ = fs.behind_hook().set(Box::new(move |ino, at, len| {
+            d.lock().unwrap().push((ino, at, len));
+        }));
+        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+        let (fh, _) = fs.open(z, false).unwrap();
+        // 1 MiB reads; in tests a step is 2 MiB, ending 1 MiB behind the
+        // reader: dropped when the reader is at 3, 5 and 7 MiB.
+        read_all(&fs, z, fh, data.len());
+        let mib = 1u64 << 20;
+        assert_eq!(
+            *drops.lock().unwrap(),
+            vec![
+                (z, 0, 2 * mib),
+                (z, 2 * mib, 2 * mib),
+                (z, 4 * mib, 2 * mib)
+            ]
+        );
         fs.release(fh);
     }
 

@@ -13,7 +13,7 @@ use fuser::{
     Request,
 };
 
-use super::backing::Filled;
+use super::backing::{Behind, Filled};
 use super::fs::{Attr, CacheMode, Kind, Open, TensorFs};
 use super::tree::Ino;
 
@@ -47,16 +47,41 @@ struct BackingIds {
 /// Drops the kernel's page cache of an inode once its backing file is
 /// complete (see [`Filled`]), through the session's notifier. The call
 /// comes from the filler's thread, never from a request handler, so it
-/// cannot wait on a reply of its own.
-pub fn drop_cache_when_filled(hook: &Filled, notifier: fuser::Notifier) {
-    let _ = hook.set(Box::new(move |ino| {
-        // ENOENT: the kernel has forgotten the inode, and its cache with it.
-        if let Err(e) = notifier.inval_inode(INodeNo(ino), 0, 0)
-            && e.raw_os_error() != Some(libc::ENOENT)
-        {
-            log::debug!("cannot drop the page cache of inode {ino}: {e}");
+/// cannot wait on a reply of its own. Drops behind a reader (see
+/// [`Behind`]) are asked for by request handlers, so a thread of their own
+/// makes them.
+pub fn drop_cache_when_filled(hook: &Filled, behind: &Behind, notifier: fuser::Notifier) {
+    let n = notifier.clone();
+    let _ = hook.set(Box::new(move |ino| drop_cache(&n, ino, 0, 0)));
+    let (tx, rx) = std::sync::mpsc::channel::<(u64, u64, u64)>();
+    let spawned = std::thread::Builder::new()
+        .name("zt-drop".into())
+        .spawn(move || {
+            for (ino, at, len) in rx {
+                drop_cache(&notifier, ino, at, len);
+            }
+        });
+    match spawned {
+        Ok(_) => {
+            let _ = behind.set(Box::new(move |ino, at, len| {
+                let _ = tx.send((ino, at, len));
+            }));
         }
-    }));
+        Err(e) => log::debug!("no thread to drop page cache behind readers: {e}"),
+    }
+}
+
+/// Drops `len` bytes at `at` of inode `ino`'s page cache (0: to the end).
+fn drop_cache(notifier: &fuser::Notifier, ino: Ino, at: u64, len: u64) {
+    let (Ok(at), Ok(len)) = (i64::try_from(at), i64::try_from(len)) else {
+        return;
+    };
+    // ENOENT: the kernel has forgotten the inode, and its cache with it.
+    if let Err(e) = notifier.inval_inode(INodeNo(ino), at, len)
+        && e.raw_os_error() != Some(libc::ENOENT)
+    {
+        log::debug!("cannot drop the page cache of inode {ino}: {e}");
+    }
 }
 
 impl Adapter {
