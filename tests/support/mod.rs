@@ -470,6 +470,19 @@ impl Mount {
 
 impl Drop for Mount {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // What the daemon said is often why: CI keeps nothing else.
+            let log = self.log_text();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!(
+                "{} ({}mounted); the last lines of its daemon's log:",
+                self.mp.display(),
+                if self.is_mounted() { "" } else { "no longer " }
+            );
+            for line in tail.iter().rev() {
+                eprintln!("  {line}");
+            }
+        }
         self.cleanup();
         if self.is_mounted() {
             // A leaked mount fails the test (unless it is failing already:
