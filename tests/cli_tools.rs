@@ -314,6 +314,9 @@ fn cat_limited(zt: &std::path::Path, args: &[&str], mut check: impl FnMut(u64, &
     use std::os::unix::process::CommandExt;
     let mut child = Command::new(bin());
     child.arg("cat").arg(zt).args(args);
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls setrlimit (async-signal-safe) on a value on its stack; it
+    // allocates nothing and takes no lock.
     unsafe {
         child.pre_exec(|| {
             let lim = libc::rlimit {

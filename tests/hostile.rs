@@ -35,20 +35,31 @@ fn note(size: usize) {
     let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
 }
 
+// SAFETY: every method hands its arguments to the system allocator
+// unchanged and returns what it returns, so `Tracking` keeps each of
+// `GlobalAlloc`'s contracts exactly as `System` does; `note` only records a
+// size in a thread-local (`try_with`: nothing while the thread is torn
+// down) and never allocates.
 unsafe impl GlobalAlloc for Tracking {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         note(layout.size());
+        // SAFETY: the caller's promises for `alloc` are passed on as made.
         unsafe { System.alloc(layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         note(layout.size());
+        // SAFETY: the caller's promises for `alloc_zeroed`, passed on.
         unsafe { System.alloc_zeroed(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System` (every allocation here does) with
+        // this `layout`, as the caller promises.
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         note(new_size);
+        // SAFETY: as for `dealloc`, and `new_size` is the caller's, valid
+        // for `layout`'s alignment as `realloc` requires.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }

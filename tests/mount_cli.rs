@@ -219,6 +219,7 @@ fn unusable_cache_dir_or_log_file_fails_clearly() {
     // FIFOs nobody writes or reads: refused at once, not waited on.
     let fifo = m.scratch_path("fifo");
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     let r = support::run_with_timeout(
         Command::new(bin())
@@ -310,6 +311,7 @@ fn a_mountpoint_with_a_space_and_a_tab_is_tuned_and_unmounted_like_any() {
     m.mp = mp;
     m.mount(&zt, &[]);
     assert!(m.read("w") == payload());
+    // SAFETY: geteuid takes nothing and cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         use std::os::unix::fs::MetadataExt;
         let dev = std::fs::metadata(&m.mp).unwrap().dev();
@@ -798,6 +800,7 @@ fn remount_rounds(m: &mut Mount, zt: &Path, rounds: usize) {
 fn require_root() -> bool {
     support::require(
         "root",
+        // SAFETY: geteuid takes nothing and cannot fail.
         if unsafe { libc::geteuid() } == 0 {
             Ok(())
         } else {

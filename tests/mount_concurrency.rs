@@ -426,6 +426,8 @@ fn a_second_pass_over_an_evicted_tensor_is_read_ahead_too() {
     let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
     let pass = || {
         // Nothing of the file in the kernel's page cache, no readahead.
+        // SAFETY: `fd` is `f`'s descriptor, open for the whole closure;
+        // fadvise touches no memory of ours.
         unsafe {
             libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED);
             libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_RANDOM);

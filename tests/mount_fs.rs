@@ -1015,6 +1015,9 @@ fn every_write_fails_with_erofs() {
         );
         check(
             &format!("truncate {t}"),
+            // SAFETY (this and the calls below): each path is a CString
+            // that lives until the call returns; no other memory is passed
+            // but the static `c"..."`/`b"..."` literals and their lengths.
             libc_result(unsafe { libc::truncate(cpath(target).as_ptr(), 0) }),
         );
         check(
@@ -1086,6 +1089,7 @@ fn every_write_fails_with_erofs() {
     check("symlink", std::os::unix::fs::symlink("d/t", m.path("link")));
     check(
         "mknod fifo",
+        // SAFETY: the path is a CString that lives until the call returns.
         libc_result(unsafe { libc::mkfifo(cpath(&m.path("fifo")).as_ptr(), 0o644) }),
     );
     check(
@@ -1215,6 +1219,7 @@ fn times_modes_owners_and_inode_numbers() {
     m.mount(&zt, &[]);
     let zmeta = std::fs::metadata(&zt).unwrap();
     assert_eq!(zmeta.modified().unwrap(), when);
+    // SAFETY: getuid and getgid take nothing and cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let all = [
         "",

@@ -197,6 +197,7 @@ fn a_file_without_read_permission_fails_clearly() {
     w.finish().unwrap();
     std::fs::set_permissions(&zt, std::fs::Permissions::from_mode(0o600)).unwrap();
     // Root reads anything: run the daemon as nobody then (setpriv, util-linux).
+    // SAFETY: geteuid takes nothing and cannot fail.
     let mut cmd = if unsafe { libc::geteuid() } == 0 {
         for p in [m.dir.path(), m.mp.as_path()] {
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();

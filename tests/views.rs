@@ -164,6 +164,8 @@ fn views_can_be_turned_off() {
     // xattrs are off unless asked for: `ls -l` makes no round trips for them.
     let path = std::ffi::CString::new(m.path("scalar").as_os_str().as_encoded_bytes()).unwrap();
     let mut names = [0u8; 256];
+    // SAFETY: `path` is NUL-terminated and `names` is a buffer of the
+    // length given, both alive for the call.
     let n = unsafe { libc::listxattr(path.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
     let errno = std::io::Error::last_os_error().raw_os_error();
     assert!(
