@@ -216,9 +216,11 @@ struct Tally {
 }
 
 impl Tally {
-    /// Roughly what the index takes in memory once decoded, catalogued and
-    /// laid out as a tree: 1.3 KiB per tensor was measured for 100 000
-    /// tensors of ~15 items (BENCHMARKS.md), which this slightly exceeds.
+    /// Roughly what reading the index takes in memory, before anything is
+    /// decoded: the entries and the catalog made of them peaked at 1.85 KiB
+    /// per tensor for 100 000 entries of eight fields (`bench_startup`),
+    /// which this slightly exceeds. The catalog, once built, is held to
+    /// the whole measure of `catalog::cost` (tree and views included).
     fn memory(&self) -> u64 {
         self.entries
             .saturating_mul(ENTRY_COST)
