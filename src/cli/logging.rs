@@ -107,6 +107,22 @@ impl Log for Relay {
     }
 }
 
+/// Sends a panic's message, place and backtrace to the log as well as to
+/// stderr: a background daemon's stderr goes nowhere, and a panic on a
+/// serving thread ends the session (the mount goes away), so without this
+/// the log would say only that it unmounted.
+pub fn log_panics() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("unnamed");
+        let trace = std::backtrace::Backtrace::force_capture();
+        log::error!("panic on thread {name}: {info}\n{trace}");
+        log::logger().flush();
+        default(info);
+    }));
+}
+
 /// Holds the log lines of a background mount until [`to_file`] or
 /// [`to_syslog`] opens its log.
 pub fn hold(debug: bool) {

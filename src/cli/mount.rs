@@ -364,6 +364,7 @@ const REMOTE_TRIM_THRESHOLD: libc::c_int = 32 << 20;
 /// reason it could not mount. (Written to a command that may have gone:
 /// SIGPIPE is ignored, as Rust sets it.)
 fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -> ExitCode {
+    logging::log_panics();
     let waiting = ready.is_some();
     let ready = Arc::new(Mutex::new(ready));
     let report = |msg: &str| tell(&ready, msg);
