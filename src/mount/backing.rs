@@ -589,10 +589,22 @@ impl Backings {
         data: &Arc<Data>,
         segments: Vec<Segment>,
     ) {
-        let partial = match lock(&self.inner).slots.get(key) {
-            Some(Slot::Writing(p)) => Some(p.clone()),
-            Some(_) => return,
-            None => None,
+        // Taken from `Writing` under the lock, so that a close racing this
+        // one (the next open's, while this one waits in `seal`) finds it
+        // taken and leaves it: the file is kept or forgotten once.
+        let partial = {
+            let mut inner = lock(&self.inner);
+            match inner.slots.get(key) {
+                Some(Slot::Writing(p)) => {
+                    let p = p.clone();
+                    inner
+                        .slots
+                        .insert(key.clone(), Slot::Filling(Some(p.clone())));
+                    Some(p)
+                }
+                Some(_) => return,
+                None => None,
+            }
         };
         let (file, skip) = match partial {
             Some(p) => {
@@ -604,11 +616,7 @@ impl Backings {
                     Fill::Drop => false,
                 };
                 match (keep && !written.failed, file) {
-                    (true, Ok(file)) => {
-                        let filling = Slot::Filling(Some(p));
-                        lock(&self.inner).slots.insert(key.clone(), filling);
-                        (file, written)
-                    }
+                    (true, Ok(file)) => (file, written),
                     _ => return self.forget(key, len),
                 }
             }

@@ -1542,6 +1542,40 @@ mod passthrough_tests {
     }
 
     #[test]
+    fn a_close_while_an_earlier_close_waits_to_seal_leaves_the_backing_file_to_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 5 % 227) as u8).collect();
+        let fs = zstd_fs(dir.path(), &data, 1 << 30);
+        fs.set_passthrough(true);
+        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+        // A peek whose write-through is still to come when its open closes:
+        // that close waits in the seal.
+        let (a, _) = fs.open(z, false).unwrap();
+        let first = fs.read(z, a, 0, 4096).unwrap();
+        std::thread::scope(|s| {
+            let closing = s.spawn(|| fs.release(a));
+            let t = std::time::Instant::now();
+            while super::super::lock(&fs.opens).by_fh.contains_key(&a) {
+                assert!(t.elapsed().as_secs() < 30, "release never began");
+                std::thread::yield_now();
+            }
+            // Another open peeks and closes meanwhile (the next `dd`): its
+            // close finds the file taken, and returns at once.
+            let (b, _) = fs.open(z, false).unwrap();
+            let peek = fs.read(z, b, 4096, 4096).unwrap();
+            fs.served(4096, peek);
+            fs.release(b);
+            fs.served(0, first);
+            closing.join().unwrap();
+        });
+        // Dropped once (a peek keeps no disk), and counted so.
+        assert_eq!(fs.backings.gauges(), (0, 0));
+        let (c, _) = fs.open(z, false).unwrap();
+        read_all(&fs, z, c, data.len());
+        fs.release(c);
+    }
+
+    #[test]
     fn an_open_right_after_a_whole_read_waits_for_its_backing_file_to_be_published() {
         let dir = tempfile::tempdir().unwrap();
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 3 % 239) as u8).collect();
