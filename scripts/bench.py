@@ -611,11 +611,12 @@ class More:
         "deathtensors (deathtensors.save)": ("fmt.deathtensors", "dt"),
         "npz (numpy.savez)": ("fmt.npz", "npz"),
         "ONNX (onnx.save, one initializer)": ("fmt.onnx", "onnx"),
+        "HDF5 (h5py, one contiguous dataset)": ("fmt.h5", "hdf5"),
     }
 
     def formats_more(self):
         """Tensor "w" of single()'s safetensors and GGUF files (the same
-        values) as zTensor v1, deathtensors, npz and ONNX files, by their
+        values) as zTensor v1, deathtensors, npz, ONNX and HDF5 files, by their
         own writers. Returns {label: path}."""
         s = self.sizes
         labels = {k: self.work / f for k, (f, _) in self.FORMATS_MORE.items()}
@@ -1898,7 +1899,7 @@ class Bench:
                      dict(s=ttfb, baseline_s=first, baseline="first read of the whole tensor"))
 
     def section_formats(self):
-        log("safetensors, GGUF, zTensor v1, deathtensors, npz, ONNX (their own writers): raw "
+        log("safetensors, GGUF, zTensor v1, deathtensors, npz, ONNX, HDF5 (their own writers): raw "
             "first read vs dd, beside the .zt")
         f, more = self.files, self.more
         _, _, st_file, gguf_file = more.single()

@@ -10,7 +10,8 @@ Usage: bench_writers.py FORMAT OUT NAME=NPY [NAME=NPY ...]
           dt (deathtensors.save, plain), npz (numpy.savez), onnx (the tensors
           as initializers, onnx.numpy_helper.from_array, onnx.save),
           safetensors (safetensors.numpy.save_file),
-          gguf (gguf.GGUFWriter, F32 tensors),
+          gguf (gguf.GGUFWriter, F32 tensors), hdf5 (h5py, one contiguous
+          dataset per tensor),
           dt-zstd (deathtensors.save(compress=True): the whole data blob
           one zstd stream), dt-zstandard and dt-zstdcli (the same file with
           that stream made by Python zstandard's one-shot compress, or by
@@ -90,6 +91,13 @@ def write_gguf(out, tensors):
 def write_npz(out, tensors):
     with open(out, "wb") as fh:  # savez adds ".npz" to a name without it
         np.savez(fh, **{name: np.ascontiguousarray(a) for name, a in tensors})
+
+
+def write_hdf5(out, tensors):
+    h5py = need("h5py", "HDF5 writer")
+    with h5py.File(out, "w") as f:  # contiguous datasets, h5py's default
+        for name, a in tensors:
+            f.create_dataset(name, data=np.ascontiguousarray(a))
 
 
 def write_onnx(out, tensors):
@@ -175,6 +183,8 @@ def main():
         write_npz(tmp, tensors)
     elif fmt == "onnx":
         write_onnx(tmp, tensors)
+    elif fmt == "hdf5":
+        write_hdf5(tmp, tensors)
     elif fmt == "dt-zstd":
         write_dt(tmp, tensors, compress=True)
     elif fmt in ("dt-zstandard", "dt-zstdcli"):

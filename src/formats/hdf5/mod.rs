@@ -421,6 +421,7 @@ fn serve(
             }
             let at = f.pos(addr, nbytes, "contiguous data")?;
             meta.insert("offset".into(), (at as u64).into());
+            meta.insert("size".into(), nbytes.into());
             Ok((push(at as u64, nbytes, Codec::Raw), "raw".into()))
         }
         Layout::Chunked { dims, index } => {
@@ -468,6 +469,7 @@ fn serve(
                     return Err("its chunks run past the end of the file".into());
                 }
                 meta.insert("offset".into(), at.into());
+                meta.insert("size".into(), nbytes.into());
                 return Ok((push(at, nbytes, Codec::Raw), "raw".into()));
             }
             computed_ok(nbytes)?;
