@@ -20,9 +20,9 @@ use crate::catalog::Algorithm;
 /// Mount a file of tensors as a read-only directory: each tensor a file of
 /// its little-endian bytes, with .npy, zarr and safetensors views.
 ///
-/// Reads zTensor v0.1, v1 and v2, safetensors (and sharded sets), GGUF
-/// (and split files), deathtensors (and sharded sets), npz, PyTorch .pt,
-/// ONNX and HDF5, from a local path or a URL.
+/// Reads zTensor v0.1, zTensor v1, zTensor v2, safetensors (and sharded
+/// sets), GGUF (and split files), deathtensors (and sharded sets), npz,
+/// PyTorch .pt, ONNX and HDF5, from a local path or a URL.
 #[derive(Parser, Debug)]
 #[command(
     name = "ztensor-mount",
@@ -422,7 +422,7 @@ mod tests {
         use clap::CommandFactory;
         let help = MountCli::command().render_long_help().to_string();
         let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
-        for format in crate::formats::READS.split(", ") {
+        for format in crate::formats::FORMATS.iter().map(|f| f.listed) {
             assert!(
                 help.contains(format),
                 "--help does not name {format:?}: {help}"

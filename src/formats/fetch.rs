@@ -30,7 +30,7 @@ use std::cell::RefCell;
 use std::io::{Read, Seek, SeekFrom};
 use std::rc::Rc;
 
-use super::{Detected, Limits, compat, detect, gguf_header, sharded, zt_v01};
+use super::{Limits, gguf_header, sharded, zt_v01};
 use crate::error::{Error, ErrorKind, Result};
 use crate::source::MappedFile;
 
@@ -51,89 +51,123 @@ const NPY_PROBE: u64 = 4096;
 /// costs one more request, never a wrong byte.
 const LOCAL_EXTRA_GUESS: u64 = 1024;
 
-/// Makes present, for a source whose bytes are fetched on demand, what its
-/// format reads at open (see the module's documentation). Whatever a
-/// format module reads beyond this (the data of a sparse tensor it checks
-/// at open, a computed blob's stored bytes) it makes present itself.
-pub fn fetch_index(src: &MappedFile, limits: Limits) -> Result<()> {
+/// The first and last bytes of a remote object (rounded up to the source's
+/// blocks, so a small index comes with them): what recognising its format
+/// reads. Then the format's entry in [`super::detect::FORMATS`] makes
+/// present what its reader touches at open (see the module's
+/// documentation), or [`unknown`] does for bytes of no format yet. Whatever
+/// a format module reads beyond this (the data of a sparse tensor it
+/// checks at open, a computed blob's stored bytes) it makes present itself.
+pub fn ends(src: &MappedFile) -> Result<()> {
     let n = src.len();
-    let io = |why: String| Error::new(ErrorKind::Io, src.label(), None, why);
     let tail = n.saturating_sub(ENDS);
     src.ensure_all(&[(0, ENDS.min(n)), (tail, n - tail)], true)
-        .map_err(io)?;
-    let bytes = src.bytes();
-    let u64_at = |at: u64| -> Option<u64> {
-        let at = usize::try_from(at).ok()?;
-        Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+        .map_err(|why| io(src, why))
+}
+
+fn io(src: &MappedFile, why: String) -> Error {
+    Error::new(ErrorKind::Io, src.label(), None, why)
+}
+
+/// The little-endian u64 at `at` of `src`, if it has one there.
+fn u64_at(src: &MappedFile, at: u64) -> Option<u64> {
+    let at = usize::try_from(at).ok()?;
+    Some(u64::from_le_bytes(
+        src.bytes().get(at..at.checked_add(8)?)?.try_into().ok()?,
+    ))
+}
+
+/// Makes present the index range a format's trailer or prefix names, if
+/// it names one within the object and `--index-memory`; a lying one is
+/// left to the format module to refuse (nothing past the budget is
+/// fetched).
+fn index_range(src: &MappedFile, limits: Limits, range: Option<(u64, u64)>) -> Result<()> {
+    let within = |&(at, len): &(u64, u64)| {
+        len <= limits.index_memory && at.checked_add(len).is_some_and(|e| e <= src.len())
     };
-    // The index range each format's trailer or prefix names; a lying one
-    // is left to the format module to refuse (nothing past the budget is
-    // fetched).
-    let within = |at: u64, len: u64| {
-        len <= limits.index_memory && at.checked_add(len).is_some_and(|e| e <= n)
-    };
-    let first = bytes.iter().position(|b| !b.is_ascii_whitespace());
-    let index = match detect(bytes) {
-        Detected::ZtV01 => u64_at(n.saturating_sub(8))
-            .filter(|&len| len <= limits.index_memory && len.saturating_add(16) <= n)
-            .map(|len| (n - 8 - len, len)),
-        // The manifest, then its u64 size and the magic.
-        Detected::ZtV1 => u64_at(n.saturating_sub(16))
-            .filter(|&len| len <= limits.index_memory && len.saturating_add(24) <= n)
-            .map(|len| (n - 16 - len, len)),
-        Detected::ZtV2 if n >= 40 => u64_at(n - 40)
-            .zip(u64_at(n - 32))
-            .filter(|&(at, len)| within(at, len)),
-        // A u64 header length, then the header.
-        Detected::Compat(compat::Kind::Safetensors) => u64_at(0)
-            .map(|len| (8, len))
-            .filter(|&(at, len)| within(at, len)),
-        // Magic, version, flags, then a u64 header length.
-        Detected::DeathTensors => u64_at(16)
-            .map(|len| (24, len))
-            .filter(|&(at, len)| within(at, len)),
-        Detected::Compat(compat::Kind::Gguf) => return gguf(src, limits),
-        Detected::Compat(compat::Kind::Npz | compat::Kind::Pt) => return zip(src, limits),
-        // Our HDF5 reader follows the file's links where they point: it is
-        // read whole at open, like ONNX.
-        Detected::Hdf5 => return whole(src, limits, "an HDF5 file"),
-        // ONNX (recognised only by a walk over the whole file, so perhaps
-        // not yet) and a Hugging Face index (JSON): read whole.
-        Detected::Compat(compat::Kind::Onnx) => return whole(src, limits, "an ONNX model"),
-        Detected::Unknown if bytes.first() == Some(&0x08) => {
-            return whole(src, limits, "what may be an ONNX model");
-        }
-        Detected::Unknown if first.is_some_and(|i| bytes[i] == b'{') => {
-            let limits = Limits {
-                index_memory: limits.index_memory.min(sharded::MAX_INDEX),
-            };
-            return whole(src, limits, "a JSON index");
-        }
-        _ => None,
-    };
-    if let Some((at, len)) = index {
-        src.ensure_all(&[(at, len)], true).map_err(io)?;
+    match range.filter(within) {
+        Some(r) => src.ensure_all(&[r], true).map_err(|why| io(src, why)),
+        None => Ok(()),
     }
-    // v0.1 sparse tensors in the reference layouts are read at open.
-    if detect(bytes) == Detected::ZtV01
-        && let Ok(idx) = zt_v01::index::parse(bytes, src.label(), limits.index_memory)
-    {
-        let ranges: Vec<(u64, u64)> = idx
-            .entries
-            .iter()
-            .filter(|e| matches!(e.layout.as_str(), "sparsecsr" | "sparsecoo"))
-            .map(|e| (e.offset, e.size))
-            .collect();
-        if !ranges.is_empty() {
-            src.ensure_all(&ranges, false).map_err(io)?;
-        }
+}
+
+/// zTensor v0.1: the index its last 8 bytes size, then the data of the
+/// sparse tensors in the reference layouts, which are read at open.
+pub fn zt_v01(src: &MappedFile, limits: Limits) -> Result<()> {
+    let n = src.len();
+    let range = u64_at(src, n.saturating_sub(8))
+        .filter(|&len| len.saturating_add(16) <= n)
+        .map(|len| (n - 8 - len, len));
+    index_range(src, limits, range)?;
+    let Ok(idx) = zt_v01::index::parse(src.bytes(), src.label(), limits.index_memory) else {
+        return Ok(());
+    };
+    let ranges: Vec<(u64, u64)> = idx
+        .entries
+        .iter()
+        .filter(|e| matches!(e.layout.as_str(), "sparsecsr" | "sparsecoo"))
+        .map(|e| (e.offset, e.size))
+        .collect();
+    if ranges.is_empty() {
+        return Ok(());
+    }
+    src.ensure_all(&ranges, false).map_err(|why| io(src, why))
+}
+
+/// zTensor v1: the manifest, then its u64 size and the magic.
+pub fn zt_v1(src: &MappedFile, limits: Limits) -> Result<()> {
+    let n = src.len();
+    let range = u64_at(src, n.saturating_sub(16))
+        .filter(|&len| len.saturating_add(24) <= n)
+        .map(|len| (n - 16 - len, len));
+    index_range(src, limits, range)
+}
+
+/// zTensor v2: the manifest its footer places and sizes.
+pub fn zt_v2(src: &MappedFile, limits: Limits) -> Result<()> {
+    let n = src.len();
+    let range = (n >= 40)
+        .then(|| u64_at(src, n - 40).zip(u64_at(src, n - 32)))
+        .flatten();
+    index_range(src, limits, range)
+}
+
+/// safetensors: a u64 header length, then the header.
+pub fn safetensors(src: &MappedFile, limits: Limits) -> Result<()> {
+    index_range(src, limits, u64_at(src, 0).map(|len| (8, len)))
+}
+
+/// deathtensors: magic, version, flags, then a u64 header length.
+pub fn deathtensors(src: &MappedFile, limits: Limits) -> Result<()> {
+    index_range(src, limits, u64_at(src, 16).map(|len| (24, len)))
+}
+
+/// A Hugging Face index (JSON): read whole.
+pub fn json_index(src: &MappedFile, limits: Limits) -> Result<()> {
+    let limits = Limits {
+        index_memory: limits.index_memory.min(sharded::MAX_INDEX),
+    };
+    whole(src, limits, "a JSON index")
+}
+
+/// Bytes no format took yet, as only the object's ends are present: ONNX
+/// (recognised only by a walk over the whole file) and a large JSON index
+/// are read whole; anything else is left to the refusal.
+pub fn unknown(src: &MappedFile, limits: Limits) -> Result<()> {
+    let bytes = src.bytes();
+    if bytes.first() == Some(&0x08) {
+        return whole(src, limits, "what may be an ONNX model");
+    }
+    let first = bytes.iter().position(|b| !b.is_ascii_whitespace());
+    if first.is_some_and(|i| bytes[i] == b'{') {
+        return json_index(src, limits);
     }
     Ok(())
 }
 
 /// The whole object, if it is within `--index-memory`: `what` names it in
 /// the refusal.
-fn whole(src: &MappedFile, limits: Limits, what: &str) -> Result<()> {
+pub fn whole(src: &MappedFile, limits: Limits, what: &str) -> Result<()> {
     let n = src.len();
     if n > limits.index_memory {
         return Err(Error::new(
@@ -154,7 +188,7 @@ fn whole(src: &MappedFile, limits: Limits, what: &str) -> Result<()> {
 /// A GGUF header: the fetched prefix grows fourfold until the header ends
 /// within it. A broken header is left to the format's own refusal, which
 /// reads nothing past where the walk stopped.
-fn gguf(src: &MappedFile, limits: Limits) -> Result<()> {
+pub fn gguf(src: &MappedFile, limits: Limits) -> Result<()> {
     let n = src.len();
     let mut have = ENDS.min(n);
     loop {
@@ -324,7 +358,7 @@ fn central_directory(b: &[u8], mut at: usize, count: usize, offset: u64) -> Vec<
 }
 
 /// A zip archive (npz or `.pt`): see the module's documentation.
-fn zip(src: &MappedFile, limits: Limits) -> Result<()> {
+pub fn zip(src: &MappedFile, limits: Limits) -> Result<()> {
     let io = |why: String| Error::new(ErrorKind::Io, src.label(), None, why);
     // The end record is within the last 64 KiB and 22 bytes (its comment
     // is at most 65 535 bytes), fetched already: without one, the zip
@@ -438,28 +472,4 @@ fn zip(src: &MappedFile, limits: Limits) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The stored bytes (local header to the end of its data) of each member
-/// of a zip archive that is not stored plainly, with its name: what the
-/// crate reads to inflate it. The archive's directory and local headers
-/// must be present (they are, after [`fetch_index`]).
-pub fn compressed_members(src: &MappedFile) -> Vec<(String, (u64, u64))> {
-    let Ok(mut archive) = zip::ZipArchive::new(std::io::Cursor::new(src.bytes())) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for i in 0..archive.len() {
-        let Ok(e) = archive.by_index_raw(i) else {
-            continue;
-        };
-        if e.compression() != zip::CompressionMethod::Stored {
-            let (from, to) = (
-                e.header_start(),
-                e.data_start().saturating_add(e.compressed_size()),
-            );
-            out.push((e.name().to_string(), (from, to.saturating_sub(from))));
-        }
-    }
-    out
 }

@@ -488,11 +488,11 @@ fn read(src: &MappedFile) -> Result<Catalog> {
                     Vec::new()
                 };
                 let blob = if deflated {
-                    if data_len > super::compat::MAX_COMPUTED {
+                    if data_len > super::common::MAX_COMPUTED {
                         Err(format!(
                             "its {data_len} bytes can only be made whole, and that is over the \
                              {}-byte limit",
-                            super::compat::MAX_COMPUTED
+                            super::common::MAX_COMPUTED
                         ))
                     } else {
                         let f = match &file {
@@ -570,7 +570,31 @@ fn read(src: &MappedFile) -> Result<Catalog> {
             meta,
         });
     }
+    if catalog.tensors.is_empty() && !zip.is_empty() {
+        return Err(neither_npz_nor_pt(&label, zip.file_names()));
+    }
     Ok(catalog)
+}
+
+/// The refusal of a ZIP archive none of whose members is an array (and
+/// which has no `data.pkl`, or it would be read as `.pt`): it is some other
+/// archive, not an empty npz.
+fn neither_npz_nor_pt<'a>(label: &str, names: impl Iterator<Item = &'a str>) -> Error {
+    const SHOWN: usize = 5;
+    let mut names: Vec<&str> = names.collect();
+    names.sort_unstable();
+    let more = if names.len() > SHOWN { ", ..." } else { "" };
+    names.truncate(SHOWN);
+    Error::new(
+        ErrorKind::NotZtensor,
+        label,
+        None,
+        format!(
+            "a ZIP archive that is neither npz (no member is a .npy array) nor PyTorch .pt \
+             (no data.pkl): its members are {}{more}",
+            names.join(", ")
+        ),
+    )
 }
 
 /// A deflated member: where its stored bytes are, what it inflates to.

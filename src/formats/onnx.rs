@@ -29,9 +29,71 @@ use crate::catalog::{
     Blob, Catalog, Check, Codec, DType, Endian, Json, JsonMap, Part, Producer, SourceRef, Tensor,
 };
 use crate::error::{Error, ErrorKind, Result};
-use crate::formats::compat::MAX_COMPUTED;
+use crate::formats::common::MAX_COMPUTED;
 use crate::formats::{Limits, Opened};
 use crate::source::MappedFile;
+
+/// Whether `bytes` look like an ONNX ModelProto: a walk over its top-level
+/// protobuf fields, each a field number ModelProto has, with a known wire
+/// type and within the file, starting with `ir_version` and including a
+/// `graph`; or, for a model cut short (or with bytes past its end that
+/// break off), `ir_version` and a graph that runs past the end, or at
+/// least two such fields before the one that does, so that the ONNX reader
+/// says what is wrong with it. Tried after every format with a magic
+/// (`super::detect`).
+pub fn looks_like(bytes: &[u8]) -> bool {
+    fn varint(b: &[u8], pos: &mut usize) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = *b.get(*pos)?;
+            *pos += 1;
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+    // ir_version (field 1, varint) comes first in every writer we know.
+    if bytes.first() != Some(&0x08) {
+        return false;
+    }
+    let (mut pos, mut graph, mut fields) = (0usize, false, 0u32);
+    // A walk cut off by the end of the file, after two good fields.
+    let cut = |pos: usize, fields: u32| fields >= 2 && pos >= bytes.len();
+    while pos < bytes.len() {
+        let Some(tag) = varint(bytes, &mut pos) else {
+            return cut(pos, fields);
+        };
+        let (field, wire) = (tag >> 3, tag & 7);
+        if !(1..=25).contains(&field) {
+            return false;
+        }
+        match wire {
+            0 => {
+                if varint(bytes, &mut pos).is_none() {
+                    return cut(pos, fields);
+                }
+            }
+            2 => {
+                let Some(n) = varint(bytes, &mut pos) else {
+                    return cut(pos, fields);
+                };
+                match usize::try_from(n).ok().and_then(|n| pos.checked_add(n)) {
+                    Some(end) if end <= bytes.len() => pos = end,
+                    _ => return fields >= 2 || field == 7 && fields == 1,
+                }
+                graph |= field == 7;
+            }
+            _ => return false,
+        }
+        fields += 1;
+        if fields > 1_000_000 {
+            return false;
+        }
+    }
+    graph
+}
 
 const VARINT: u64 = 0;
 const I64: u64 = 1;
@@ -802,5 +864,22 @@ fn converter(
             }
             Ok(())
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn onnx_detection_wants_ir_version_and_a_graph() {
+        // ir_version 8, graph (field 7) of 2 bytes.
+        assert!(looks_like(&[0x08, 0x08, 0x3a, 0x02, 0x00, 0x00]));
+        assert!(!looks_like(&[0x08, 0x08]));
+        // Cut in its graph: ONNX, for the reader to say so.
+        assert!(looks_like(&[0x08, 0x08, 0x3a, 0x09, 0x00]));
+        assert!(!looks_like(&[0x08, 0x08, 0x42, 0x09, 0x00]));
+        assert!(!looks_like(b"hello world"));
+        assert!(!looks_like(&[]));
     }
 }

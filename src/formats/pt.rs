@@ -42,7 +42,7 @@ use crate::source::MappedFile;
 
 /// Largest tensor gathered from strides: the same cap as other bytes only
 /// a format's reader can produce.
-const MAX_GATHERED: u64 = crate::formats::compat::MAX_COMPUTED;
+const MAX_GATHERED: u64 = crate::formats::common::MAX_COMPUTED;
 /// Bytes read from a storage at a time while gathering.
 const WINDOW: u64 = 1 << 20;
 /// Most opcodes evaluated.
@@ -56,6 +56,14 @@ const MAX_NAME: usize = 64 << 10;
 /// (`_use_new_zipfile_serialization=False`): pickle protocol 2, then the
 /// magic number 0x1950a86a20f9469cfc6c as a 10-byte LONG1.
 pub const LEGACY_MAGIC: &[u8] = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19";
+
+/// Whether `bytes` are a ZIP archive that `torch.save` wrote: one with a
+/// `data.pkl` (its pickle), in any top folder.
+pub fn looks_like(bytes: &[u8]) -> bool {
+    super::common::is_zip(bytes)
+        && zip::ZipArchive::new(std::io::Cursor::new(bytes))
+            .is_ok_and(|z| z.file_names().any(|n| n.ends_with("data.pkl")))
+}
 
 /// Reads a `.pt` archive into the catalog.
 pub fn open(src: MappedFile, limits: Limits) -> Result<Opened> {

@@ -26,6 +26,18 @@ use crate::source::MappedFile;
 /// Largest header read (the reference implementation's cap).
 pub const MAX_HEADER: u64 = 100 << 20;
 
+/// safetensors: a little-endian u64 header length, then a JSON object. A
+/// length that runs past the end of the file, but within the largest header
+/// read, is taken as a cut safetensors file, so that the refusal says so.
+pub fn looks_like(bytes: &[u8]) -> bool {
+    let Some(head) = bytes.get(..8) else {
+        return false;
+    };
+    let n = u64::from_le_bytes(head.try_into().unwrap_or_default());
+    let within = n <= bytes.len() as u64 - 8 || n <= MAX_HEADER;
+    n >= 2 && within && bytes.get(8) == Some(&b'{')
+}
+
 /// Reads a safetensors file into the catalog.
 pub fn open(src: MappedFile, limits: Limits) -> Result<Opened> {
     let catalog = read(&src, limits)?;
@@ -256,7 +268,7 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
                         format!("holds {nbytes} bytes but {dtype} of shape {shape:?} is {want}"),
                     ));
                 }
-                let (pshape, odd) = crate::formats::compat::packed_shape(d, shape.clone(), nbytes);
+                let (pshape, odd) = crate::formats::common::packed_shape(d, shape.clone(), nbytes);
                 let mut checks = Vec::new();
                 if d == DType::Bool {
                     checks.push(Check::BoolBytes);

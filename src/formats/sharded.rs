@@ -4,8 +4,7 @@
 //! `split.count`).
 //!
 //! Each shard is read on its own (by [`super::safetensors`] or
-//! [`super::compat`]) and the
-//! catalogs are joined: blob sources renumbered, tensors appended. A shard
+//! [`super::gguf`]) and the catalogs are joined: blob sources renumbered, tensors appended. A shard
 //! that is missing or refused becomes an unusable source: the tensors the
 //! index gives it are listed and fail with its reason, the rest serve. A
 //! GGUF split file that cannot be read is listed itself, as
@@ -13,8 +12,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::compat::Kind;
-use super::{Detected, Limits, Opened, detect};
+use super::{Limits, Opened, gguf, safetensors};
 use crate::catalog::{Catalog, Json, JsonMap, SourceRef, Tensor, cost};
 use crate::error::{Error, ErrorKind, Result};
 use crate::source::MappedFile;
@@ -163,10 +161,22 @@ pub fn open_hf_index(index: MappedFile, limits: Limits) -> Result<Opened> {
     );
     for (file, wanted) in &shards {
         let path = dir.join(file);
-        let shard = open_shard(&index, file, Kind::Safetensors, limits);
+        let shard = open_shard(&index, file, Shard::Safetensors, limits);
         set.add(&path, shard, Some(wanted));
     }
     Ok(set.finish())
+}
+
+/// A GGUF file, or the split set whose first file it is.
+pub fn open_gguf(src: MappedFile, limits: Limits) -> Result<Opened> {
+    let (catalog, src) = gguf::open(src, limits)?;
+    if gguf_split_count(&catalog) > 1 {
+        return open_gguf_split(catalog, src, limits);
+    }
+    Ok(Opened {
+        catalog,
+        sources: vec![Some(src)],
+    })
 }
 
 /// `split.count` of a GGUF header, 0 if it has none.
@@ -216,7 +226,7 @@ pub fn open_gguf_split(first: Catalog, src: MappedFile, limits: Limits) -> Resul
     for i in 2..=count {
         let name = format!("{stem}-{i:05}-of-{count:05}.gguf");
         let path = dir.join(&name);
-        let shard = open_shard(&src, &name, Kind::Gguf, limits).and_then(|(c, s)| {
+        let shard = open_shard(&src, &name, Shard::Gguf, limits).and_then(|(c, s)| {
             let n = c.attributes.get("split.no").and_then(Json::as_u64);
             if n == Some(i - 1) && gguf_split_count(&c) == count {
                 Ok((c, s))
@@ -239,28 +249,37 @@ pub fn open_gguf_split(first: Catalog, src: MappedFile, limits: Limits) -> Resul
     Ok(set.finish())
 }
 
+/// What a shard of a set must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shard {
+    Safetensors,
+    Gguf,
+}
+
 /// The shard named `name` beside `beside`, read on its own, or why it
 /// cannot be.
 fn open_shard(
     beside: &MappedFile,
     name: &str,
-    kind: Kind,
+    kind: Shard,
     limits: Limits,
 ) -> std::result::Result<(Catalog, MappedFile), String> {
     let src = beside.sibling(name).map_err(|e| e.to_string())?;
     super::prepare(&src, limits).map_err(|e| e.to_string())?;
-    match detect(src.bytes()) {
-        Detected::Compat(Kind::Safetensors) if kind == Kind::Safetensors => {
+    let bytes = src.bytes();
+    match kind {
+        Shard::Safetensors if safetensors::looks_like(bytes) => {
             let label = src.label().to_string();
-            let mut o = super::safetensors::open(src, limits).map_err(|e| e.to_string())?;
+            let mut o = safetensors::open(src, limits).map_err(|e| e.to_string())?;
             let catalog = std::mem::take(&mut o.catalog);
             let src = o.sources.pop().flatten().ok_or(label)?;
             Ok((catalog, src))
         }
-        Detected::Compat(k) if k == kind => {
-            super::open_compat(src, kind, limits).map_err(|e| e.to_string())
+        Shard::Gguf if gguf::looks_like(bytes) => {
+            gguf::open(src, limits).map_err(|e| e.to_string())
         }
-        _ => Err(format!("{}: not a {} file", src.label(), kind.name())),
+        Shard::Safetensors => Err(format!("{}: not a safetensors file", src.label())),
+        Shard::Gguf => Err(format!("{}: not a {} file", src.label(), gguf::NAME)),
     }
 }
 

@@ -11,8 +11,21 @@ pub use catalog::{Catalog, Encoding, SparseForm, SparseFormat, Tensor};
 pub use file::ZtFile;
 pub use project::project;
 
+use crate::formats::{Limits, Opened};
+use crate::source::MappedFile;
+
 /// The first bytes of every v0.1 file.
 pub const MAGIC: &[u8; 8] = index::MAGIC;
+
+/// Reads an opened v0.1 file into the common catalog.
+pub fn open(src: MappedFile, limits: Limits) -> crate::error::Result<Opened> {
+    let (src, v01) = ZtFile::from_source(src, limits.index_memory)?.into_parts();
+    let catalog = project(&src, v01);
+    Ok(Opened {
+        catalog,
+        sources: vec![Some(src)],
+    })
+}
 
 // The shared types the v0.1 library's API takes and gives, in one place
 // for its users.

@@ -15,7 +15,7 @@ pub use project::{FORMAT, storage_dtype};
 
 use crate::catalog::Catalog;
 use crate::error::Result;
-use crate::formats::Limits;
+use crate::formats::{Limits, Opened};
 use crate::source::MappedFile;
 
 /// The catalog of a v1 file whose whole contents are `bytes`; `file` names
@@ -32,6 +32,15 @@ fn parse(bytes: &[u8], file: &str, path: &Path, limits: Limits) -> Result<(Catal
         project::project(bytes.len() as u64, file, path, m)?,
         data_end,
     ))
+}
+
+/// Reads an opened v1 file into the common catalog.
+pub fn open(src: MappedFile, limits: Limits) -> Result<Opened> {
+    let catalog = read(&src, limits)?;
+    Ok(Opened {
+        catalog,
+        sources: vec![Some(src)],
+    })
 }
 
 /// Reads the catalog of an opened v1 file, then hands the manifest's pages

@@ -1,8 +1,8 @@
-//! The formats read through `ztensor-compat` (GGUF), projected into the
-//! common catalog. PyTorch `.pt`, npz, safetensors and ONNX are recognised
-//! here and read by modules of their own (`super::pt`, `super::npz`,
-//! `super::safetensors`, `super::onnx`); HDF5 has its own reader
-//! (`super::hdf5`).
+//! GGUF, read through `ztensor-compat` and projected into the common
+//! catalog (with checks of our own the crate does not make: tensors at the
+//! same bytes, the file's tensor order; `super::gguf_header` walks the
+//! header for the bounds and names those need). A split GGUF set is joined
+//! by `super::sharded`.
 //!
 //! The crate opens a path itself. So that the bytes it parses are the file
 //! we mapped, it is handed `/proc/self/fd/N` of our open file (through a
@@ -26,133 +26,47 @@ use crate::catalog::{
     Blob, Catalog, Check, Codec, DType, Endian, Json, JsonMap, Part, Producer, SourceRef, Tensor,
 };
 use crate::error::{Error, ErrorKind, Result};
+use crate::formats::Limits;
 use crate::formats::cbor_json;
+use crate::formats::common::MAX_COMPUTED;
 use crate::source::MappedFile;
 
-/// The foreign formats read through the crate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Safetensors,
-    Gguf,
-    Npz,
-    Pt,
-    Onnx,
+/// The format as users name it.
+pub const NAME: &str = "GGUF";
+/// The crate's label for it (and the extension it wants).
+const LABEL: &str = "gguf";
+
+/// Whether `bytes` open a GGUF file.
+pub fn looks_like(bytes: &[u8]) -> bool {
+    bytes.starts_with(b"GGUF")
 }
 
-impl Kind {
-    /// As users name it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::Safetensors => "safetensors",
-            Kind::Gguf => "GGUF",
-            Kind::Npz => "npz",
-            Kind::Pt => "PyTorch .pt",
-            Kind::Onnx => "ONNX",
-        }
-    }
-
-    /// The crate's label for it.
-    fn label(self) -> &'static str {
-        match self {
-            Kind::Safetensors => "safetensors",
-            Kind::Gguf => "gguf",
-            Kind::Npz => "npz",
-            Kind::Pt => "pt",
-            Kind::Onnx => "onnx",
-        }
-    }
-}
-
-/// Largest blob a producer will make: the crate's own cap on what it
-/// decodes in one piece (1 GiB). The mount refuses anything over half its
-/// cache before a producer runs; this holds whatever the cache size.
-pub const MAX_COMPUTED: u64 = 1 << 30;
-
-/// What a zip archive's member names say it is: a `.pt` checkpoint has a
-/// `data.pkl`; anything else is read as npz.
-pub fn zip_kind(bytes: &[u8]) -> Kind {
-    let is_pt = zip::ZipArchive::new(std::io::Cursor::new(bytes))
-        .map(|z| z.file_names().any(|n| n.ends_with("data.pkl")))
-        .unwrap_or(false);
-    if is_pt { Kind::Pt } else { Kind::Npz }
-}
-
-/// Whether `bytes` look like an ONNX ModelProto: a walk over its top-level
-/// protobuf fields, each a field number ModelProto has, with a known wire
-/// type and within the file, starting with `ir_version` and including a
-/// `graph`; or, for a model cut short (or with bytes past its end that
-/// break off), `ir_version` and a graph that runs past the end, or at
-/// least two such fields before the one that does, so that the ONNX reader
-/// says what is wrong with it. Tried after
-/// every format with a magic.
-pub fn looks_like_onnx(bytes: &[u8]) -> bool {
-    fn varint(b: &[u8], pos: &mut usize) -> Option<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let byte = *b.get(*pos)?;
-            *pos += 1;
-            v |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                return Some(v);
-            }
-        }
-        None
-    }
-    // ir_version (field 1, varint) comes first in every writer we know.
-    if bytes.first() != Some(&0x08) {
-        return false;
-    }
-    let (mut pos, mut graph, mut fields) = (0usize, false, 0u32);
-    // A walk cut off by the end of the file, after two good fields.
-    let cut = |pos: usize, fields: u32| fields >= 2 && pos >= bytes.len();
-    while pos < bytes.len() {
-        let Some(tag) = varint(bytes, &mut pos) else {
-            return cut(pos, fields);
-        };
-        let (field, wire) = (tag >> 3, tag & 7);
-        if !(1..=25).contains(&field) {
-            return false;
-        }
-        match wire {
-            0 => {
-                if varint(bytes, &mut pos).is_none() {
-                    return cut(pos, fields);
-                }
-            }
-            2 => {
-                let Some(n) = varint(bytes, &mut pos) else {
-                    return cut(pos, fields);
-                };
-                match usize::try_from(n).ok().and_then(|n| pos.checked_add(n)) {
-                    Some(end) if end <= bytes.len() => pos = end,
-                    _ => return fields >= 2 || field == 7 && fields == 1,
-                }
-                graph |= field == 7;
-            }
-            _ => return false,
-        }
-        fields += 1;
-        if fields > 1_000_000 {
-            return false;
-        }
-    }
-    graph
-}
-
-/// Reads `src` (a file of format `kind`) through the crate. A remote
-/// file must have had what the crate reads at open made present
-/// ([`super::prepare`]).
-pub fn open(src: MappedFile, kind: Kind) -> Result<(Catalog, MappedFile)> {
-    let source = crate_open(&src, kind).map_err(|e| match kind {
-        Kind::Gguf => gguf_name_overlap(&src, e),
-        _ => e,
-    })?;
-    let mut catalog = project(&src, kind, Arc::new(source))?;
-    if kind == Kind::Gguf {
-        gguf_file_order(&src, &mut catalog)?;
-        gguf_no_aliasing(&src, &catalog)?;
-    }
+/// Reads the GGUF file `src` through the crate, its header first checked
+/// against `limits`. A remote file must have had what the crate reads at
+/// open made present ([`super::prepare`]).
+pub fn open(src: MappedFile, limits: Limits) -> Result<(Catalog, MappedFile)> {
+    bounded(&src, limits)?;
+    let source = crate_open(&src).map_err(|e| gguf_name_overlap(&src, e))?;
+    let mut catalog = project(&src, Arc::new(source))?;
+    gguf_file_order(&src, &mut catalog)?;
+    gguf_no_aliasing(&src, &catalog)?;
     Ok((catalog, src))
+}
+
+/// Refuses a GGUF header that is broken or would take more memory decoded
+/// than `limits` allow, before the crate that reads GGUF decodes it.
+fn bounded(src: &MappedFile, limits: Limits) -> Result<()> {
+    let err = |msg: String| Error::new(ErrorKind::Index, src.label(), None, msg);
+    let cost = super::gguf_header::decoded_cost(src.bytes())
+        .map_err(|why| err(format!("GGUF header: {why}")))?;
+    if cost > limits.index_memory {
+        return Err(err(format!(
+            "its GGUF header's key/values and tensors would take about {cost} bytes in memory, \
+             more than the {} allowed (--index-memory)",
+            limits.index_memory
+        )));
+    }
+    Ok(())
 }
 
 /// The crate's "tensor ranges overlap at X and Y" gives file offsets only:
@@ -235,68 +149,12 @@ fn gguf_file_order(src: &MappedFile, catalog: &mut Catalog) -> Result<()> {
     Ok(())
 }
 
-/// For a remote file, what a computed part's producer makes present
-/// before the crate reads it: the stored bytes of the zip members it
-/// inflates. (A remote ONNX model is present whole; HDF5 is not read
-/// over a URL.)
-struct Fetches {
-    backing: Arc<dyn crate::source::Backing>,
-    kind: Kind,
-    /// Each compressed member's name and stored range.
-    members: Vec<(String, (u64, u64))>,
-}
-
-impl Fetches {
-    fn of(src: &MappedFile, kind: Kind) -> Option<Fetches> {
-        let backing = src.backing()?.clone();
-        let members = match kind {
-            Kind::Npz | Kind::Pt => super::fetch::compressed_members(src),
-            _ => Vec::new(),
-        };
-        Some(Fetches {
-            backing,
-            kind,
-            members,
-        })
-    }
-
-    /// The ranges tensor `name`'s producer reads: an npz tensor's own
-    /// member; for a checkpoint, whose tensors name their storage only in
-    /// the pickle the crate keeps to itself, every compressed storage.
-    fn ranges(&self, name: &str) -> Vec<(u64, u64)> {
-        let own: Vec<(u64, u64)> = self
-            .members
-            .iter()
-            .filter(|(m, _)| self.kind == Kind::Npz && m.strip_suffix(".npy") == Some(name))
-            .map(|(_, r)| *r)
-            .collect();
-        if !own.is_empty() {
-            return own;
-        }
-        self.members
-            .iter()
-            .filter(|(m, _)| !m.ends_with("data.pkl"))
-            .map(|(_, r)| *r)
-            .collect()
-    }
-}
-
 /// A crate error as one line naming our file (not the path we gave it).
 fn refused(src: &MappedFile, given: &Path, e: impl std::fmt::Display) -> Error {
-    let mut msg = e
+    let msg = e
         .to_string()
         .replace(&given.display().to_string(), src.label())
         .replace('\n', " ");
-    // A zip whose directory cannot be read was taken for npz only because
-    // nothing in it could say it is a `.pt` file.
-    const NOT_ZIP: &str = "npz: not a ZIP archive: ";
-    if let Some(at) = msg.find(NOT_ZIP) {
-        let why = msg[at + NOT_ZIP.len()..].to_string();
-        msg = format!(
-            "{}a ZIP archive (npz or PyTorch .pt) that cannot be read, cut short or damaged: {why}",
-            &msg[..at]
-        );
-    }
     let kind = if msg.contains("no registered projection")
         || msg.contains("not compiled in")
         || msg.contains("is refused")
@@ -309,7 +167,7 @@ fn refused(src: &MappedFile, given: &Path, e: impl std::fmt::Display) -> Error {
     Error::new(kind, src.label(), None, msg)
 }
 
-fn crate_open(src: &MappedFile, kind: Kind) -> Result<Source> {
+fn crate_open(src: &MappedFile) -> Result<Source> {
     use std::os::fd::AsRawFd;
     let fd_path = format!("/proc/self/fd/{}", src.file().as_raw_fd());
     let ours = src.opened();
@@ -325,16 +183,16 @@ fn crate_open(src: &MappedFile, kind: Kind) -> Result<Source> {
             .prefix("ztensor-mount-compat")
             .tempdir()
             .map_err(|e| io("cannot make a temporary directory", e))?;
-        let link = dir.path().join(format!("file.{}", kind.label()));
+        let link = dir.path().join(format!("file.{LABEL}"));
         std::os::unix::fs::symlink(&fd_path, &link)
             .map_err(|e| io("cannot make a temporary link", e))?;
         let got = ztensor_compat::open(&link).map_err(|e| refused(src, &link, e))?;
-        check_store(src, &got, kind, &same)?;
+        check_store(src, &got, &same)?;
         return Ok(got);
     }
     let path = src.path();
     let got = ztensor_compat::open(path).map_err(|e| refused(src, path, e))?;
-    check_store(src, &got, kind, &same)?;
+    check_store(src, &got, &same)?;
     let now = std::fs::metadata(path).map_err(|e| io("cannot stat", e))?;
     if !same(&now) {
         return Err(Error::new(
@@ -350,13 +208,12 @@ fn crate_open(src: &MappedFile, kind: Kind) -> Result<Source> {
 fn check_store(
     src: &MappedFile,
     got: &Source,
-    kind: Kind,
     same: &dyn Fn(&std::fs::Metadata) -> bool,
 ) -> Result<()> {
     let stores = got.stores();
     let ok = stores.len() == 1
         && stores[0].len() == src.len()
-        && stores[0].format() == kind.label()
+        && stores[0].format() == LABEL
         && std::fs::metadata(stores[0].path()).is_ok_and(|m| same(&m));
     if ok {
         Ok(())
@@ -366,16 +223,17 @@ fn check_store(
             src.label(),
             None,
             format!(
-                "the file read as {} is not the file opened (it changed, or was read as another format)",
-                kind.name()
+                "the file read as {NAME} is not the file opened (it changed, or was read as another format)"
             ),
         ))
     }
 }
 
 /// The catalog of what the crate read from `src`.
-fn project(src: &MappedFile, kind: Kind, source: Arc<Source>) -> Result<Catalog> {
-    let fetches = Fetches::of(src, kind);
+fn project(src: &MappedFile, source: Arc<Source>) -> Result<Catalog> {
+    // What a computed part's producer makes present first, for a remote
+    // file: no range, as nothing GGUF stores is compressed.
+    let fetches = src.backing().cloned();
     let mut blobs = Vec::new();
     let mut tensors = Vec::with_capacity(source.len());
     for t in source.tensors() {
@@ -404,7 +262,7 @@ fn project(src: &MappedFile, kind: Kind, source: Arc<Source>) -> Result<Catalog>
             } else {
                 t.shape().to_vec()
             };
-            let (shape, packed_odd) = packed_shape(dtype, shape, p.nbytes());
+            let (shape, packed_odd) = super::common::packed_shape(dtype, shape, p.nbytes());
             let label = if directory {
                 format!("tensor {name:?} part {pname:?}")
             } else {
@@ -465,9 +323,7 @@ fn project(src: &MappedFile, kind: Kind, source: Arc<Source>) -> Result<Catalog>
                             &name,
                             pname,
                             *decoded_len,
-                            fetches
-                                .as_ref()
-                                .map(|f| (f.backing.clone(), f.ranges(&name))),
+                            fetches.as_ref().map(|b| (b.clone(), Vec::new())),
                         )),
                         decoded_len: *decoded_len,
                         checks,
@@ -500,18 +356,14 @@ fn project(src: &MappedFile, kind: Kind, source: Arc<Source>) -> Result<Catalog>
         }
         let (zd, logical) = first.unwrap_or((ZDType::U8, None));
         let layout = t.layout().to_string();
-        let dtype_name = format_dtype(kind, &layout, zd, logical.as_deref());
-        if kind == Kind::Gguf {
-            gguf_meta(
-                &mut meta,
-                &layout,
-                &dtype_name,
-                t.shape(),
-                entry_attrs.as_ref(),
-            );
-        } else if let Some(a) = entry_attrs {
-            meta.insert("attributes".into(), a);
-        }
+        let dtype_name = format_dtype(&layout, zd, logical.as_deref());
+        gguf_meta(
+            &mut meta,
+            &layout,
+            &dtype_name,
+            t.shape(),
+            entry_attrs.as_ref(),
+        );
         if let Some(l) = &logical {
             meta.insert("logical_type".into(), l.clone().into());
         }
@@ -535,7 +387,7 @@ fn project(src: &MappedFile, kind: Kind, source: Arc<Source>) -> Result<Catalog>
         None => JsonMap::new(),
     };
     Ok(Catalog {
-        format: kind.name().to_string(),
+        format: NAME.to_string(),
         label: src.label().to_string(),
         sources: vec![SourceRef {
             path: src.path().to_path_buf(),
@@ -639,22 +491,6 @@ fn our_dtype(d: ZDType, logical: Option<&str>) -> (DType, Option<&'static str>) 
     }
 }
 
-/// A packed 4-bit type's shape in stored units (the last dimension halved,
-/// rounded up), and whether the last byte holds one element only.
-pub(crate) fn packed_shape(d: DType, mut shape: Vec<u64>, nbytes: u64) -> (Vec<u64>, bool) {
-    if d != DType::Float4E2M1FnX2 {
-        return (shape, false);
-    }
-    let elems: u64 = shape.iter().product();
-    let odd = elems % 2 == 1;
-    let halve = shape.len() == 1 || shape.last().is_some_and(|l| l % 2 == 0);
-    match shape.last_mut() {
-        Some(l) if halve => *l = l.div_ceil(2),
-        _ => shape = vec![nbytes],
-    }
-    (shape, odd)
-}
-
 /// The GGUF sidecar: the ggml type and, for block-quantized tensors, what
 /// a block is.
 fn gguf_meta(meta: &mut JsonMap, layout: &str, dtype: &str, shape: &[u64], attrs: Option<&Json>) {
@@ -673,70 +509,14 @@ fn gguf_meta(meta: &mut JsonMap, layout: &str, dtype: &str, shape: &[u64], attrs
     }
 }
 
-/// Each format's own name for a tensor's type, which the crate does not
-/// carry.
-fn format_dtype(kind: Kind, layout: &str, d: ZDType, l: Option<&str>) -> String {
-    if kind == Kind::Gguf
-        && let Some(q) = layout.strip_prefix("gguf.")
-    {
+/// GGUF's own name for a tensor's type (the ggml type: `Q4_K`, `F16`),
+/// which the crate does not carry.
+fn format_dtype(layout: &str, d: ZDType, l: Option<&str>) -> String {
+    if let Some(q) = layout.strip_prefix("gguf.") {
         return q.trim_end_matches("/1").to_uppercase();
     }
-    let (w, z) = (d.width(), d.as_str());
-    match kind {
-        // safetensors and .pt have readers of their own; their arm is
-        // GGUF's for want of a better.
-        Kind::Gguf | Kind::Safetensors | Kind::Pt => match l {
-            Some(l) => l.to_uppercase(),
-            None => z.to_uppercase(),
-        },
-        Kind::Npz => match (l, z.as_bytes()[0]) {
-            (Some("bool"), _) => "|b1".into(),
-            (Some(l), _) => l.into(),
-            (None, b'b') => "bfloat16".into(),
-            (None, c) if w == 1 => format!("|{}1", c as char),
-            (None, c) => format!("<{}{w}", c as char),
-        },
-        Kind::Onnx => match (l, d) {
-            (Some("bool"), _) => "BOOL".into(),
-            (Some(l), _) => l.to_uppercase(),
-            (None, ZDType::F32) => "FLOAT".into(),
-            (None, ZDType::F64) => "DOUBLE".into(),
-            (None, ZDType::F16) => "FLOAT16".into(),
-            (None, ZDType::BF16) => "BFLOAT16".into(),
-            (None, _) => format!("{}INT{}", if z.starts_with('u') { "U" } else { "" }, w * 8),
-        },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn onnx_detection_wants_ir_version_and_a_graph() {
-        // ir_version 8, graph (field 7) of 2 bytes.
-        assert!(looks_like_onnx(&[0x08, 0x08, 0x3a, 0x02, 0x00, 0x00]));
-        assert!(!looks_like_onnx(&[0x08, 0x08]));
-        // Cut in its graph: ONNX, for the reader to say so.
-        assert!(looks_like_onnx(&[0x08, 0x08, 0x3a, 0x09, 0x00]));
-        assert!(!looks_like_onnx(&[0x08, 0x08, 0x42, 0x09, 0x00]));
-        assert!(!looks_like_onnx(b"hello world"));
-        assert!(!looks_like_onnx(&[]));
-    }
-
-    #[test]
-    fn packed_fp4_shapes_count_bytes() {
-        assert_eq!(
-            packed_shape(DType::Float4E2M1FnX2, vec![3, 4], 6),
-            (vec![3, 2], false)
-        );
-        assert_eq!(
-            packed_shape(DType::Float4E2M1FnX2, vec![5], 3),
-            (vec![3], true)
-        );
-        assert_eq!(
-            packed_shape(DType::Float4E2M1FnX2, vec![3, 3], 5),
-            (vec![5], true)
-        );
+    match l {
+        Some(l) => l.to_uppercase(),
+        None => d.as_str().to_uppercase(),
     }
 }

@@ -1,0 +1,54 @@
+//! What several format modules share: limits and element-shape rules that
+//! belong to no one format.
+
+use crate::catalog::DType;
+
+/// Largest blob a producer will make whole: the cap `ztensor-compat` puts
+/// on what it decodes in one piece (1 GiB), which the modules that gather
+/// or inflate a tensor themselves (npz, `.pt`, ONNX) keep too. The mount
+/// refuses anything over half its cache before a producer runs; this holds
+/// whatever the cache size.
+pub const MAX_COMPUTED: u64 = 1 << 30;
+
+/// Whether `bytes` open a ZIP archive: its first member, or the end record
+/// of an empty one (npz and `.pt` files are both).
+pub fn is_zip(bytes: &[u8]) -> bool {
+    bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(b"PK\x05\x06")
+}
+
+/// A packed 4-bit type's shape in stored units (the last dimension halved,
+/// rounded up), and whether the last byte holds one element only.
+pub fn packed_shape(d: DType, mut shape: Vec<u64>, nbytes: u64) -> (Vec<u64>, bool) {
+    if d != DType::Float4E2M1FnX2 {
+        return (shape, false);
+    }
+    let elems: u64 = shape.iter().product();
+    let odd = elems % 2 == 1;
+    let halve = shape.len() == 1 || shape.last().is_some_and(|l| l % 2 == 0);
+    match shape.last_mut() {
+        Some(l) if halve => *l = l.div_ceil(2),
+        _ => shape = vec![nbytes],
+    }
+    (shape, odd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_fp4_shapes_count_bytes() {
+        assert_eq!(
+            packed_shape(DType::Float4E2M1FnX2, vec![3, 4], 6),
+            (vec![3, 2], false)
+        );
+        assert_eq!(
+            packed_shape(DType::Float4E2M1FnX2, vec![5], 3),
+            (vec![3], true)
+        );
+        assert_eq!(
+            packed_shape(DType::Float4E2M1FnX2, vec![3, 3], 5),
+            (vec![5], true)
+        );
+    }
+}
