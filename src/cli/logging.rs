@@ -84,6 +84,34 @@ const HELD_MAX: usize = 1000;
 
 static RELAY: std::sync::OnceLock<&'static Relay> = std::sync::OnceLock::new();
 
+thread_local! {
+    /// Set while this thread is inside the relay: a line logged from there
+    /// (by a panic in a logger, through the panic hook) is dropped rather
+    /// than waiting forever for the lock this thread holds.
+    static IN_RELAY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks this thread as inside the relay until dropped (also when a panic
+/// unwinds through it); `None` when it already was.
+struct Inside;
+
+impl Inside {
+    fn enter() -> Option<Inside> {
+        if IN_RELAY.replace(true) {
+            // Already inside: no guard, whose drop would clear the mark
+            // the outer call still needs.
+            return None;
+        }
+        Some(Inside)
+    }
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        IN_RELAY.set(false);
+    }
+}
+
 impl Log for Relay {
     fn enabled(&self, m: &Metadata) -> bool {
         m.level() <= log::max_level()
@@ -92,6 +120,9 @@ impl Log for Relay {
         if !self.enabled(r.metadata()) {
             return;
         }
+        let Some(_inside) = Inside::enter() else {
+            return;
+        };
         match &mut *self.state.lock().unwrap_or_else(|e| e.into_inner()) {
             Relayed::To(to) => to.log(r),
             Relayed::Held(held, _) if held.len() < HELD_MAX => {
@@ -101,23 +132,42 @@ impl Log for Relay {
         }
     }
     fn flush(&self) {
+        let Some(_inside) = Inside::enter() else {
+            return;
+        };
         if let Relayed::To(to) = &*self.state.lock().unwrap_or_else(|e| e.into_inner()) {
             to.flush();
         }
     }
 }
 
-/// Sends a panic's message, place and backtrace to the log as well as to
-/// stderr: a background daemon's stderr goes nowhere, and a panic on a
-/// serving thread ends the session (the mount goes away), so without this
-/// the log would say only that it unmounted.
+/// Most lines of a panic's backtrace logged.
+const TRACE_LINES: usize = 60;
+
+/// Sends a background daemon's panics to its log: its stderr goes nowhere,
+/// and a panic on a serving thread ends the session (the mount goes away),
+/// so without this the log would say only that it unmounted. The message,
+/// thread and place make one line; the backtrace follows a line per
+/// record (a syslog message or a FIFO write holds one line well).
 pub fn log_panics() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         let thread = std::thread::current();
         let name = thread.name().unwrap_or("unnamed");
-        let trace = std::backtrace::Backtrace::force_capture();
-        log::error!("panic on thread {name}: {info}\n{trace}");
+        let place = info
+            .location()
+            .map_or_else(String::new, |l| format!(" at {l}"));
+        let what = info
+            .payload()
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(no message)");
+        log::error!("panic on thread {name}{place}: {what}");
+        let trace = std::backtrace::Backtrace::force_capture().to_string();
+        for line in trace.lines().take(TRACE_LINES) {
+            log::error!("  {line}");
+        }
         log::logger().flush();
         default(info);
     }));
@@ -257,4 +307,56 @@ pub fn to_syslog(debug: bool) {
     // C string literal, which lives as long as the process.
     unsafe { libc::openlog(c"ztensor-mount".as_ptr(), libc::LOG_PID, libc::LOG_DAEMON) };
     install(Box::new(Syslog), level(debug));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+    /// A logger that logs again through the relay from inside it, as the
+    /// panic hook does for a panic inside a logger.
+    struct Reenter(&'static Relay, AtomicUsize);
+
+    impl Log for Reenter {
+        fn enabled(&self, _: &Metadata) -> bool {
+            true
+        }
+        fn log(&self, r: &Record) {
+            self.1.fetch_add(1, Relaxed);
+            self.0.log(r);
+            self.0.flush();
+        }
+        fn flush(&self) {}
+    }
+
+    #[test]
+    fn a_line_logged_from_inside_the_relay_is_dropped_not_waited_for() {
+        log::set_max_level(LevelFilter::Error);
+        let relay: &'static Relay = Box::leak(Box::new(Relay {
+            state: std::sync::Mutex::new(Relayed::Held(Vec::new(), 0)),
+        }));
+        let to: &'static Reenter = Box::leak(Box::new(Reenter(relay, AtomicUsize::new(0))));
+        struct Forward(&'static Reenter);
+        impl Log for Forward {
+            fn enabled(&self, m: &Metadata) -> bool {
+                self.0.enabled(m)
+            }
+            fn log(&self, r: &Record) {
+                self.0.log(r)
+            }
+            fn flush(&self) {}
+        }
+        *relay.state.lock().unwrap() = Relayed::To(Box::new(Forward(to)));
+        let line = Record::builder()
+            .level(log::Level::Error)
+            .args(format_args!("a panic"))
+            .build();
+        relay.log(&line);
+        // Written once; the nested line was dropped, and the thread may log
+        // again afterwards.
+        assert_eq!(to.1.load(Relaxed), 1);
+        relay.log(&line);
+        assert_eq!(to.1.load(Relaxed), 2);
+    }
 }

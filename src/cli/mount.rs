@@ -364,8 +364,11 @@ const REMOTE_TRIM_THRESHOLD: libc::c_int = 32 << 20;
 /// reason it could not mount. (Written to a command that may have gone:
 /// SIGPIPE is ignored, as Rust sets it.)
 fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -> ExitCode {
-    logging::log_panics();
     let waiting = ready.is_some();
+    // In the foreground the default hook's stderr is the log already.
+    if waiting {
+        logging::log_panics();
+    }
     let ready = Arc::new(Mutex::new(ready));
     let report = |msg: &str| tell(&ready, msg);
     let sigset = block_exit_signals();
