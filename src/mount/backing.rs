@@ -140,11 +140,12 @@ pub enum Fill {
 enum Slot {
     /// Written by the reads of served opens (see [`Partial`]).
     Writing(Arc<Partial>),
-    /// Being filled; opens meanwhile are served by the daemon, from what
-    /// the reads of the served opens before wrote (the partial, sealed) and
-    /// otherwise from the data layer, except when those reads wrote all of
-    /// it: then opens wait the moment it takes to publish it (see
-    /// [`Backings::ready_or_wait`]).
+    /// Being filled, or sealed by the close that will fill it (its reads
+    /// may still write through until the seal); opens meanwhile are served
+    /// by the daemon, from what the reads of the served opens before wrote
+    /// (the partial) and otherwise from the data layer, except when those
+    /// reads wrote all of it: then opens wait the moment it takes to
+    /// publish it (see [`Backings::ready_or_wait`]).
     Filling(Option<Arc<Partial>>),
     Ready(Arc<Backing>),
 }
@@ -514,6 +515,16 @@ impl Backings {
             }
         });
         block > 0 && off.is_multiple_of(block)
+    }
+
+    /// Whether a close has taken the file of content `key` to seal and
+    /// fill (or forget) it.
+    #[cfg(test)]
+    pub(crate) fn sealing(&self, key: &Content) -> bool {
+        matches!(
+            lock(&self.inner).slots.get(key),
+            Some(Slot::Filling(Some(_)))
+        )
     }
 
     /// The backing of files of content `key`, if there is a complete one.
