@@ -40,9 +40,10 @@ impl PartialEq for Format {
     }
 }
 
-/// Every format read, in the order they are tried: those with a magic
-/// first, then those recognised by their structure (safetensors' header
-/// length and `{`; ONNX, whose protobuf has no magic, last of all).
+/// Every format read, in the order they are tried: a Hugging Face index
+/// (JSON naming `weight_map`), the formats with a magic, then those
+/// recognised by their structure (safetensors' header length and `{`;
+/// ONNX, whose protobuf has no magic, last of all).
 pub static FORMATS: &[Format] = &[
     Format {
         name: "Hugging Face safetensors index",
@@ -167,7 +168,8 @@ pub fn detect(bytes: &[u8]) -> Detected {
     }
 }
 
-/// The formats this version reads, for `--help` and refusals.
+/// The formats this version reads, for refusals (`--help` says the same in
+/// words of its own, which a test holds to this list).
 pub fn reads() -> String {
     let listed: Vec<&str> = FORMATS
         .iter()
@@ -185,7 +187,7 @@ fn looks_like_html(head: &[u8]) -> bool {
 }
 
 /// What a file of no known format looks like, from its first bytes.
-pub fn looks_like(bytes: &[u8]) -> String {
+pub fn describe_unknown(bytes: &[u8]) -> String {
     const SHOWN: usize = 16;
     let head = &bytes[..bytes.len().min(SHOWN)];
     let more = if bytes.len() > SHOWN { "..." } else { "" };

@@ -3,22 +3,22 @@
 //! fetched read as zeros, so every byte a reader will touch is fetched
 //! first, in as few requests as the format allows.
 //!
-//! Our own readers (zTensor v0.1, v1 and v2, safetensors, deathtensors)
-//! read an index the file's ends point at. The formats read by `ztensor-compat` read the
-//! file by path where they please, so for each the bytes it reads at open
-//! are worked out here from what that crate does (`ztensor-compat` 2.1.1):
+//! Each format's entry in [`super::detect::FORMATS`] names its function
+//! here. zTensor v0.1, v1 and v2, safetensors and deathtensors read an
+//! index the file's ends point at. The others:
 //!
-//! - GGUF: the header, up to the end of its last tensor info (found by
+//! - GGUF, read by `ztensor-compat`, which reads the file by path where it
+//!   pleases: the header, up to the end of its last tensor info (found by
 //!   our own walk, [`super::gguf_header::extent`], growing the fetched
 //!   prefix fourfold while the header runs past it).
-//! - npz and `.pt` (zip archives): the end-of-central-directory record and
-//!   the central directory, each member's local header, the first 4 KiB
-//!   of each `.npy` member (its header; inflated for a deflated member),
-//!   and the whole of a checkpoint's `data.pkl`. These are found by
-//!   running the same `zip` crate over a reader that fetches what it
-//!   reads ([`Ensuring`]), after one batch of requests for what the
-//!   central directory says will be read, so that only a surprise costs
-//!   a request of its own.
+//! - npz and `.pt` (zip archives, our own readers): the
+//!   end-of-central-directory record and the central directory, each
+//!   member's local header, the first 4 KiB of each `.npy` member (its
+//!   header; inflated for a deflated member), and the whole of a
+//!   checkpoint's `data.pkl`. These are found by running the same `zip`
+//!   crate over a reader that fetches what it reads ([`Ensuring`]), after
+//!   one batch of requests for what the central directory says will be
+//!   read, so that only a surprise costs a request of its own.
 //! - ONNX has no index: its reader walks the whole protobuf stream at
 //!   open, so the whole object is fetched when it is within
 //!   `--index-memory`, and refused in one line otherwise. So is a Hugging

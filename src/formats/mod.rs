@@ -132,7 +132,7 @@ fn read_source(src: MappedFile, limits: Limits) -> Result<Opened> {
                 "not a file of a format this version reads ({}): no format's magic or \
                  header found; {}",
                 reads(),
-                detect::looks_like(src.bytes())
+                detect::describe_unknown(src.bytes())
             ),
         )),
     }

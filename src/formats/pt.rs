@@ -57,8 +57,10 @@ const MAX_NAME: usize = 64 << 10;
 /// magic number 0x1950a86a20f9469cfc6c as a 10-byte LONG1.
 pub const LEGACY_MAGIC: &[u8] = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19";
 
-/// Whether `bytes` are a ZIP archive that `torch.save` wrote: one with a
-/// `data.pkl` (its pickle), in any top folder.
+/// Whether `bytes` are a ZIP archive trying to be one `torch.save` wrote:
+/// one with a member named `data.pkl` at any depth. The reader then says
+/// what is wrong with one that is not where torch puts it (at the top, or
+/// in one top folder).
 pub fn looks_like(bytes: &[u8]) -> bool {
     super::common::is_zip(bytes)
         && zip::ZipArchive::new(std::io::Cursor::new(bytes))
