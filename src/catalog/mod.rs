@@ -12,7 +12,7 @@ pub mod cost;
 pub mod dtype;
 pub mod expose;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use crate::codec::digest::{Algorithm, Checksum, Verdict};
 pub use dtype::{DType, Endian};
@@ -278,6 +278,20 @@ impl Part {
 }
 
 impl Catalog {
+    /// The catalog of one file of `format` at `path` (`label` in
+    /// messages), with nothing in it yet.
+    pub fn of_file(format: &str, label: &str, path: &Path) -> Catalog {
+        Catalog {
+            format: format.to_string(),
+            label: label.to_string(),
+            sources: vec![SourceRef {
+                path: path.to_path_buf(),
+                ..SourceRef::default()
+            }],
+            ..Catalog::default()
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.tensors.len()
     }

@@ -23,7 +23,7 @@ use ztensor2::provide::Payload;
 use ztensor2::{DType as ZDType, Source};
 
 use crate::catalog::{
-    Blob, Catalog, Check, Codec, DType, Endian, Json, JsonMap, Part, Producer, SourceRef, Tensor,
+    Blob, Catalog, Check, Codec, DType, Endian, Json, JsonMap, Part, Producer, Tensor,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::formats::Limits;
@@ -387,15 +387,10 @@ fn project(src: &MappedFile, source: Arc<Source>) -> Result<Catalog> {
         None => JsonMap::new(),
     };
     Ok(Catalog {
-        format: NAME.to_string(),
-        label: src.label().to_string(),
-        sources: vec![SourceRef {
-            path: src.path().to_path_buf(),
-            ..SourceRef::default()
-        }],
         blobs,
         tensors,
         attributes,
+        ..Catalog::of_file(NAME, src.label(), src.path())
     })
 }
 

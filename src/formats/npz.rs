@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use crate::catalog::{
     Blob, Catalog, Check, Checksum, Codec, DType, Endian, Json, JsonMap, Part, PartMap, Producer,
-    SourceRef, Tensor,
+    Tensor,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::formats::{Limits, Opened};
@@ -307,15 +307,7 @@ fn read(src: &MappedFile) -> Result<Catalog> {
             "a ZIP archive (npz or PyTorch .pt) that cannot be read, cut short or damaged: {e}"
         ))
     })?;
-    let mut catalog = Catalog {
-        format: "npz".into(),
-        label: label.clone(),
-        sources: vec![SourceRef {
-            path: src.path().to_path_buf(),
-            ..SourceRef::default()
-        }],
-        ..Catalog::default()
-    };
+    let mut catalog = Catalog::of_file("npz", &label, src.path());
     // One descriptor shared by every deflated member's producer.
     let mut file: Option<Arc<std::fs::File>> = None;
     let mut names = std::collections::HashSet::new();

@@ -205,15 +205,7 @@ pub fn open(src: MappedFile, limits: Limits) -> Result<Opened> {
     let _ = limits;
     let mut r = Reader {
         src: &src,
-        catalog: Catalog {
-            format: "ONNX".into(),
-            label: src.label().to_string(),
-            sources: vec![SourceRef {
-                path: src.path().to_path_buf(),
-                ..SourceRef::default()
-            }],
-            ..Catalog::default()
-        },
+        catalog: Catalog::of_file("ONNX", src.label(), src.path()),
         extra: Vec::new(),
         file: None,
         names: std::collections::HashSet::new(),

@@ -34,7 +34,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use crate::catalog::{
-    Blob, Catalog, Check, Codec, DType, Endian, Json, JsonMap, Part, Producer, SourceRef, Tensor,
+    Blob, Catalog, Check, Codec, DType, Endian, Json, JsonMap, Part, Producer, Tensor,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::formats::{Limits, Opened};
@@ -197,18 +197,11 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
     }
 
     let mut catalog = Catalog {
-        format: "PyTorch .pt".into(),
-        label: label.clone(),
-        sources: vec![SourceRef {
-            path: src.path().to_path_buf(),
-            ..SourceRef::default()
-        }],
-        blobs: Vec::new(),
-        tensors: Vec::new(),
         attributes: JsonMap::from_iter([(
             "archive".to_string(),
             Json::from(root.trim_end_matches('/')),
         )]),
+        ..Catalog::of_file("PyTorch .pt", &label, src.path())
     };
     for (name, t) in found {
         let t = match t {

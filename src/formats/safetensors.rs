@@ -16,9 +16,7 @@ use std::fmt;
 
 use serde::de::{Deserializer, MapAccess, Visitor};
 
-use crate::catalog::{
-    Blob, Catalog, Check, Codec, DType, Endian, Json, JsonMap, Part, SourceRef, Tensor,
-};
+use crate::catalog::{Blob, Catalog, Check, Codec, DType, Endian, Json, JsonMap, Part, Tensor};
 use crate::error::{Error, ErrorKind, Result};
 use crate::formats::{Limits, Opened};
 use crate::source::MappedFile;
@@ -174,15 +172,7 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
         None => bad(format!("header is not a JSON object: {e}")),
     })?;
 
-    let mut catalog = Catalog {
-        format: "safetensors".into(),
-        label: label.clone(),
-        sources: vec![SourceRef {
-            path: src.path().to_path_buf(),
-            ..SourceRef::default()
-        }],
-        ..Catalog::default()
-    };
+    let mut catalog = Catalog::of_file("safetensors", &label, src.path());
     let mut names = std::collections::HashSet::new();
     // (begin, end, tensor) in data-section offsets, for the tiling check.
     let mut ranges: Vec<(u64, u64, usize)> = Vec::new();

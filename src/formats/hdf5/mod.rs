@@ -24,7 +24,7 @@ mod read;
 use std::sync::Arc;
 
 use crate::catalog::{
-    Blob, Catalog, Check, Codec, DType, Endian, Json, JsonMap, Part, Producer, SourceRef, Tensor,
+    Blob, Catalog, Check, Codec, DType, Endian, Json, JsonMap, Part, Producer, Tensor,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::formats::{Limits, Opened};
@@ -101,15 +101,10 @@ fn read_catalog(src: &MappedFile, limits: Limits) -> read::Res<Catalog> {
     }
     let attributes = attrs::collect(&f, &walk.root);
     Ok(Catalog {
-        format: "HDF5".into(),
-        label: src.label().to_string(),
-        sources: vec![SourceRef {
-            path: src.path().to_path_buf(),
-            ..SourceRef::default()
-        }],
         blobs,
         tensors,
         attributes,
+        ..Catalog::of_file("HDF5", src.label(), src.path())
     })
 }
 

@@ -6,7 +6,7 @@ use ciborium::value::Value;
 use super::catalog::{Catalog as V01, Encoding, SparseForm, SparseFormat, Tensor as V01Tensor};
 use super::index::as_u64;
 use super::writer::{FRAME_SIZE_KEY, FRAMES_KEY};
-use crate::catalog::{Blob, Catalog, Check, Codec, FrameTable, Json, JsonMap, SourceRef, Tensor};
+use crate::catalog::{Blob, Catalog, Check, Codec, FrameTable, Json, JsonMap, Tensor};
 use crate::formats::cbor_json;
 use crate::source::MappedFile;
 
@@ -19,15 +19,9 @@ pub fn project(src: &MappedFile, v01: V01) -> Catalog {
         tensors.push(tensor(t));
     }
     Catalog {
-        format: "zTensor v0.1.0".into(),
-        label: src.label().to_string(),
-        sources: vec![SourceRef {
-            path: src.path().to_path_buf(),
-            ..SourceRef::default()
-        }],
         blobs,
         tensors,
-        attributes: JsonMap::new(),
+        ..Catalog::of_file("zTensor v0.1.0", src.label(), src.path())
     }
 }
 

@@ -9,8 +9,7 @@ use ciborium::value::Value;
 
 use super::manifest::{ALIGNMENT, MAGIC, Manifest, RawComponent, RawObject};
 use crate::catalog::{
-    Blob, Catalog, Check, Checksum, Codec, DType, Endian, Json, JsonMap, Part, PartMap, SourceRef,
-    Tensor,
+    Blob, Catalog, Check, Checksum, Codec, DType, Endian, Json, JsonMap, Part, PartMap, Tensor,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::formats::cbor_json;
@@ -150,15 +149,10 @@ pub fn project(bytes_len: u64, file: &str, path: &Path, m: Manifest) -> Result<C
         );
     }
     Ok(Catalog {
-        format: FORMAT.into(),
-        label: file.to_string(),
-        sources: vec![SourceRef {
-            path: path.to_path_buf(),
-            ..SourceRef::default()
-        }],
         blobs,
         tensors,
         attributes,
+        ..Catalog::of_file(FORMAT, file, path)
     })
 }
 

@@ -28,15 +28,7 @@ pub fn project(root: MappedFile, manifest: Option<Manifest>) -> Result<Opened> {
     let label = root.label().to_string();
     let mut b = Builder {
         label: label.clone(),
-        catalog: Catalog {
-            format: FORMAT.into(),
-            label,
-            sources: vec![SourceRef {
-                path: root.path().to_path_buf(),
-                ..SourceRef::default()
-            }],
-            ..Catalog::default()
-        },
+        catalog: Catalog::of_file(FORMAT, &label, root.path()),
         maps: Vec::new(),
         shard_of: BTreeMap::new(),
     };
