@@ -597,13 +597,13 @@ fn a_server_that_keeps_failing_gives_eio_and_a_log_line_never_a_hang() {
 }
 
 #[test]
-fn an_object_replaced_after_mount_gives_eio_never_mixed_bytes() {
+fn an_object_replaced_after_mount_gives_estale_never_mixed_bytes() {
     let _s = support::serial();
     let Some((got, _, log, _)) = read_with_fault("replace") else {
         return;
     };
     let e = got.expect_err("a changed object");
-    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
     assert!(log.contains("changed since mount"), "{log}");
 }
 

@@ -1290,10 +1290,21 @@ impl Data {
     /// Whether part `pi` of tensor `ti`'s file is as it was at mount: bytes
     /// decoded from it earlier may be served only while it is.
     pub fn unchanged(&self, ti: usize, pi: usize) -> bool {
-        let blob = self.part_of(ti, pi).map(|p| p.blob);
-        blob.and_then(|bi| self.files.get(self.blob(bi).source))
-            .and_then(Option::as_ref)
-            .is_some_and(|s| s.guard.check().is_ok())
+        self.guard_of(ti, pi).is_some_and(|g| g.check().is_ok())
+    }
+
+    /// Whether part `pi` of tensor `ti`'s file was found changed since
+    /// mount (written, truncated, another object), as against failing a
+    /// check or a read.
+    pub fn changed(&self, ti: usize, pi: usize) -> bool {
+        self.guard_of(ti, pi)
+            .is_some_and(|g| g.check().is_err() && g.changed())
+    }
+
+    fn guard_of(&self, ti: usize, pi: usize) -> Option<&super::guard::Guard> {
+        let bi = self.part_of(ti, pi)?.blob;
+        let s = self.files.get(self.blob(bi).source)?.as_ref()?;
+        Some(&s.guard)
     }
 
     /// The hook set by [`Data::on_disk_full`], for tests.

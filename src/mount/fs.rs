@@ -399,7 +399,7 @@ impl TensorFs {
             return self
                 .data
                 .read(e.tensor, 0, off - e.start, size as u64)
-                .map_err(|_| libc::EIO);
+                .map_err(|_| self.read_errno(e.tensor, 0));
         }
         let mut out = scratch::take();
         out.reserve(size as usize);
@@ -420,7 +420,7 @@ impl TensorFs {
             let b = self
                 .data
                 .read(e.tensor, 0, from - e.start, to - from)
-                .map_err(|_| libc::EIO)?;
+                .map_err(|_| self.read_errno(e.tensor, 0))?;
             out.extend_from_slice(&b);
         }
         Ok(Bytes::Owned(out))
@@ -635,8 +635,9 @@ impl TensorFs {
     }
 
     /// The backing file the kernel may read files of content `c` from,
-    /// when there is one now. EIO when its bytes would be the source's and
-    /// the source changed or failed a check (logged by the data layer).
+    /// when there is one now. When its bytes would be the source's: ESTALE
+    /// if the source changed, EIO if it failed a check (logged by the data
+    /// layer).
     fn backing(&self, c: &Content) -> Result<Option<Arc<Backing>>, Errno> {
         if !self.passthrough() {
             return Ok(None);
@@ -736,7 +737,9 @@ impl TensorFs {
             return Ok(None);
         };
         for e in &l.entries {
-            self.data.check_raw(e.tensor, 0).map_err(|_| libc::EIO)?;
+            self.data
+                .check_raw(e.tensor, 0)
+                .map_err(|_| self.read_errno(e.tensor, 0))?;
         }
         let file = f.file().try_clone().map_err(|e| {
             log::error!("{}: cannot hand the file to the kernel: {e}", f.label());
@@ -748,7 +751,8 @@ impl TensorFs {
     /// A raw tensor's file backed by a clone of its range of the source,
     /// where the cache directory allows (see `Backings::clone_of`), once
     /// the checks a read makes have passed, and the source is still as
-    /// they found it after the clone was made. EIO when they fail.
+    /// they found it after the clone was made. The errno of a read when
+    /// they fail.
     fn cloned_backing(
         &self,
         c: &Content,
@@ -767,12 +771,16 @@ impl TensorFs {
         if !self.backings.may_clone(b.offset + start) {
             return Ok(None);
         }
-        self.data.check_raw(ti, pi).map_err(|_| libc::EIO)?;
+        self.data
+            .check_raw(ti, pi)
+            .map_err(|_| self.read_errno(ti, pi))?;
         let backing = self
             .backings
             .clone_of(c, f.file(), b.offset + start, p.nbytes);
         if backing.is_some() {
-            self.data.check_raw(ti, pi).map_err(|_| libc::EIO)?;
+            self.data
+                .check_raw(ti, pi)
+                .map_err(|_| self.read_errno(ti, pi))?;
         }
         Ok(backing)
     }
@@ -927,8 +935,23 @@ impl TensorFs {
         }
     }
 
+    /// The errno of a failed read (or check) of part `pi` of tensor `ti`,
+    /// whose reason the data layer has logged: ESTALE when its source was
+    /// found changed since mount (written in place, truncated, an object
+    /// with another ETag), as a network filesystem says of a file changed
+    /// under it; else EIO (a failed check, an I/O or disk error, a server
+    /// that does not answer or cannot serve it).
+    fn read_errno(&self, ti: usize, pi: usize) -> Errno {
+        if self.data.changed(ti, pi) {
+            libc::ESTALE
+        } else {
+            libc::EIO
+        }
+    }
+
     /// Bytes `[off, off+size)` of file `ino` opened as `fh`. A data error is
-    /// logged by the data layer and becomes EIO.
+    /// logged by the data layer and becomes EIO, or ESTALE for a source
+    /// that changed (see [`Self::read_errno`]).
     pub fn read(&self, ino: Ino, fh: u64, off: u64, size: u32) -> Result<Served<'_>, Errno> {
         Stats::add(&self.data.stats().reads, 1);
         let node = self.tree.node(ino).ok_or(libc::ENOENT)?;
@@ -1050,7 +1073,7 @@ impl TensorFs {
             NodeKind::File(Content::Part { tensor, part }) => self
                 .data
                 .read(*tensor, *part, off, size as u64)
-                .map_err(|_| libc::EIO),
+                .map_err(|_| self.read_errno(*tensor, *part)),
             NodeKind::File(Content::Npy { tensor }) => {
                 let (header, p) = self.npy(*tensor).ok_or(libc::EIO)?;
                 let entry = views::safetensors::Entry {

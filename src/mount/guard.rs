@@ -58,7 +58,9 @@ pub struct Guard {
     label: String,
     file: File,
     orig: Stamp,
-    broken: OnceLock<String>,
+    /// Why the file is no longer served, and whether because it changed
+    /// (rather than a disk error, or a stat that failed).
+    broken: OnceLock<(String, bool)>,
     /// This file's place in [`FILES`], if one was free.
     slot: Option<usize>,
     /// For a remote object's cache file (written as blocks arrive, so its
@@ -106,44 +108,59 @@ impl Guard {
 
     /// Why the file is no longer served, once [`Guard::check`] found it.
     pub fn broken(&self) -> Option<&str> {
-        self.broken.get().map(String::as_str)
+        self.broken.get().map(|(why, _)| why.as_str())
+    }
+
+    /// Whether [`Guard::check`] found the file changed since mount: its
+    /// size or times moved, or the remote object is another.
+    pub fn changed(&self) -> bool {
+        self.broken.get().is_some_and(|&(_, changed)| changed)
     }
 
     /// Ok while the file is as it was at mount. Once it changed, stays failed.
     pub fn check(&self) -> Result<(), String> {
-        if let Some(why) = self.broken.get() {
+        if let Some((why, _)) = self.broken.get() {
             return Err(why.clone());
         }
         let now = match &self.remote {
             Some(r) => match r.broken() {
-                Some(why) => {
+                Some(broken) => {
                     // The object logged it.
-                    return Err(self.broken.get_or_init(|| why).clone());
+                    return Err(self.broken.get_or_init(|| broken).0.clone());
                 }
                 None => Ok(self.orig),
             },
             None => stamp(&self.file),
         };
-        let why = match now {
-            Err(e) => format!("{}: cannot stat the mounted file: {e}", self.label),
-            Ok(now) if now.len != self.orig.len => format!(
-                "{}: file changed since mount (size {} -> {} bytes); refusing to serve its bytes",
-                self.label, self.orig.len, now.len
+        let (why, changed) = match now {
+            Err(e) => (
+                format!("{}: cannot stat the mounted file: {e}", self.label),
+                false,
             ),
-            Ok(now) if now.changed_from(&self.orig) => {
+            Ok(now) if now.len != self.orig.len => (
+                format!(
+                    "{}: file changed since mount (size {} -> {} bytes); refusing to serve its \
+                     bytes",
+                    self.label, self.orig.len, now.len
+                ),
+                true,
+            ),
+            Ok(now) if now.changed_from(&self.orig) => (
                 format!(
                     "{}: file was modified since mount; refusing to serve its bytes",
                     self.label
-                )
-            }
+                ),
+                true,
+            ),
             // The faulted page now reads as zeros, so nothing is served
             // from here on, whatever the cause.
-            Ok(_) if self.slot.is_some_and(|i| FILES[i].hits.load(SeqCst) > 0) => {
+            Ok(_) if self.slot.is_some_and(|i| FILES[i].hits.load(SeqCst) > 0) => (
                 format!(
                     "{}: reading the file through its mapping failed (SIGBUS) while its size and time are unchanged: a disk error, or a change that kept both; refusing to serve its bytes until it is mounted again",
                     self.label
-                )
-            }
+                ),
+                false,
+            ),
             Ok(_) => return Ok(()),
         };
         // Logged inside the init, so the reason is in the log before any
@@ -152,8 +169,9 @@ impl Guard {
             .broken
             .get_or_init(|| {
                 log::error!("{why}");
-                why
+                (why, changed)
             })
+            .0
             .clone())
     }
 }
@@ -375,6 +393,7 @@ mod tests {
         );
         let err = g.check().unwrap_err();
         assert!(err.contains("modified since mount"), "{err}");
+        assert!(g.changed());
         // A guard whose baseline is now sees no change.
         let now = f.metadata().unwrap();
         let g = Guard::new("f", f, &now, map.as_ptr(), map.len());
@@ -408,8 +427,29 @@ mod tests {
         assert_eq!(v, 0);
         let why = g.check().unwrap_err();
         assert!(why.contains("size 12288 -> 100"), "{why}");
+        assert!(g.changed());
         // Sticky: the file does not become trustworthy again.
         assert!(g.check().is_err());
+    }
+
+    #[test]
+    fn a_fault_with_size_and_times_unchanged_is_no_change_of_the_file() {
+        let _turn = one_at_a_time();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![0xABu8; 4096]).unwrap();
+        // SAFETY: the file is this test's own and is not changed; its map's
+        // bytes are never read (only its address is watched).
+        let map = unsafe { memmap2::Mmap::map(&File::open(&path).unwrap()) }.unwrap();
+        let f = File::open(&path).unwrap();
+        let opened = f.metadata().unwrap();
+        let g = Guard::new("f", f, &opened, map.as_ptr(), map.len());
+        // What the handler counts for a page the disk could not give.
+        let slot = g.slot.expect("a free slot");
+        FILES[slot].hits.fetch_add(1, SeqCst);
+        let why = g.check().unwrap_err();
+        assert!(why.contains("a disk error"), "{why}");
+        assert!(!g.changed(), "a disk error is not a change of the file");
     }
 
     #[test]

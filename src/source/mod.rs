@@ -25,8 +25,10 @@ pub trait Backing: Send + Sync {
     /// How many bytes from `off` on are present already (at most `len`),
     /// without fetching any.
     fn present(&self, off: u64, len: u64) -> u64;
-    /// Why the bytes can no longer be served (the object changed), once known.
-    fn broken(&self) -> Option<String>;
+    /// Why the bytes can no longer be served, once known, and whether that
+    /// is because the object changed (rather than, say, a server that
+    /// cannot serve it).
+    fn broken(&self) -> Option<(String, bool)>;
     /// The object named `name` beside this one (a shard), opened the same way.
     fn sibling(&self, name: &str) -> crate::error::Result<MappedFile>;
 }

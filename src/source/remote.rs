@@ -868,7 +868,9 @@ pub struct Object {
     /// The saved bitmap (none for a private cache file).
     bitmap: Option<Mutex<File>>,
     flights: Mutex<HashMap<u64, Arc<Flight>>>,
-    broken: OnceLock<String>,
+    /// Why the object's bytes can no longer be served, and whether because
+    /// it changed.
+    broken: OnceLock<(String, bool)>,
     /// The block after the last one a reader asked for (read-ahead).
     next_seq: AtomicU64,
     /// The block after the last one of the cache file that the kernel was
@@ -1060,7 +1062,7 @@ impl Object {
         let start = blocks.start * self.block;
         let end = (blocks.end * self.block).min(self.size);
         let what = format!("bytes {start}..{end}");
-        if let Some(why) = self.broken.get() {
+        if let Some((why, _)) = self.broken.get() {
             return Err(why.clone());
         }
         let _permit = self
@@ -1162,7 +1164,7 @@ impl Object {
                 self.size
             );
             // Every later read fails the same way, at once.
-            let _ = self.broken.set(format!("{}: {msg}", self.label));
+            let _ = self.broken.set((format!("{}: {msg}", self.label), false));
             Err(msg)
         } else {
             log::info!(
@@ -1247,8 +1249,9 @@ impl Object {
                     self.label
                 );
                 log::error!("{msg}");
-                msg
+                (msg, true)
             })
+            .0
             .clone()
     }
 }
@@ -1269,7 +1272,7 @@ impl Backing for Object {
         present_run(|b| self.has(b), self.block, self.size, off, len)
     }
 
-    fn broken(&self) -> Option<String> {
+    fn broken(&self) -> Option<(String, bool)> {
         self.broken.get().cloned()
     }
 
@@ -1339,7 +1342,7 @@ impl Object {
     /// Fetches the missing blocks of `ranges` (joining requests under way
     /// for any of them), and starts read-ahead for a sequential reader.
     fn ensure_once(&self, ranges: &[(u64, u64)], index: bool) -> std::result::Result<(), Waited> {
-        if let Some(why) = self.broken.get() {
+        if let Some((why, _)) = self.broken.get() {
             return Err(Waited::Led(why.clone()));
         }
         let mut wanted: Vec<u64> = Vec::new();
