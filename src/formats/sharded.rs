@@ -4,11 +4,12 @@
 //! `split.count`).
 //!
 //! Each shard is read on its own (by [`super::safetensors`] or
-//! [`super::gguf`]) and the catalogs are joined: blob sources renumbered, tensors appended. A shard
-//! that is missing or refused becomes an unusable source: the tensors the
-//! index gives it are listed and fail with its reason, the rest serve. A
-//! GGUF split file that cannot be read is listed itself, as
-//! `NAME (unusable shard)`: only its own header names its tensors.
+//! [`super::gguf`]) and the catalogs are joined: blob sources renumbered,
+//! tensors appended. A shard that is missing or refused becomes an
+//! unusable source: the tensors the index gives it are listed and fail
+//! with its reason, the rest serve. A GGUF split file that cannot be read
+//! is listed itself, as `NAME (unusable shard)`: only its own header names
+//! its tensors.
 
 use std::path::{Path, PathBuf};
 
