@@ -231,9 +231,7 @@ fn check_store(
 
 /// The catalog of what the crate read from `src`.
 fn project(src: &MappedFile, source: Arc<Source>) -> Result<Catalog> {
-    // What a computed part's producer makes present first, for a remote
-    // file: no range, as nothing GGUF stores is compressed.
-    let fetches = src.backing().cloned();
+    let remote = src.is_remote();
     let mut blobs = Vec::new();
     let mut tensors = Vec::with_capacity(source.len());
     for t in source.tensors() {
@@ -306,6 +304,17 @@ fn project(src: &MappedFile, source: Arc<Source>) -> Result<Catalog> {
                         label,
                     }
                 }
+                Payload::Opaque { .. } if remote => {
+                    // The crate makes such bytes reading the file where it
+                    // pleases; over a URL those blocks may not be fetched
+                    // yet, and would read as zeros. (GGUF's writers store
+                    // every tensor as a plain range: this is defence.)
+                    parts = Err("made by ztensor-compat's reader from wherever it reads \
+                                 in the file, which over a URL may be bytes not fetched \
+                                 yet: not served; mount a local copy"
+                        .into());
+                    break;
+                }
                 Payload::Opaque { decoded_len, .. } => {
                     if *decoded_len > MAX_COMPUTED {
                         parts = Err(format!(
@@ -318,13 +327,7 @@ fn project(src: &MappedFile, source: Arc<Source>) -> Result<Catalog> {
                         source: 0,
                         offset: 0,
                         len: 0,
-                        codec: Codec::Computed(producer(
-                            &source,
-                            &name,
-                            pname,
-                            *decoded_len,
-                            fetches.as_ref().map(|b| (b.clone(), Vec::new())),
-                        )),
+                        codec: Codec::Computed(producer(&source, &name, pname, *decoded_len)),
                         decoded_len: *decoded_len,
                         checks,
                         label,
@@ -400,18 +403,9 @@ fn is_computed(blobs: &[Blob], b: usize) -> bool {
         .is_some_and(|b| matches!(b.codec, Codec::Computed(_)))
 }
 
-/// The stored ranges a producer makes present before the crate reads them.
-type Fetch = (Arc<dyn crate::source::Backing>, Vec<(u64, u64)>);
-
-/// A producer that asks the crate for the part's bytes (after `fetch`
-/// made present what the crate will read, for a remote file).
-fn producer(
-    source: &Arc<Source>,
-    tensor: &str,
-    part: &str,
-    decoded_len: u64,
-    fetch: Option<Fetch>,
-) -> Producer {
+/// A producer that asks the crate for the part's bytes (of a local file:
+/// see the refusal of such parts over a URL in [`project`]).
+fn producer(source: &Arc<Source>, tensor: &str, part: &str, decoded_len: u64) -> Producer {
     let (source, tensor, part) = (source.clone(), tensor.to_string(), part.to_string());
     Producer {
         name: "ztensor-compat",
@@ -425,9 +419,6 @@ fn producer(
                     "{decoded_len} bytes to make, over the room given ({} bytes)",
                     out.capacity()
                 ));
-            }
-            if let Some((backing, ranges)) = &fetch {
-                backing.ensure(ranges, false)?;
             }
             let t = source.tensor(&tensor).map_err(|e| e.to_string())?;
             let p = t.part(&part).map_err(|e| e.to_string())?;
