@@ -737,9 +737,7 @@ impl TensorFs {
             return Ok(None);
         };
         for e in &l.entries {
-            self.data
-                .check_raw(e.tensor, 0)
-                .map_err(|_| self.read_errno(e.tensor, 0))?;
+            self.check_raw(e.tensor, 0)?;
         }
         let file = f.file().try_clone().map_err(|e| {
             log::error!("{}: cannot hand the file to the kernel: {e}", f.label());
@@ -771,16 +769,12 @@ impl TensorFs {
         if !self.backings.may_clone(b.offset + start) {
             return Ok(None);
         }
-        self.data
-            .check_raw(ti, pi)
-            .map_err(|_| self.read_errno(ti, pi))?;
+        self.check_raw(ti, pi)?;
         let backing = self
             .backings
             .clone_of(c, f.file(), b.offset + start, p.nbytes);
         if backing.is_some() {
-            self.data
-                .check_raw(ti, pi)
-                .map_err(|_| self.read_errno(ti, pi))?;
+            self.check_raw(ti, pi)?;
         }
         Ok(backing)
     }
@@ -947,6 +941,14 @@ impl TensorFs {
         } else {
             libc::EIO
         }
+    }
+
+    /// The checks a read of part `pi` of tensor `ti` makes before its
+    /// first byte, with that read's errno when they fail.
+    fn check_raw(&self, ti: usize, pi: usize) -> Result<(), Errno> {
+        self.data
+            .check_raw(ti, pi)
+            .map_err(|_| self.read_errno(ti, pi))
     }
 
     /// Bytes `[off, off+size)` of file `ino` opened as `fh`. A data error is
