@@ -59,9 +59,15 @@ fn check_pipeline(path: &Path, want: &Json, format: &str) -> Arc<Data> {
         );
         if let Some(ls) = w.get("logical_shape") {
             assert_eq!(Json::from(t.shape.clone()), *ls, "{name}: logical shape");
-            assert_eq!(t.meta["ggml_type"], w["ggml_type"], "{name}");
-            assert!(t.meta["block_bytes"].as_u64().unwrap() > 0, "{name}");
-            assert!(t.meta["block_elements"].as_u64().unwrap() > 0, "{name}");
+            assert_eq!(t.meta.to_map()["ggml_type"], w["ggml_type"], "{name}");
+            assert!(
+                t.meta.to_map()["block_bytes"].as_u64().unwrap() > 0,
+                "{name}"
+            );
+            assert!(
+                t.meta.to_map()["block_elements"].as_u64().unwrap() > 0,
+                "{name}"
+            );
         }
     }
     data
@@ -126,7 +132,8 @@ fn safetensors_plain_and_sharded() {
     let cat = data.catalog();
     let mut failed = 0;
     for (ti, t) in cat.tensors.iter().enumerate() {
-        let shard = t.meta["shard"].as_str().unwrap();
+        let meta = t.meta.to_map();
+        let shard = meta["shard"].as_str().unwrap();
         if shard == "model-00002-of-00003.safetensors" {
             let why = t.parts.as_ref().unwrap_err();
             assert!(why.contains("model-00002-of-00003"), "{why}");

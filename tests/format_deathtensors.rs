@@ -84,7 +84,7 @@ fn writer_files_read_right_through_the_data_layer() {
             assert_eq!(t.dtype, w["dtype"].as_str().unwrap(), "{kind} {name}");
             let shape = json_shape(&w["shape"]);
             assert_eq!(t.shape, shape, "{kind} {name}");
-            assert_eq!(t.meta["metadata"], w["metadata"], "{kind} {name}");
+            assert_eq!(t.meta.to_map()["metadata"], w["metadata"], "{kind} {name}");
             let bytes = hex_decode(w["data_hex"].as_str().unwrap());
             let got = data
                 .read(ti, 0, 0, bytes.len() as u64 + 10)

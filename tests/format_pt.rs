@@ -147,18 +147,18 @@ fn names_follow_the_saved_order_and_nesting() {
 fn views_of_one_storage_share_it_and_read_their_own_elements() {
     let opened = formats::open(&fixtures().join("shared.pt"), Limits::default()).unwrap();
     let cat = &opened.catalog;
-    let storage = |n: &str| cat.get(n).unwrap().meta["storage"].clone();
+    let storage = |n: &str| cat.get(n).unwrap().meta.to_map()["storage"].clone();
     assert_eq!(storage("base"), storage("rows"));
     assert_eq!(storage("base"), storage("last"));
     // Tied: the same tensor object twice, a memo reference in the pickle.
     assert_eq!(storage("base"), storage("tied"));
     assert_eq!(cat.get("tied").unwrap().shape, [6, 4]);
     assert_eq!(
-        cat.get("tied").unwrap().meta["offset"],
-        cat.get("base").unwrap().meta["offset"]
+        cat.get("tied").unwrap().meta.to_map()["offset"],
+        cat.get("base").unwrap().meta.to_map()["offset"]
     );
-    assert_eq!(cat.get("rows").unwrap().meta["storage_offset"], 8);
-    assert_eq!(cat.get("last").unwrap().meta["storage_offset"], 20);
+    assert_eq!(cat.get("rows").unwrap().meta.to_map()["storage_offset"], 8);
+    assert_eq!(cat.get("last").unwrap().meta.to_map()["storage_offset"], 20);
     let m = manifest();
     assert_eq!(
         m["files"]["shared.pt"]["tensors"]["rows"]["storage_offset"],
@@ -186,7 +186,7 @@ fn a_bool_byte_that_is_not_0_or_1_fails_that_tensor_only() {
     let dir = tempfile::tempdir().unwrap();
     let src = fixtures().join("dtypes.pt");
     let opened = formats::open(&src, Limits::default()).unwrap();
-    let at = opened.catalog.get("bool").unwrap().meta["offset"]
+    let at = opened.catalog.get("bool").unwrap().meta.to_map()["offset"]
         .as_u64()
         .unwrap();
     let mut bytes = std::fs::read(&src).unwrap();
@@ -252,7 +252,7 @@ fn through_a_mount_a_bad_bool_is_eio_and_the_legacy_file_one_line() {
     };
     let src = fixtures().join("dtypes.pt");
     let opened = formats::open(&src, Limits::default()).unwrap();
-    let at = opened.catalog.get("bool").unwrap().meta["offset"]
+    let at = opened.catalog.get("bool").unwrap().meta.to_map()["offset"]
         .as_u64()
         .unwrap();
     let mut bytes = std::fs::read(&src).unwrap();

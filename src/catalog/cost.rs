@@ -11,7 +11,7 @@
 //! which the estimate exceeds (`tests/mount_hostile.rs`,
 //! `index_memory_bounds_a_large_safetensors_header`).
 
-use super::{Catalog, Json, JsonMap, Tensor};
+use super::{Catalog, Json, JsonMap, Meta, Tensor};
 
 /// One tensor, beyond its strings and fields: its catalog entry and blob,
 /// its tree nodes (data file and sidecar), placement, and view entries.
@@ -55,14 +55,19 @@ pub fn map_cost(m: &JsonMap) -> u64 {
     })
 }
 
+/// What a tensor's or part's own fields take: their text.
+pub fn meta_cost(m: &Meta) -> u64 {
+    SMALL.saturating_add(m.text_len() as u64)
+}
+
 /// What one tensor of a catalog takes once laid out.
 pub fn tensor_cost(t: &Tensor) -> u64 {
-    let meta = map_cost(&t.meta);
+    let meta = meta_cost(&t.meta);
     let parts = t.parts.as_ref().map_or_else(
         |why| why.len() as u64,
         |ps| {
             ps.iter().fold(0u64, |n, p| {
-                let pmeta = map_cost(&p.meta);
+                let pmeta = meta_cost(&p.meta);
                 n.saturating_add(PART_COST)
                     .saturating_add(name_cost(&p.name))
                     .saturating_add(8 * p.shape.len() as u64)

@@ -118,7 +118,7 @@ pub fn from_blob<'a>(blob: &'a [u8], part: &Part, off: u64, len: u64) -> Cow<'a,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::{DType, JsonMap};
+    use crate::catalog::DType;
 
     /// Reference COO records: 7 entries of 3 u64 indices then a u32 value.
     fn records() -> (Vec<u8>, Part, Part) {
@@ -139,7 +139,7 @@ mod tests {
             blob: 0,
             map: PartMap::CooRecordIndices { nnz, record },
             order: Endian::Big,
-            meta: JsonMap::new(),
+            meta: crate::catalog::Meta::default(),
         };
         let values = Part {
             name: "values".into(),
@@ -152,7 +152,7 @@ mod tests {
                 value_at: 8 * ndim,
             },
             order: Endian::Big,
-            meta: JsonMap::new(),
+            meta: crate::catalog::Meta::default(),
         };
         (blob, indices, values)
     }

@@ -11,11 +11,13 @@
 pub mod cost;
 pub mod dtype;
 pub mod expose;
+pub mod meta;
 
 use std::path::{Path, PathBuf};
 
 pub use crate::codec::digest::{Algorithm, Checksum, Verdict};
 pub use dtype::{DType, Endian};
+pub use meta::Meta;
 
 pub type Json = serde_json::Value;
 pub type JsonMap = serde_json::Map<String, Json>;
@@ -189,7 +191,7 @@ pub struct Tensor {
     /// its sidecar, and no bytes are served).
     pub parts: Result<Vec<Part>, String>,
     /// Format-specific sidecar fields, shown after the common ones.
-    pub meta: JsonMap,
+    pub meta: Meta,
 }
 
 impl Tensor {
@@ -223,7 +225,7 @@ pub struct Part {
     /// Byte order of the stored elements.
     pub order: Endian,
     /// Format-specific sidecar fields of this part.
-    pub meta: JsonMap,
+    pub meta: Meta,
 }
 
 /// Where the bytes of one exposed element come from in the decoded blob.
@@ -272,7 +274,7 @@ impl Part {
             blob,
             map: PartMap::Contiguous { start: 0 },
             order,
-            meta: JsonMap::new(),
+            meta: Meta::default(),
         }
     }
 }

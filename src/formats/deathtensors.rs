@@ -544,7 +544,7 @@ fn add_tensors(catalog: &mut Catalog, source: usize, p: Parsed, shard: Option<&s
             encoding: encoding.into(),
             directory: false,
             parts: Ok(vec![part]),
-            meta,
+            meta: meta.into(),
         });
     }
 }
@@ -646,7 +646,7 @@ fn absent(name: &str, shard: &str, why: String) -> Tensor {
         encoding: "unknown".into(),
         directory: false,
         parts: Err(why),
-        meta,
+        meta: meta.into(),
     }
 }
 

@@ -344,7 +344,7 @@ fn project(src: &MappedFile, source: Arc<Source>) -> Result<Catalog> {
             } else {
                 String::new()
             };
-            part.meta = pmeta;
+            part.meta = pmeta.into();
             blobs.push(blob);
             if let Ok(ps) = &mut parts {
                 ps.push(part);
@@ -355,7 +355,7 @@ fn project(src: &MappedFile, source: Arc<Source>) -> Result<Catalog> {
             && !directory
             && let Some(p) = ps.first_mut()
         {
-            meta.append(&mut p.meta);
+            meta.extend(std::mem::take(&mut p.meta).to_map());
         }
         let (zd, logical) = first.unwrap_or((ZDType::U8, None));
         let layout = t.layout().to_string();
@@ -381,7 +381,7 @@ fn project(src: &MappedFile, source: Arc<Source>) -> Result<Catalog> {
             },
             directory,
             parts,
-            meta,
+            meta: meta.into(),
         });
     }
     let attributes = match source.attributes().map(cbor_json::from_ztensor) {

@@ -559,7 +559,7 @@ fn read(src: &MappedFile) -> Result<Catalog> {
             encoding: encoding.into(),
             directory: false,
             parts,
-            meta,
+            meta: meta.into(),
         });
     }
     if catalog.tensors.is_empty() && !zip.is_empty() {

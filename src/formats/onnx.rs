@@ -478,7 +478,7 @@ impl<'s> Reader<'s> {
             encoding: encoding.into(),
             directory: false,
             parts,
-            meta,
+            meta: meta.into(),
         });
         Ok(())
     }
@@ -524,7 +524,7 @@ impl<'s> Reader<'s> {
                         not served as a dense tensor"
                     .into(),
             ),
-            meta: JsonMap::new(),
+            meta: crate::catalog::Meta::default(),
         });
         Ok(())
     }

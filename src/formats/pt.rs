@@ -217,7 +217,7 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
                     encoding: "raw".into(),
                     directory: false,
                     parts: Err(why),
-                    meta: JsonMap::new(),
+                    meta: crate::catalog::Meta::default(),
                 });
                 continue;
             }
@@ -246,7 +246,7 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
             },
             directory: false,
             parts,
-            meta,
+            meta: meta.into(),
         });
     }
     Ok(catalog)

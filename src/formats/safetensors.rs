@@ -288,7 +288,7 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
             encoding: "raw".into(),
             directory: false,
             parts,
-            meta,
+            meta: meta.into(),
         });
     }
 

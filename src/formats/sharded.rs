@@ -346,7 +346,7 @@ impl Set {
                             p.blob += base;
                         }
                     }
-                    t.meta.insert("shard".into(), file.clone().into());
+                    t.meta.insert("shard", file.clone().into());
                     self.push(t);
                 }
                 for name in wanted.into_iter().flatten() {
@@ -381,7 +381,7 @@ impl Set {
     fn push(&mut self, mut t: Tensor) {
         if !self.names.insert(t.name.clone()) {
             t.parts = Err("another shard holds a tensor of the same name".into());
-            let shard = t.meta.get("shard").cloned().unwrap_or_default();
+            let shard = t.meta.get("shard").unwrap_or_default();
             t.name = format!("{} (duplicate in {shard})", t.name);
             if !self.names.insert(t.name.clone()) {
                 return;
@@ -410,6 +410,6 @@ fn missing(name: &str, shard: &str, why: String) -> Tensor {
         encoding: "unknown".into(),
         directory: false,
         parts: Err(why),
-        meta,
+        meta: meta.into(),
     }
 }

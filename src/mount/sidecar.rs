@@ -7,7 +7,7 @@ use std::io::Write;
 use serde::Serialize;
 
 use super::tree::{Placement, Tree};
-use crate::catalog::{Catalog, JsonMap, Part, Tensor};
+use crate::catalog::{Catalog, JsonMap, Meta, Part, Tensor};
 
 /// One tensor, as in `NAME.json`.
 #[derive(Serialize)]
@@ -37,7 +37,7 @@ pub struct TensorSidecar<'a> {
     encoding: &'a str,
     /// The format's own fields.
     #[serde(flatten)]
-    meta: &'a JsonMap,
+    meta: &'a Meta,
     #[serde(skip_serializing_if = "Option::is_none")]
     parts: Option<Vec<PartSidecar<'a>>>,
     /// The view files that show it, by view.
@@ -60,7 +60,7 @@ pub struct PartSidecar<'a> {
     encoding: &'static str,
     supported: bool,
     #[serde(flatten)]
-    meta: &'a JsonMap,
+    meta: &'a Meta,
 }
 
 /// The sidecar of tensor `t`, placed at `at` with exposed path `path`

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::catalog::{Blob, Catalog, Codec, DType, Endian, JsonMap, Part, SourceRef, Tensor};
+use crate::catalog::{Blob, Catalog, Codec, DType, Endian, Part, SourceRef, Tensor};
 use crate::source::MappedFile;
 
 /// Writes `tensors` (name, bytes) to `dir/data` and catalogs them as
@@ -50,7 +50,7 @@ pub fn catalog_of(dir: &Path, tensors: &[(&str, &[u8])]) -> (Catalog, Vec<Option
                 i,
                 Endian::Little,
             )]),
-            meta: JsonMap::new(),
+            meta: crate::catalog::Meta::default(),
         });
         offset += len;
     }

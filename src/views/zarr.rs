@@ -47,9 +47,7 @@ pub fn array_json(c: &Catalog, t: &Tensor, part: &Part) -> Option<Vec<u8>> {
     attributes.insert("format_dtype".into(), json!(t.dtype));
     attributes.insert("layout".into(), json!(t.layout));
     attributes.insert("encoding".into(), json!(t.encoding));
-    for (k, v) in &t.meta {
-        attributes.insert(k.clone(), v.clone());
-    }
+    attributes.extend(t.meta.to_map());
     let mut codec = json!({"name": "bytes"});
     if part.dtype.size() > 1 {
         codec["configuration"] = json!({"endian": "little"});

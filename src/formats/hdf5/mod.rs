@@ -125,7 +125,7 @@ fn unreadable(name: &str, dtype: &str, shape: Vec<u64>, why: String, meta: JsonM
         encoding: "raw".into(),
         directory: false,
         parts: Err(why),
-        meta,
+        meta: meta.into(),
     }
 }
 
@@ -299,7 +299,7 @@ fn dataset(
         encoding,
         directory: false,
         parts: Ok(vec![part]),
-        meta,
+        meta: meta.into(),
     })
 }
 

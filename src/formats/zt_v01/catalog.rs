@@ -6,7 +6,7 @@
 use ciborium::value::Value;
 
 use super::index::{self, ALIGNMENT, RawEntry, as_u64};
-use crate::catalog::{Checksum, DType, Endian, JsonMap, Part, PartMap};
+use crate::catalog::{Checksum, DType, Endian, Part, PartMap};
 use crate::codec::zstd as zstd_blob;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -749,6 +749,6 @@ fn part(name: &str, dtype: DType, shape: Vec<u64>, nbytes: u64, map: PartMap) ->
         blob: 0,
         map,
         order: Endian::Little,
-        meta: JsonMap::new(),
+        meta: crate::catalog::Meta::default(),
     }
 }

@@ -6,7 +6,9 @@ use ciborium::value::Value;
 use super::catalog::{Catalog as V01, Encoding, SparseForm, SparseFormat, Tensor as V01Tensor};
 use super::index::as_u64;
 use super::writer::{FRAME_SIZE_KEY, FRAMES_KEY};
-use crate::catalog::{Blob, Catalog, Check, Codec, FrameTable, Json, JsonMap, Tensor};
+use serde::Serialize;
+
+use crate::catalog::{Blob, Catalog, Check, Codec, FrameTable, JsonMap, Meta, Tensor};
 use crate::formats::cbor_json;
 use crate::source::MappedFile;
 
@@ -80,36 +82,41 @@ fn frame_table(t: &V01Tensor) -> Option<FrameTable> {
     })
 }
 
+/// A tensor's own sidecar fields, in the order they are shown.
+#[derive(Serialize)]
+struct Fields {
+    offset: u64,
+    size: u64,
+    data_endianness: &'static str,
+    checksum: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sparse_format: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sparse_form: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nnz: Option<u64>,
+    custom: JsonMap,
+}
+
 fn tensor(t: V01Tensor) -> Tensor {
     let sparse = t.layout.as_ref().ok().and_then(|l| l.sparse.as_ref());
-    // Sized for the fields below: growing the map moves its entries.
-    let mut meta = JsonMap::with_capacity(if sparse.is_some() { 8 } else { 5 });
-    meta.insert("offset".into(), t.offset.into());
-    meta.insert("size".into(), t.size.into());
-    meta.insert("data_endianness".into(), t.endian.name().into());
-    meta.insert(
-        "checksum".into(),
-        t.checksum
-            .as_ref()
-            .map_or(Json::Null, |c| c.to_string().into()),
-    );
-    if let Some(s) = sparse {
-        let format = match s.format {
+    // Written as text straight from the fields (see `Meta`).
+    let meta = Meta::of(&Fields {
+        offset: t.offset,
+        size: t.size,
+        data_endianness: t.endian.name(),
+        checksum: t.checksum.as_ref().map(|c| c.to_string()),
+        sparse_format: sparse.map(|s| match s.format {
             SparseFormat::Csr => "csr",
             SparseFormat::Coo => "coo",
-        };
-        let form = match s.form {
+        }),
+        sparse_form: sparse.map(|s| match s.form {
             SparseForm::Spec => "spec",
             SparseForm::Reference => "reference",
-        };
-        meta.insert("sparse_format".into(), format.into());
-        meta.insert("sparse_form".into(), form.into());
-        meta.insert("nnz".into(), s.nnz.into());
-    }
-    meta.insert(
-        "custom".into(),
-        Json::Object(cbor_json::map_to_json(&t.custom)),
-    );
+        }),
+        nnz: sparse.map(|s| s.nnz),
+        custom: cbor_json::map_to_json(&t.custom),
+    });
     Tensor {
         directory: sparse.is_some(),
         name: t.name,

@@ -365,7 +365,7 @@ fn part(
         blob: ci,
         map: PartMap::Contiguous { start: 0 },
         order: Endian::Little,
-        meta: JsonMap::new(),
+        meta: crate::catalog::Meta::default(),
     })
 }
 
@@ -569,6 +569,6 @@ fn tensor_of(o: &RawObject, parts: std::result::Result<Vec<Part>, String>) -> Te
         encoding,
         directory: o.format != "dense",
         parts,
-        meta,
+        meta: meta.into(),
     }
 }

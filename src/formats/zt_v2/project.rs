@@ -176,7 +176,7 @@ impl Builder {
                 .unwrap_or_else(|| "raw".into()),
             directory: obj.layout != "dense",
             parts,
-            meta,
+            meta: meta.into(),
         })
     }
 
@@ -352,7 +352,7 @@ impl Builder {
                 blob,
                 map: PartMap::Contiguous { start: 0 },
                 order: Endian::Little,
-                meta: describe(p),
+                meta: describe(p).into(),
             });
         }
         if let Some(nnz) = sparse
