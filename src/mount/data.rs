@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use super::cache::{Buf, Cache};
 use super::filling::Writer;
 use super::guard::Guard;
+use super::lazy_table::LazyTable;
 use super::prefetch::Prefetcher;
 use super::spill::{self, Spill};
 use super::stats::Stats;
@@ -132,14 +133,14 @@ pub struct Data {
     cache: Cache,
     stats: Arc<Stats>,
     /// One per `catalog.blobs`.
-    states: Vec<BlobState>,
+    states: LazyTable<BlobState>,
     /// One per tensor: the last reason logged at error level (a hash) and
     /// how many were. A new reason is logged again (a spill that failed for
     /// want of disk may fail later for another cause), up to
     /// [`LOGGED_REASONS`]; repeats go to the debug log. Logged under the
     /// lock: a reader failing at the same time waits for that line, so no
     /// EIO reaches anyone before the log says why.
-    logged: Vec<Mutex<(u64, u8)>>,
+    logged: LazyTable<Mutex<(u64, u8)>>,
     /// What was logged at error level, for `.ztensor/errors`.
     errors: Mutex<ErrorList>,
     opts: DataOptions,
@@ -167,12 +168,8 @@ impl Data {
             .into_iter()
             .map(|f| f.map(serve_file).transpose())
             .collect::<std::io::Result<Vec<_>>>()?;
-        let states = (0..catalog.blobs.len())
-            .map(|_| BlobState::default())
-            .collect();
-        let logged = (0..catalog.tensors.len())
-            .map(|_| Mutex::new((0, 0)))
-            .collect();
+        let states = LazyTable::new(catalog.blobs.len());
+        let logged = LazyTable::new(catalog.tensors.len());
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
         Ok(Arc::new_cyclic(|me| Data {
             me: me.clone(),
@@ -1336,7 +1333,7 @@ impl Data {
         // First whether dropping them all would make room at all: a tensor
         // that cannot fit anyway takes nothing from the others.
         let mut freeable = 0u64;
-        for (i, state) in self.states.iter().enumerate() {
+        for (i, state) in self.states.made() {
             if let Ok(slot) = state.spill.try_lock()
                 && slot.as_ref().is_some_and(|s| idle(i, s))
             {
@@ -1347,7 +1344,7 @@ impl Data {
         if decoded > (free.saturating_add(freeable) / 4).saturating_mul(3) {
             return;
         }
-        for (i, state) in self.states.iter().enumerate() {
+        for (i, state) in self.states.made() {
             let Ok(mut slot) = state.spill.try_lock() else {
                 continue;
             };

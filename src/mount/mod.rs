@@ -12,6 +12,7 @@ pub mod filling;
 pub mod fs;
 pub mod fuse;
 pub mod guard;
+mod lazy_table;
 pub mod prefetch;
 pub mod sidecar;
 pub mod spill;
