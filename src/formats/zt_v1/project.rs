@@ -491,8 +491,7 @@ fn describe(o: &RawObject, placed: &[Placed]) -> std::result::Result<Vec<Part>, 
 /// A part's sidecar shows its component's fields under `component` (its
 /// own `dtype` and `encoding` are the exposed file's).
 fn with_meta(mut p: Part, c: &RawComponent) -> Part {
-    p.meta
-        .insert("component".into(), Json::Object(component_meta(c)));
+    p.meta.insert("component", Json::Object(component_meta(c)));
     p
 }
 
