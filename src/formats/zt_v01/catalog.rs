@@ -3,6 +3,9 @@
 //! three for a sparse one). Refuses the whole file on a structural error;
 //! marks a single tensor unsupported when only it cannot be served.
 
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
 use ciborium::value::Value;
 
 use super::index::{self, ALIGNMENT, RawEntry, as_u64};
@@ -95,8 +98,9 @@ impl Tensor {
 pub struct Catalog {
     pub tensors: Vec<Tensor>,
     pub data_end: u64,
-    /// Tensor indexes sorted by name, for lookups without a copy of names.
-    by_name: Vec<u32>,
+    /// Tensor indexes sorted by name, for lookups without a copy of names;
+    /// sorted on the first lookup (a mount looks up none).
+    by_name: OnceLock<Vec<u32>>,
 }
 
 /// Decoded bytes all of a file's zstd reference-form sparse tensors may
@@ -121,41 +125,29 @@ impl Catalog {
             let place = (bytes, file_len, idx.data_end);
             tensors.push(check_entry(raw, i, place, &mut probe, file)?);
         }
-        let mut by_name: Vec<u32> = (0..tensors.len() as u32).collect();
-        by_name.sort_unstable_by(|&a, &b| {
-            tensors[a as usize]
-                .name
-                .cmp(&tensors[b as usize].name)
-                .then(a.cmp(&b))
-        });
-        for w in by_name.windows(2) {
-            let (first, second) = (&tensors[w[0] as usize], &tensors[w[1] as usize]);
-            if first.name == second.name {
-                return Err(Error::new(
-                    ErrorKind::Duplicate,
-                    file,
-                    Some(&first.name),
-                    format!(
-                        "name is used by index entries {} and {}; names must be unique",
-                        w[0], w[1]
-                    ),
-                ));
-            }
-        }
+        check_unique(&tensors, file)?;
         check_overlaps(&tensors, file)?;
         Ok(Catalog {
             tensors,
             data_end: idx.data_end,
-            by_name,
+            by_name: OnceLock::new(),
         })
     }
 
     pub fn get(&self, name: &str) -> Option<&Tensor> {
-        let at = self
-            .by_name
+        let by_name = self.by_name.get_or_init(|| {
+            let mut v: Vec<u32> = (0..self.tensors.len() as u32).collect();
+            v.sort_unstable_by(|&a, &b| {
+                self.tensors[a as usize]
+                    .name
+                    .cmp(&self.tensors[b as usize].name)
+            });
+            v
+        });
+        let at = by_name
             .binary_search_by(|&i| self.tensors[i as usize].name.as_str().cmp(name))
             .ok()?;
-        Some(&self.tensors[self.by_name[at] as usize])
+        Some(&self.tensors[by_name[at] as usize])
     }
 
     pub fn len(&self) -> usize {
@@ -165,6 +157,24 @@ impl Catalog {
     pub fn is_empty(&self) -> bool {
         self.tensors.is_empty()
     }
+}
+
+/// Refuses a name used twice, naming the first two entries that use it.
+fn check_unique(tensors: &[Tensor], file: &str) -> Result<()> {
+    let mut first: HashMap<&str, usize, rustc_hash::FxBuildHasher> =
+        HashMap::with_capacity_and_hasher(tensors.len(), Default::default());
+    for (i, t) in tensors.iter().enumerate() {
+        if let Some(&j) = first.get(t.name.as_str()) {
+            return Err(Error::new(
+                ErrorKind::Duplicate,
+                file,
+                Some(&t.name),
+                format!("name is used by index entries {j} and {i}; names must be unique"),
+            ));
+        }
+        first.insert(&t.name, i);
+    }
+    Ok(())
 }
 
 /// `probe`: what is left of the file's open-time decoding budget.
