@@ -290,26 +290,20 @@ fn decode_one_shot<C: zstd_safe::WriteBuf + ?Sized>(
 ) -> Result<usize, String> {
     DCTX.with(|cell| {
         let mut slot = cell.borrow_mut();
-        if slot.is_none() {
-            *slot =
-                Some(zstd::bulk::Decompressor::new().map_err(|e| format!("zstd decoder: {e}"))?);
-        }
-        let Some(dctx) = slot.as_mut() else {
-            return Err("zstd decoder unavailable".to_string());
+        let dctx = match &mut *slot {
+            Some(d) => d,
+            None => slot.insert(
+                zstd_safe::DCtx::try_create().ok_or("zstd decoder: cannot allocate a context")?,
+            ),
         };
-        dctx.decompress_to_buffer(src, out).map_err(|e| {
-            if e.to_string().contains("too small") {
-                format!("zstd data decodes to more than the expected {expected} bytes")
-            } else {
-                format!("zstd data is corrupt: {e}")
-            }
-        })
+        dctx.decompress(out, src)
+            .map_err(|code| Fault(code).decoding(expected))
     })
 }
 
 thread_local! {
     /// One decompression context per thread, reused across calls.
-    static DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { std::cell::RefCell::new(None) };
+    static DCTX: std::cell::RefCell<Option<zstd_safe::DCtx<'static>>> = const { std::cell::RefCell::new(None) };
 }
 
 /// Decodes `src` in chunks handed to `sink`, failing as soon as the output
@@ -556,16 +550,7 @@ impl<'a> DirectDecoder<'a> {
         // region the caller vouched for in `new`, unchanged since.
         let code =
             unsafe { sys::ZSTD_decompressStream(self.dctx.as_ptr(), &mut self.out, &mut input) };
-        let hint = check(code).map_err(|e| {
-            if e.contains("too small") {
-                format!(
-                    "zstd data decodes to more than the expected {} bytes",
-                    self.out.size
-                )
-            } else {
-                format!("zstd data is corrupt: {e}")
-            }
-        })?;
+        let hint = check(code).map_err(|f| f.decoding(self.out.size))?;
         self.consumed += input.pos;
         if input.pos > 0 || self.out.pos > before {
             self.at_frame_end = hint == 0;
@@ -638,13 +623,43 @@ impl Drop for DirectDecoder<'_> {
     }
 }
 
-fn check(code: usize) -> Result<usize, String> {
-    // SAFETY: pure functions of an error code; the name is a static string.
+/// A zstd function's result, or its error code.
+fn check(code: usize) -> Result<usize, Fault> {
+    // SAFETY: a pure function of an error code.
     if unsafe { sys::ZSTD_isError(code) } != 0 {
-        let name = unsafe { std::ffi::CStr::from_ptr(sys::ZSTD_getErrorName(code)) };
-        return Err(name.to_string_lossy().into_owned());
+        return Err(Fault(code));
     }
     Ok(code)
+}
+
+/// A zstd error code.
+#[derive(Debug, Clone, Copy)]
+struct Fault(usize);
+
+impl Fault {
+    /// The output was full before the data ended: it decodes to more
+    /// than the size it was given.
+    fn overflows(self) -> bool {
+        // SAFETY: a pure function of an error code.
+        let code = unsafe { sys::ZSTD_getErrorCode(self.0) };
+        code == sys::ZSTD_ErrorCode::ZSTD_error_dstSize_tooSmall
+    }
+
+    /// The one-line message for data that failed to decode into `expected`
+    /// bytes.
+    fn decoding(self, expected: usize) -> String {
+        if self.overflows() {
+            format!("zstd data decodes to more than the expected {expected} bytes")
+        } else {
+            format!("zstd data is corrupt: {self}")
+        }
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(zstd_safe::get_error_name(self.0))
+    }
 }
 
 /// The 8 decoded bytes that end at offset `n` (the last entry of a sparse
