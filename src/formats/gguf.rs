@@ -149,21 +149,17 @@ fn gguf_file_order(src: &MappedFile, catalog: &mut Catalog) -> Result<()> {
     Ok(())
 }
 
-/// A crate error as one line naming our file (not the path we gave it).
-fn refused(src: &MappedFile, given: &Path, e: impl std::fmt::Display) -> Error {
+/// A crate error as one line naming our file (not the path we gave it):
+/// what the crate does not support, or a broken file.
+fn refused(src: &MappedFile, given: &Path, e: ztensor2::Error) -> Error {
+    let kind = match e {
+        ztensor2::Error::Unsupported(_) => ErrorKind::Unsupported,
+        _ => ErrorKind::Index,
+    };
     let msg = e
         .to_string()
         .replace(&given.display().to_string(), src.label())
         .replace('\n', " ");
-    let kind = if msg.contains("no registered projection")
-        || msg.contains("not compiled in")
-        || msg.contains("is refused")
-        || msg.contains("are refused")
-    {
-        ErrorKind::Unsupported
-    } else {
-        ErrorKind::Index
-    };
     Error::new(kind, src.label(), None, msg)
 }
 
