@@ -101,7 +101,9 @@ fn serve(path: &Path, dir: &Path) -> Arc<Data> {
 /// Tensor `name`'s bytes, in one read.
 fn read(d: &Data, name: &str) -> Result<Vec<u8>, String> {
     let ti = support::data::tensor_index(d.catalog(), name);
-    d.read(ti, 0, 0, 1 << 30).map(|b| b.to_vec())
+    d.read(ti, 0, 0, 1 << 30)
+        .map(|b| b.to_vec())
+        .map_err(|e| e.to_string())
 }
 
 #[test]

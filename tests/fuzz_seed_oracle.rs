@@ -149,7 +149,7 @@ fn library(path: &Path) -> Result<BTreeMap<String, LibTensor>, String> {
                         match d.read(ti, pi, off, (p.nbytes - off).min(1 << 20)) {
                             Ok(b) if b.is_empty() => break Err(format!("short at {off}")),
                             Ok(b) => buf.extend_from_slice(&b),
-                            Err(e) => break Err(e),
+                            Err(e) => break Err(e.to_string()),
                         }
                     };
                     LibPart {

@@ -594,7 +594,7 @@ impl Drop for Tmpfs {
 #[test]
 fn a_spill_that_does_not_fit_fails_until_there_is_room() {
     // 3 MiB in one frame, a 1 MiB cache: it must spill, but --cache-dir is
-    // a 1 MiB tmpfs. The read fails with EIO and a log line saying why;
+    // a 1 MiB tmpfs. The read fails with ENOSPC and a log line saying why;
     // once the directory has room, the next read spills and succeeds.
     let t = T {
         name: "big".into(),
@@ -630,14 +630,14 @@ fn a_spill_that_does_not_fit_fails_until_there_is_room() {
         &["--cache-size", "1M", "--cache-dir", &dir_arg, "--direct-io"],
     );
     let e = std::fs::read(m.path("big")).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
     let log = m.log_text();
     assert!(
         log.contains("big") && log.contains("too big for the cache and for"),
         "log:\n{log}"
     );
     let e = std::fs::read(m.path("damaged")).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
     tmpfs.resize("8m");
     assert!(std::fs::read(m.path("big")).unwrap() == t.le);
     assert_eq!(m.stats()["spilled_tensors"], 1, "{}", m.stats());
@@ -720,7 +720,7 @@ fn finished_spills_nobody_reads_make_room_for_new_ones() {
     let before = drops();
     assert!(before > 0, "{}", m.log_text());
     let e = std::fs::read(m.path(&huge.name)).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
     assert_eq!(
         drops(),
         before,

@@ -88,7 +88,7 @@ fn cat(
     let mut out = std::io::stdout().lock();
     let mut off = 0;
     while off < nbytes {
-        let chunk = data.read(ti, pi, off, CHUNK)?;
+        let chunk = data.read(ti, pi, off, CHUNK).map_err(|e| e.to_string())?;
         if chunk.is_empty() {
             return Err(format!(
                 "{label}: tensor {name:?}: ended at byte {off} of {nbytes}"

@@ -1020,18 +1020,21 @@ fn write_all(
                     let Some(p) = pieces.get(next.fetch_add(1, Relaxed)) else {
                         return;
                     };
-                    let r = data.read(p.tensor, p.part, p.at, p.len).and_then(|bytes| {
-                        if bytes.len() as u64 != p.len {
-                            return Err(format!(
-                                "read {} bytes of {} at {}",
-                                bytes.len(),
-                                p.len,
-                                p.at
-                            ));
-                        }
-                        let _one = lock(&writing);
-                        file.write_all_at(&bytes, p.to).map_err(io)
-                    });
+                    let r = data
+                        .read(p.tensor, p.part, p.at, p.len)
+                        .map_err(|e| e.to_string())
+                        .and_then(|bytes| {
+                            if bytes.len() as u64 != p.len {
+                                return Err(format!(
+                                    "read {} bytes of {} at {}",
+                                    bytes.len(),
+                                    p.len,
+                                    p.at
+                                ));
+                            }
+                            let _one = lock(&writing);
+                            file.write_all_at(&bytes, p.to).map_err(io)
+                        });
                     if let Err(why) = r {
                         lock(&failed).get_or_insert(why);
                     }

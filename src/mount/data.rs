@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use super::cache::{Buf, Cache};
+use super::error::{Kind, ReadError};
 use super::filling::Writer;
 use super::guard::Guard;
 use super::lazy_table::LazyTable;
@@ -96,10 +97,10 @@ enum Plan {
 
 #[derive(Default)]
 struct BlobState {
-    checked: OnceLock<Result<(), String>>,
+    checked: OnceLock<Result<(), ReadError>>,
     /// The verdicts of its range checks ([`Check::BoolBytesIn`]), by start.
-    ranges: Mutex<std::collections::HashMap<u64, Result<(), String>>>,
-    plan: OnceLock<Result<Plan, String>>,
+    ranges: Mutex<std::collections::HashMap<u64, Result<(), ReadError>>>,
+    plan: OnceLock<Result<Plan, ReadError>>,
     /// Not a `OnceLock`: a spill that could not start or failed for want
     /// of disk is tried again by the next read.
     spill: Mutex<Option<Arc<Spill>>>,
@@ -119,7 +120,7 @@ struct Served {
     file: Arc<MappedFile>,
     window: MapWindow<MappedFile>,
     /// The file's own checks (size, whole-file digest), done once.
-    checked: OnceLock<Result<(), String>>,
+    checked: OnceLock<Result<(), ReadError>>,
 }
 
 pub struct Data {
@@ -230,9 +231,9 @@ impl Data {
     /// source now: its source is unchanged since mount and every check a
     /// read of it would make has passed (a failure is logged as a read's).
     /// For a part served from a file the daemon does not read itself.
-    pub fn check_raw(&self, ti: usize, pi: usize) -> Result<(), String> {
+    pub fn check_raw(&self, ti: usize, pi: usize) -> Result<(), ReadError> {
         let t = &self.catalog.tensors[ti];
-        let r = (|| -> Result<(), String> {
+        let r = (|| -> Result<(), ReadError> {
             let parts = t.parts.as_ref().map_err(|why| self.fail_tensor(t, why))?;
             let part = parts
                 .get(pi)
@@ -243,34 +244,34 @@ impl Data {
             }
             Ok(())
         })();
-        if let Err(why) = &r {
-            Stats::add(&self.stats.errors, 1);
-            self.log_failure(ti, why);
-        }
-        r
+        r.map_err(|why| self.failed(ti, pi, why))
     }
 
     /// Exposed bytes `[off, off+len)` of part `pi` of tensor `ti`.
-    pub fn read(&self, ti: usize, pi: usize, off: u64, len: u64) -> Result<Bytes<'_>, String> {
+    pub fn read(&self, ti: usize, pi: usize, off: u64, len: u64) -> Result<Bytes<'_>, ReadError> {
         let t = &self.catalog.tensors[ti];
         let out = self.read_inner(t, pi, off, len);
-        match &out {
-            Ok(b) => Stats::add(&self.stats.bytes_served, b.len() as u64),
-            Err(why) => {
-                Stats::add(&self.stats.errors, 1);
-                self.log_failure(ti, why);
-            }
+        if let Ok(b) = &out {
+            Stats::add(&self.stats.bytes_served, b.len() as u64);
         }
-        out
+        out.map_err(|why| self.failed(ti, pi, why))
     }
 
-    fn log_failure(&self, ti: usize, why: &str) {
-        let said_by_a_guard = self
-            .files
-            .iter()
-            .flatten()
-            .any(|s| s.guard.broken() == Some(why));
-        if said_by_a_guard {
+    /// A read of part `pi` of tensor `ti` failed: counted and logged. A
+    /// failure on the way (a spill's, a check's) after the source changed
+    /// is told as the change (`ESTALE`).
+    fn failed(&self, ti: usize, pi: usize, why: ReadError) -> ReadError {
+        Stats::add(&self.stats.errors, 1);
+        self.log_failure(ti, &why);
+        if why.kind == Kind::Failed && self.changed(ti, pi) {
+            return ReadError::new(Kind::Changed, why.message());
+        }
+        why
+    }
+
+    fn log_failure(&self, ti: usize, e: &ReadError) {
+        let why = e.message();
+        if e.by_guard() {
             // The guard logged it, once for the whole file; the list says it
             // once per tensor.
             log::debug!("{why}");
@@ -320,16 +321,16 @@ impl Data {
         out
     }
 
-    fn fail_tensor(&self, t: &Tensor, why: impl std::fmt::Display) -> String {
-        format!("{}: tensor {:?}: {why}", self.catalog.label, t.name)
+    fn fail_tensor(&self, t: &Tensor, why: impl std::fmt::Display) -> ReadError {
+        format!("{}: tensor {:?}: {why}", self.catalog.label, t.name).into()
     }
 
-    /// A message naming the blob `bi` (its tensor, and part if it has several).
-    fn fail(&self, bi: usize, why: impl std::fmt::Display) -> String {
-        format!(
-            "{}: {}: {why}",
-            self.catalog.label, self.catalog.blobs[bi].label
-        )
+    /// `why`, naming the file and blob `bi`; its kind (and so its
+    /// errno) kept.
+    fn fail(&self, bi: usize, why: impl Into<ReadError>) -> ReadError {
+        let b = &self.catalog.blobs[bi];
+        why.into()
+            .context(format_args!("{}: {}", self.catalog.label, b.label))
     }
 
     fn blob(&self, bi: usize) -> &Blob {
@@ -337,7 +338,7 @@ impl Data {
     }
 
     /// The file blob `bi` is stored in, once its own checks have passed.
-    fn served(&self, bi: usize) -> Result<&Served, String> {
+    fn served(&self, bi: usize) -> Result<&Served, ReadError> {
         let b = self.blob(bi);
         let Some(Some(s)) = self.files.get(b.source) else {
             let why = self
@@ -348,14 +349,16 @@ impl Data {
                 .unwrap_or_else(|| "its file cannot be read".into());
             return Err(self.fail(bi, why));
         };
-        s.guard.check()?;
+        s.guard.verdict()?;
         // Fetched outside the once-only check: a failed fetch fails this
         // read, not the file for good.
         if s.checked.get().is_none() {
             self.ensure_digested(b.source, s)?;
         }
         s.checked
-            .get_or_init(|| checks::source(&self.catalog, b.source, &s.file, &s.guard))
+            .get_or_init(|| {
+                checks::source(&self.catalog, b.source, &s.file, &s.guard).map_err(ReadError::from)
+            })
             .clone()?;
         Ok(s)
     }
@@ -363,26 +366,26 @@ impl Data {
     /// Makes bytes `[off, off+len)` of the file present before they are
     /// touched (a remote object's blocks fetched; nothing for a local
     /// file). A failure names blob `bi`, or says the object changed.
-    fn ensure(&self, s: &Served, bi: usize, off: u64, len: u64) -> Result<(), String> {
+    fn ensure(&self, s: &Served, bi: usize, off: u64, len: u64) -> Result<(), ReadError> {
         if !s.file.is_remote() {
             return Ok(());
         }
         s.file
             .ensure(off, len)
-            .map_err(|why| match s.guard.check() {
+            .map_err(|why| match s.guard.verdict() {
                 Err(changed) => changed,
                 Ok(()) => self.fail(bi, why),
             })
     }
 
     /// [`Data::ensure`] for all of blob `bi`'s stored bytes.
-    fn ensure_blob(&self, s: &Served, bi: usize) -> Result<(), String> {
+    fn ensure_blob(&self, s: &Served, bi: usize) -> Result<(), ReadError> {
         let b = self.blob(bi);
         self.ensure(s, bi, b.offset, b.len)
     }
 
     /// Makes present what a source's whole-file digest covers.
-    fn ensure_digested(&self, i: usize, s: &Served) -> Result<(), String> {
+    fn ensure_digested(&self, i: usize, s: &Served) -> Result<(), ReadError> {
         let Some(r) = self.catalog.sources.get(i) else {
             return Ok(());
         };
@@ -390,10 +393,12 @@ impl Data {
             return Ok(());
         }
         let (at, len) = r.digest_span.unwrap_or((0, s.file.len()));
-        s.file.ensure(at, len).map_err(|why| match s.guard.check() {
-            Err(changed) => changed,
-            Ok(()) => why,
-        })
+        s.file
+            .ensure(at, len)
+            .map_err(|why| match s.guard.verdict() {
+                Err(changed) => changed,
+                Ok(()) => why.into(),
+            })
     }
 
     /// The stored bytes of blob `bi`.
@@ -406,7 +411,13 @@ impl Data {
         }
     }
 
-    fn read_inner(&self, t: &Tensor, pi: usize, off: u64, len: u64) -> Result<Bytes<'_>, String> {
+    fn read_inner(
+        &self,
+        t: &Tensor,
+        pi: usize,
+        off: u64,
+        len: u64,
+    ) -> Result<Bytes<'_>, ReadError> {
         let parts = t.parts.as_ref().map_err(|why| self.fail_tensor(t, why))?;
         let part = parts
             .get(pi)
@@ -467,7 +478,7 @@ impl Data {
         part: &Part,
         off: u64,
         len: u64,
-    ) -> Result<Bytes<'a>, String> {
+    ) -> Result<Bytes<'a>, ReadError> {
         if self.opts.verify_raw {
             self.checked(s, bi)?;
         }
@@ -483,7 +494,7 @@ impl Data {
                 v.resize(n as usize, 0);
                 let r = s.file.file().read_exact_at(&mut v, start);
                 // A file cut short: the guard says so best.
-                s.guard.check()?;
+                s.guard.verdict()?;
                 r.map_err(|e| self.fail(bi, format!("cannot read the data: {e}")))?;
                 return Ok(Bytes::Owned(v));
             }
@@ -492,7 +503,7 @@ impl Data {
             return Ok(Bytes::Mapped(&s.window, bytes));
         }
         let mut touched = Touched::default();
-        let v: Result<Vec<u8>, String> =
+        let v: Result<Vec<u8>, ReadError> =
             expose::gather_into(scratch::take(), part, off, len, |at, out| {
                 self.ensure(s, bi, b.offset + at, out.len() as u64)?;
                 out.copy_from_slice(&blob[at as usize..at as usize + out.len()]);
@@ -502,12 +513,12 @@ impl Data {
             });
         s.window.served_touched(touched);
         // The copy above touched the mmap: make sure it was still there.
-        s.guard.check()?;
+        s.guard.verdict()?;
         v.map(Bytes::Owned)
     }
 
     /// Runs the blob's checks once per mount, before any byte is served.
-    fn checked(&self, s: &Served, bi: usize) -> Result<(), String> {
+    fn checked(&self, s: &Served, bi: usize) -> Result<(), ReadError> {
         // The checks read the whole blob: fetched first, outside the
         // once-only check (a failed fetch fails this read, not the blob).
         if self.states[bi].checked.get().is_none()
@@ -525,7 +536,7 @@ impl Data {
                 }
                 r.map_err(|f| match f {
                     checks::Failed::Whole(why) => why,
-                    other => self.fail(bi, other),
+                    other => self.fail(bi, other.to_string()),
                 })
             })
             .clone()
@@ -541,7 +552,7 @@ impl Data {
         plan: &Plan,
         t: &Tensor,
         part: &Part,
-    ) -> Result<(), String> {
+    ) -> Result<(), ReadError> {
         let PartMap::Contiguous { start: p0 } = part.map else {
             return Ok(());
         };
@@ -576,7 +587,7 @@ impl Data {
         plan: &Plan,
         start: u64,
         len: u64,
-    ) -> Result<Result<(), String>, String> {
+    ) -> Result<Result<(), ReadError>, ReadError> {
         let mut buf = vec![0u8; len.min(1 << 20) as usize];
         let mut at = start;
         while at < start + len {
@@ -584,7 +595,7 @@ impl Data {
             self.fetch(s, bi, plan, at, &mut buf[..n])?;
             if let Some(i) = buf[..n].iter().position(|&b| b > 1) {
                 let e = at - start + i as u64;
-                return Ok(Err(format!("bool element {e} is neither 0 nor 1")));
+                return Ok(Err(format!("bool element {e} is neither 0 nor 1").into()));
             }
             at += n as u64;
         }
@@ -603,24 +614,25 @@ impl Data {
         // Decoded through the cache, as reads will want it: each frame once
         // (the next ones on the other cores, by read-ahead), and what fits
         // stays for the reads that follow.
-        let data = checks::Failed::Whole;
+        let data = |e: ReadError| checks::Failed::Whole(e);
+        let range = |e: String| checks::Failed::Whole(e.into());
         match self.plan(s, bi).map_err(data)? {
             Plan::Frames(frames) => {
                 for (k, f) in frames.iter().enumerate() {
                     let unit = self.frame(s, bi, k, f).map_err(data)?;
-                    d.feed(unit.range(0, unit.len()).map_err(data)?);
+                    d.feed(unit.range(0, unit.len()).map_err(range)?);
                 }
             }
             Plan::Whole { one_frame } => {
                 let unit = self.whole(s, bi, *one_frame).map_err(data)?;
-                d.feed(unit.range(0, unit.len()).map_err(data)?);
+                d.feed(unit.range(0, unit.len()).map_err(range)?);
             }
             Plan::Spill { .. } => checks::stream(b, &self.span(s, bi), &s.guard, &mut d)?,
         }
         d.finish()
     }
 
-    fn plan(&self, s: &Served, bi: usize) -> Result<&Plan, String> {
+    fn plan(&self, s: &Served, bi: usize) -> Result<&Plan, ReadError> {
         // A plan made by walking the blob reads all of it: fetched first,
         // outside the once-only plan (a failed fetch fails this read only).
         if self.states[bi].plan.get().is_none()
@@ -675,7 +687,7 @@ impl Data {
         }
     }
 
-    fn make_plan(&self, s: &Served, bi: usize) -> Result<Plan, String> {
+    fn make_plan(&self, s: &Served, bi: usize) -> Result<Plan, ReadError> {
         if let Some(plan) = self.recorded_frames(bi) {
             return Ok(plan);
         }
@@ -691,7 +703,7 @@ impl Data {
         // checks the rest: that the frame ends the blob and decodes to
         // exactly that size.
         if zstd_blob::first_frame_size(blob) == Some(decoded) {
-            s.guard.check()?;
+            s.guard.verdict()?;
             return Ok(whole_or_spill(decoded, limit, true));
         }
         // One frame that does not declare its size (a streaming writer's:
@@ -699,7 +711,7 @@ impl Data {
         // so, and makes it a single frame for trust, like the one above.
         if zstd_blob::is_one_frame(blob) {
             span.release_all();
-            s.guard.check()?;
+            s.guard.verdict()?;
             return Ok(whole_or_spill(decoded, limit, true));
         }
         // Counted before the list is built: a blob of a million tiny
@@ -741,12 +753,12 @@ impl Data {
         &self,
         s: &Served,
         bi: usize,
-        count: Result<Option<usize>, String>,
-        frames: Result<Option<Vec<Frame>>, String>,
-    ) -> Result<Plan, String> {
+        count: Result<Option<usize>, ReadError>,
+        frames: Result<Option<Vec<Frame>>, ReadError>,
+    ) -> Result<Plan, ReadError> {
         let decoded = self.blob(bi).decoded_len;
         let limit = self.cache.limit();
-        s.guard.check()?;
+        s.guard.verdict()?;
         count?;
         let frames = frames?;
         let one_frame = frames.as_ref().is_some_and(|f| f.len() == 1);
@@ -777,7 +789,7 @@ impl Data {
         plan: &Plan,
         at: u64,
         n: u64,
-    ) -> Result<Option<(Arc<Buf>, usize)>, String> {
+    ) -> Result<Option<(Arc<Buf>, usize)>, ReadError> {
         match plan {
             Plan::Frames(frames) => {
                 let k = frame_at(frames, at);
@@ -806,7 +818,7 @@ impl Data {
         plan: &Plan,
         at: u64,
         out: &mut [u8],
-    ) -> Result<(), String> {
+    ) -> Result<(), ReadError> {
         match plan {
             Plan::Frames(frames) => {
                 let mut pos = at;
@@ -842,23 +854,31 @@ impl Data {
         }
     }
 
-    fn frame(&self, s: &Served, bi: usize, k: usize, f: &Frame) -> Result<Arc<Buf>, String> {
+    fn frame(&self, s: &Served, bi: usize, k: usize, f: &Frame) -> Result<Arc<Buf>, ReadError> {
         let out = self.decode_frame(s, bi, k, f);
-        s.guard.check()?;
+        s.guard.verdict()?;
         self.read_ahead(bi, k);
         out.map_err(|why| self.fail(bi, format!("frame {k}: {why}")))
     }
 
     /// Frame `k` of blob `bi`, from the cache or decoded into it.
-    fn decode_frame(&self, s: &Served, bi: usize, k: usize, f: &Frame) -> Result<Arc<Buf>, String> {
+    fn decode_frame(
+        &self,
+        s: &Served,
+        bi: usize,
+        k: usize,
+        f: &Frame,
+    ) -> Result<Arc<Buf>, ReadError> {
         let b = self.blob(bi);
         s.file.ensure(b.offset + f.c_start, f.c_len)?;
         let src = s.file.range(b.offset + f.c_start, f.c_len);
-        self.cache.get((bi as u32, k as u32), f.d_len, |dst| {
-            let r = zstd_blob::decode_frame(src, dst, f.d_len as usize);
-            s.file.release(src);
-            r
-        })
+        self.cache
+            .get((bi as u32, k as u32), f.d_len, |dst| {
+                let r = zstd_blob::decode_frame(src, dst, f.d_len as usize);
+                s.file.release(src);
+                r
+            })
+            .map_err(ReadError::from)
     }
 
     /// After frame `k` of a tensor read in order, queues decodes of the
@@ -926,14 +946,14 @@ impl Data {
 
     /// A unit that failed while a reader waited for it: the file changing
     /// under the mount is said as such, anything else names the tensor.
-    fn unit_error(&self, s: &Served, bi: usize, why: String) -> String {
-        match s.guard.check() {
+    fn unit_error(&self, s: &Served, bi: usize, why: impl Into<ReadError>) -> ReadError {
+        match s.guard.verdict() {
             Err(changed) => changed,
             Ok(()) => self.fail(bi, why),
         }
     }
 
-    fn whole(&self, s: &Served, bi: usize, one_frame: bool) -> Result<Arc<Buf>, String> {
+    fn whole(&self, s: &Served, bi: usize, one_frame: bool) -> Result<Arc<Buf>, ReadError> {
         let decoded = self.blob(bi).decoded_len;
         self.ensure_blob(s, bi)?;
         let span = self.span(s, bi);
@@ -954,23 +974,26 @@ impl Data {
                 r
             })
         };
-        s.guard.check()?;
+        s.guard.verdict()?;
         out.map_err(|why| self.fail(bi, why))
     }
 
     /// A computed blob, made whole into the cache (once, whoever asks),
     /// its checks run over it before anyone is served.
-    fn computed(&self, s: &Served, bi: usize, p: &Producer) -> Result<Arc<Buf>, String> {
+    fn computed(&self, s: &Served, bi: usize, p: &Producer) -> Result<Arc<Buf>, ReadError> {
         let b = self.blob(bi);
         let limit = self.cache.limit();
         self.ensure_blob(s, bi)?;
         if b.decoded_len > limit / 2 {
             return Err(self.fail(
                 bi,
-                format!(
-                    "its {} bytes are made whole by the {} reader, and that exceeds half the \
-                     cache ({limit} bytes): mount with a larger --cache-size",
-                    b.decoded_len, p.name
+                ReadError::new(
+                    Kind::TooLarge,
+                    format!(
+                        "its {} bytes are made whole by the {} reader, and that exceeds half \
+                         the cache ({limit} bytes): mount with a larger --cache-size",
+                        b.decoded_len, p.name
+                    ),
                 ),
             ));
         }
@@ -993,7 +1016,7 @@ impl Data {
             }
             Ok(())
         });
-        s.guard.check()?;
+        s.guard.verdict()?;
         out.map_err(|why| self.fail(bi, why))
     }
 
@@ -1071,7 +1094,7 @@ impl Data {
         }
         // Out of the cache before readers hear of the failure.
         drop(discard);
-        w.finish(r);
+        w.finish(r.map_err(|e| e.to_string()));
     }
 
     /// Decodes `src` straight into `w`. With `early`, what is there is
@@ -1090,7 +1113,7 @@ impl Data {
         w: &mut Writer,
         len: usize,
         early: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), ReadError> {
         // SAFETY: the writer's buffer is `len` bytes, lives as long as `w`
         // (which outlives the decoder), and only this decoder writes it, at
         // or past what was committed.
@@ -1120,7 +1143,7 @@ impl Data {
         s: &Served,
         bi: usize,
         p: &Producer,
-    ) -> Result<Option<Arc<Spill>>, String> {
+    ) -> Result<Option<Arc<Spill>>, ReadError> {
         let b = self.blob(bi);
         let limit = self.cache.limit();
         if b.decoded_len <= limit / 2 {
@@ -1135,10 +1158,13 @@ impl Data {
         let Some(stream) = p.stream.clone().filter(|_| streamable) else {
             return Err(self.fail(
                 bi,
-                format!(
-                    "its {} bytes are made whole by the {} reader, and that exceeds half the \
-                     cache ({limit} bytes): mount with a larger --cache-size",
-                    b.decoded_len, p.name
+                ReadError::new(
+                    Kind::TooLarge,
+                    format!(
+                        "its {} bytes are made whole by the {} reader, and that exceeds half \
+                         the cache ({limit} bytes): mount with a larger --cache-size",
+                        b.decoded_len, p.name
+                    ),
                 ),
             ));
         };
@@ -1193,7 +1219,7 @@ impl Data {
         Ok(Some(spill))
     }
 
-    fn spill(&self, s: &Served, bi: usize, one_frame: bool) -> Result<Arc<Spill>, String> {
+    fn spill(&self, s: &Served, bi: usize, one_frame: bool) -> Result<Arc<Spill>, ReadError> {
         let mut slot = super::lock(&self.states[bi].spill);
         if let Some(s) = slot.as_ref().filter(|s| !s.failed_for_now()) {
             return Ok(s.clone());

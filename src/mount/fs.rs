@@ -399,7 +399,7 @@ impl TensorFs {
             return self
                 .data
                 .read(e.tensor, 0, off - e.start, size as u64)
-                .map_err(|_| self.read_errno(e.tensor, 0));
+                .map_err(|e| e.errno());
         }
         let mut out = scratch::take();
         out.reserve(size as usize);
@@ -420,7 +420,7 @@ impl TensorFs {
             let b = self
                 .data
                 .read(e.tensor, 0, from - e.start, to - from)
-                .map_err(|_| self.read_errno(e.tensor, 0))?;
+                .map_err(|e| e.errno())?;
             out.extend_from_slice(&b);
         }
         Ok(Bytes::Owned(out))
@@ -929,31 +929,15 @@ impl TensorFs {
         }
     }
 
-    /// The errno of a failed read (or check) of part `pi` of tensor `ti`,
-    /// whose reason the data layer has logged: ESTALE when its source was
-    /// found changed since mount (written in place, truncated, an object
-    /// with another ETag), as a network filesystem says of a file changed
-    /// under it; else EIO (a failed check, an I/O or disk error, a server
-    /// that does not answer or cannot serve it).
-    fn read_errno(&self, ti: usize, pi: usize) -> Errno {
-        if self.data.changed(ti, pi) {
-            libc::ESTALE
-        } else {
-            libc::EIO
-        }
-    }
-
     /// The checks a read of part `pi` of tensor `ti` makes before its
     /// first byte, with that read's errno when they fail.
     fn check_raw(&self, ti: usize, pi: usize) -> Result<(), Errno> {
-        self.data
-            .check_raw(ti, pi)
-            .map_err(|_| self.read_errno(ti, pi))
+        self.data.check_raw(ti, pi).map_err(|e| e.errno())
     }
 
     /// Bytes `[off, off+size)` of file `ino` opened as `fh`. A data error is
-    /// logged by the data layer and becomes EIO, or ESTALE for a source
-    /// that changed (see [`Self::read_errno`]).
+    /// logged by the data layer, and its errno is the one its kind names
+    /// (`mount::error`).
     pub fn read(&self, ino: Ino, fh: u64, off: u64, size: u32) -> Result<Served<'_>, Errno> {
         Stats::add(&self.data.stats().reads, 1);
         let node = self.tree.node(ino).ok_or(libc::ENOENT)?;
@@ -1075,7 +1059,7 @@ impl TensorFs {
             NodeKind::File(Content::Part { tensor, part }) => self
                 .data
                 .read(*tensor, *part, off, size as u64)
-                .map_err(|_| self.read_errno(*tensor, *part)),
+                .map_err(|e| e.errno()),
             NodeKind::File(Content::Npy { tensor }) => {
                 let (header, p) = self.npy(*tensor).ok_or(libc::EIO)?;
                 let entry = views::safetensors::Entry {

@@ -12,6 +12,7 @@
 //! ([`Watched`]): a page of one that fails to come in is blanked and the
 //! spill's writer told, instead of the daemon dying.
 
+use super::error::ReadError;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::sync::OnceLock;
@@ -115,6 +116,12 @@ impl Guard {
     /// size or times moved, or the remote object is another.
     pub fn changed(&self) -> bool {
         self.broken.get().is_some_and(|&(_, changed)| changed)
+    }
+
+    /// [`Guard::check`] as a read's error: `ESTALE` once the file changed.
+    pub fn verdict(&self) -> Result<(), ReadError> {
+        self.check()
+            .map_err(|why| ReadError::from_guard(self.changed(), why))
     }
 
     /// Ok while the file is as it was at mount. Once it changed, stays failed.

@@ -8,6 +8,7 @@
 pub mod backing;
 pub mod cache;
 pub mod data;
+pub mod error;
 pub mod filling;
 pub mod fs;
 pub mod fuse;

@@ -9,6 +9,7 @@
 //! a few MiB behind it (the pages stay in the page cache, the file has
 //! them).
 
+use super::error::{Kind, ReadError};
 use std::cell::Cell;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -58,15 +59,48 @@ pub type Making =
 struct Failure {
     why: String,
     retry: bool,
+    /// The disk has no room for it (`ENOSPC` to its readers).
+    no_room: bool,
 }
 
 impl Failure {
     fn data(why: String) -> Failure {
-        Failure { why, retry: false }
+        Failure {
+            why,
+            retry: false,
+            no_room: false,
+        }
     }
 
     fn disk(why: String) -> Failure {
-        Failure { why, retry: true }
+        Failure {
+            why,
+            retry: true,
+            no_room: false,
+        }
+    }
+
+    /// Too little free space under `--cache-dir` ([`room`], or the
+    /// reservation refused with `ENOSPC`).
+    fn no_room(why: String) -> Failure {
+        Failure {
+            why,
+            retry: true,
+            no_room: true,
+        }
+    }
+
+    /// The disk refused to reserve `len` bytes in `dir`.
+    fn reserving(len: u64, dir: &Path, e: std::io::Error) -> Failure {
+        let why = format!(
+            "cannot reserve {len} bytes for a spill file in {}: {e}",
+            dir.display()
+        );
+        if e.raw_os_error() == Some(libc::ENOSPC) {
+            Failure::no_room(why)
+        } else {
+            Failure::disk(why)
+        }
     }
 
     /// A decoder's error: the data's, unless reading the `.zt` failed.
@@ -74,6 +108,7 @@ impl Failure {
         Failure {
             why,
             retry: dec.input_failed(),
+            no_room: false,
         }
     }
 }
@@ -89,6 +124,8 @@ pub struct Spill {
     cond: Condvar,
     /// It failed in a way the next read should try again (the disk).
     retry: AtomicBool,
+    /// It failed for want of room on the disk.
+    no_room: AtomicBool,
 }
 
 impl Spill {
@@ -101,9 +138,9 @@ impl Spill {
         dir: &Path,
         early: bool,
         stats: &Arc<Stats>,
-    ) -> Result<Arc<Spill>, String> {
+    ) -> Result<Arc<Spill>, ReadError> {
         // Early, and asked again when the space is reserved.
-        room(dir, decoded)?;
+        room(dir, decoded).map_err(|why| ReadError::new(Kind::NoSpace, why))?;
         let file = tempfile::tempfile_in(dir)
             .map_err(|e| format!("cannot create a spill file in {}: {e}", dir.display()))?;
         let spill = Arc::new(Spill {
@@ -112,6 +149,7 @@ impl Spill {
             progress: Mutex::new((0, None)),
             cond: Condvar::new(),
             retry: AtomicBool::new(false),
+            no_room: AtomicBool::new(false),
         });
         let (span, guard, s, stats) = (span.clone(), guard.clone(), spill.clone(), stats.clone());
         let dir = dir.to_path_buf();
@@ -133,6 +171,7 @@ impl Spill {
                         // of bytes past the cut gets a short read, not zeros.
                         let _ = s.file.set_len(0);
                         s.retry.store(f.retry, Release);
+                        s.no_room.store(f.no_room, Release);
                         s.advance(done, Some(f.why));
                     }
                 }
@@ -151,8 +190,8 @@ impl Spill {
         len: u64,
         dir: &Path,
         stats: &Arc<Stats>,
-    ) -> Result<Arc<Spill>, String> {
-        room(dir, len)?;
+    ) -> Result<Arc<Spill>, ReadError> {
+        room(dir, len).map_err(|why| ReadError::new(Kind::NoSpace, why))?;
         let file = tempfile::tempfile_in(dir)
             .map_err(|e| format!("cannot create a spill file in {}: {e}", dir.display()))?;
         let spill = Arc::new(Spill {
@@ -161,6 +200,7 @@ impl Spill {
             progress: Mutex::new((0, None)),
             cond: Condvar::new(),
             retry: AtomicBool::new(false),
+            no_room: AtomicBool::new(false),
         });
         let (s, stats) = (spill.clone(), stats.clone());
         let dir = dir.to_path_buf();
@@ -177,6 +217,7 @@ impl Spill {
                     Err(f) => {
                         let _ = s.file.set_len(0);
                         s.retry.store(f.retry, Release);
+                        s.no_room.store(f.no_room, Release);
                         s.advance(0, Some(f.why));
                     }
                 }
@@ -188,13 +229,8 @@ impl Spill {
     fn write_all(&self, run: Box<Making>, len: u64, dir: &Path) -> Result<(), Failure> {
         {
             let _one = lock(&RESERVING);
-            room(dir, len).map_err(Failure::disk)?;
-            reserve(&self.file, len).map_err(|e| {
-                Failure::disk(format!(
-                    "cannot reserve {len} bytes for a spill file in {}: {e}",
-                    dir.display()
-                ))
-            })?;
+            room(dir, len).map_err(Failure::no_room)?;
+            reserve(&self.file, len).map_err(|e| Failure::reserving(len, dir, e))?;
         }
         let mut at = 0u64;
         let mut disk: Option<String> = None;
@@ -252,13 +288,8 @@ impl Spill {
             // Spills that waited for a place ask and reserve one at a time,
             // or together they could take more than they were told.
             let _one = lock(&RESERVING);
-            room(dir, decoded).map_err(Failure::disk)?;
-            reserve(&self.file, decoded).map_err(|e| {
-                Failure::disk(format!(
-                    "cannot reserve {decoded} bytes for a spill file in {}: {e}",
-                    dir.display()
-                ))
-            })?;
+            room(dir, decoded).map_err(Failure::no_room)?;
+            reserve(&self.file, decoded).map_err(|e| Failure::reserving(decoded, dir, e))?;
         }
         Stats::add(&stats.decompressions, 1);
         // Every frame's window, read from the headers first (through the
@@ -323,6 +354,7 @@ impl Spill {
         r.map_err(|why| Failure {
             why,
             retry: read_failed.get(),
+            no_room: false,
         })?;
         self.advance(decoded, None);
         Ok(())
@@ -428,14 +460,16 @@ impl Spill {
     }
 
     /// Decoded bytes `[at, at+out.len())`, once they are there.
-    pub fn read(&self, at: u64, out: &mut [u8]) -> Result<(), String> {
+    pub fn read(&self, at: u64, out: &mut [u8]) -> Result<(), ReadError> {
         let need = at + out.len() as u64;
         let mut g = lock(&self.progress);
         loop {
             match &g.1 {
-                Some(e) if !e.is_empty() => return Err(e.clone()),
+                Some(e) if !e.is_empty() => return Err(self.failure(e.clone())),
                 Some(_) if g.0 >= need => break,
-                Some(_) => return Err(format!("spill ended at {} bytes, before {need}", g.0)),
+                Some(_) => {
+                    return Err(format!("spill ended at {} bytes, before {need}", g.0).into());
+                }
                 None if self.early && g.0 >= need => break,
                 None => g = self.cond.wait(g).unwrap_or_else(|e| e.into_inner()),
             }
@@ -456,15 +490,25 @@ impl Spill {
                         .map_or_else(|e| e.into_inner().0, |r| r.0);
                 }
                 if let Some(why) = g.1.as_ref().filter(|why| !why.is_empty()) {
-                    return why.clone();
+                    return self.failure(why.clone());
                 }
             } else if lock(&self.progress).1.is_some() {
                 // The disk under the spill file: a new spill may do better.
                 // A spill still running is left to finish; this read fails.
                 self.retry.store(true, Release);
             }
-            format!("cannot read the spill file: {e}")
+            format!("cannot read the spill file: {e}").into()
         })
+    }
+
+    /// Its recorded failure `why`, as its readers get it.
+    fn failure(&self, why: String) -> ReadError {
+        let kind = if self.no_room.load(Acquire) {
+            Kind::NoSpace
+        } else {
+            Kind::Failed
+        };
+        ReadError::new(kind, why)
     }
 }
 

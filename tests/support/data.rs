@@ -39,7 +39,9 @@ pub fn read_whole(d: &Data, t: usize, p: usize, chunk: u64) -> Result<Vec<u8>, S
     let n = parts[p].nbytes;
     let mut out = Vec::with_capacity(n as usize);
     while (out.len() as u64) < n {
-        let b = d.read(t, p, out.len() as u64, chunk)?;
+        let b = d
+            .read(t, p, out.len() as u64, chunk)
+            .map_err(|e| e.to_string())?;
         if b.is_empty() {
             return Err(format!("ended at byte {} of {n}", out.len()));
         }

@@ -5,6 +5,7 @@
 use crate::catalog::{Blob, Catalog, Check, Checksum, Codec, Verdict};
 use crate::codec::digest::Hasher;
 use crate::codec::zstd as zstd_blob;
+use crate::mount::error::ReadError;
 use crate::mount::guard::Guard;
 use crate::source::{MappedFile, Span};
 
@@ -17,15 +18,16 @@ pub enum Failed {
     Mismatch(String),
     /// The bytes break a rule of their type, or do not decode.
     Data(String),
-    /// A message that names its file and blob already (the guard's, when
+    /// A failure that names its file and blob already (the guard's, when
     /// the file changed, or the data layer's): given as it is.
-    Whole(String),
+    Whole(ReadError),
 }
 
 impl std::fmt::Display for Failed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Failed::Mismatch(w) | Failed::Data(w) | Failed::Whole(w) => f.write_str(w),
+            Failed::Mismatch(w) | Failed::Data(w) => f.write_str(w),
+            Failed::Whole(e) => e.fmt(f),
         }
     }
 }
@@ -67,7 +69,7 @@ pub fn stored(b: &Blob, span: &Span, guard: &Guard) -> Result<(), Failed> {
         }
         span.release(chunk);
     }
-    guard.check().map_err(Failed::Whole)?;
+    guard.verdict().map_err(Failed::Whole)?;
     for (want, h) in stored {
         judge(&want, h, "stored bytes")?;
     }
@@ -122,7 +124,7 @@ pub fn stream(b: &Blob, span: &Span, guard: &Guard, d: &mut Decoded) -> Result<(
         Ok(())
     });
     span.release_all();
-    guard.check().map_err(Failed::Whole)?;
+    guard.verdict().map_err(Failed::Whole)?;
     r.map_err(Failed::Data)
 }
 

@@ -18,7 +18,9 @@ fn opts(dir: &std::path::Path) -> DataOptions {
 }
 
 fn read_all(d: &Data, ti: usize) -> Result<Vec<u8>, String> {
-    d.read(ti, 0, 0, 1 << 20).map(|b| b.to_vec())
+    d.read(ti, 0, 0, 1 << 20)
+        .map(|b| b.to_vec())
+        .map_err(|e| e.to_string())
 }
 
 /// A producer that writes `bytes`.
@@ -180,7 +182,21 @@ fn a_streamed_frame_is_served_and_its_checksum_is_checked_before_any_byte() {
     let d = Data::new(c, files, o, Arc::new(Stats::default())).unwrap();
     let err = match d.read(0, 0, 0, 4096) {
         Ok(_) => panic!("bytes of a frame that fails its checksum were served"),
-        Err(e) => e,
+        Err(e) => e.to_string(),
     };
     assert!(err.contains("checksum") || err.contains("corrupt"), "{err}");
+}
+
+#[test]
+fn a_computed_blob_over_half_the_cache_without_a_stream_is_refused_as_too_large() {
+    // 5 MiB made whole by a reader that cannot stream, against an 8 MiB
+    // cache: the limit refuses it (EFBIG), and says which option to raise.
+    static MADE: [u8; 5 << 20] = [7; 5 << 20];
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, files) = catalog_of(dir.path(), &[("big", &MADE)]);
+    c.blobs[0].codec = making(&MADE);
+    let d = Data::new(c, files, opts(dir.path()), Arc::new(Stats::default())).unwrap();
+    let err = d.read(0, 0, 0, 4096).err().unwrap();
+    assert_eq!(err.errno(), libc::EFBIG, "{err}");
+    assert!(err.to_string().contains("--cache-size"), "{err}");
 }
