@@ -456,7 +456,10 @@ fn a_missing_or_broken_shard_fails_only_its_tensors() {
     let why = o.catalog.sources[2].unusable.clone().unwrap();
     assert!(why.contains("m-00002-of-0002.deathtensors"), "{why}");
     let b = o.catalog.get("b").unwrap();
-    assert_eq!(b.parts.as_ref().unwrap_err(), &why);
+    assert_eq!(
+        b.parts.as_ref().unwrap_err(),
+        &format!("shard unusable: {why}")
+    );
     let d = serve(&index, dir.path());
     assert_eq!(read(&d, "a").unwrap(), (0..16u8).collect::<Vec<_>>());
     assert!(read(&d, "b").is_err());
@@ -679,7 +682,8 @@ fn through_a_mount_a_bad_bool_is_eio_with_a_log_line() {
 }
 
 /// Two shards swapped on disk (each holds the other's tensor): each
-/// tensor is listed as absent from the shard the index puts it in. The
+/// tensor is listed as absent from the shard the index puts it in (in the
+/// words of every sharded format: `formats/shard_set.rs`). The
 /// reason said the shard's tensors were "0 bytes" where the index says 16,
 /// as if the shard were cut.
 #[test]
@@ -696,11 +700,11 @@ fn swapped_shards_say_which_tensor_is_absent() {
     let why = |n: &str| o.catalog.get(n).unwrap().parts.clone().unwrap_err();
     assert_eq!(
         why("a"),
-        "shard \"m-00001-of-0002.deathtensors\" has no tensor of this name"
+        "the index puts it in m-00001-of-0002.deathtensors, which does not hold it"
     );
     assert_eq!(
         why("b"),
-        "shard \"m-00002-of-0002.deathtensors\" has no tensor of this name"
+        "the index puts it in m-00002-of-0002.deathtensors, which does not hold it"
     );
     assert_eq!(o.catalog.tensors.len(), 2);
 }

@@ -47,6 +47,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 
+use super::shard_set::{Duplicates, Set};
 use super::{Limits, Opened};
 use crate::catalog::{
     Blob, Catalog, Check, Checksum, Codec, DType, Endian, Json, JsonMap, Part, PartMap, SourceRef,
@@ -66,6 +67,8 @@ pub const FLAG_ENCRYPTED: u32 = 1 << 2;
 const KNOWN_FLAGS: u32 = FLAG_COMPRESSED | FLAG_CHECKSUM | FLAG_ENCRYPTED;
 pub const FOOTER_LEN: u64 = 32;
 const ALIGNMENT: u64 = 8;
+/// The format as users name it.
+const FORMAT: &str = "deathtensors v1";
 /// The decoded header takes at most this many times its text in memory (a
 /// shape `[0,0,...]` is 2 bytes of text per 8-byte dimension, and a vector
 /// may hold twice what it uses while it grows).
@@ -553,16 +556,8 @@ fn add_tensors(catalog: &mut Catalog, source: usize, p: Parsed, shard: Option<&s
 /// when it is the index of a sharded model.
 pub fn open(src: MappedFile, limits: Limits) -> Result<Opened> {
     let p = parse(src.bytes(), src.label(), limits)?;
-    let mut catalog = Catalog {
-        format: "deathtensors v1".into(),
-        label: src.label().to_string(),
-        sources: vec![source_ref(src.path(), &p)],
-        blobs: Vec::new(),
-        tensors: Vec::new(),
-        attributes: string_map(&p.global),
-    };
     if !p.is_sharded_index() {
-        add_tensors(&mut catalog, 0, p, None);
+        let catalog = catalog_of(src.path(), src.label(), p, None);
         src.release(src.bytes());
         return Ok(Opened {
             catalog,
@@ -570,84 +565,37 @@ pub fn open(src: MappedFile, limits: Limits) -> Result<Opened> {
         });
     }
     let shards = shard_list(&src, &p)?;
-    add_tensors(&mut catalog, 0, p, None);
-    let mut sources = vec![Some(src)];
-    let dir = catalog.sources[0]
-        .path
+    let mut set = Set::new(FORMAT, src.label(), Duplicates::Refuse);
+    *set.attributes() = string_map(&p.global);
+    let dir = src
+        .path()
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default();
+    set.add_index(catalog_of(src.path(), src.label(), p, None), src);
     for s in shards {
-        let path = dir.join(&s.path);
-        let i = catalog.sources.len();
-        let beside = sources.first().and_then(Option::as_ref);
-        match open_shard(beside, &s, limits) {
-            Ok((file, parsed)) => {
-                catalog.sources.push(source_ref(&path, &parsed));
-                let mut parsed = parsed;
-                // By name, once: a shard of many tensors is joined in
-                // linear time.
-                let mut by_name: std::collections::HashMap<String, _> = parsed
-                    .tensors
-                    .drain(..)
-                    .map(|t| (t.name.clone(), t))
-                    .collect();
-                let mut listed = Vec::new();
-                for name in &s.tensors {
-                    match by_name.remove(name) {
-                        Some(t) => listed.push(t),
-                        None => catalog.tensors.push(absent(
-                            name,
-                            &s.path,
-                            format!("shard {:?} has no tensor of this name", s.path),
-                        )),
-                    }
-                }
-                parsed.tensors = listed;
-                add_tensors(&mut catalog, i, parsed, Some(&s.path));
-                file.release(file.bytes());
-                sources.push(Some(file));
-            }
-            Err(why) => {
-                catalog.sources.push(SourceRef {
-                    path: path.clone(),
-                    unusable: Some(why.clone()),
-                    ..SourceRef::default()
-                });
-                for name in &s.tensors {
-                    catalog.tensors.push(absent(name, &s.path, why.clone()));
-                }
-                sources.push(None);
-            }
-        }
+        let shard = open_shard(set.first_file(), &s, limits).map(|(file, parsed)| {
+            let c = catalog_of(file.path(), file.label(), parsed, Some(&s.path));
+            file.release(file.bytes());
+            (c, file)
+        });
+        set.add(&dir.join(&s.path), shard, Some(&s.tensors));
     }
-    let mut seen = HashSet::new();
-    if let Some(t) = catalog.tensors.iter().find(|t| !seen.insert(&t.name)) {
-        return Err(Error::new(
-            ErrorKind::Duplicate,
-            &catalog.label,
-            Some(&t.name),
-            "the tensor is in two shards (or in the index and a shard)",
-        ));
-    }
-    Ok(Opened { catalog, sources })
+    set.finish()
 }
 
-/// A tensor the index lists whose shard cannot serve it: listed, with the
-/// reason, and no bytes.
-fn absent(name: &str, shard: &str, why: String) -> Tensor {
-    let mut meta = JsonMap::new();
-    meta.insert("shard".into(), shard.into());
-    Tensor {
-        name: name.to_string(),
-        dtype: "unknown".into(),
-        shape: Vec::new(),
-        layout: "dense".into(),
-        encoding: "unknown".into(),
-        directory: false,
-        parts: Err(why),
-        meta: meta.into(),
-    }
+/// The catalog of one file (`path`, `label` in messages) parsed as `p`;
+/// `shard` names the shard in sidecars.
+fn catalog_of(path: &Path, label: &str, p: Parsed, shard: Option<&str>) -> Catalog {
+    let mut catalog = Catalog {
+        format: FORMAT.into(),
+        label: label.to_string(),
+        sources: vec![source_ref(path, &p)],
+        attributes: string_map(&p.global),
+        ..Catalog::default()
+    };
+    add_tensors(&mut catalog, 0, p, shard);
+    catalog
 }
 
 /// The shard list of a sharded index, once the index's own footer (if

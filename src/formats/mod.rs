@@ -15,6 +15,7 @@ pub mod npz;
 pub mod onnx;
 pub mod pt;
 pub mod safetensors;
+pub mod shard_set;
 pub mod sharded;
 pub mod zt_v01;
 pub mod zt_v1;

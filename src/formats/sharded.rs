@@ -4,17 +4,15 @@
 //! `split.count`).
 //!
 //! Each shard is read on its own (by [`super::safetensors`] or
-//! [`super::gguf`]) and the catalogs are joined: blob sources renumbered,
-//! tensors appended. A shard that is missing or refused becomes an
-//! unusable source: the tensors the index gives it are listed and fail
-//! with its reason, the rest serve. A GGUF split file that cannot be read
-//! is listed itself, as `NAME (unusable shard)`: only its own header names
-//! its tensors.
+//! [`super::gguf`]) and joined by [`super::shard_set`], whose rules (a
+//! missing or refused shard, a tensor a shard lacks, a name two shards
+//! hold) are those of every sharded format.
 
 use std::path::{Path, PathBuf};
 
+use super::shard_set::{Duplicates, Set, ShardResult};
 use super::{Limits, Opened, gguf, safetensors};
-use crate::catalog::{Catalog, Json, JsonMap, SourceRef, Tensor, cost};
+use crate::catalog::{Catalog, Json, cost};
 use crate::error::{Error, ErrorKind, Result};
 use crate::source::MappedFile;
 
@@ -146,13 +144,11 @@ pub fn open_hf_index(index: MappedFile, limits: Limits) -> Result<Opened> {
             }
         }
     }
-    let mut set = Set::new("safetensors (sharded)", &label);
+    let mut set = Set::new("safetensors (sharded)", &label, Duplicates::List);
     if let Some(meta) = json.get("metadata") {
-        set.catalog
-            .attributes
-            .insert("metadata".into(), meta.clone());
+        set.attributes().insert("metadata".into(), meta.clone());
     }
-    set.catalog.attributes.insert(
+    set.attributes().insert(
         "shards".into(),
         shards
             .iter()
@@ -165,7 +161,7 @@ pub fn open_hf_index(index: MappedFile, limits: Limits) -> Result<Opened> {
         let shard = open_shard(&index, file, Shard::Safetensors, limits);
         set.add(&path, shard, Some(wanted));
     }
-    Ok(set.finish())
+    set.finish()
 }
 
 /// A GGUF file, or the split set whose first file it is.
@@ -218,8 +214,8 @@ pub fn open_gguf_split(first: Catalog, src: MappedFile, limits: Limits) -> Resul
         return Err(bad(format!("split.count {count} is implausible")));
     }
     let dir = src.path().parent().unwrap_or(Path::new(".")).to_path_buf();
-    let mut set = Set::new("GGUF (split)", &label);
-    set.catalog.attributes = first.attributes.clone();
+    let mut set = Set::new("GGUF (split)", &label, Duplicates::List);
+    *set.attributes() = first.attributes.clone();
     let first_path = src.path().to_path_buf();
     // The others beside the first however it was opened (a file, a
     // remote object).
@@ -247,7 +243,7 @@ pub fn open_gguf_split(first: Catalog, src: MappedFile, limits: Limits) -> Resul
     for (path, shard) in others {
         set.add(&path, shard, None);
     }
-    Ok(set.finish())
+    set.finish()
 }
 
 /// What a shard of a set must be.
@@ -259,12 +255,7 @@ enum Shard {
 
 /// The shard named `name` beside `beside`, read on its own, or why it
 /// cannot be.
-fn open_shard(
-    beside: &MappedFile,
-    name: &str,
-    kind: Shard,
-    limits: Limits,
-) -> std::result::Result<(Catalog, MappedFile), String> {
+fn open_shard(beside: &MappedFile, name: &str, kind: Shard, limits: Limits) -> ShardResult {
     let src = beside.sibling(name).map_err(|e| e.to_string())?;
     super::prepare(&src, limits).map_err(|e| e.to_string())?;
     let bytes = src.bytes();
@@ -281,135 +272,5 @@ fn open_shard(
         }
         Shard::Safetensors => Err(format!("{}: not a safetensors file", src.label())),
         Shard::Gguf => Err(format!("{}: not a {} file", src.label(), gguf::NAME)),
-    }
-}
-
-/// A set of shards being joined into one catalog.
-struct Set {
-    catalog: Catalog,
-    files: Vec<Option<MappedFile>>,
-    names: std::collections::HashSet<String>,
-}
-
-impl Set {
-    fn new(format: &str, label: &str) -> Set {
-        Set {
-            catalog: Catalog {
-                format: format.to_string(),
-                label: label.to_string(),
-                ..Catalog::default()
-            },
-            files: Vec::new(),
-            names: Default::default(),
-        }
-    }
-
-    /// Adds a shard. `wanted`: the tensors the index says it holds (only
-    /// those are taken from it; those it lacks are listed as failing).
-    fn add(
-        &mut self,
-        path: &Path,
-        shard: std::result::Result<(Catalog, MappedFile), String>,
-        wanted: Option<&Vec<String>>,
-    ) {
-        let si = self.catalog.sources.len();
-        let file = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        match shard {
-            Ok((c, src)) => {
-                let base = self.catalog.blobs.len();
-                self.catalog.sources.push(SourceRef {
-                    path: src.path().to_path_buf(),
-                    size: Some(src.len()),
-                    ..SourceRef::default()
-                });
-                self.files.push(Some(src));
-                self.catalog.blobs.extend(c.blobs.into_iter().map(|mut b| {
-                    b.source = si;
-                    b
-                }));
-                let wanted_set: Option<std::collections::HashSet<&str>> =
-                    wanted.map(|w| w.iter().map(String::as_str).collect());
-                let mut have = std::collections::HashSet::new();
-                for mut t in c.tensors {
-                    if wanted_set
-                        .as_ref()
-                        .is_some_and(|w| !w.contains(t.name.as_str()))
-                    {
-                        continue;
-                    }
-                    have.insert(t.name.clone());
-                    if let Ok(ps) = &mut t.parts {
-                        for p in ps {
-                            p.blob += base;
-                        }
-                    }
-                    t.meta.insert("shard", file.clone().into());
-                    self.push(t);
-                }
-                for name in wanted.into_iter().flatten() {
-                    if !have.contains(name) {
-                        let why = format!("the index puts it in {file}, which does not hold it");
-                        self.push(missing(name, &file, why));
-                    }
-                }
-            }
-            Err(why) => {
-                log::warn!("{why}");
-                self.catalog.sources.push(SourceRef {
-                    path: path.to_path_buf(),
-                    unusable: Some(why.clone()),
-                    ..SourceRef::default()
-                });
-                self.files.push(None);
-                for name in wanted.into_iter().flatten() {
-                    self.push(missing(name, &file, format!("shard unusable: {why}")));
-                }
-                // A set without an index (GGUF split files): the shard's
-                // tensors cannot be named, so the shard itself is listed,
-                // lest its tensors vanish without a word.
-                if wanted.is_none() {
-                    let why = format!("shard unusable, its tensors cannot be listed: {why}");
-                    self.push(missing(&format!("{file} (unusable shard)"), &file, why));
-                }
-            }
-        }
-    }
-
-    fn push(&mut self, mut t: Tensor) {
-        if !self.names.insert(t.name.clone()) {
-            t.parts = Err("another shard holds a tensor of the same name".into());
-            let shard = t.meta.get("shard").unwrap_or_default();
-            t.name = format!("{} (duplicate in {shard})", t.name);
-            if !self.names.insert(t.name.clone()) {
-                return;
-            }
-        }
-        self.catalog.tensors.push(t);
-    }
-
-    fn finish(self) -> Opened {
-        Opened {
-            catalog: self.catalog,
-            sources: self.files,
-        }
-    }
-}
-
-/// A tensor an index names whose bytes cannot be had.
-fn missing(name: &str, shard: &str, why: String) -> Tensor {
-    let mut meta = JsonMap::new();
-    meta.insert("shard".into(), shard.into());
-    Tensor {
-        name: name.to_string(),
-        dtype: "unknown".into(),
-        shape: Vec::new(),
-        layout: "unknown".into(),
-        encoding: "unknown".into(),
-        directory: false,
-        parts: Err(why),
-        meta: meta.into(),
     }
 }

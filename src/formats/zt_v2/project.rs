@@ -140,7 +140,8 @@ impl Builder {
             .get(s)
             .ok_or_else(|| format!("shard {s:?} is not in the shard table"))?;
         match &self.catalog.sources[i].unusable {
-            Some(why) => Err(format!("cannot be read: {why}")),
+            // In the words of every sharded format (`shard_set`).
+            Some(why) => Err(format!("shard unusable: {why}")),
             None => Ok(i),
         }
     }

@@ -1,0 +1,215 @@
+//! Joins shards into one catalog: the one joiner of every format whose
+//! model is an index (or first file) naming files beside it, each read on
+//! its own by its format's module: a Hugging Face safetensors index, GGUF
+//! split files, a deathtensors sharded index. (A zTensor v2 root holds
+//! every tensor itself and its shards only bytes: its source table,
+//! `zt_v2::project`, keeps the same rules for a shard that is missing, of
+//! another size or not a container, and the same words.)
+//!
+//! The rules, the same for each:
+//! - A shard that cannot be opened, or is not what the index says (gone,
+//!   another format, a size or header that disagrees with the index):
+//!   an unusable source, with the reason; each tensor the index puts in
+//!   it is listed and fails with that reason. A GGUF split file is named
+//!   by no index, so when one cannot be read it is listed itself, as
+//!   `NAME (unusable shard)`.
+//! - A tensor the index puts in a shard that does not hold it: listed,
+//!   failing, saying so. What a shard holds that the index does not put
+//!   in it is not shown.
+//! - A shard altered after mount: its guard fails its reads with `ESTALE`
+//!   (as for any source), and a digest the format records is checked
+//!   before its first byte is served.
+//! - A name two shards hold: the format says whether that refuses the
+//!   set ([`Duplicates::Refuse`]) or lists the second as a failing
+//!   `NAME (duplicate in SHARD)` ([`Duplicates::List`]).
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use super::Opened;
+use crate::catalog::{Catalog, JsonMap, Tensor};
+use crate::error::{Error, ErrorKind, Result};
+use crate::source::MappedFile;
+
+/// What a name held by two shards does to the set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Duplicates {
+    /// The set is refused, naming the tensor.
+    Refuse,
+    /// The second is listed as `NAME (duplicate in SHARD)`, failing.
+    List,
+}
+
+/// A shard read on its own (its catalog, with the file it was read from as
+/// its one source), or why it cannot serve.
+pub type ShardResult = std::result::Result<(Catalog, MappedFile), String>;
+
+/// A set of shards being joined into one catalog.
+pub struct Set {
+    catalog: Catalog,
+    files: Vec<Option<MappedFile>>,
+    names: HashSet<String>,
+    duplicates: Duplicates,
+    /// The first name held twice, when [`Duplicates::Refuse`].
+    duplicate: Option<String>,
+}
+
+impl Set {
+    pub fn new(format: &str, label: &str, duplicates: Duplicates) -> Set {
+        Set {
+            catalog: Catalog {
+                format: format.to_string(),
+                label: label.to_string(),
+                ..Catalog::default()
+            },
+            files: Vec::new(),
+            names: HashSet::new(),
+            duplicates,
+            duplicate: None,
+        }
+    }
+
+    /// The set's own attributes (the index's metadata).
+    pub fn attributes(&mut self) -> &mut JsonMap {
+        &mut self.catalog.attributes
+    }
+
+    /// The first file added, which the others are beside.
+    pub fn first_file(&self) -> Option<&MappedFile> {
+        self.files.first()?.as_ref()
+    }
+
+    /// Adds the index's own file and the tensors it holds itself, with no
+    /// shard named in their sidecars.
+    pub fn add_index(&mut self, c: Catalog, src: MappedFile) {
+        self.take(c, src, None, None);
+    }
+
+    /// Adds the shard at `path` (its file name is what sidecars and
+    /// messages call it). `wanted`: the tensors the index puts in it, when
+    /// there is an index; only those are taken from it.
+    pub fn add(&mut self, path: &Path, shard: ShardResult, wanted: Option<&[String]>) {
+        let file = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        match shard {
+            Ok((c, src)) => self.take(c, src, Some(&file), wanted),
+            Err(why) => self.unusable(path, &file, why, wanted),
+        }
+    }
+
+    /// A shard's catalog joined: its source appended (with what the format
+    /// knows of it, a digest say), its blobs renumbered, its tensors (those
+    /// wanted) appended.
+    fn take(&mut self, c: Catalog, src: MappedFile, file: Option<&str>, wanted: Option<&[String]>) {
+        let si = self.catalog.sources.len();
+        let base = self.catalog.blobs.len();
+        let mut sref = c.sources.into_iter().next().unwrap_or_default();
+        sref.path = src.path().to_path_buf();
+        sref.size = Some(src.len());
+        self.catalog.sources.push(sref);
+        self.files.push(Some(src));
+        self.catalog.blobs.extend(c.blobs.into_iter().map(|mut b| {
+            b.source = si;
+            b
+        }));
+        let wanted_set: Option<HashSet<&str>> =
+            wanted.map(|w| w.iter().map(String::as_str).collect());
+        let mut have = HashSet::new();
+        for mut t in c.tensors {
+            if wanted_set
+                .as_ref()
+                .is_some_and(|w| !w.contains(t.name.as_str()))
+            {
+                continue;
+            }
+            have.insert(t.name.clone());
+            if let Ok(ps) = &mut t.parts {
+                for p in ps {
+                    p.blob += base;
+                }
+            }
+            if let Some(f) = file {
+                t.meta.insert("shard", f.into());
+            }
+            self.push(t);
+        }
+        let file = file.unwrap_or_default();
+        for name in wanted.into_iter().flatten() {
+            if !have.contains(name) {
+                let why = format!("the index puts it in {file}, which does not hold it");
+                self.push(missing(name, file, why));
+            }
+        }
+    }
+
+    fn unusable(&mut self, path: &Path, file: &str, why: String, wanted: Option<&[String]>) {
+        log::warn!("{why}");
+        self.catalog.sources.push(crate::catalog::SourceRef {
+            path: path.to_path_buf(),
+            unusable: Some(why.clone()),
+            ..Default::default()
+        });
+        self.files.push(None);
+        for name in wanted.into_iter().flatten() {
+            self.push(missing(name, file, format!("shard unusable: {why}")));
+        }
+        // A set without an index (GGUF split files): the shard's tensors
+        // cannot be named, so the shard itself is listed, lest its tensors
+        // vanish without a word.
+        if wanted.is_none() {
+            let why = format!("shard unusable, its tensors cannot be listed: {why}");
+            self.push(missing(&format!("{file} (unusable shard)"), file, why));
+        }
+    }
+
+    fn push(&mut self, mut t: Tensor) {
+        if !self.names.insert(t.name.clone()) {
+            if self.duplicates == Duplicates::Refuse {
+                self.duplicate.get_or_insert(t.name);
+                return;
+            }
+            t.parts = Err("another shard holds a tensor of the same name".into());
+            let shard = t.meta.get("shard").unwrap_or_default();
+            t.name = format!("{} (duplicate in {shard})", t.name);
+            if !self.names.insert(t.name.clone()) {
+                return;
+            }
+        }
+        self.catalog.tensors.push(t);
+    }
+
+    /// The joined set; refused if a name was held twice and the format
+    /// refuses that.
+    pub fn finish(self) -> Result<Opened> {
+        if let Some(name) = self.duplicate {
+            return Err(Error::new(
+                ErrorKind::Duplicate,
+                &self.catalog.label,
+                Some(&name),
+                "the tensor is in two shards (or in the index and a shard)",
+            ));
+        }
+        Ok(Opened {
+            catalog: self.catalog,
+            sources: self.files,
+        })
+    }
+}
+
+/// A tensor an index names whose bytes cannot be had.
+fn missing(name: &str, shard: &str, why: String) -> Tensor {
+    let mut meta = JsonMap::new();
+    meta.insert("shard".into(), shard.into());
+    Tensor {
+        name: name.to_string(),
+        dtype: "unknown".into(),
+        shape: Vec::new(),
+        layout: "unknown".into(),
+        encoding: "unknown".into(),
+        directory: false,
+        parts: Err(why),
+        meta: meta.into(),
+    }
+}
