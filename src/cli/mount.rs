@@ -372,27 +372,7 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
     let ready = Arc::new(Mutex::new(ready));
     let report = |msg: &str| tell(&ready, msg);
     let sigset = block_exit_signals();
-    // Decoded frames are large and short-lived: have malloc give each its
-    // own mapping and return it on free, so freed frames never linger in
-    // per-thread heaps and memory tracks the cache's own count. A remote
-    // object's HTTP client receives into buffers of up to about 400 KiB,
-    // one new one per piece of a body: those are kept below the threshold
-    // and the heaps keep what they free, so that they are reused rather
-    // than mapped anew (each page of a new mapping is a page fault, and
-    // new memory on the project's VM: 40% of the fetch threads' time on
-    // a cold read over loopback went to those faults).
-    let remote = opened.sources.iter().flatten().any(|f| f.is_remote());
-    let (mmap_at, trim_at) = if remote {
-        (REMOTE_MMAP_THRESHOLD, REMOTE_TRIM_THRESHOLD)
-    } else {
-        (128 << 10, 128 << 10)
-    };
-    // SAFETY: sets tunables under malloc's own lock (glibc's mallopt is
-    // thread-safe); no memory of ours is passed.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, mmap_at);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, trim_at);
-    }
+    tune_malloc(opened.sources.iter().flatten().any(|f| f.is_remote()));
     let label = opened.catalog.label.clone();
     let time = opened
         .sources
@@ -401,26 +381,8 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
         .and_then(|f| f.opened().modified().ok())
         .unwrap_or(std::time::UNIX_EPOCH);
     let count = opened.catalog.len();
-    let opts = FsOptions {
-        data: DataOptions {
-            cache_size: s.cache_size,
-            cache_dir: s.cache_dir.clone(),
-            verify_raw: s.verify_raw,
-            progressive_min: PROGRESSIVE_MIN,
-        },
-        direct_io: s.direct_io,
-        views: s.views,
-        xattrs: s.xattrs,
-        backing: BackingOptions {
-            enabled: s.passthrough,
-            dir: s.cache_dir.clone(),
-            limit: s
-                .decoded_cache_size
-                .unwrap_or_else(|| spill::free_bytes(&s.cache_dir).unwrap_or(0) / 2),
-        },
-    };
     let started = std::time::Instant::now();
-    let fs = match TensorFs::new(opened.catalog, opened.sources, opts) {
+    let fs = match TensorFs::new(opened.catalog, opened.sources, fs_options(s)) {
         Ok(fs) => fs,
         Err(e) => {
             let msg = format!("{label}: {e}");
@@ -452,36 +414,7 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
     let behind = fs.behind_hook();
     let views_layout = fs.views_layout();
     let adapter = Adapter::new(fs, uid, gid, time, s.max_read, unmounted, no_passthrough(s));
-
-    let mut mount_options = vec![
-        MountOption::FSName(label.clone()),
-        MountOption::Subtype("ztensor-mount".into()),
-        // fuser's own mount(2) path leaves Subtype to fusermount3 and mounts
-        // plain "fuse"; the kernel takes the subtype as an option, so the
-        // type reads fuse.ztensor-mount either way (findmnt -t, umount -t).
-        MountOption::CUSTOM("subtype=ztensor-mount".into()),
-        MountOption::RO,
-        MountOption::NoDev,
-        MountOption::NoSuid,
-        MountOption::NoExec,
-        MountOption::DefaultPermissions,
-    ];
-    if s.auto_unmount {
-        mount_options.push(MountOption::AutoUnmount);
-    }
-    let mut config = Config::default();
-    config.mount_options = mount_options;
-    config.acl = if s.allow_other {
-        SessionACL::All
-    } else if s.allow_root || s.auto_unmount {
-        SessionACL::RootAndOwner
-    } else {
-        SessionACL::Owner
-    };
-    config.n_threads = Some(s.threads);
-    config.clone_fd = s.threads > 1;
-
-    let session = match fuser::Session::new(adapter, mountpoint, &config) {
+    let session = match fuser::Session::new(adapter, mountpoint, &fuse_config(s, &label)) {
         Ok(sess) => sess,
         Err(e) => {
             let msg = format!(
@@ -512,19 +445,8 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
         mountpoint.display()
     );
 
-    let mp = mountpoint.to_path_buf();
     let dev_seen = dev.clone().unwrap_or_else(|| "-".into());
-    let waiter = std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            let mut sig: libc::c_int = 0;
-            // SAFETY: `sigset` is an initialized set (moved into this
-            // thread) and `sig` a live c_int the call writes.
-            if unsafe { libc::sigwait(&sigset, &mut sig) } == 0 {
-                log::info!("signal {sig}: unmounting {}", mp.display());
-                stop(&mp, dev.as_deref());
-            }
-        });
+    let waiter = unmount_on_signal(sigset, mountpoint.to_path_buf(), dev);
     // Dropping the session (on return) unmounts.
     let no_thread = |e: std::io::Error| {
         let msg = format!("{label}: cannot start a thread: {e}");
@@ -535,31 +457,15 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
         return no_thread(e);
     }
     report(&format!("mounted {dev_seen}\n"));
-    // "serving" once run() below has started every worker: it returns an
-    // error if one cannot start, with the others already answering. Then
-    // the views' directories are laid out (the mount is live without
-    // them: the first lookup in one would otherwise lay them out).
+    // run() below starts the workers; it returns an error if one cannot
+    // start, with the others already answering.
     let ended = Arc::new(AtomicBool::new(false));
-    let (n, ended_, pipe) = (s.threads, ended.clone(), ready.clone());
-    let watcher = std::thread::Builder::new()
-        .name("ready".into())
-        .spawn(move || {
-            // Without /proc to count them, or if they take implausibly
-            // long, say so anyway rather than keep the command waiting.
-            let start = std::time::Instant::now();
-            while waiting && !ended_.load(Relaxed) {
-                if workers().is_none_or(|w| w >= n)
-                    || start.elapsed() > std::time::Duration::from_secs(10)
-                {
-                    tell(&pipe, "serving\n");
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(2));
-            }
-            if !ended_.load(Relaxed) {
-                views_layout();
-            }
-        });
+    let watcher = when_serving(
+        s.threads,
+        ended.clone(),
+        waiting.then(|| ready.clone()),
+        views_layout,
+    );
     if let Err(e) = watcher {
         return no_thread(e);
     }
@@ -579,6 +485,134 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
             ExitCode::from(1)
         }
     }
+}
+
+/// Sets malloc for the daemon's allocations. Decoded frames are large and
+/// short-lived: malloc gives each its own mapping and returns it on free,
+/// so freed frames never linger in per-thread heaps and memory tracks the
+/// cache's own count. A remote object's HTTP client receives into buffers
+/// of up to about 400 KiB, one new one per piece of a body: those are kept
+/// below the threshold and the heaps keep what they free, so that they are
+/// reused rather than mapped anew (each page of a new mapping is a page
+/// fault, and new memory on the project's VM: 40% of the fetch threads'
+/// time on a cold read over loopback went to those faults).
+fn tune_malloc(remote: bool) {
+    let (mmap_at, trim_at) = if remote {
+        (REMOTE_MMAP_THRESHOLD, REMOTE_TRIM_THRESHOLD)
+    } else {
+        (128 << 10, 128 << 10)
+    };
+    // SAFETY: sets tunables under malloc's own lock (glibc's mallopt is
+    // thread-safe); no memory of ours is passed.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, mmap_at);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, trim_at);
+    }
+}
+
+/// The filesystem's options, from the command line's.
+fn fs_options(s: &Settings) -> FsOptions {
+    FsOptions {
+        data: DataOptions {
+            cache_size: s.cache_size,
+            cache_dir: s.cache_dir.clone(),
+            verify_raw: s.verify_raw,
+            progressive_min: PROGRESSIVE_MIN,
+        },
+        direct_io: s.direct_io,
+        views: s.views,
+        xattrs: s.xattrs,
+        backing: BackingOptions {
+            enabled: s.passthrough,
+            dir: s.cache_dir.clone(),
+            limit: s
+                .decoded_cache_size
+                .unwrap_or_else(|| spill::free_bytes(&s.cache_dir).unwrap_or(0) / 2),
+        },
+    }
+}
+
+/// The FUSE session's mount options, access and threads.
+fn fuse_config(s: &Settings, label: &str) -> Config {
+    let mut mount_options = vec![
+        MountOption::FSName(label.to_string()),
+        MountOption::Subtype("ztensor-mount".into()),
+        // fuser's own mount(2) path leaves Subtype to fusermount3 and mounts
+        // plain "fuse"; the kernel takes the subtype as an option, so the
+        // type reads fuse.ztensor-mount either way (findmnt -t, umount -t).
+        MountOption::CUSTOM("subtype=ztensor-mount".into()),
+        MountOption::RO,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::NoExec,
+        MountOption::DefaultPermissions,
+    ];
+    if s.auto_unmount {
+        mount_options.push(MountOption::AutoUnmount);
+    }
+    let mut config = Config::default();
+    config.mount_options = mount_options;
+    config.acl = if s.allow_other {
+        SessionACL::All
+    } else if s.allow_root || s.auto_unmount {
+        SessionACL::RootAndOwner
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(s.threads);
+    config.clone_fd = s.threads > 1;
+    config
+}
+
+/// A thread that waits for an exit signal (blocked in `sigset`) and
+/// unmounts `mp` (of device `dev`) when one comes.
+fn unmount_on_signal(
+    sigset: libc::sigset_t,
+    mp: PathBuf,
+    dev: Option<String>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: `sigset` is an initialized set (moved into this
+            // thread) and `sig` a live c_int the call writes.
+            if unsafe { libc::sigwait(&sigset, &mut sig) } == 0 {
+                log::info!("signal {sig}: unmounting {}", mp.display());
+                stop(&mp, dev.as_deref());
+            }
+        })
+}
+
+/// A thread that says "serving" down `pipe` (when a command waits on it)
+/// once all `n` workers have started, then lays out the views'
+/// directories (the mount is live without them: the first lookup in one
+/// would otherwise lay them out); nothing once `ended`.
+fn when_serving(
+    n: usize,
+    ended: Arc<AtomicBool>,
+    pipe: Option<Arc<Mutex<Option<File>>>>,
+    views_layout: impl FnOnce() + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("ready".into())
+        .spawn(move || {
+            // Without /proc to count them, or if they take implausibly
+            // long, say so anyway rather than keep the command waiting.
+            let start = std::time::Instant::now();
+            while let Some(pipe) = pipe.as_ref().filter(|_| !ended.load(Relaxed)) {
+                if workers().is_none_or(|w| w >= n)
+                    || start.elapsed() > std::time::Duration::from_secs(10)
+                {
+                    tell(pipe, "serving\n");
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            if !ended.load(Relaxed) {
+                views_layout();
+            }
+        })
 }
 
 /// Whether the kernel has disconnected the FUSE connection of `fd` (it
