@@ -696,6 +696,11 @@ struct Vm<'a> {
 
 type VmResult<T> = std::result::Result<T, String>;
 
+/// The refusal of an opcode this reader does not run.
+fn unread(op: u8, at: usize) -> String {
+    format!("pickle opcode 0x{op:02x} at byte {at} is not read here")
+}
+
 impl<'a> Vm<'a> {
     fn new(data: &'a [u8], index_memory: u64) -> Vm<'a> {
         Vm {
@@ -805,293 +810,372 @@ impl<'a> Vm<'a> {
             let at = self.pos;
             let op = *self.data.get(self.pos).ok_or("pickle ends without STOP")?;
             self.pos += 1;
-            match op {
-                b'.' => return self.pop(), // STOP
-                0x80 => {
-                    self.take(1)?; // PROTO
-                }
-                0x95 => {
-                    self.take(8)?; // FRAME: a hint only
-                }
-                b'(' => {
-                    self.marks.push(self.stack.len());
-                    self.push(Val::Mark)?;
-                }
-                b')' => {
-                    self.seq(Vec::new())?;
-                }
-                b']' | 0x8f => {
-                    self.seq(Vec::new())?; // EMPTY_LIST, EMPTY_SET
-                }
-                b'}' => {
-                    let v = Val::Dict(self.node(Node::Dict(Vec::new())));
-                    self.push(v)?;
-                }
-                b'N' => self.push(Val::None)?,
-                0x88 | 0x89 => self.push(Val::Opaque)?, // NEWTRUE, NEWFALSE
-                b'J' => {
-                    let v = self.le(4)? as u32 as i32;
-                    self.push(Val::Int(i64::from(v)))?;
-                }
-                b'K' => {
-                    let v = self.le(1)?;
-                    self.push(Val::Int(v as i64))?;
-                }
-                b'M' => {
-                    let v = self.le(2)?;
-                    self.push(Val::Int(v as i64))?;
-                }
-                0x8a | 0x8b => {
-                    // LONG1, LONG4: little-endian two's complement.
-                    let n = if op == 0x8a { self.le(1)? } else { self.le(4)? };
-                    let b = self.take(n)?;
-                    let v = if b.len() <= 8 {
-                        let neg = b.last().is_some_and(|&x| x & 0x80 != 0);
-                        let mut v: i64 = if neg { -1 } else { 0 };
-                        for &x in b.iter().rev() {
-                            v = (v << 8) | i64::from(x);
-                        }
-                        Val::Int(v)
-                    } else {
-                        Val::Opaque
-                    };
-                    self.push(v)?;
-                }
-                b'I' | b'L' => {
-                    let l = self.line()?;
-                    let s = String::from_utf8_lossy(l);
-                    let v = s
-                        .trim()
-                        .trim_end_matches('L')
-                        .parse()
-                        .map_or(Val::Opaque, Val::Int);
-                    self.push(v)?;
-                }
-                b'G' => {
-                    self.take(8)?;
-                    self.push(Val::Opaque)?;
-                }
-                b'F' => {
-                    self.line()?;
-                    self.push(Val::Opaque)?;
-                }
-                b'X' | 0x8c | 0x8d | b'T' | b'U' => {
-                    let n = match op {
-                        b'X' | b'T' => self.le(4)?,
-                        0x8d => self.le(8)?,
-                        _ => self.le(1)?,
-                    };
-                    let b = self.take(n)?;
-                    self.count(n / 32)?;
-                    self.push(Self::str_of(b))?;
-                }
-                b'V' | b'S' => {
-                    let l = self.line()?;
-                    let l = if op == b'S' {
-                        l.strip_prefix(b"'")
-                            .and_then(|l| l.strip_suffix(b"'"))
-                            .unwrap_or(l)
-                    } else {
-                        l
-                    };
-                    self.push(Self::str_of(l))?;
-                }
-                b'B' | b'C' | 0x8e | 0x96 => {
-                    let n = match op {
-                        b'B' => self.le(4)?,
-                        b'C' => self.le(1)?,
-                        _ => self.le(8)?,
-                    };
-                    self.take(n)?;
-                    self.push(Val::Opaque)?;
-                }
-                b'c' => {
-                    let module = self.line()?;
-                    let name = self.line()?;
-                    let v = Val::Global(
-                        Arc::from(String::from_utf8_lossy(module).as_ref()),
-                        Arc::from(String::from_utf8_lossy(name).as_ref()),
-                    );
-                    self.push(v)?;
-                }
-                0x93 => {
-                    let name = self.pop()?;
-                    let module = self.pop()?;
-                    let v = match (module, name) {
-                        (Val::Str(m), Val::Str(n)) => Val::Global(m, n),
-                        _ => Val::Opaque,
-                    };
-                    self.push(v)?;
-                }
-                b't' | b'l' | 0x91 => {
-                    let items = self.pop_mark()?;
-                    self.seq(items)?; // TUPLE, LIST, FROZENSET
-                }
-                0x85..=0x87 => {
-                    let n = usize::from(op - 0x84);
-                    let mut items = Vec::with_capacity(n);
-                    for _ in 0..n {
-                        items.push(self.pop()?);
+            if op == b'.' {
+                return self.pop(); // STOP
+            }
+            self.step(op, at)?;
+        }
+    }
+
+    /// One opcode other than STOP, by its family.
+    fn step(&mut self, op: u8, at: usize) -> VmResult<()> {
+        match op {
+            0x80 | 0x95 | b'(' | b'0' | b'1' | b'2' | 0x97 | 0x98 => self.framing(op, at),
+            b'N' | 0x88 | 0x89 | b'J' | b'K' | b'M' | 0x8a | 0x8b | b'I' | b'L' | b'G' | b'F' => {
+                self.scalar(op, at)
+            }
+            b'X' | 0x8c | 0x8d | b'T' | b'U' | b'V' | b'S' | b'B' | b'C' | 0x8e | 0x96 => {
+                self.string(op, at)
+            }
+            b')'
+            | b']'
+            | 0x8f
+            | b'}'
+            | b't'
+            | b'l'
+            | 0x91
+            | 0x85..=0x87
+            | b'd'
+            | b'a'
+            | b'e'
+            | 0x90
+            | b's'
+            | b'u' => self.container(op, at),
+            b'c' | 0x93 | b'R' | 0x81 | 0x92 | b'b' | b'i' | b'o' | b'Q' | b'P' => {
+                self.object(op, at)
+            }
+            b'p' | b'q' | b'r' | 0x94 | b'g' | b'h' | b'j' => self.memo(op, at),
+            other => Err(unread(other, at)),
+        }
+    }
+
+    /// Framing and the stack itself: PROTO, FRAME, MARK, POP, POP_MARK,
+    /// DUP, and out-of-band buffers.
+    fn framing(&mut self, op: u8, at: usize) -> VmResult<()> {
+        match op {
+            0x80 => {
+                self.take(1)?; // PROTO
+            }
+            0x95 => {
+                self.take(8)?; // FRAME: a hint only
+            }
+            b'(' => {
+                self.marks.push(self.stack.len());
+                self.push(Val::Mark)?;
+            }
+            b'0' => {
+                self.pop()?;
+            }
+            b'1' => {
+                self.pop_mark()?;
+            }
+            b'2' => {
+                let v = self
+                    .stack
+                    .last()
+                    .cloned()
+                    .ok_or_else(|| format!("pickle stack empty at byte {at}"))?;
+                self.push(v)?;
+            }
+            0x97 => self.push(Val::Opaque)?, // NEXT_BUFFER
+            0x98 => {}                       // READONLY_BUFFER
+            other => return Err(unread(other, at)),
+        }
+        Ok(())
+    }
+
+    /// None, bools, ints and floats.
+    fn scalar(&mut self, op: u8, at: usize) -> VmResult<()> {
+        match op {
+            b'N' => self.push(Val::None)?,
+            0x88 | 0x89 => self.push(Val::Opaque)?, // NEWTRUE, NEWFALSE
+            b'J' => {
+                let v = self.le(4)? as u32 as i32;
+                self.push(Val::Int(i64::from(v)))?;
+            }
+            b'K' => {
+                let v = self.le(1)?;
+                self.push(Val::Int(v as i64))?;
+            }
+            b'M' => {
+                let v = self.le(2)?;
+                self.push(Val::Int(v as i64))?;
+            }
+            0x8a | 0x8b => {
+                // LONG1, LONG4: little-endian two's complement.
+                let n = if op == 0x8a { self.le(1)? } else { self.le(4)? };
+                let b = self.take(n)?;
+                let v = if b.len() <= 8 {
+                    let neg = b.last().is_some_and(|&x| x & 0x80 != 0);
+                    let mut v: i64 = if neg { -1 } else { 0 };
+                    for &x in b.iter().rev() {
+                        v = (v << 8) | i64::from(x);
                     }
-                    items.reverse();
-                    self.seq(items)?;
+                    Val::Int(v)
+                } else {
+                    Val::Opaque
+                };
+                self.push(v)?;
+            }
+            b'I' | b'L' => {
+                let l = self.line()?;
+                let s = String::from_utf8_lossy(l);
+                let v = s
+                    .trim()
+                    .trim_end_matches('L')
+                    .parse()
+                    .map_or(Val::Opaque, Val::Int);
+                self.push(v)?;
+            }
+            b'G' => {
+                self.take(8)?;
+                self.push(Val::Opaque)?;
+            }
+            b'F' => {
+                self.line()?;
+                self.push(Val::Opaque)?;
+            }
+            other => return Err(unread(other, at)),
+        }
+        Ok(())
+    }
+
+    /// Strings (kept) and bytes (skipped).
+    fn string(&mut self, op: u8, at: usize) -> VmResult<()> {
+        match op {
+            b'X' | 0x8c | 0x8d | b'T' | b'U' => {
+                let n = match op {
+                    b'X' | b'T' => self.le(4)?,
+                    0x8d => self.le(8)?,
+                    _ => self.le(1)?,
+                };
+                let b = self.take(n)?;
+                self.count(n / 32)?;
+                self.push(Self::str_of(b))?;
+            }
+            b'V' | b'S' => {
+                let l = self.line()?;
+                let l = if op == b'S' {
+                    l.strip_prefix(b"'")
+                        .and_then(|l| l.strip_suffix(b"'"))
+                        .unwrap_or(l)
+                } else {
+                    l
+                };
+                self.push(Self::str_of(l))?;
+            }
+            b'B' | b'C' | 0x8e | 0x96 => {
+                let n = match op {
+                    b'B' => self.le(4)?,
+                    b'C' => self.le(1)?,
+                    _ => self.le(8)?,
+                };
+                self.take(n)?;
+                self.push(Val::Opaque)?;
+            }
+            other => return Err(unread(other, at)),
+        }
+        Ok(())
+    }
+
+    /// Tuples, lists, sets and dicts: made, and added to.
+    fn container(&mut self, op: u8, at: usize) -> VmResult<()> {
+        match op {
+            b')' => {
+                self.seq(Vec::new())?;
+            }
+            b']' | 0x8f => {
+                self.seq(Vec::new())?; // EMPTY_LIST, EMPTY_SET
+            }
+            b'}' => {
+                let v = Val::Dict(self.node(Node::Dict(Vec::new())));
+                self.push(v)?;
+            }
+            b't' | b'l' | 0x91 => {
+                let items = self.pop_mark()?;
+                self.seq(items)?; // TUPLE, LIST, FROZENSET
+            }
+            0x85..=0x87 => {
+                let n = usize::from(op - 0x84);
+                let mut items = Vec::with_capacity(n);
+                for _ in 0..n {
+                    items.push(self.pop()?);
                 }
-                b'd' => {
-                    let items = self.pop_mark()?;
-                    let pairs = pairs(items);
-                    let v = Val::Dict(self.node(Node::Dict(pairs)));
-                    self.push(v)?;
-                }
-                b'a' | b'e' | 0x90 => {
-                    let items = if op == b'a' {
-                        vec![self.pop()?]
-                    } else {
-                        self.pop_mark()?
-                    };
-                    match self.stack.last() {
-                        Some(Val::Seq(i)) => {
-                            if let Some(Node::Seq(v)) = self.nodes.get_mut(*i) {
-                                v.extend(items);
-                            }
+                items.reverse();
+                self.seq(items)?;
+            }
+            b'd' => {
+                let items = self.pop_mark()?;
+                let pairs = pairs(items);
+                let v = Val::Dict(self.node(Node::Dict(pairs)));
+                self.push(v)?;
+            }
+            b'a' | b'e' | 0x90 => {
+                let items = if op == b'a' {
+                    vec![self.pop()?]
+                } else {
+                    self.pop_mark()?
+                };
+                match self.stack.last() {
+                    Some(Val::Seq(i)) => {
+                        if let Some(Node::Seq(v)) = self.nodes.get_mut(*i) {
+                            v.extend(items);
                         }
-                        Some(_) => {}
-                        None => return Err(format!("pickle appends to nothing at byte {at}")),
                     }
-                }
-                b's' | b'u' => {
-                    let items = if op == b's' {
-                        let v = self.pop()?;
-                        let k = self.pop()?;
-                        vec![k, v]
-                    } else {
-                        self.pop_mark()?
-                    };
-                    match self.stack.last() {
-                        Some(Val::Dict(i)) => {
-                            if let Some(Node::Dict(v)) = self.nodes.get_mut(*i) {
-                                v.extend(pairs(items));
-                            }
-                        }
-                        Some(_) => {}
-                        None => return Err(format!("pickle sets items of nothing at byte {at}")),
-                    }
-                }
-                b'R' | 0x81 => {
-                    let args = self.pop()?;
-                    let f = self.pop()?;
-                    let v = self.call(&f, &args)?;
-                    self.push(v)?;
-                }
-                0x92 => {
-                    self.pop()?; // NEWOBJ_EX's kwargs
-                    let args = self.pop()?;
-                    let f = self.pop()?;
-                    let v = self.call(&f, &args)?;
-                    self.push(v)?;
-                }
-                b'b' => {
-                    // BUILD: a dict's state adds to it; an object of a
-                    // class not known here is shown as its state, so the
-                    // tensors of a pickled module are still found.
-                    let state = self.pop()?;
-                    let obj = self.pop()?;
-                    let v = match (&obj, &state) {
-                        (Val::Dict(o), Val::Dict(s)) if o != s => {
-                            let more = match self.nodes.get(*s) {
-                                Some(Node::Dict(m)) => m.clone(),
-                                _ => Vec::new(),
-                            };
-                            self.count(more.len() as u64)?;
-                            if let Some(Node::Dict(d)) = self.nodes.get_mut(*o) {
-                                d.extend(more);
-                            }
-                            obj
-                        }
-                        (Val::Opaque, _) => state,
-                        _ => obj,
-                    };
-                    self.push(v)?;
-                }
-                b'i' => {
-                    self.line()?;
-                    self.line()?;
-                    self.pop_mark()?;
-                    self.push(Val::Opaque)?; // INST
-                }
-                b'o' => {
-                    self.pop_mark()?;
-                    self.push(Val::Opaque)?; // OBJ
-                }
-                b'Q' => {
-                    let pid = self.pop()?;
-                    let v = self.persistent(&pid)?;
-                    self.push(v)?;
-                }
-                b'P' => {
-                    self.line()?;
-                    self.push(Val::Opaque)?;
-                }
-                b'p' | b'q' | b'r' | 0x94 => {
-                    let key = match op {
-                        b'p' => {
-                            let l = self.line()?;
-                            String::from_utf8_lossy(l)
-                                .trim()
-                                .parse()
-                                .map_err(|_| format!("bad PUT at byte {at}"))?
-                        }
-                        b'q' => self.le(1)?,
-                        b'r' => self.le(4)?,
-                        _ => self.memo.len() as u64,
-                    };
-                    let top = self
-                        .stack
-                        .last()
-                        .cloned()
-                        .ok_or_else(|| format!("pickle memoizes nothing at byte {at}"))?;
-                    self.count(1)?;
-                    self.memo.insert(key, top);
-                }
-                b'g' | b'h' | b'j' => {
-                    let key = match op {
-                        b'g' => {
-                            let l = self.line()?;
-                            String::from_utf8_lossy(l)
-                                .trim()
-                                .parse()
-                                .map_err(|_| format!("bad GET at byte {at}"))?
-                        }
-                        b'h' => self.le(1)?,
-                        _ => self.le(4)?,
-                    };
-                    let v = self.memo.get(&key).cloned().ok_or_else(|| {
-                        format!("pickle gets memo {key}, never put, at byte {at}")
-                    })?;
-                    self.push(v)?;
-                }
-                b'0' => {
-                    self.pop()?;
-                }
-                b'1' => {
-                    self.pop_mark()?;
-                }
-                b'2' => {
-                    let v = self
-                        .stack
-                        .last()
-                        .cloned()
-                        .ok_or_else(|| format!("pickle stack empty at byte {at}"))?;
-                    self.push(v)?;
-                }
-                0x97 => self.push(Val::Opaque)?, // NEXT_BUFFER
-                0x98 => {}                       // READONLY_BUFFER
-                other => {
-                    return Err(format!(
-                        "pickle opcode 0x{other:02x} at byte {at} is not read here"
-                    ));
+                    Some(_) => {}
+                    None => return Err(format!("pickle appends to nothing at byte {at}")),
                 }
             }
+            b's' | b'u' => {
+                let items = if op == b's' {
+                    let v = self.pop()?;
+                    let k = self.pop()?;
+                    vec![k, v]
+                } else {
+                    self.pop_mark()?
+                };
+                match self.stack.last() {
+                    Some(Val::Dict(i)) => {
+                        if let Some(Node::Dict(v)) = self.nodes.get_mut(*i) {
+                            v.extend(pairs(items));
+                        }
+                    }
+                    Some(_) => {}
+                    None => return Err(format!("pickle sets items of nothing at byte {at}")),
+                }
+            }
+            other => return Err(unread(other, at)),
         }
+        Ok(())
+    }
+
+    /// Globals, calls, BUILD, persistent ids (the storages), and objects
+    /// not read here.
+    fn object(&mut self, op: u8, at: usize) -> VmResult<()> {
+        match op {
+            b'c' => {
+                let module = self.line()?;
+                let name = self.line()?;
+                let v = Val::Global(
+                    Arc::from(String::from_utf8_lossy(module).as_ref()),
+                    Arc::from(String::from_utf8_lossy(name).as_ref()),
+                );
+                self.push(v)?;
+            }
+            0x93 => {
+                let name = self.pop()?;
+                let module = self.pop()?;
+                let v = match (module, name) {
+                    (Val::Str(m), Val::Str(n)) => Val::Global(m, n),
+                    _ => Val::Opaque,
+                };
+                self.push(v)?;
+            }
+            b'R' | 0x81 => {
+                let args = self.pop()?;
+                let f = self.pop()?;
+                let v = self.call(&f, &args)?;
+                self.push(v)?;
+            }
+            0x92 => {
+                self.pop()?; // NEWOBJ_EX's kwargs
+                let args = self.pop()?;
+                let f = self.pop()?;
+                let v = self.call(&f, &args)?;
+                self.push(v)?;
+            }
+            b'b' => {
+                // BUILD: a dict's state adds to it; an object of a
+                // class not known here is shown as its state, so the
+                // tensors of a pickled module are still found.
+                let state = self.pop()?;
+                let obj = self.pop()?;
+                let v = match (&obj, &state) {
+                    (Val::Dict(o), Val::Dict(s)) if o != s => {
+                        let more = match self.nodes.get(*s) {
+                            Some(Node::Dict(m)) => m.clone(),
+                            _ => Vec::new(),
+                        };
+                        self.count(more.len() as u64)?;
+                        if let Some(Node::Dict(d)) = self.nodes.get_mut(*o) {
+                            d.extend(more);
+                        }
+                        obj
+                    }
+                    (Val::Opaque, _) => state,
+                    _ => obj,
+                };
+                self.push(v)?;
+            }
+            b'i' => {
+                self.line()?;
+                self.line()?;
+                self.pop_mark()?;
+                self.push(Val::Opaque)?; // INST
+            }
+            b'o' => {
+                self.pop_mark()?;
+                self.push(Val::Opaque)?; // OBJ
+            }
+            b'Q' => {
+                let pid = self.pop()?;
+                let v = self.persistent(&pid)?;
+                self.push(v)?;
+            }
+            b'P' => {
+                self.line()?;
+                self.push(Val::Opaque)?;
+            }
+            other => return Err(unread(other, at)),
+        }
+        Ok(())
+    }
+
+    /// The memo: PUT and GET in their forms.
+    fn memo(&mut self, op: u8, at: usize) -> VmResult<()> {
+        match op {
+            b'p' | b'q' | b'r' | 0x94 => {
+                let key = match op {
+                    b'p' => {
+                        let l = self.line()?;
+                        String::from_utf8_lossy(l)
+                            .trim()
+                            .parse()
+                            .map_err(|_| format!("bad PUT at byte {at}"))?
+                    }
+                    b'q' => self.le(1)?,
+                    b'r' => self.le(4)?,
+                    _ => self.memo.len() as u64,
+                };
+                let top = self
+                    .stack
+                    .last()
+                    .cloned()
+                    .ok_or_else(|| format!("pickle memoizes nothing at byte {at}"))?;
+                self.count(1)?;
+                self.memo.insert(key, top);
+            }
+            b'g' | b'h' | b'j' => {
+                let key = match op {
+                    b'g' => {
+                        let l = self.line()?;
+                        String::from_utf8_lossy(l)
+                            .trim()
+                            .parse()
+                            .map_err(|_| format!("bad GET at byte {at}"))?
+                    }
+                    b'h' => self.le(1)?,
+                    _ => self.le(4)?,
+                };
+                let v =
+                    self.memo.get(&key).cloned().ok_or_else(|| {
+                        format!("pickle gets memo {key}, never put, at byte {at}")
+                    })?;
+                self.push(v)?;
+            }
+            other => return Err(unread(other, at)),
+        }
+        Ok(())
     }
 
     fn items(&self, v: &Val) -> &[Val] {
