@@ -124,8 +124,48 @@ impl<'de> serde::de::DeserializeSeed<'de> for Charged<'_> {
 
 fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
     let label = src.label().to_string();
-    let bad = |msg: String| Error::new(ErrorKind::Index, &label, None, msg);
-    let bad_tensor = |name: &str, kind, msg: String| Error::new(kind, &label, Some(name), msg);
+    let (data_start, Entries(entries)) = header(src, limits)?;
+    let data_len = src.len() - data_start;
+    let mut catalog = Catalog::of_file("safetensors", &label, src.path());
+    let mut names = std::collections::HashSet::new();
+    // (begin, end, tensor) in data-section offsets, for the tiling check.
+    let mut ranges: Vec<(u64, u64, usize)> = Vec::new();
+    for (name, entry) in entries {
+        if !names.insert(name.clone()) {
+            return Err(Error::new(
+                ErrorKind::Duplicate,
+                &label,
+                Some(&name),
+                "named twice in the header",
+            ));
+        }
+        if name == "__metadata__" {
+            metadata(&mut catalog, entry)?;
+            continue;
+        }
+        let at = Data {
+            start: data_start,
+            len: data_len,
+        };
+        let (begin, end) = add_tensor(&mut catalog, name, entry, at)?;
+        ranges.push((begin, end, catalog.tensors.len() - 1));
+    }
+    check_tiling(&catalog, &mut ranges, data_len)?;
+    Ok(catalog)
+}
+
+/// The data section: where it starts in the file, and its length.
+#[derive(Clone, Copy)]
+struct Data {
+    start: u64,
+    len: u64,
+}
+
+/// The header's length, checked against the file and the limits, and its
+/// entries, charged to `--index-memory` as they are parsed: where the
+/// data starts, and the entries.
+fn header(src: &MappedFile, limits: Limits) -> Result<(u64, Entries)> {
+    let bad = |msg: String| Error::new(ErrorKind::Index, src.label(), None, msg);
     let bytes = src.bytes();
     let file_len = src.len();
     let header_len = bytes
@@ -151,7 +191,6 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
         )));
     }
     let data_start = 8 + header_len;
-    let data_len = file_len - data_start;
     let header = &bytes[8..data_start as usize];
     let over = std::cell::Cell::new(None);
     let parsed = {
@@ -163,7 +202,7 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
         };
         seed.deserialize(&mut de).and_then(|e| de.end().map(|()| e))
     };
-    let Entries(entries) = parsed.map_err(|e| match over.get() {
+    let entries = parsed.map_err(|e| match over.get() {
         Some((used, n)) => bad(format!(
             "its header's first {n} entries would already take about {used} bytes in memory \
              (catalog, tree and views), more than the {} allowed (--index-memory)",
@@ -171,137 +210,133 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
         )),
         None => bad(format!("header is not a JSON object: {e}")),
     })?;
+    Ok((data_start, entries))
+}
 
-    let mut catalog = Catalog::of_file("safetensors", &label, src.path());
-    let mut names = std::collections::HashSet::new();
-    // (begin, end, tensor) in data-section offsets, for the tiling check.
-    let mut ranges: Vec<(u64, u64, usize)> = Vec::new();
-    for (name, entry) in entries {
-        if !names.insert(name.clone()) {
+/// `__metadata__`: string values only, kept as the file's attributes.
+fn metadata(catalog: &mut Catalog, entry: Json) -> Result<()> {
+    let bad = |msg: String| Error::new(ErrorKind::Index, &catalog.label, None, msg);
+    let Json::Object(meta) = entry else {
+        return Err(bad("__metadata__ is not an object".into()));
+    };
+    if let Some((k, _)) = meta.iter().find(|(_, v)| !v.is_string()) {
+        return Err(bad(format!("__metadata__[{k:?}] is not a string")));
+    }
+    catalog.attributes.extend(meta);
+    Ok(())
+}
+
+/// Adds the tensor of header entry `entry` to `catalog` (with its blob,
+/// when its dtype has an element type here): its range in the data.
+fn add_tensor(catalog: &mut Catalog, name: String, entry: Json, at: Data) -> Result<(u64, u64)> {
+    let label = catalog.label.clone();
+    let bad_tensor = |kind, msg: String| Error::new(kind, &label, Some(&name), msg);
+    let field = |msg: &str| bad_tensor(ErrorKind::Field, msg.to_string());
+    let Json::Object(fields) = entry else {
+        return Err(field("its entry is not an object"));
+    };
+    let dtype = fields
+        .get("dtype")
+        .and_then(Json::as_str)
+        .ok_or_else(|| field("no dtype string"))?
+        .to_string();
+    let shape: Vec<u64> = fields
+        .get("shape")
+        .and_then(Json::as_array)
+        .ok_or_else(|| field("no shape array"))?
+        .iter()
+        .map(Json::as_u64)
+        .collect::<Option<_>>()
+        .ok_or_else(|| field("a dimension of its shape is not a non-negative integer"))?;
+    let (begin, end) = match fields
+        .get("data_offsets")
+        .and_then(Json::as_array)
+        .map(|a| a.iter().map(Json::as_u64).collect::<Vec<_>>())
+        .as_deref()
+    {
+        Some([Some(b), Some(e)]) if b <= e && *e <= at.len => (*b, *e),
+        _ => {
             return Err(bad_tensor(
-                &name,
-                ErrorKind::Duplicate,
-                "named twice in the header".into(),
+                ErrorKind::Placement,
+                format!(
+                    "data_offsets {} are not [begin, end] within the {} bytes of data",
+                    fields.get("data_offsets").unwrap_or(&Json::Null),
+                    at.len
+                ),
             ));
         }
-        if name == "__metadata__" {
-            let Json::Object(meta) = entry else {
-                return Err(bad("__metadata__ is not an object".into()));
+    };
+    let nbytes = end - begin;
+    let mut meta = JsonMap::new();
+    meta.insert("offset".into(), (at.start + begin).into());
+    meta.insert("size".into(), nbytes.into());
+    let parts = match element_type(&dtype) {
+        None => Err(format!(
+            "safetensors dtype {dtype:?} has no element type here: listed, not served"
+        )),
+        Some((d, packed)) => {
+            let elems = shape
+                .iter()
+                .try_fold(1u64, |a, &x| a.checked_mul(x))
+                .ok_or_else(|| field("its shape's element count overflows"))?;
+            let want = if packed {
+                elems.div_ceil(2)
+            } else {
+                elems
+                    .checked_mul(d.size())
+                    .ok_or_else(|| field("its byte size overflows"))?
             };
-            for (k, v) in meta {
-                if !v.is_string() {
-                    return Err(bad(format!("__metadata__[{k:?}] is not a string")));
-                }
-                catalog.attributes.insert(k, v);
-            }
-            continue;
-        }
-        let field = |msg: &str| bad_tensor(&name, ErrorKind::Field, msg.to_string());
-        let Json::Object(fields) = entry else {
-            return Err(field("its entry is not an object"));
-        };
-        let dtype = fields
-            .get("dtype")
-            .and_then(Json::as_str)
-            .ok_or_else(|| field("no dtype string"))?
-            .to_string();
-        let shape: Vec<u64> = fields
-            .get("shape")
-            .and_then(Json::as_array)
-            .ok_or_else(|| field("no shape array"))?
-            .iter()
-            .map(Json::as_u64)
-            .collect::<Option<_>>()
-            .ok_or_else(|| field("a dimension of its shape is not a non-negative integer"))?;
-        let (begin, end) = match fields
-            .get("data_offsets")
-            .and_then(Json::as_array)
-            .map(|a| a.iter().map(Json::as_u64).collect::<Vec<_>>())
-            .as_deref()
-        {
-            Some([Some(b), Some(e)]) if b <= e && *e <= data_len => (*b, *e),
-            _ => {
+            if nbytes != want {
                 return Err(bad_tensor(
-                    &name,
-                    ErrorKind::Placement,
-                    format!(
-                        "data_offsets {} are not [begin, end] within the {data_len} bytes of data",
-                        fields.get("data_offsets").unwrap_or(&Json::Null)
-                    ),
+                    ErrorKind::Size,
+                    format!("holds {nbytes} bytes but {dtype} of shape {shape:?} is {want}"),
                 ));
             }
-        };
-        let nbytes = end - begin;
-        let mut meta = JsonMap::new();
-        meta.insert("offset".into(), (data_start + begin).into());
-        meta.insert("size".into(), nbytes.into());
-        let parts = match element_type(&dtype) {
-            None => Err(format!(
-                "safetensors dtype {dtype:?} has no element type here: listed, not served"
-            )),
-            Some((d, packed)) => {
-                let elems = shape
-                    .iter()
-                    .try_fold(1u64, |a, &x| a.checked_mul(x))
-                    .ok_or_else(|| field("its shape's element count overflows"))?;
-                let want = if packed {
-                    elems.div_ceil(2)
-                } else {
-                    elems
-                        .checked_mul(d.size())
-                        .ok_or_else(|| field("its byte size overflows"))?
-                };
-                if nbytes != want {
-                    return Err(bad_tensor(
-                        &name,
-                        ErrorKind::Size,
-                        format!("holds {nbytes} bytes but {dtype} of shape {shape:?} is {want}"),
-                    ));
-                }
-                let (pshape, odd) = crate::formats::common::packed_shape(d, shape.clone(), nbytes);
-                let mut checks = Vec::new();
-                if d == DType::Bool {
-                    checks.push(Check::BoolBytes);
-                }
-                if odd {
-                    checks.push(Check::ZeroLastNibble);
-                }
-                catalog.blobs.push(Blob {
-                    source: 0,
-                    offset: data_start + begin,
-                    len: nbytes,
-                    codec: Codec::Raw,
-                    decoded_len: nbytes,
-                    checks,
-                    label: format!("tensor {name:?}"),
-                });
-                let blob = catalog.blobs.len() - 1;
-                Ok(vec![Part::dense(d, pshape, nbytes, blob, Endian::Little)])
+            let (pshape, odd) = crate::formats::common::packed_shape(d, shape.clone(), nbytes);
+            let mut checks = Vec::new();
+            if d == DType::Bool {
+                checks.push(Check::BoolBytes);
             }
-        };
-        ranges.push((begin, end, catalog.tensors.len()));
-        catalog.tensors.push(Tensor {
-            name,
-            dtype,
-            shape,
-            layout: "dense".into(),
-            encoding: "raw".into(),
-            directory: false,
-            parts,
-            meta: meta.into(),
-        });
-    }
+            if odd {
+                checks.push(Check::ZeroLastNibble);
+            }
+            catalog.blobs.push(Blob {
+                source: 0,
+                offset: at.start + begin,
+                len: nbytes,
+                codec: Codec::Raw,
+                decoded_len: nbytes,
+                checks,
+                label: format!("tensor {name:?}"),
+            });
+            let blob = catalog.blobs.len() - 1;
+            Ok(vec![Part::dense(d, pshape, nbytes, blob, Endian::Little)])
+        }
+    };
+    catalog.tensors.push(Tensor {
+        name,
+        dtype,
+        shape,
+        layout: "dense".into(),
+        encoding: "raw".into(),
+        directory: false,
+        parts,
+        meta: meta.into(),
+    });
+    Ok((begin, end))
+}
 
-    // The ranges tile the data exactly: no byte is two tensors', none
-    // is no tensor's, whatever a JSON parser would have made of the header.
+/// The ranges tile the data exactly: no byte is two tensors', none is no
+/// tensor's, whatever a JSON parser would have made of the header.
+fn check_tiling(catalog: &Catalog, ranges: &mut [(u64, u64, usize)], data_len: u64) -> Result<()> {
     ranges.sort_unstable();
     let mut cursor = 0u64;
-    for &(begin, end, t) in &ranges {
+    for &(begin, end, t) in ranges.iter() {
         if begin != cursor {
-            let name = &catalog.tensors[t].name;
-            return Err(bad_tensor(
-                name,
+            return Err(Error::new(
                 ErrorKind::Placement,
+                &catalog.label,
+                Some(&catalog.tensors[t].name),
                 if begin < cursor {
                     format!("its bytes [{begin}, {end}) overlap another tensor's (up to {cursor})")
                 } else {
@@ -312,9 +347,12 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
         cursor = end;
     }
     if cursor != data_len {
-        return Err(bad(format!(
-            "the data is {data_len} bytes but the tensors cover {cursor}"
-        )));
+        return Err(Error::new(
+            ErrorKind::Index,
+            &catalog.label,
+            None,
+            format!("the data is {data_len} bytes but the tensors cover {cursor}"),
+        ));
     }
-    Ok(catalog)
+    Ok(())
 }
