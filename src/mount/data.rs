@@ -1319,7 +1319,7 @@ impl Data {
     /// Whether part `pi` of tensor `ti`'s file was found changed since
     /// mount (written, truncated, another object), as against failing a
     /// check or a read.
-    pub fn changed(&self, ti: usize, pi: usize) -> bool {
+    fn changed(&self, ti: usize, pi: usize) -> bool {
         self.guard_of(ti, pi)
             .is_some_and(|g| g.check().is_err() && g.changed())
     }

@@ -107,11 +107,6 @@ impl Guard {
         self
     }
 
-    /// Why the file is no longer served, once [`Guard::check`] found it.
-    pub fn broken(&self) -> Option<&str> {
-        self.broken.get().map(|(why, _)| why.as_str())
-    }
-
     /// Whether [`Guard::check`] found the file changed since mount: its
     /// size or times moved, or the remote object is another.
     pub fn changed(&self) -> bool {
