@@ -989,6 +989,14 @@ def curl_ranges(url, ranges, parallel):
     return dt
 
 
+def one_file(paths):
+    """The one path of an iterable of them."""
+    found = list(paths)
+    if len(found) != 1:
+        raise BenchError(f"expected one file, found {found}")
+    return found[0]
+
+
 def drop_file_pages(*paths):
     """Evicts the files' pages from the page cache (POSIX_FADV_DONTNEED,
     after a sync), so that the next read comes from the disk."""
@@ -1358,6 +1366,9 @@ class Bench:
         # The blocks the mount fetches for the tensor: those covering it.
         ranges = [(a, min(a + block, size)) for a in range(off // block * block, off + n, block)]
         cold, curl, ttfb, curl_small, second, disk, rss = [], [], [], [], [], [], []
+        # The same bytes read from the cache file itself: the disk's speed
+        # for that file (where its blocks landed), apart from the .zt's.
+        cache_disk, view_cache_disk = [], []
 
         def fresh():
             shutil.rmtree(cache, ignore_errors=True)
@@ -1379,6 +1390,9 @@ class Bench:
                     second.append(dd(m.mp / t["path"], 0, n))
                 drop_file_pages(f.raw)
                 disk.append(dd(f.raw, off, n))
+                cache_file = one_file(cache.rglob("*.data"))
+                drop_file_pages(cache_file)
+                cache_disk.append(dd(cache_file, off, n))
                 # A first byte in the middle, on a fresh cache.
                 self.hot(f.raw)
                 mid = n // 2 // 4096 * 4096
@@ -1413,6 +1427,9 @@ class Bench:
                 if i % 2 == 0:
                     drop_file_pages(st_file)
                     view_disk.append(dd(st_file, 0, st_size))
+                st_cache_file = one_file(st_cache.rglob("*.data"))
+                drop_file_pages(st_cache_file)
+                view_cache_disk.append(dd(st_cache_file, 0, st_size))
             self.note(f"remote: safetensors view after remount, {opens} passthrough open(s)")
         shutil.rmtree(st_cache, ignore_errors=True)
         slow_cold, slow_curl = [], []
@@ -1438,12 +1455,18 @@ class Bench:
         self.throughput_row("remote second read, from the disk cache (remount, the cache "
                             "file's pages evicted)", n, second, disk, None,
                             "dd of the .zt range, its pages evicted")
+        self.throughput_row("  same, against dd of the cache file's range (the same bytes "
+                            "where they landed on this disk), its pages evicted", n, second,
+                            cache_disk, 0.8, "dd of the cache file's range, its pages evicted")
         self.row("remote daemon peak RSS over the cold read", median(rss) / MiB, None, None,
                  "-", None, "MiB", dict(bytes=rss))
         self.throughput_row(f"remote .safetensors view of a {st_size / GiB:.2g} GiB safetensors "
                             "file, cache complete: read after a remount, the cache file's "
                             "pages evicted", st_size, view_second, view_disk, 0.8,
                             "dd of the file, its pages evicted")
+        self.throughput_row("  same, against dd of the cache file (the same bytes where they "
+                            "landed on this disk), its pages evicted", st_size, view_second,
+                            view_cache_disk, 0.8, "dd of the cache file, its pages evicted")
 
     def section_hub(self):
         """raw.zt's tensor as hf://bench/raw/raw.zt from the stand-in Hub,
