@@ -223,6 +223,52 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
 /// Reads and checks the prefix, header and footer position of `bytes`
 /// (a whole file). Nothing of the data blob is read.
 pub fn parse(bytes: &[u8], file: &str, limits: Limits) -> Result<Parsed> {
+    let p = prefix(bytes, file, limits)?;
+    let raw = header(&bytes[PREFIX_LEN as usize..p.header_end as usize], file)?;
+    let compressed = p.flags & FLAG_COMPRESSED != 0;
+    let mut seen = HashSet::new();
+    let mut tensors = Vec::new();
+    let mut decoded_len = 0u64;
+    for (name, t) in raw.tensors.0 {
+        if !seen.insert(name.clone()) {
+            return Err(Error::new(
+                ErrorKind::Duplicate,
+                file,
+                Some(&name),
+                "the header names this tensor twice",
+            ));
+        }
+        let e = entry(name, t, (!compressed).then_some(p.stored_len), file)?;
+        decoded_len = decoded_len.max(e.end);
+        tensors.push(e);
+    }
+    check_overlaps(&tensors, file)?;
+    Ok(Parsed {
+        flags: p.flags,
+        header_len: p.header_len,
+        data_start: p.data_start,
+        stored_len: p.stored_len,
+        decoded_len,
+        footer: p.footer,
+        created_by: raw.created_by,
+        global: raw.global_metadata.0,
+        tensors,
+    })
+}
+
+/// The fixed prefix, checked against the file's length and the limits.
+struct Prefix {
+    flags: u32,
+    header_len: u64,
+    header_end: u64,
+    data_start: u64,
+    stored_len: u64,
+    footer: Option<([u8; 32], (u64, u64))>,
+}
+
+/// The magic, version and flags, and where the header, the data blob and
+/// the footer lie.
+fn prefix(bytes: &[u8], file: &str, limits: Limits) -> Result<Prefix> {
     let err = |kind, msg: String| Error::new(kind, file, None, msg);
     let len = bytes.len() as u64;
     if bytes.len() < PREFIX_LEN as usize || &bytes[..8] != MAGIC {
@@ -300,7 +346,20 @@ pub fn parse(bytes: &[u8], file: &str, limits: Limits) -> Result<Parsed> {
         (d, (PREFIX_LEN, stored_end - PREFIX_LEN))
     });
 
-    let text = &bytes[PREFIX_LEN as usize..header_end as usize];
+    Ok(Prefix {
+        flags,
+        header_len,
+        header_end,
+        data_start,
+        stored_len,
+        footer,
+    })
+}
+
+/// The JSON header, of this format and version, its global metadata's
+/// keys each once.
+fn header(text: &[u8], file: &str) -> Result<RawHeader> {
+    let err = |kind, msg: String| Error::new(kind, file, None, msg);
     // serde_json refuses nesting deeper than 128 (its default recursion
     // limit, kept: the crate is built without `unbounded_depth`).
     let raw: RawHeader = serde_json::from_slice(text).map_err(|e| {
@@ -331,95 +390,74 @@ pub fn parse(bytes: &[u8], file: &str, limits: Limits) -> Result<Parsed> {
         ));
     }
 
-    let compressed = flags & FLAG_COMPRESSED != 0;
-    let mut seen = HashSet::new();
-    let mut tensors = Vec::new();
-    let mut decoded_len = 0u64;
-    for (name, t) in raw.tensors.0 {
-        let terr = |kind, msg: String| Error::new(kind, file, Some(&name), msg);
-        if !seen.insert(name.clone()) {
-            return Err(terr(
-                ErrorKind::Duplicate,
-                "the header names this tensor twice".into(),
-            ));
-        }
-        if name.is_empty() {
-            return Err(terr(ErrorKind::Field, "empty tensor name".into()));
-        }
-        let Some(dtype) = dtype_of(&t.dtype) else {
-            return Err(terr(
-                ErrorKind::Field,
-                format!("unknown dtype {:?}", t.dtype),
-            ));
-        };
-        let [start, end] = t.data_offsets;
-        if end < start {
-            return Err(terr(
-                ErrorKind::Placement,
-                format!("data_offsets [{start}, {end}] are reversed"),
-            ));
-        }
-        let count = t
-            .shape
-            .iter()
-            .try_fold(1u64, |n, &d| n.checked_mul(d))
-            .and_then(|n| dtype.nbytes(n));
-        let Some(nbytes) = count else {
-            return Err(terr(
-                ErrorKind::Size,
-                format!(
-                    "shape {:?} of {} overflows 64 bits of bytes",
-                    t.shape, t.dtype
-                ),
-            ));
-        };
-        if end - start != nbytes {
-            return Err(terr(
-                ErrorKind::Size,
-                format!(
-                    "{} {:?} is {nbytes} bytes but data_offsets [{start}, {end}] span {}",
-                    t.dtype,
-                    t.shape,
-                    end - start
-                ),
-            ));
-        }
-        if !compressed && end > stored_len {
-            return Err(terr(
-                ErrorKind::Placement,
-                format!(
-                    "data_offsets [{start}, {end}] run past the data blob ({stored_len} bytes)"
-                ),
-            ));
-        }
-        if let Some(k) = first_duplicate(&t.metadata.0) {
-            return Err(terr(
-                ErrorKind::Duplicate,
-                format!("metadata has the key {k:?} twice"),
-            ));
-        }
-        decoded_len = decoded_len.max(end);
-        tensors.push(Entry {
-            name,
-            dtype_name: t.dtype,
-            dtype,
-            shape: t.shape,
-            start,
-            end,
-            metadata: t.metadata.0,
-        });
+    Ok(raw)
+}
+
+/// One tensor's entry, checked: a known dtype, a size its shape implies,
+/// and (`stored_len`, for a file not compressed) within the data blob.
+fn entry(name: String, t: RawTensor, stored_len: Option<u64>, file: &str) -> Result<Entry> {
+    let terr = |kind, msg: String| Error::new(kind, file, Some(&name), msg);
+    if name.is_empty() {
+        return Err(terr(ErrorKind::Field, "empty tensor name".into()));
     }
-    check_overlaps(&tensors, file)?;
-    Ok(Parsed {
-        flags,
-        header_len,
-        data_start,
-        stored_len,
-        decoded_len,
-        footer,
-        created_by: raw.created_by,
-        global: raw.global_metadata.0,
-        tensors,
+    let Some(dtype) = dtype_of(&t.dtype) else {
+        return Err(terr(
+            ErrorKind::Field,
+            format!("unknown dtype {:?}", t.dtype),
+        ));
+    };
+    let [start, end] = t.data_offsets;
+    if end < start {
+        return Err(terr(
+            ErrorKind::Placement,
+            format!("data_offsets [{start}, {end}] are reversed"),
+        ));
+    }
+    let count = t
+        .shape
+        .iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(d))
+        .and_then(|n| dtype.nbytes(n));
+    let Some(nbytes) = count else {
+        return Err(terr(
+            ErrorKind::Size,
+            format!(
+                "shape {:?} of {} overflows 64 bits of bytes",
+                t.shape, t.dtype
+            ),
+        ));
+    };
+    if end - start != nbytes {
+        return Err(terr(
+            ErrorKind::Size,
+            format!(
+                "{} {:?} is {nbytes} bytes but data_offsets [{start}, {end}] span {}",
+                t.dtype,
+                t.shape,
+                end - start
+            ),
+        ));
+    }
+    if let Some(stored_len) = stored_len.filter(|&n| end > n) {
+        return Err(terr(
+            ErrorKind::Placement,
+            format!("data_offsets [{start}, {end}] run past the data blob ({stored_len} bytes)"),
+        ));
+    }
+    if let Some(k) = first_duplicate(&t.metadata.0) {
+        return Err(terr(
+            ErrorKind::Duplicate,
+            format!("metadata has the key {k:?} twice"),
+        ));
+    }
+    Ok(Entry {
+        name,
+        dtype_name: t.dtype,
+        dtype,
+        shape: t.shape,
+        start,
+        end,
+        metadata: t.metadata.0,
     })
 }
 
