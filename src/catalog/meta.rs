@@ -149,5 +149,31 @@ mod tests {
         })
         .unwrap();
         assert_eq!(text, r#"{"name":"w","offset":8,"size":4}"#);
+        // Rendered as the map it was made of, pretty or not, nested values
+        // and floats included.
+        #[derive(Serialize)]
+        struct M<'a> {
+            name: &'a str,
+            #[serde(flatten)]
+            meta: &'a JsonMap,
+        }
+        let m = map(json!({"f": 0.1, "big": u64::MAX, "o": {"k": [1, "é\n", null]}, "e": {}}));
+        let meta = Meta::from(m.clone());
+        let s = S {
+            name: "w",
+            meta: &meta,
+        };
+        let want = M {
+            name: "w",
+            meta: &m,
+        };
+        assert_eq!(
+            serde_json::to_string_pretty(&s).unwrap(),
+            serde_json::to_string_pretty(&want).unwrap()
+        );
+        assert_eq!(
+            serde_json::to_string(&s).unwrap(),
+            serde_json::to_string(&want).unwrap()
+        );
     }
 }
