@@ -980,22 +980,25 @@ impl Data {
 
     /// A computed blob, made whole into the cache (once, whoever asks),
     /// its checks run over it before anyone is served.
+    /// The refusal of computed blob `bi`, made whole by `p`, for being over
+    /// half the cache.
+    fn too_large(&self, bi: usize, p: &Producer) -> ReadError {
+        let why = format!(
+            "its {} bytes are made whole by the {} reader, and that exceeds half the cache ({} \
+             bytes): mount with a larger --cache-size",
+            self.blob(bi).decoded_len,
+            p.name,
+            self.cache.limit()
+        );
+        self.fail(bi, ReadError::new(Kind::TooLarge, why))
+    }
+
     fn computed(&self, s: &Served, bi: usize, p: &Producer) -> Result<Arc<Buf>, ReadError> {
         let b = self.blob(bi);
         let limit = self.cache.limit();
         self.ensure_blob(s, bi)?;
         if b.decoded_len > limit / 2 {
-            return Err(self.fail(
-                bi,
-                ReadError::new(
-                    Kind::TooLarge,
-                    format!(
-                        "its {} bytes are made whole by the {} reader, and that exceeds half \
-                         the cache ({limit} bytes): mount with a larger --cache-size",
-                        b.decoded_len, p.name
-                    ),
-                ),
-            ));
+            return Err(self.too_large(bi, p));
         }
         let out = self.cache.get((bi as u32, 0), b.decoded_len, |dst| {
             dst.clear();
@@ -1156,17 +1159,7 @@ impl Data {
             )
         });
         let Some(stream) = p.stream.clone().filter(|_| streamable) else {
-            return Err(self.fail(
-                bi,
-                ReadError::new(
-                    Kind::TooLarge,
-                    format!(
-                        "its {} bytes are made whole by the {} reader, and that exceeds half \
-                         the cache ({limit} bytes): mount with a larger --cache-size",
-                        b.decoded_len, p.name
-                    ),
-                ),
-            ));
+            return Err(self.too_large(bi, p));
         };
         let mut slot = super::lock(&self.states[bi].spill);
         if let Some(s) = slot.as_ref().filter(|s| !s.failed_for_now()) {
