@@ -52,16 +52,6 @@ impl Meta {
         *self = Meta::from(m);
     }
 
-    /// Appends the fields of `other` (replacing those of the same key).
-    pub fn extend(&mut self, other: Meta) {
-        if other.is_empty() {
-            return;
-        }
-        let mut m = self.to_map();
-        m.extend(other.to_map());
-        *self = Meta::from(m);
-    }
-
     /// Bytes of the text.
     pub fn text_len(&self) -> usize {
         self.0.as_deref().map_or(0, str::len)
@@ -128,10 +118,9 @@ mod tests {
         meta.insert("a", json!(3));
         meta.insert("c", json!("x"));
         assert_eq!(meta.to_map(), map(json!({"a": 3, "b": 2, "c": "x"})));
-        meta.extend(Meta::from(map(json!({"b": 4, "d": true}))));
         let keys: Vec<String> = meta.to_map().keys().cloned().collect();
-        assert_eq!(keys, ["a", "b", "c", "d"]);
-        assert_eq!(meta.get("b"), Some(json!(4)));
+        assert_eq!(keys, ["a", "b", "c"]);
+        assert_eq!(meta.get("b"), Some(json!(2)));
     }
 
     #[test]
