@@ -300,9 +300,7 @@ fn element_type(descr: &str) -> std::result::Result<(DType, Endian), String> {
 fn read(src: &MappedFile) -> Result<Catalog> {
     let label = src.label().to_string();
     let bad = |msg: String| Error::new(ErrorKind::Index, &label, None, msg);
-    let bad_tensor = |name: &str, kind, msg: String| Error::new(kind, &label, Some(name), msg);
-    let bytes = src.bytes();
-    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes)).map_err(|e| {
+    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(src.bytes())).map_err(|e| {
         bad(format!(
             "a ZIP archive (npz or PyTorch .pt) that cannot be read, cut short or damaged: {e}"
         ))
@@ -317,255 +315,315 @@ fn read(src: &MappedFile) -> Result<Catalog> {
             .map_err(|e| bad(format!("ZIP member {i}: {e}")))?;
         // numpy reads any member that starts with the `.npy` magic as an
         // array, named without `.npy` where its name ends so: one that is
-        // not named so is read when it has the magic, else left out.
+        // not named so is read when it has the magic, else left out. A
+        // member it cannot read refuses the file when it is named so, and
+        // is left out otherwise.
         let (name, by_name) = match m.name().strip_suffix(".npy") {
             Some(n) => (n.to_string(), true),
             None => (m.name().to_string(), false),
         };
-        macro_rules! refuse {
-            ($e:expr) => {
-                if by_name {
-                    return Err($e);
-                } else {
-                    continue;
-                }
-            };
-        }
-        let (start, size, stored_len, crc) =
-            (m.data_start(), m.size(), m.compressed_size(), m.crc32());
-        // Python's zipfile (numpy) refuses a member whose local header
-        // names another: the directory and the data disagree.
-        let hs = m.header_start();
-        let local = usize::try_from(hs)
-            .ok()
-            .and_then(|h| Some((h, bytes.get(h + 26..h + 28)?)))
-            .and_then(|(h, n)| {
-                bytes.get(h + 30..h + 30 + usize::from(u16::from_le_bytes([n[0], n[1]])))
-            });
-        if local != Some(m.name_raw()) {
-            refuse!(bad_tensor(
-                &name,
-                ErrorKind::Index,
-                format!(
-                    "its local header names {:?}, the archive's directory {:?}",
-                    String::from_utf8_lossy(local.unwrap_or_default()),
-                    m.name()
-                ),
-            ));
-        }
-        if m.encrypted() {
-            refuse!(bad_tensor(
-                &name,
-                ErrorKind::Unsupported,
-                "its member is encrypted, which is not read here".into(),
-            ));
-        }
-        if start.checked_add(stored_len).is_none_or(|e| e > src.len()) {
-            refuse!(bad_tensor(
-                &name,
-                ErrorKind::Placement,
-                format!("its member's {stored_len} bytes at {start} run past the end of the file"),
-            ));
-        }
-        let deflated = match m.compression() {
-            zip::CompressionMethod::Stored if stored_len == size => false,
-            zip::CompressionMethod::Stored => {
-                refuse!(bad_tensor(
-                    &name,
-                    ErrorKind::Size,
-                    format!("a stored member of {stored_len} bytes that says it holds {size}"),
-                ));
-            }
-            zip::CompressionMethod::Deflated => true,
-            other => {
-                refuse!(bad_tensor(
-                    &name,
-                    ErrorKind::Unsupported,
-                    format!("its member is compressed with {other}, which is not read here"),
-                ));
-            }
+        let bad_tensor = |kind, msg: String| Error::new(kind, &label, Some(&name), msg);
+        let member = match member_of(src, &m) {
+            Ok(member) => member,
+            Err((kind, why)) if by_name => return Err(bad_tensor(kind, why)),
+            Err(_) => continue,
         };
-        // The header: the first bytes of the member, inflated if need be;
-        // more of them for a header longer than the probe (of a local
-        // file, or stored: a remote archive has the probe present).
         drop(m);
-        let mut head = Vec::new();
-        let mut probe = NPY_PROBE.min(size);
-        loop {
-            head.clear();
-            if deflated {
-                let read = zip
-                    .by_index(i)
-                    .map_err(|e| format!("ZIP member: {e}"))
-                    .and_then(|mut e| {
-                        (&mut e)
-                            .take(probe)
-                            .read_to_end(&mut head)
-                            .map_err(|e| format!("cannot inflate: {e}"))
-                    });
-                if let Err(why) = read {
-                    refuse!(bad_tensor(&name, ErrorKind::Data, why));
-                }
-            } else {
-                if let Err(why) = src.ensure(start, probe) {
-                    refuse!(bad_tensor(&name, ErrorKind::Io, why));
-                }
-                let at = start as usize;
-                head.extend_from_slice(&bytes[at..at + probe as usize]);
-            }
-            match header_len(&head) {
-                Some(n) if n > probe && probe < size && n <= MAX_HEADER => {
-                    if deflated && src.is_remote() {
-                        refuse!(bad_tensor(
-                            &name,
-                            ErrorKind::Unsupported,
-                            format!(
-                                "its .npy header of {n} bytes is longer than the {probe} read at \
-                                 open of a deflated member over a URL"
-                            ),
-                        ));
-                    }
-                    probe = n.min(size);
-                }
-                _ => break,
-            }
-        }
+        let head = match npy_head(src, &mut zip, i, &member) {
+            Ok(head) => head,
+            Err((kind, why)) if by_name => return Err(bad_tensor(kind, why)),
+            Err(_) => continue,
+        };
         if !by_name && !head.starts_with(b"\x93NUMPY") {
             continue;
         }
         if !names.insert(name.clone()) {
             return Err(bad_tensor(
-                &name,
                 ErrorKind::Duplicate,
                 "two members of this name".into(),
             ));
         }
-        let h = parse_header(&head).map_err(|why| bad_tensor(&name, ErrorKind::Field, why))?;
-        let mut meta = JsonMap::new();
-        meta.insert("npy_descr".into(), Json::from(h.descr.clone()));
-        meta.insert(
-            "zip_compression".into(),
-            if deflated { "deflate" } else { "stored" }.into(),
-        );
-        let data_len = size.checked_sub(h.len).ok_or_else(|| {
-            bad_tensor(
-                &name,
-                ErrorKind::Size,
-                format!("its member of {size} bytes is shorter than its header"),
-            )
-        })?;
-        let elems = h.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-        let parts = match element_type(&h.descr) {
-            _ if h.fortran => Err("stored in Fortran (column) order, which would be served \
-                                   transposed: listed, not served"
-                .to_string()),
-            Err(why) => Err(why),
-            Ok((d, order)) => {
-                let want = elems.and_then(|n| n.checked_mul(d.size()));
-                if want != Some(data_len) {
-                    return Err(bad_tensor(
-                        &name,
-                        ErrorKind::Size,
-                        format!(
-                            "holds {data_len} bytes of data but {} of shape {:?} is {}",
-                            h.descr,
-                            h.shape,
-                            want.map_or("more than 2^64".into(), |w| w.to_string())
-                        ),
-                    ));
-                }
-                let checks = if d == DType::Bool {
-                    vec![Check::BoolBytes]
-                } else {
-                    Vec::new()
-                };
-                let blob = if deflated {
-                    if data_len > super::common::MAX_COMPUTED {
-                        Err(format!(
-                            "its {data_len} bytes can only be made whole, and that is over the \
-                             {}-byte limit",
-                            super::common::MAX_COMPUTED
-                        ))
-                    } else {
-                        let f = match &file {
-                            Some(f) => Ok(f.clone()),
-                            None => src
-                                .file()
-                                .try_clone()
-                                .map(|f| file.insert(Arc::new(f)).clone())
-                                .map_err(|e| format!("cannot reopen the file: {e}")),
-                        };
-                        f.map(|f| Blob {
-                            source: 0,
-                            // The stored member: what a remote file must
-                            // have present before it is inflated.
-                            offset: start,
-                            len: stored_len,
-                            codec: Codec::Computed(inflater(
-                                f,
-                                Member {
-                                    at: start,
-                                    stored: stored_len,
-                                    size,
-                                    crc,
-                                    skip: h.len,
-                                },
-                            )),
-                            decoded_len: data_len,
-                            checks,
-                            label: format!("tensor {name:?}"),
-                        })
-                    }
-                } else {
-                    meta.insert("offset".into(), (start + h.len).into());
-                    meta.insert("size".into(), data_len.into());
-                    // The whole member, so that its CRC-32 is checked
-                    // before any of it is served; the tensor is the part
-                    // after the header.
-                    let checks = if d == DType::Bool {
-                        vec![Check::BoolBytesIn {
-                            start: h.len,
-                            len: data_len,
-                        }]
-                    } else {
-                        Vec::new()
-                    };
-                    Ok(Blob {
-                        source: 0,
-                        offset: start,
-                        len: size,
-                        codec: Codec::Raw,
-                        decoded_len: size,
-                        checks: [vec![Check::Stored(Checksum::Crc32(crc))], checks].concat(),
-                        label: format!("tensor {name:?}"),
-                    })
-                };
-                blob.map(|b| {
-                    let skip = if deflated { 0 } else { h.len };
-                    catalog.blobs.push(b);
-                    let bi = catalog.blobs.len() - 1;
-                    let mut p = Part::dense(d, h.shape.clone(), data_len, bi, order);
-                    p.map = PartMap::Contiguous { start: skip };
-                    vec![p]
-                })
-            }
-        };
-        let encoding = if deflated { "deflate" } else { "raw" };
-        catalog.tensors.push(Tensor {
-            name,
-            dtype: h.descr,
-            shape: h.shape,
-            layout: "dense".into(),
-            encoding: encoding.into(),
-            directory: false,
-            parts,
-            meta: meta.into(),
-        });
+        let h = parse_header(&head).map_err(|why| bad_tensor(ErrorKind::Field, why))?;
+        add_array(&mut catalog, src, &mut file, name, h, member)?;
     }
     if catalog.tensors.is_empty() && !zip.is_empty() {
         return Err(neither_npz_nor_pt(&label, zip.file_names()));
     }
     Ok(catalog)
+}
+
+/// Where a member's bytes are and how they are stored.
+struct Stored {
+    /// Its data in the file, and its length there.
+    start: u64,
+    stored_len: u64,
+    /// Its length once inflated (`stored_len` when stored).
+    size: u64,
+    crc: u32,
+    deflated: bool,
+}
+
+/// A member's problem, as the kind of refusal and why.
+type Refusal = (ErrorKind, String);
+
+/// Member `m` as numpy's `zipfile` would read it: its local header names
+/// it as the directory does, it is not encrypted, it lies within the
+/// file, and it is stored (and as long as it says) or deflated.
+fn member_of(
+    src: &MappedFile,
+    m: &zip::read::ZipFile<'_, std::io::Cursor<&[u8]>>,
+) -> std::result::Result<Stored, Refusal> {
+    let bytes = src.bytes();
+    let (start, size, stored_len, crc) = (m.data_start(), m.size(), m.compressed_size(), m.crc32());
+    // Python's zipfile (numpy) refuses a member whose local header
+    // names another: the directory and the data disagree.
+    let hs = m.header_start();
+    let local = usize::try_from(hs)
+        .ok()
+        .and_then(|h| Some((h, bytes.get(h + 26..h + 28)?)))
+        .and_then(|(h, n)| {
+            bytes.get(h + 30..h + 30 + usize::from(u16::from_le_bytes([n[0], n[1]])))
+        });
+    if local != Some(m.name_raw()) {
+        return Err((
+            ErrorKind::Index,
+            format!(
+                "its local header names {:?}, the archive's directory {:?}",
+                String::from_utf8_lossy(local.unwrap_or_default()),
+                m.name()
+            ),
+        ));
+    }
+    if m.encrypted() {
+        return Err((
+            ErrorKind::Unsupported,
+            "its member is encrypted, which is not read here".into(),
+        ));
+    }
+    if start.checked_add(stored_len).is_none_or(|e| e > src.len()) {
+        return Err((
+            ErrorKind::Placement,
+            format!("its member's {stored_len} bytes at {start} run past the end of the file"),
+        ));
+    }
+    let deflated = match m.compression() {
+        zip::CompressionMethod::Stored if stored_len == size => false,
+        zip::CompressionMethod::Stored => {
+            return Err((
+                ErrorKind::Size,
+                format!("a stored member of {stored_len} bytes that says it holds {size}"),
+            ));
+        }
+        zip::CompressionMethod::Deflated => true,
+        other => {
+            return Err((
+                ErrorKind::Unsupported,
+                format!("its member is compressed with {other}, which is not read here"),
+            ));
+        }
+    };
+    Ok(Stored {
+        start,
+        stored_len,
+        size,
+        crc,
+        deflated,
+    })
+}
+
+/// The `.npy` header of member `i`: its first bytes, inflated if need be;
+/// more of them for a header longer than the probe (of a local file, or
+/// stored: a remote archive has the probe present).
+fn npy_head(
+    src: &MappedFile,
+    zip: &mut zip::ZipArchive<std::io::Cursor<&[u8]>>,
+    i: usize,
+    m: &Stored,
+) -> std::result::Result<Vec<u8>, Refusal> {
+    let mut head = Vec::new();
+    let mut probe = NPY_PROBE.min(m.size);
+    loop {
+        head.clear();
+        if m.deflated {
+            zip.by_index(i)
+                .map_err(|e| format!("ZIP member: {e}"))
+                .and_then(|mut e| {
+                    (&mut e)
+                        .take(probe)
+                        .read_to_end(&mut head)
+                        .map_err(|e| format!("cannot inflate: {e}"))
+                })
+                .map_err(|why| (ErrorKind::Data, why))?;
+        } else {
+            src.ensure(m.start, probe)
+                .map_err(|why| (ErrorKind::Io, why))?;
+            let at = m.start as usize;
+            head.extend_from_slice(&src.bytes()[at..at + probe as usize]);
+        }
+        match header_len(&head) {
+            Some(n) if n > probe && probe < m.size && n <= MAX_HEADER => {
+                if m.deflated && src.is_remote() {
+                    return Err((
+                        ErrorKind::Unsupported,
+                        format!(
+                            "its .npy header of {n} bytes is longer than the {probe} read at \
+                             open of a deflated member over a URL"
+                        ),
+                    ));
+                }
+                probe = n.min(m.size);
+            }
+            _ => return Ok(head),
+        }
+    }
+}
+
+/// Adds the array of member `m`, whose `.npy` header is `h`, to `catalog`
+/// (with its blob, when its type is served). `file`: the descriptor the
+/// deflated members' producers share, opened by the first.
+fn add_array(
+    catalog: &mut Catalog,
+    src: &MappedFile,
+    file: &mut Option<Arc<std::fs::File>>,
+    name: String,
+    h: Header,
+    m: Stored,
+) -> Result<()> {
+    let bad_tensor = |kind, msg: String| Error::new(kind, &catalog.label, Some(&name), msg);
+    let mut meta = JsonMap::new();
+    meta.insert("npy_descr".into(), Json::from(h.descr.clone()));
+    meta.insert(
+        "zip_compression".into(),
+        if m.deflated { "deflate" } else { "stored" }.into(),
+    );
+    let data_len = m.size.checked_sub(h.len).ok_or_else(|| {
+        bad_tensor(
+            ErrorKind::Size,
+            format!("its member of {} bytes is shorter than its header", m.size),
+        )
+    })?;
+    let parts = match element_type(&h.descr) {
+        _ if h.fortran => Err("stored in Fortran (column) order, which would be served \
+                               transposed: listed, not served"
+            .to_string()),
+        Err(why) => Err(why),
+        Ok((d, order)) => {
+            let elems = h.shape.iter().try_fold(1u64, |a, &x| a.checked_mul(x));
+            let want = elems.and_then(|n| n.checked_mul(d.size()));
+            if want != Some(data_len) {
+                return Err(bad_tensor(
+                    ErrorKind::Size,
+                    format!(
+                        "holds {data_len} bytes of data but {} of shape {:?} is {}",
+                        h.descr,
+                        h.shape,
+                        want.map_or("more than 2^64".into(), |w| w.to_string())
+                    ),
+                ));
+            }
+            let blob = if m.deflated {
+                deflated_blob(src, file, &name, d, &h, &m, data_len)
+            } else {
+                meta.insert("offset".into(), (m.start + h.len).into());
+                meta.insert("size".into(), data_len.into());
+                Ok(stored_blob(&name, d, &h, &m, data_len))
+            };
+            blob.map(|b| {
+                let skip = if m.deflated { 0 } else { h.len };
+                catalog.blobs.push(b);
+                let bi = catalog.blobs.len() - 1;
+                let mut p = Part::dense(d, h.shape.clone(), data_len, bi, order);
+                p.map = PartMap::Contiguous { start: skip };
+                vec![p]
+            })
+        }
+    };
+    let encoding = if m.deflated { "deflate" } else { "raw" };
+    catalog.tensors.push(Tensor {
+        name,
+        dtype: h.descr,
+        shape: h.shape,
+        layout: "dense".into(),
+        encoding: encoding.into(),
+        directory: false,
+        parts,
+        meta: meta.into(),
+    });
+    Ok(())
+}
+
+/// The blob of a deflated member: inflated whole (by its own reader) and
+/// the header skipped; or why it cannot be.
+fn deflated_blob(
+    src: &MappedFile,
+    file: &mut Option<Arc<std::fs::File>>,
+    name: &str,
+    d: DType,
+    h: &Header,
+    m: &Stored,
+    data_len: u64,
+) -> std::result::Result<Blob, String> {
+    if data_len > super::common::MAX_COMPUTED {
+        return Err(format!(
+            "its {data_len} bytes can only be made whole, and that is over the {}-byte limit",
+            super::common::MAX_COMPUTED
+        ));
+    }
+    let f = match file {
+        Some(f) => f.clone(),
+        None => {
+            let f = src
+                .file()
+                .try_clone()
+                .map_err(|e| format!("cannot reopen the file: {e}"))?;
+            file.insert(Arc::new(f)).clone()
+        }
+    };
+    let member = Member {
+        at: m.start,
+        stored: m.stored_len,
+        size: m.size,
+        crc: m.crc,
+        skip: h.len,
+    };
+    Ok(Blob {
+        source: 0,
+        // The stored member: what a remote file must have present before
+        // it is inflated.
+        offset: m.start,
+        len: m.stored_len,
+        codec: Codec::Computed(inflater(f, member)),
+        decoded_len: data_len,
+        checks: if d == DType::Bool {
+            vec![Check::BoolBytes]
+        } else {
+            Vec::new()
+        },
+        label: format!("tensor {name:?}"),
+    })
+}
+
+/// The blob of a stored member: the whole member, so that its CRC-32 is
+/// checked before any of it is served; the tensor is the part after the
+/// header.
+fn stored_blob(name: &str, d: DType, h: &Header, m: &Stored, data_len: u64) -> Blob {
+    let bools = if d == DType::Bool {
+        vec![Check::BoolBytesIn {
+            start: h.len,
+            len: data_len,
+        }]
+    } else {
+        Vec::new()
+    };
+    Blob {
+        source: 0,
+        offset: m.start,
+        len: m.size,
+        codec: Codec::Raw,
+        decoded_len: m.size,
+        checks: [vec![Check::Stored(Checksum::Crc32(m.crc))], bools].concat(),
+        label: format!("tensor {name:?}"),
+    }
 }
 
 /// The refusal of a ZIP archive none of whose members is an array (and
