@@ -356,36 +356,6 @@ fn serve(
         });
         blobs.len() - 1
     };
-    let zeros = |why: &str| -> std::result::Result<Codec, String> {
-        if fill_nonzero {
-            return Err(format!("{why}, and its fill value is not zero: not served"));
-        }
-        computed_ok(nbytes)?;
-        let n = nbytes;
-        Ok(Codec::Computed(Producer {
-            name: "HDF5 fill",
-            produce: Arc::new(move |out: &mut Vec<u8>| {
-                if (out.capacity() as u64) < n {
-                    return Err("no room for the fill".into());
-                }
-                out.clear();
-                out.resize(n as usize, 0);
-                Ok(())
-            }),
-            stream: Some(Arc::new(
-                move |emit: &mut dyn FnMut(&[u8]) -> std::result::Result<(), String>| {
-                    let zeros = vec![0u8; (n as usize).min(1 << 20)];
-                    let mut left = n;
-                    while left > 0 {
-                        let k = left.min(zeros.len() as u64);
-                        emit(&zeros[..k as usize])?;
-                        left -= k;
-                    }
-                    Ok(())
-                },
-            )),
-        }))
-    };
     match layout {
         Layout::Compact { at, len } => {
             meta.insert("hdf5_layout".into(), "compact".into());
@@ -412,7 +382,10 @@ fn serve(
             }
             if f.undefined(addr) {
                 meta.insert("hdf5_unwritten".into(), true.into());
-                return Ok((push(0, 0, zeros("never written")?), "fill".into()));
+                if fill_nonzero {
+                    return Err("never written, and its fill value is not zero: not served".into());
+                }
+                return Ok((push(0, 0, zeros(nbytes)?), "fill".into()));
             }
             let at = f.pos(addr, nbytes, "contiguous data")?;
             meta.insert("offset".into(), (at as u64).into());
@@ -479,6 +452,11 @@ fn serve(
                     budget.file.insert(Arc::new(f)).clone()
                 }
             };
+            let enc = if names.is_empty() {
+                "chunked".to_string()
+            } else {
+                names.join("+")
+            };
             let asm = Assembly {
                 file,
                 grid,
@@ -486,30 +464,57 @@ fn serve(
                 filters,
                 nbytes,
             };
-            let enc = if names.is_empty() {
-                "chunked".to_string()
-            } else {
-                names.join("+")
-            };
-            // Band by band for a spill, where a band of chunks is small.
-            let asm = Arc::new(asm);
-            let streamed = asm.clone();
-            let stream: Option<Arc<crate::catalog::StreamFn>> =
-                (asm.band_bytes() <= chunks::Assembly::MAX_BAND).then(|| {
-                    Arc::new(
-                        move |emit: &mut dyn FnMut(&[u8]) -> std::result::Result<(), String>| {
-                            streamed.stream(emit)
-                        },
-                    ) as Arc<crate::catalog::StreamFn>
-                });
-            let codec = Codec::Computed(Producer {
-                name: "HDF5 chunk",
-                stream,
-                produce: Arc::new(move |out: &mut Vec<u8>| asm.produce(out)),
-            });
-            Ok((push(0, 0, codec), enc))
+            Ok((push(0, 0, assembled(asm)), enc))
         }
     }
+}
+
+/// `n` zero bytes: a dataset never written, whose fill value is zero.
+fn zeros(n: u64) -> std::result::Result<Codec, String> {
+    computed_ok(n)?;
+    Ok(Codec::Computed(Producer {
+        name: "HDF5 fill",
+        produce: Arc::new(move |out: &mut Vec<u8>| {
+            if (out.capacity() as u64) < n {
+                return Err("no room for the fill".into());
+            }
+            out.clear();
+            out.resize(n as usize, 0);
+            Ok(())
+        }),
+        stream: Some(Arc::new(
+            move |emit: &mut dyn FnMut(&[u8]) -> std::result::Result<(), String>| {
+                let zeros = vec![0u8; (n as usize).min(1 << 20)];
+                let mut left = n;
+                while left > 0 {
+                    let k = left.min(zeros.len() as u64);
+                    emit(&zeros[..k as usize])?;
+                    left -= k;
+                }
+                Ok(())
+            },
+        )),
+    }))
+}
+
+/// A chunked dataset's elements, made by assembling its chunks; band by
+/// band for a spill, where a band of chunks is small.
+fn assembled(asm: Assembly) -> Codec {
+    let asm = Arc::new(asm);
+    let streamed = asm.clone();
+    let stream: Option<Arc<crate::catalog::StreamFn>> =
+        (asm.band_bytes() <= chunks::Assembly::MAX_BAND).then(|| {
+            Arc::new(
+                move |emit: &mut dyn FnMut(&[u8]) -> std::result::Result<(), String>| {
+                    streamed.stream(emit)
+                },
+            ) as Arc<crate::catalog::StreamFn>
+        });
+    Codec::Computed(Producer {
+        name: "HDF5 chunk",
+        stream,
+        produce: Arc::new(move |out: &mut Vec<u8>| asm.produce(out)),
+    })
 }
 
 fn computed_ok(nbytes: u64) -> std::result::Result<(), String> {
