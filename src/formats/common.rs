@@ -1,7 +1,11 @@
 //! What several format modules share: limits and element-shape rules that
 //! belong to no one format.
 
+use std::fs::File;
+use std::sync::Arc;
+
 use crate::catalog::DType;
+use crate::source::MappedFile;
 
 /// Largest blob a producer will make whole: the cap `ztensor-compat` puts
 /// on what it decodes in one piece (1 GiB), which the modules that gather
@@ -30,6 +34,23 @@ pub fn packed_shape(d: DType, mut shape: Vec<u64>, nbytes: u64) -> (Vec<u64>, bo
         _ => shape = vec![nbytes],
     }
     (shape, odd)
+}
+
+/// The descriptor every producer of `src`'s computed blobs shares: opened
+/// again (so that it outlives the mapping's) by the first to ask, kept in
+/// `slot`.
+pub fn shared_file(
+    slot: &mut Option<Arc<File>>,
+    src: &MappedFile,
+) -> std::result::Result<Arc<File>, String> {
+    if let Some(f) = slot {
+        return Ok(f.clone());
+    }
+    let f = src
+        .file()
+        .try_clone()
+        .map_err(|e| format!("cannot reopen the file: {e}"))?;
+    Ok(slot.insert(Arc::new(f)).clone())
 }
 
 #[cfg(test)]

@@ -569,16 +569,7 @@ fn deflated_blob(
             super::common::MAX_COMPUTED
         ));
     }
-    let f = match file {
-        Some(f) => f.clone(),
-        None => {
-            let f = src
-                .file()
-                .try_clone()
-                .map_err(|e| format!("cannot reopen the file: {e}"))?;
-            file.insert(Arc::new(f)).clone()
-        }
-    };
+    let f = super::common::shared_file(file, src)?;
     let member = Member {
         at: m.start,
         stored: m.stored_len,

@@ -667,20 +667,8 @@ impl<'s> Reader<'s> {
                 ),
             ));
         }
-        let file = match &self.file {
-            Some(f) => f.clone(),
-            None => {
-                let f = self.src.file().try_clone().map_err(|e| {
-                    Error::new(
-                        ErrorKind::Io,
-                        self.src.label(),
-                        None,
-                        format!("cannot reopen the file: {e}"),
-                    )
-                })?;
-                self.file.insert(Arc::new(f)).clone()
-            }
-        };
+        let file = super::common::shared_file(&mut self.file, self.src)
+            .map_err(|why| Error::new(ErrorKind::Io, self.src.label(), None, why))?;
         meta.insert("onnx_field".into(), Json::from(TYPED_NAMES[field]));
         Ok((
             Blob {

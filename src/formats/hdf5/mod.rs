@@ -441,17 +441,7 @@ fn serve(
                 return Ok((push(at, nbytes, Codec::Raw), "raw".into()));
             }
             computed_ok(nbytes)?;
-            // One descriptor shared by every producer of the file.
-            let file = match &budget.file {
-                Some(f) => f.clone(),
-                None => {
-                    let f = src
-                        .file()
-                        .try_clone()
-                        .map_err(|e| format!("cannot reopen the file: {e}"))?;
-                    budget.file.insert(Arc::new(f)).clone()
-                }
-            };
+            let file = crate::formats::common::shared_file(&mut budget.file, src)?;
             let enc = if names.is_empty() {
                 "chunked".to_string()
             } else {
