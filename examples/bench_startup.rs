@@ -9,8 +9,8 @@
 use std::time::Instant;
 
 use ztensor_mount::formats::{self, Limits};
-use ztensor_mount::mount::data::DataOptions;
 use ztensor_mount::mount::fs::{FsOptions, TensorFs};
+use ztensor_mount::serve::data::DataOptions;
 
 fn status() -> (u64, u64) {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -49,7 +49,7 @@ fn main() {
                 cache_size: 256 << 20,
                 cache_dir: "/var/tmp".into(),
                 verify_raw: true,
-                progressive_min: ztensor_mount::mount::data::PROGRESSIVE_MIN,
+                progressive_min: ztensor_mount::serve::data::PROGRESSIVE_MIN,
             },
             direct_io: false,
             views: ztensor_mount::views::Views::ALL,

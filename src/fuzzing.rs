@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use crate::catalog::PartMap;
 use crate::formats::{self, Limits, zt_v01, zt_v1, zt_v2};
-use crate::mount::data::{Data, DataOptions, PROGRESSIVE_MIN};
-use crate::mount::stats::Stats;
+use crate::serve::data::{Data, DataOptions, PROGRESSIVE_MIN};
+use crate::serve::stats::Stats;
 
 fn limits() -> Limits {
     Limits {

@@ -1,8 +1,8 @@
 //! ztensor-mount: serve a tensor file as a read-only directory.
 //!
 //! Data flows one way: file bytes (`source`) -> a format module (`formats`)
-//! -> the common catalog (`catalog`) -> filesystem tree and kernel
-//! (`mount`). Encodings shared by formats live in `codec`; files computed
+//! -> the common catalog (`catalog`) -> the serving core (`serve`) ->
+//! filesystem tree and kernel (`mount`). Encodings shared by formats live in `codec`; files computed
 //! from the catalog for other libraries (`.npy`, zarr, safetensors) in
 //! `views`.
 
@@ -13,5 +13,6 @@ pub mod error;
 pub mod formats;
 pub mod fuzzing;
 pub mod mount;
+pub mod serve;
 pub mod source;
 pub mod views;

@@ -12,7 +12,7 @@ use support::Mount;
 use ztensor_mount::codec::digest::{Algorithm, compute};
 use ztensor_mount::error::ErrorKind;
 use ztensor_mount::formats::{self, Limits};
-use ztensor_mount::mount::data::Data;
+use ztensor_mount::serve::data::Data;
 
 const COMPRESSED: u32 = 1;
 const CHECKSUM: u32 = 2;

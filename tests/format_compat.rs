@@ -15,7 +15,7 @@ use serde_json::Value as Json;
 use support::data::{serve, sha256_hex};
 use support::python::Python;
 use ztensor_mount::formats::{self, Limits};
-use ztensor_mount::mount::data::Data;
+use ztensor_mount::serve::data::Data;
 
 /// Runs `write_<writer>.py` into a fresh directory; `None`: skipped.
 fn written(writer: &str) -> Option<(tempfile::TempDir, Json)> {

@@ -621,7 +621,7 @@ fn cases() -> Vec<Case> {
     v
 }
 
-fn check_ok_reads(path: &Path, data: &ztensor_mount::mount::data::Data, case: &str) {
+fn check_ok_reads(path: &Path, data: &ztensor_mount::serve::data::Data, case: &str) {
     let cat = data.catalog();
     if let Some(ti) = cat.tensors.iter().position(|t| t.name == "ok") {
         let got = read_whole(data, ti, 0, 1 << 20).unwrap_or_else(|e| panic!("{case}: ok: {e}"));

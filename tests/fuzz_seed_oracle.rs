@@ -33,8 +33,8 @@ use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 use support::python::Python;
 use ztensor_mount::formats::{self, Limits};
-use ztensor_mount::mount::data::{Data, DataOptions, PROGRESSIVE_MIN};
-use ztensor_mount::mount::stats::Stats;
+use ztensor_mount::serve::data::{Data, DataOptions, PROGRESSIVE_MIN};
+use ztensor_mount::serve::stats::Stats;
 
 fn seeds_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds")

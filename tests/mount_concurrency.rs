@@ -13,7 +13,7 @@ use serde_json::Value as Json;
 use support::{Mount, Rng, compressible};
 use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
 use ztensor_mount::formats::zt_v01::{DType, Endian};
-use ztensor_mount::mount::cache::ENTRY_COST;
+use ztensor_mount::serve::cache::ENTRY_COST;
 
 const MIB: usize = 1 << 20;
 

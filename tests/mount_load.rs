@@ -165,7 +165,7 @@ fn sixty_four_readers_random_ranges() {
 /// Raw replies of 128 KiB or more are sent from the daemon's mapping of
 /// the file; however much of the file is read, and however (whole tensors,
 /// random 4 KiB pieces, big-endian copies, from several threads), the
-/// daemon keeps only a bounded part of it mapped (`mount::window`: 32 MiB
+/// daemon keeps only a bounded part of it mapped (`serve::window`: 32 MiB
 /// counted, one batch of 8 MiB being let go of, replies in flight).
 #[test]
 fn raw_reads_keep_little_of_the_file_mapped() {

@@ -785,7 +785,7 @@ fn names_of(file: &str) -> Vec<String> {
 fn healthy_read_right(
     case: &str,
     base: &str,
-    data: &ztensor_mount::mount::data::Data,
+    data: &ztensor_mount::serve::data::Data,
     bad: &[&str],
 ) -> Vec<String> {
     let cat = data.catalog();

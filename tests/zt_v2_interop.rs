@@ -3,7 +3,7 @@
 //! logical type it offers, raw and `zt.zstd-seekable/1`, sparse and
 //! quantized profiles and an appended generation, plus `expected.json`
 //! (each part's little-endian bytes and the package's own read-back
-//! sha256). We read every part through `formats::open` + `mount::data::Data`
+//! sha256). We read every part through `formats::open` + `serve::data::Data`
 //! and then through a real mount (the file with the sidecar's
 //! `numpy_dtype`/`shape`, `np.fromfile` and sha256 in Python).
 //!

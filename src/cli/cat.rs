@@ -9,8 +9,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::formats::{self, Limits};
-use crate::mount::data::{Data, DataOptions, PROGRESSIVE_MIN};
-use crate::mount::stats::Stats;
+use crate::serve::data::{Data, DataOptions, PROGRESSIVE_MIN};
+use crate::serve::stats::Stats;
 
 /// Bytes asked of the data layer at a time.
 const CHUNK: u64 = 1 << 20;

@@ -16,10 +16,10 @@ use super::logging;
 use super::options::Settings;
 use crate::formats::{self, Limits, Opened};
 use crate::mount::backing::BackingOptions;
-use crate::mount::data::{DataOptions, PROGRESSIVE_MIN};
 use crate::mount::fs::{FsOptions, TensorFs};
 use crate::mount::fuse::Adapter;
-use crate::mount::spill;
+use crate::serve::data::{DataOptions, PROGRESSIVE_MIN};
+use crate::serve::spill;
 
 fn fail(msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("ztensor-mount: {msg}");

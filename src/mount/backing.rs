@@ -22,10 +22,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 
-use super::data::Data;
 use super::lock;
-use super::stats::Stats;
 use super::tree::Content;
+use crate::serve::data::Data;
+use crate::serve::stats::Stats;
 
 /// Bytes one filling worker reads through the data layer at once: one
 /// frame as `pack --zstd` writes them, so a read is one cache unit's slice,
@@ -246,7 +246,7 @@ impl Partial {
                 return None;
             }
         }
-        let mut v = super::data::scratch::take();
+        let mut v = crate::serve::data::scratch::take();
         v.resize((end - at) as usize, 0);
         self.file.read_exact_at(&mut v, at).ok()?;
         Some(v)
@@ -667,7 +667,7 @@ impl Backings {
         inner.filled += len;
         inner.slots.insert(key.clone(), Slot::Filling(None));
         drop(inner);
-        if let Err(why) = super::spill::room(&self.opts.dir, len) {
+        if let Err(why) = crate::serve::spill::room(&self.opts.dir, len) {
             log::debug!("no backing file of {len} bytes: {why}");
             self.forget(key, len);
             return None;

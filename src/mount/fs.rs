@@ -12,11 +12,11 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use super::backing::{
     Backing, BackingOptions, Backings, Behind, Fill, Filled, Partial, Segment, Through,
 };
-use super::data::{Bytes, Data, DataOptions, scratch};
 use super::sidecar;
-use super::stats::Stats;
 use super::tree::{Content, Ino, NodeKind, Tree};
 use crate::catalog::{Catalog, Codec, Part};
+use crate::serve::data::{Bytes, Data, DataOptions, scratch};
+use crate::serve::stats::Stats;
 use crate::source::MappedFile;
 use crate::views::{self, Views, npy, zarr};
 
@@ -937,7 +937,7 @@ impl TensorFs {
 
     /// Bytes `[off, off+size)` of file `ino` opened as `fh`. A data error is
     /// logged by the data layer, and its errno is the one its kind names
-    /// (`mount::error`).
+    /// (`serve::error`).
     pub fn read(&self, ino: Ino, fh: u64, off: u64, size: u32) -> Result<Served<'_>, Errno> {
         Stats::add(&self.data.stats().reads, 1);
         let node = self.tree.node(ino).ok_or(libc::ENOENT)?;
@@ -1161,8 +1161,8 @@ impl TensorFs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mount::data::{DataOptions, PROGRESSIVE_MIN};
     use crate::mount::tree::{META_DIR, ROOT};
+    use crate::serve::data::{DataOptions, PROGRESSIVE_MIN};
 
     fn fs_of(dir: &std::path::Path) -> TensorFs {
         fs_with(dir, 0)
@@ -1173,7 +1173,7 @@ mod tests {
         let names: Vec<String> = (0..more).map(|i| format!("t{i}")).collect();
         let mut tensors: Vec<(&str, &[u8])> = vec![("w", &[1, 2, 3, 4])];
         tensors.extend(names.iter().map(|n| (n.as_str(), &[7u8][..])));
-        let (catalog, files) = crate::mount::testing::catalog_of(dir, &tensors);
+        let (catalog, files) = crate::serve::testing::catalog_of(dir, &tensors);
         let opts = FsOptions {
             data: DataOptions {
                 cache_size: 8 << 20,
@@ -1308,13 +1308,13 @@ mod passthrough_tests {
     use super::*;
     use crate::catalog::{Blob, DType, Endian, Part};
     use crate::mount::backing::Origin;
-    use crate::mount::data::PROGRESSIVE_MIN;
     use crate::mount::tree::ROOT;
+    use crate::serve::data::PROGRESSIVE_MIN;
     use std::io::Read;
 
     /// A mount of one zstd tensor "z" of `data`, with backing files in `dir`.
     fn zstd_fs(dir: &std::path::Path, data: &[u8], limit: u64) -> TensorFs {
-        let (mut catalog, _) = crate::mount::testing::catalog_of(dir, &[("z", &[0u8][..])]);
+        let (mut catalog, _) = crate::serve::testing::catalog_of(dir, &[("z", &[0u8][..])]);
         let blob = zstd::encode_all(data, 3).unwrap();
         std::fs::write(dir.join("data"), &blob).unwrap();
         let n = data.len() as u64;

@@ -13,7 +13,7 @@ pub struct MappedFile {
     label: String,
     file: File,
     /// The file's metadata taken before it was mapped: what the bytes
-    /// served must still be (see `mount::guard`).
+    /// served must still be (see `serve::guard`).
     opened: std::fs::Metadata,
     map: Mmap,
     /// What makes the mapping's bytes present: `None` for a local file

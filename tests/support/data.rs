@@ -7,8 +7,8 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use ztensor_mount::catalog::Catalog;
 use ztensor_mount::formats::Opened;
-use ztensor_mount::mount::data::{Data, DataOptions, PROGRESSIVE_MIN};
-use ztensor_mount::mount::stats::Stats;
+use ztensor_mount::serve::data::{Data, DataOptions, PROGRESSIVE_MIN};
+use ztensor_mount::serve::stats::Stats;
 
 /// The mount's data layer over `opened` (checks on raw blobs on), its
 /// cache of `cache_size` bytes in `cache_dir`.

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use ztensor_mount::mount::data::Data;
+use ztensor_mount::serve::data::Data;
 
 use ztensor_mount::catalog::{Check, Codec, FrameTable, PartMap, Verdict};
 use ztensor_mount::formats::{self, Limits, Opened};

@@ -5,8 +5,8 @@
 use crate::catalog::{Blob, Catalog, Check, Checksum, Codec, Verdict};
 use crate::codec::digest::Hasher;
 use crate::codec::zstd as zstd_blob;
-use crate::mount::error::ReadError;
-use crate::mount::guard::Guard;
+use crate::serve::error::ReadError;
+use crate::serve::guard::Guard;
 use crate::source::{MappedFile, Span};
 
 /// Bytes hashed between two hand-backs of the mapping.

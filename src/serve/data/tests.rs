@@ -5,8 +5,8 @@ use std::sync::Arc;
 use super::{Data, DataOptions, PROGRESSIVE_MIN};
 use crate::catalog::{Check, Checksum, Codec, Producer};
 use crate::codec::digest::{Algorithm, compute};
-use crate::mount::stats::Stats;
-use crate::mount::testing::catalog_of;
+use crate::serve::stats::Stats;
+use crate::serve::testing::catalog_of;
 
 fn opts(dir: &std::path::Path) -> DataOptions {
     DataOptions {
