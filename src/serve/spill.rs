@@ -139,18 +139,7 @@ impl Spill {
         early: bool,
         stats: &Arc<Stats>,
     ) -> Result<Arc<Spill>, ReadError> {
-        // Early, and asked again when the space is reserved.
-        room(dir, decoded).map_err(|why| ReadError::new(Kind::NoSpace, why))?;
-        let file = tempfile::tempfile_in(dir)
-            .map_err(|e| format!("cannot create a spill file in {}: {e}", dir.display()))?;
-        let spill = Arc::new(Spill {
-            file,
-            early,
-            progress: Mutex::new((0, None)),
-            cond: Condvar::new(),
-            retry: AtomicBool::new(false),
-            no_room: AtomicBool::new(false),
-        });
+        let spill = Spill::create(dir, decoded, early)?;
         let (span, guard, s, stats) = (span.clone(), guard.clone(), spill.clone(), stats.clone());
         let dir = dir.to_path_buf();
         std::thread::Builder::new()
@@ -163,18 +152,7 @@ impl Spill {
                 // through the mapping; let go of it.
                 span.release_all();
                 let done = lock(&s.progress).0;
-                match r {
-                    Ok(()) => s.advance(done, Some(String::new())),
-                    Err(f) => {
-                        // Give the disk back before anyone may try again:
-                        // the next spill asks for the free space. A reader
-                        // of bytes past the cut gets a short read, not zeros.
-                        let _ = s.file.set_len(0);
-                        s.retry.store(f.retry, Release);
-                        s.no_room.store(f.no_room, Release);
-                        s.advance(done, Some(f.why));
-                    }
-                }
+                s.end(r, done);
             })
             .map_err(|e| format!("cannot start the spill thread: {e}"))?;
         Ok(spill)
@@ -191,17 +169,7 @@ impl Spill {
         dir: &Path,
         stats: &Arc<Stats>,
     ) -> Result<Arc<Spill>, ReadError> {
-        room(dir, len).map_err(|why| ReadError::new(Kind::NoSpace, why))?;
-        let file = tempfile::tempfile_in(dir)
-            .map_err(|e| format!("cannot create a spill file in {}: {e}", dir.display()))?;
-        let spill = Arc::new(Spill {
-            file,
-            early: false,
-            progress: Mutex::new((0, None)),
-            cond: Condvar::new(),
-            retry: AtomicBool::new(false),
-            no_room: AtomicBool::new(false),
-        });
+        let spill = Spill::create(dir, len, false)?;
         let (s, stats) = (spill.clone(), stats.clone());
         let dir = dir.to_path_buf();
         std::thread::Builder::new()
@@ -212,18 +180,43 @@ impl Spill {
                 Stats::add(&stats.spilled_tensors, 1);
                 Stats::add(&stats.decompressions, 1);
                 let r = s.write_all(run, len, &dir);
-                match r {
-                    Ok(()) => s.advance(len, Some(String::new())),
-                    Err(f) => {
-                        let _ = s.file.set_len(0);
-                        s.retry.store(f.retry, Release);
-                        s.no_room.store(f.no_room, Release);
-                        s.advance(0, Some(f.why));
-                    }
-                }
+                let done = if r.is_ok() { len } else { 0 };
+                s.end(r, done);
             })
             .map_err(|e| format!("cannot start the spill thread: {e}"))?;
         Ok(spill)
+    }
+
+    /// A new, empty spill of `len` bytes under `dir`, once the disk has
+    /// room for it (asked early, and again when the space is reserved).
+    fn create(dir: &Path, len: u64, early: bool) -> Result<Arc<Spill>, ReadError> {
+        room(dir, len).map_err(|why| ReadError::new(Kind::NoSpace, why))?;
+        let file = tempfile::tempfile_in(dir)
+            .map_err(|e| format!("cannot create a spill file in {}: {e}", dir.display()))?;
+        Ok(Arc::new(Spill {
+            file,
+            early,
+            progress: Mutex::new((0, None)),
+            cond: Condvar::new(),
+            retry: AtomicBool::new(false),
+            no_room: AtomicBool::new(false),
+        }))
+    }
+
+    /// Records how its making ended, `done` bytes made. A failure gives the
+    /// disk back before anyone may try again (the next spill asks for the
+    /// free space); a reader of bytes past the cut gets a short read, not
+    /// zeros.
+    fn end(&self, r: Result<(), Failure>, done: u64) {
+        match r {
+            Ok(()) => self.advance(done, Some(String::new())),
+            Err(f) => {
+                let _ = self.file.set_len(0);
+                self.retry.store(f.retry, Release);
+                self.no_room.store(f.no_room, Release);
+                self.advance(done, Some(f.why));
+            }
+        }
     }
 
     fn write_all(&self, run: Box<Making>, len: u64, dir: &Path) -> Result<(), Failure> {
