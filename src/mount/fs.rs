@@ -18,7 +18,7 @@ use crate::catalog::{Catalog, Codec, Part};
 use crate::serve::data::{Bytes, Data, DataOptions, scratch};
 use crate::serve::stats::Stats;
 use crate::source::MappedFile;
-use crate::views::{self, Views, npy, zarr};
+use crate::views::{self, Composed, Entry, ViewSet, Views};
 
 pub type Errno = i32;
 
@@ -123,11 +123,6 @@ pub struct TensorFs {
     tree: Arc<Tree>,
     data: Arc<Data>,
     xattrs: bool,
-    /// The `model.safetensors` view's layout, when it is made.
-    safetensors: Option<views::safetensors::Layout>,
-    /// The view is the source file byte for byte (see
-    /// `Layout::identical`): the kernel may read it from the source.
-    safetensors_is_source: bool,
     backings: Arc<Backings>,
     /// Whether the kernel takes backing files (set once it said so).
     passthrough: std::sync::atomic::AtomicBool,
@@ -150,35 +145,24 @@ pub struct TensorFs {
     renders: AtomicU64,
 }
 
-/// The `model.safetensors` view's layout, and whether it is the source
-/// itself byte for byte (see `Layout::identical`); or why there is none.
-fn safetensors_layout(
-    catalog: &Catalog,
-    files: &[Option<MappedFile>],
-) -> Result<(views::safetensors::Layout, bool), String> {
-    let l = views::safetensors::Layout::build(catalog)?;
-    for (name, why) in &l.omitted {
-        log::info!(
-            "{}: tensor {name:?} is not in {}/{}: {why}",
-            catalog.label,
-            views::SAFETENSORS_DIR,
-            views::SAFETENSORS_FILE
-        );
-    }
-    // The header is compared with the file's own (a remote object's is
-    // in its cache file since the index was read).
-    let read_at = |f: &MappedFile, buf: &mut [u8], at: u64| {
-        f.ensure(at, buf.len() as u64)
-            .map_err(std::io::Error::other)?;
-        f.file().read_exact_at(buf, at)
+/// The views `on` names, made of `catalog`. The safetensors view compares
+/// its header with the first source file's own (a remote object's is in
+/// its cache file since the index was read).
+fn make_views(catalog: &Catalog, files: &[Option<MappedFile>], on: Views) -> ViewSet {
+    let first = files.first().and_then(Option::as_ref);
+    let read_at = |buf: &mut [u8], at: u64| match first {
+        Some(f) => {
+            f.ensure(at, buf.len() as u64)
+                .map_err(std::io::Error::other)?;
+            f.file().read_exact_at(buf, at)
+        }
+        None => Err(std::io::ErrorKind::NotFound.into()),
     };
-    Ok(match files.first() {
-        Some(Some(f)) => match l.identical(catalog, f.len(), |buf, at| read_at(f, buf, at)) {
-            Ok(l) => (l, true),
-            Err(l) => (l, false),
-        },
-        _ => (l, false),
-    })
+    let src = views::Source {
+        catalog,
+        file: first.map(|f| (f.len(), &read_at as _)),
+    };
+    ViewSet::make(on, &src)
 }
 
 impl TensorFs {
@@ -188,31 +172,25 @@ impl TensorFs {
         files: Vec<Option<MappedFile>>,
         opts: FsOptions,
     ) -> std::io::Result<TensorFs> {
-        let mut views = opts.views;
+        let on = opts.views;
         let catalog = Arc::new(catalog);
-        // The safetensors view's header is laid out on a second core while
-        // the tree is built: each is a pass over every tensor.
-        let (layout, tree) = std::thread::scope(|s| {
-            let layout = views
-                .safetensors
-                .then(|| s.spawn(|| safetensors_layout(&catalog, &files)));
-            let tree = Tree::build(catalog.clone(), views);
-            (layout.map(|h| h.join()), tree)
+        // The views are made on a second core while the tree is built: the
+        // safetensors view's header, like the tree, is a pass over every
+        // tensor.
+        let (made, tree) = std::thread::scope(|s| {
+            let made = s.spawn(|| make_views(&catalog, &files, on));
+            let tree = Tree::build(catalog.clone(), on);
+            (made.join(), tree)
         });
-        let (safetensors, safetensors_is_source, mut tree) = match layout {
-            Some(Ok(Ok((l, identical)))) => (Some(l), identical, tree),
-            Some(Ok(Err(why))) => {
-                log::warn!("{}: no model.safetensors view: {why}", catalog.label);
-                views.safetensors = false;
-                // Rare: built again without the view's directory.
-                (None, false, Tree::build(catalog.clone(), views))
-            }
-            Some(Err(panic)) => std::panic::resume_unwind(panic),
-            None => (None, false, tree),
+        let made = made.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let mut tree = if made.on() == on {
+            tree
+        } else {
+            // Rare: built again without the directories of the views that
+            // could not be made.
+            Tree::build(catalog.clone(), made.on())
         };
-        for e in safetensors.iter().flat_map(|l| &l.entries) {
-            tree.placements[e.tensor].views |= super::tree::VIEW_SAFETENSORS;
-        }
+        tree.add_views(Arc::new(made));
         for (t, p) in catalog.tensors.iter().zip(&tree.placements) {
             if let Err(why) = &t.parts {
                 log::warn!(
@@ -241,14 +219,12 @@ impl TensorFs {
             weak.upgrade().is_some_and(|b| b.drop_idle())
         }));
         Ok(TensorFs {
-            safetensors_is_source,
             backings,
             passthrough: std::sync::atomic::AtomicBool::new(false),
             opens: Mutex::default(),
             xattrs: opts.xattrs,
             tree: Arc::new(tree),
             data,
-            safetensors,
             direct_io: opts.direct_io,
             sizes,
             mirror_sizes: OnceLock::new(),
@@ -327,10 +303,7 @@ impl TensorFs {
     fn size_of(&self, ino: Ino, c: &Content) -> u64 {
         match c {
             Content::Part { tensor, part } => self.part(*tensor, *part).map_or(0, |p| p.nbytes),
-            Content::Npy { tensor } => self
-                .npy(*tensor)
-                .map_or(0, |(h, p)| h.len() as u64 + p.nbytes),
-            Content::Safetensors => self.safetensors.as_ref().map_or(0, |l| l.size),
+            Content::ViewData { .. } => self.composed(c).map_or(0, |f| f.size),
             // Changes all the time: read it with direct I/O, like /proc.
             Content::Stats | Content::Errors => 0,
             // Counted, not kept: the text is made when a file is opened.
@@ -374,25 +347,26 @@ impl TensorFs {
             .get(pi)
     }
 
-    /// The `.npy` header of a tensor's one part, and the part.
-    fn npy(&self, ti: usize) -> Option<(Vec<u8>, &Part)> {
-        let p = self.part(ti, 0)?;
-        Some((npy::header(p)?, p))
+    /// What file `c` is made of, when it is a view's file of tensors'
+    /// bytes.
+    fn composed(&self, c: &Content) -> Option<Composed<'_>> {
+        let Content::ViewData { view, file } = c else {
+            return None;
+        };
+        self.tree
+            .views()
+            .get(*view)?
+            .data(self.data.catalog(), *file)
     }
 
-    /// Bytes `[off, off+size)` of a file made of `header` and then the
-    /// tensors of `entries` (in file order, each its part 0). A read within
-    /// one tensor is that tensor's own read (zero-copy where it is); one
-    /// across a boundary is put together.
-    fn read_composite(
-        &self,
-        header: &[u8],
-        entries: &[views::safetensors::Entry],
-        off: u64,
-        size: u32,
-    ) -> Result<Bytes<'_>, Errno> {
+    /// Bytes `[off, off+size)` of a view's file `f`: its header, then the
+    /// tensors of its entries (each its part 0). A read within one tensor
+    /// is that tensor's own read (zero-copy where it is); one across a
+    /// boundary is put together.
+    fn read_composite(&self, f: &Composed<'_>, off: u64, size: u32) -> Result<Bytes<'_>, Errno> {
+        let (header, entries) = (&*f.header, &*f.entries);
         let end = off.saturating_add(size as u64);
-        let within = |e: &views::safetensors::Entry| e.start <= off && end <= e.start + e.len;
+        let within = |e: &Entry| e.start <= off && end <= e.start + e.len;
         if off >= header.len() as u64
             && let Some(e) = entries.iter().find(|e| within(e))
         {
@@ -497,19 +471,12 @@ impl TensorFs {
             Content::Errors => {
                 let _ = w.write_all(&self.data.errors_text());
             }
-            Content::ZarrArray { tensor } => {
-                let t = &cat.tensors[*tensor];
-                if let Some(json) = self
-                    .part(*tensor, 0)
-                    .and_then(|p| zarr::array_json(cat, t, p))
-                {
-                    let _ = w.write_all(&json);
+            Content::ViewText { view, file } => {
+                if let Some(v) = self.tree.views().get(*view) {
+                    let _ = w.write_all(&v.text(cat, *file));
                 }
             }
-            Content::ZarrGroup { top } => {
-                let _ = w.write_all(&zarr::group_json(cat, *top));
-            }
-            Content::Part { .. } | Content::Npy { .. } | Content::Safetensors => {}
+            Content::Part { .. } | Content::ViewData { .. } => {}
         }
     }
 
@@ -555,9 +522,7 @@ impl TensorFs {
         let fh = self.next_fh.fetch_add(1, Relaxed);
         match &node.kind {
             NodeKind::Dir { .. } => Err(libc::EISDIR),
-            NodeKind::File(
-                c @ (Content::Part { .. } | Content::Npy { .. } | Content::Safetensors),
-            ) => {
+            NodeKind::File(c @ (Content::Part { .. } | Content::ViewData { .. })) => {
                 let backing = self.backing(c)?;
                 let mut opens = super::lock(&self.opens);
                 let mut open = OpenFile {
@@ -604,13 +569,9 @@ impl TensorFs {
         // passthrough a backing file keeps it instead (filled after this
         // open), and the kernel's copy into its own cache would only cost
         // the first read a quarter of its speed and the memory twice.
-        let (tensor, part) = match c {
-            Content::Part { tensor, part } => (Some(*tensor), *part),
-            Content::Npy { tensor } => (Some(*tensor), 0),
-            _ => (None, 0),
-        };
-        let decoded = tensor
-            .and_then(|t| self.part(t, part))
+        let decoded = self
+            .one_part(c)
+            .and_then(|(t, part, _)| self.part(t, part))
             .is_some_and(|p| !matches!(self.data.catalog().blobs[p.blob].codec, Codec::Raw));
         if self.direct_io && (!decoded || self.passthrough()) {
             CacheMode::DirectIo
@@ -642,8 +603,8 @@ impl TensorFs {
         if !self.passthrough() {
             return Ok(None);
         }
-        if *c == Content::Safetensors && self.safetensors_is_source {
-            return self.source_backing(c);
+        if let Some(f) = self.composed(c).filter(|f| f.is_source) {
+            return self.source_backing(c, &f);
         }
         if let Content::Part { tensor, part } = c
             && !self.needs_work(*tensor, *part)
@@ -657,8 +618,8 @@ impl TensorFs {
     /// of their bytes take work to make. (Asked at every open: no segments
     /// built, no header copied.)
     fn worth_filling(&self, c: &Content) -> bool {
-        // The view that is its source is backed by the source itself.
-        if *c == Content::Safetensors && self.safetensors_is_source {
+        // A view that is its source is backed by the source itself.
+        if self.composed(c).is_some_and(|f| f.is_source) {
             return false;
         }
         self.any_part(c, |t, p| self.needs_work(t, p))
@@ -675,11 +636,9 @@ impl TensorFs {
     fn any_part(&self, c: &Content, pred: impl Fn(usize, usize) -> bool) -> bool {
         match c {
             Content::Part { tensor, part } => pred(*tensor, *part),
-            Content::Npy { tensor } => pred(*tensor, 0),
-            Content::Safetensors => self
-                .safetensors
-                .as_ref()
-                .is_some_and(|l| l.entries.iter().any(|e| pred(e.tensor, 0))),
+            Content::ViewData { .. } => self
+                .composed(c)
+                .is_some_and(|f| f.entries.iter().any(|e| pred(e.tensor, 0))),
             _ => false,
         }
     }
@@ -693,12 +652,7 @@ impl TensorFs {
         let Some(NodeKind::File(c)) = self.tree.node(ino).map(|n| &n.kind) else {
             return;
         };
-        if !self.passthrough()
-            || !matches!(
-                c,
-                Content::Part { .. } | Content::Npy { .. } | Content::Safetensors
-            )
-        {
+        if !self.passthrough() || !matches!(c, Content::Part { .. } | Content::ViewData { .. }) {
             return;
         }
         if self.worth_filling(c) {
@@ -727,16 +681,15 @@ impl TensorFs {
         self.backings.begin(c, self.size_of(ino, c))
     }
 
-    /// The source file as the backing of the `model.safetensors` view,
+    /// The source file as the backing of a view `l` that is that file,
     /// after the checks a read of every tensor in it would make; `None`
     /// while it is a remote object whose cache file lacks some of it (the
     /// daemon serves the view, fetching, until every block is there).
-    fn source_backing(&self, c: &Content) -> Result<Option<Arc<Backing>>, Errno> {
-        let l = self.safetensors.as_ref().ok_or(libc::EIO)?;
+    fn source_backing(&self, c: &Content, l: &Composed<'_>) -> Result<Option<Arc<Backing>>, Errno> {
         let Some(f) = self.data.whole_file(0) else {
             return Ok(None);
         };
-        for e in &l.entries {
+        for e in l.entries.iter() {
             self.check_raw(e.tensor, 0)?;
         }
         let file = f.file().try_clone().map_err(|e| {
@@ -812,13 +765,9 @@ impl TensorFs {
         };
         match c {
             Content::Part { tensor, part: p } => vec![part(*tensor, *p)],
-            Content::Npy { tensor } => match self.npy(*tensor) {
-                Some((h, _)) => vec![Segment::Bytes(Arc::new(h)), part(*tensor, 0)],
-                None => Vec::new(),
-            },
-            Content::Safetensors => match &self.safetensors {
-                Some(l) => std::iter::once(Segment::Bytes(Arc::new(l.header.clone())))
-                    .chain(l.entries.iter().map(|e| part(e.tensor, 0)))
+            Content::ViewData { .. } => match self.composed(c) {
+                Some(f) => std::iter::once(Segment::Bytes(Arc::new(f.header.into_owned())))
+                    .chain(f.entries.iter().map(|e| part(e.tensor, 0)))
                     .collect(),
                 None => Vec::new(),
             },
@@ -972,8 +921,10 @@ impl TensorFs {
         let Some((ino, p)) = through else {
             return;
         };
-        let Some((tensor, part, start, len)) =
-            self.tree.node(ino).and_then(|n| self.part_at(&n.kind, off))
+        let Some((tensor, part, start, len)) = self
+            .tree
+            .node(ino)
+            .and_then(|n| self.part_at(&n.kind, off, bytes.len() as u64))
         else {
             let _ = p.offer(off, &bytes);
             return;
@@ -1003,28 +954,33 @@ impl TensorFs {
         }
     }
 
-    /// The tensor part whose bytes are at `off` of a file of `kind`: (tensor,
-    /// part, where the part starts in the file, its length). For the
-    /// `.safetensors` view, the tensor whose range holds `off`.
-    fn part_at(&self, kind: &NodeKind, off: u64) -> Option<(usize, usize, u64, u64)> {
-        if let NodeKind::File(Content::Safetensors) = kind {
-            let entries = &self.safetensors.as_ref()?.entries;
-            let e = entries.get(entries.partition_point(|e| e.start + e.len <= off))?;
-            return (e.start <= off).then_some((e.tensor, 0, e.start, e.len));
+    /// The tensor part whose bytes a read of `len` bytes at `off` of a
+    /// file of `kind` meets first: (tensor, part, where the part starts in
+    /// the file, its length).
+    fn part_at(&self, kind: &NodeKind, off: u64, len: u64) -> Option<(usize, usize, u64, u64)> {
+        let NodeKind::File(c) = kind else {
+            return None;
+        };
+        if let Content::Part { tensor, part } = c {
+            return Some((*tensor, *part, 0, u64::MAX));
         }
-        let (tensor, part, start) = self.one_part(kind)?;
-        Some((tensor, part, start, u64::MAX))
+        let f = self.composed(c)?;
+        let e = f
+            .entries
+            .get(f.entries.partition_point(|e| e.start + e.len <= off))?;
+        (e.start < off.saturating_add(len)).then_some((e.tensor, 0, e.start, e.len))
     }
 
-    /// For a file holding one tensor part (the tensor's file, its `.npy`
-    /// view): the part, and where its bytes start in the file.
-    fn one_part(&self, kind: &NodeKind) -> Option<(usize, usize, u64)> {
-        match kind {
-            NodeKind::File(Content::Part { tensor, part }) => Some((*tensor, *part, 0)),
-            NodeKind::File(Content::Npy { tensor }) => {
-                let header = self.npy(*tensor)?.0.len() as u64;
-                Some((*tensor, 0, header))
-            }
+    /// For a file holding one tensor part (the tensor's file, a view's
+    /// file of one tensor such as its `.npy`): the part, and where its
+    /// bytes start in the file.
+    fn one_part(&self, c: &Content) -> Option<(usize, usize, u64)> {
+        match c {
+            Content::Part { tensor, part } => Some((*tensor, *part, 0)),
+            Content::ViewData { .. } => match &*self.composed(c)?.entries {
+                [e] => Some((e.tensor, 0, e.start)),
+                _ => None,
+            },
             _ => None,
         }
     }
@@ -1041,7 +997,10 @@ impl TensorFs {
     /// reads wrote, when they are all there and the tensor's file is
     /// unchanged (else the data layer's read fails, and says why).
     fn written(&self, kind: &NodeKind, p: &Partial, off: u64, size: u32) -> Option<Vec<u8>> {
-        let (tensor, part, _) = self.one_part(kind)?;
+        let NodeKind::File(c) = kind else {
+            return None;
+        };
+        let (tensor, part, _) = self.one_part(c)?;
         let bytes = p.read(off, size as u64)?;
         self.data.unchanged(tensor, part).then_some(bytes)
     }
@@ -1060,18 +1019,9 @@ impl TensorFs {
                 .data
                 .read(*tensor, *part, off, size as u64)
                 .map_err(|e| e.errno()),
-            NodeKind::File(Content::Npy { tensor }) => {
-                let (header, p) = self.npy(*tensor).ok_or(libc::EIO)?;
-                let entry = views::safetensors::Entry {
-                    start: header.len() as u64,
-                    len: p.nbytes,
-                    tensor: *tensor,
-                };
-                self.read_composite(&header, &[entry], off, size)
-            }
-            NodeKind::File(Content::Safetensors) => {
-                let l = self.safetensors.as_ref().ok_or(libc::EIO)?;
-                self.read_composite(&l.header, &l.entries, off, size)
+            NodeKind::File(c @ Content::ViewData { .. }) => {
+                let f = self.composed(c).ok_or(libc::EIO)?;
+                self.read_composite(&f, off, size)
             }
             NodeKind::File(c) => {
                 let held = self
@@ -1099,9 +1049,13 @@ impl TensorFs {
     /// read from its sidecar. (name, value) pairs.
     fn xattrs(&self, ino: Ino) -> Result<Vec<(&'static str, String)>, Errno> {
         let node = self.tree.node(ino).ok_or(libc::ENOENT)?;
+        // A tensor's file, or a view's file of that tensor alone.
         let (ti, pi) = match &node.kind {
             NodeKind::File(Content::Part { tensor, part }) => (*tensor, *part),
-            NodeKind::File(Content::Npy { tensor }) => (*tensor, 0),
+            NodeKind::File(c @ Content::ViewData { file, .. }) => match self.one_part(c) {
+                Some((t, p, _)) if file.tensor == Some(t) => (t, p),
+                _ => return Ok(Vec::new()),
+            },
             _ => return Ok(Vec::new()),
         };
         let cat = self.data.catalog();
@@ -1173,7 +1127,12 @@ mod tests {
         let names: Vec<String> = (0..more).map(|i| format!("t{i}")).collect();
         let mut tensors: Vec<(&str, &[u8])> = vec![("w", &[1, 2, 3, 4])];
         tensors.extend(names.iter().map(|n| (n.as_str(), &[7u8][..])));
-        let (catalog, files) = crate::serve::testing::catalog_of(dir, &tensors);
+        fs_of_tensors(dir, &tensors)
+    }
+
+    /// The fs of `tensors`, with every view.
+    fn fs_of_tensors(dir: &std::path::Path, tensors: &[(&str, &[u8])]) -> TensorFs {
+        let (catalog, files) = crate::serve::testing::catalog_of(dir, tensors);
         let opts = FsOptions {
             data: DataOptions {
                 cache_size: 8 << 20,
@@ -1190,6 +1149,28 @@ mod tests {
     }
 
     #[test]
+    fn a_tensor_whose_place_in_a_view_is_taken_is_not_in_that_view() {
+        let dir = tempfile::tempdir().unwrap();
+        // `.npy/x.npy` is x's file, so "x.npy/y" has no directory there;
+        // in `.zarr` the array `x` and the group `x.npy` do not meet.
+        let fs = fs_of_tensors(dir.path(), &[("x", &[1]), ("x.npy/y", &[2])]);
+        let npy = fs.lookup(ROOT, OsStr::new(".npy")).unwrap().ino;
+        let x = fs.lookup(npy, OsStr::new("x.npy")).unwrap();
+        assert_eq!(x.kind, Kind::File);
+        assert_eq!(x.size, 128 + 1);
+        let zarr = fs.lookup(ROOT, OsStr::new(".zarr")).unwrap().ino;
+        let group = fs.lookup(zarr, OsStr::new("x.npy")).unwrap().ino;
+        assert!(fs.lookup(group, OsStr::new("y")).is_ok());
+        let npy_bit = 1 << 0;
+        let zarr_bit = 1 << 1;
+        assert_eq!(
+            fs.tree.views_of(0) & (npy_bit | zarr_bit),
+            npy_bit | zarr_bit
+        );
+        assert_eq!(fs.tree.views_of(1) & (npy_bit | zarr_bit), zarr_bit);
+    }
+
+    #[test]
     fn the_views_mirrors_are_laid_out_at_first_use() {
         let dir = tempfile::tempdir().unwrap();
         let fs = fs_with(dir.path(), 2);
@@ -1199,7 +1180,9 @@ mod tests {
         assert_eq!(w.size, 4);
         assert!(!fs.tree.mirrors_laid_out());
         // A view's directory is stat'ed with its entries counted.
-        let npy = fs.lookup(ROOT, OsStr::new(crate::views::NPY_DIR)).unwrap();
+        let npy = fs
+            .lookup(ROOT, OsStr::new(crate::views::npy::VIEW.dir))
+            .unwrap();
         assert!(fs.tree.mirrors_laid_out());
         assert_eq!(fs.tree.main_len(), main);
         let w_npy = fs.lookup(npy.ino, OsStr::new("w.npy")).unwrap();
@@ -1212,7 +1195,9 @@ mod tests {
         })
         .unwrap();
         assert_eq!(names, [".", "..", "w.npy", "t0.npy", "t1.npy"]);
-        let zarr = fs.lookup(ROOT, OsStr::new(crate::views::ZARR_DIR)).unwrap();
+        let zarr = fs
+            .lookup(ROOT, OsStr::new(crate::views::zarr::VIEW.dir))
+            .unwrap();
         let array = fs.lookup(zarr.ino, OsStr::new("t1")).unwrap();
         assert_eq!(fs.tree.path(array.ino), ".zarr/t1");
         // Laid out by `views_layout` first: the same inodes.
@@ -1221,7 +1206,7 @@ mod tests {
         (other.views_layout())();
         assert!(other.tree.mirrors_laid_out());
         let npy2 = other
-            .lookup(ROOT, OsStr::new(crate::views::NPY_DIR))
+            .lookup(ROOT, OsStr::new(crate::views::npy::VIEW.dir))
             .unwrap();
         assert_eq!(
             other.lookup(npy2.ino, OsStr::new("w.npy")).unwrap().ino,

@@ -98,22 +98,14 @@ pub fn tensor_sidecar<'a>(
     }
 }
 
-/// Where the views show a tensor of exposed path `path`.
+/// Where the views (bit `id` of `views`) show a tensor of exposed path
+/// `path`.
 fn view_paths(path: &str, views: u8) -> JsonMap {
-    use super::tree::{VIEW_NPY, VIEW_SAFETENSORS, VIEW_ZARR};
-    use crate::views::{NPY_DIR, SAFETENSORS_DIR, SAFETENSORS_FILE, ZARR_DIR};
     let mut m = JsonMap::new();
-    if views & VIEW_NPY != 0 {
-        m.insert("npy".into(), format!("{NPY_DIR}/{path}.npy").into());
-    }
-    if views & VIEW_ZARR != 0 {
-        m.insert("zarr".into(), format!("{ZARR_DIR}/{path}").into());
-    }
-    if views & VIEW_SAFETENSORS != 0 {
-        m.insert(
-            "safetensors".into(),
-            format!("{SAFETENSORS_DIR}/{SAFETENSORS_FILE}").into(),
-        );
+    for (id, r) in crate::views::VIEWS.iter().enumerate() {
+        if views & (1 << id) != 0 {
+            m.insert(r.name.into(), (r.path_of)(r.dir, path).into());
+        }
     }
     m
 }

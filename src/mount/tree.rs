@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use crate::catalog::{Catalog, Part};
-use crate::views::Views;
+use crate::views::{FileId, ViewSet, Views};
 
 mod mirror;
 
@@ -39,14 +39,11 @@ pub enum Content {
     Stats,
     /// `.ztensor/errors`: each tensor that failed a read, and why.
     Errors,
-    /// `.npy/PATH.npy`: a header, then the bytes of the tensor's one part.
-    Npy { tensor: usize },
-    /// `.zarr/PATH/zarr.json` of a tensor's array.
-    ZarrArray { tensor: usize },
-    /// `zarr.json` of a group of the zarr view (`top`: its root).
-    ZarrGroup { top: bool },
-    /// `.safetensors/model.safetensors`
-    Safetensors,
+    /// A view's file of generated text (`views::Made::Text`): view `view`
+    /// (its id), file `file`.
+    ViewText { view: u8, file: FileId },
+    /// A view's file of a header and tensors' bytes (`views::Made::Data`).
+    ViewData { view: u8, file: FileId },
 }
 
 #[derive(Debug)]
@@ -82,24 +79,22 @@ pub struct Placement {
     pub sidecar: Ino,
     /// Set when the path differs from the tensor name: why.
     pub escaped: Option<String>,
-    /// [`VIEW_SAFETENSORS`] when the safetensors view shows it (the other
-    /// views' bits are known once their directories are laid out: see
-    /// [`Tree::views_of`]).
+    /// The views (bit `id`) of files made at mount that show it (the
+    /// mirroring views' bits are known once their directories are laid
+    /// out: see [`Tree::views_of`]).
     pub views: u8,
 }
-
-pub const VIEW_NPY: u8 = 1;
-pub const VIEW_ZARR: u8 = 2;
-pub const VIEW_SAFETENSORS: u8 = 4;
 
 pub struct Tree {
     /// Every node but the views' mirrors: inode `i` is `nodes[i - 1]`.
     nodes: Vec<Node>,
     pub placements: Vec<Placement>,
     catalog: Arc<Catalog>,
-    /// The `.npy` and `.zarr` top directories, when made: their contents
-    /// (and every inode after `nodes`) are laid out on first use.
-    mirror_tops: Vec<Ino>,
+    /// The views the tree shows (see [`Tree::add_views`]).
+    views: Arc<ViewSet>,
+    /// The mirroring views' top directories, with the view's id: their
+    /// contents (and every inode after `nodes`) are laid out on first use.
+    mirror_tops: Vec<(Ino, u8)>,
     mirrors: OnceLock<mirror::Mirrors>,
     /// Directories that are a sparse tensor's parts, and `.ztensor`:
     /// nothing else goes in.
@@ -112,11 +107,10 @@ pub struct Tree {
 }
 
 impl Tree {
-    /// Lays out every tensor of `catalog`, and the `views` of them. Tensors
-    /// are placed in index order; when two would take the same path, the
-    /// first keeps it. The `.npy` and `.zarr` directories are laid out when
-    /// first used (or by [`Tree::lay_out_views`]): the same nodes, with the
-    /// same inode numbers, as if they had been made here.
+    /// Lays out every tensor of `catalog`, with the top directories of the
+    /// views `views` names (their files come with [`Tree::add_views`]).
+    /// Tensors are placed in index order; when two would take the same
+    /// path, the first keeps it.
     pub fn build(catalog: Arc<Catalog>, views: Views) -> Tree {
         // Room for what a tensor makes here (its file and sidecar): a
         // vector of 10^5 nodes grown by doubling is moved at every step.
@@ -130,6 +124,7 @@ impl Tree {
             nodes,
             placements: Vec::with_capacity(catalog.len()),
             catalog: catalog.clone(),
+            views: Default::default(),
             mirror_tops: Vec::new(),
             mirrors: OnceLock::new(),
             sealed: Default::default(),
@@ -154,7 +149,6 @@ impl Tree {
             let p = tree.place(ti, &t.name, parts);
             tree.placements.push(p);
         }
-        tree.add_view_files(views);
         tree
     }
 
@@ -310,7 +304,7 @@ impl Tree {
     pub fn node(&self, ino: Ino) -> Option<&Node> {
         let i = ino.checked_sub(1)? as usize;
         match self.nodes.get(i) {
-            Some(_) if self.mirror_tops.contains(&ino) => self.mirrors().top(ino),
+            Some(_) if self.mirror_tops.iter().any(|&(i, _)| i == ino) => self.mirrors().top(ino),
             Some(node) => Some(node),
             None if self.mirror_tops.is_empty() => None,
             None => self.mirrors().nodes.get(i - self.nodes.len()),
@@ -374,7 +368,7 @@ impl Tree {
         })
     }
 
-    /// The views that show tensor `ti`: `VIEW_*` bits (lays the mirrors
+    /// The views that show tensor `ti`: bit `id` for each (lays the mirrors
     /// out when there are any).
     pub fn views_of(&self, ti: usize) -> u8 {
         let mirrored = match self.mirror_tops.first() {

@@ -2,7 +2,60 @@
 //! needs more than 64 KiB), padded so the data starts at a multiple of 64,
 //! as numpy itself writes it.
 
-use crate::catalog::{DType, Part};
+use std::borrow::Cow;
+
+use super::{Composed, Entry, FileId, Made, Placed, Registration, Source, View};
+use crate::catalog::{Catalog, DType, Part};
+
+pub const VIEW: Registration = Registration {
+    name: "npy",
+    dir: ".npy",
+    mirrors: true,
+    path_of: |dir, path| format!("{dir}/{path}.npy"),
+    make,
+};
+
+fn make(_: &Source<'_>) -> Result<Box<dyn View>, String> {
+    Ok(Box::new(Npy))
+}
+
+/// `.npy/PATH.npy` for each tensor of one dense part numpy has a type for:
+/// its header, then the part's bytes.
+struct Npy;
+
+impl View for Npy {
+    fn tensor_files(&self, ti: usize, part: &Part, leaf: &str) -> Vec<Placed> {
+        if descr(part.dtype).is_none() {
+            return Vec::new();
+        }
+        let file = FileId {
+            kind: 0,
+            tensor: Some(ti),
+        };
+        vec![Placed {
+            path: vec![format!("{leaf}.npy").into()],
+            what: Made::Data(file),
+        }]
+    }
+
+    fn data(&self, c: &Catalog, f: FileId) -> Option<Composed<'_>> {
+        let ti = f.tensor?;
+        let p = c.tensors.get(ti)?.parts.as_ref().ok()?.first()?;
+        let header = header(p)?;
+        let start = header.len() as u64;
+        let entry = Entry {
+            start,
+            len: p.nbytes,
+            tensor: ti,
+        };
+        Some(Composed {
+            header: header.into(),
+            entries: Cow::Owned(vec![entry]),
+            size: start + p.nbytes,
+            is_source: false,
+        })
+    }
+}
 
 const MAGIC: &[u8] = b"\x93NUMPY";
 const ALIGN: usize = 64;

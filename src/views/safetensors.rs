@@ -3,9 +3,72 @@
 //! tensor's exposed bytes in header order. Tensors it cannot hold are left
 //! out and listed in its `__metadata__`.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
+use super::{Composed, Entry, FileId, Made, Registration, Source, View};
 use crate::catalog::{Catalog, Codec, DType, Endian, Json, PartMap};
+
+pub const VIEW: Registration = Registration {
+    name: "safetensors",
+    dir: ".safetensors",
+    mirrors: false,
+    path_of: |dir, _path| format!("{dir}/{FILE}"),
+    make,
+};
+
+/// The view's one file.
+pub const FILE: &str = "model.safetensors";
+
+/// `model.safetensors`, laid out at mount; the source file itself when
+/// that is the same bytes (see [`Layout::identical`]).
+struct Safetensors {
+    layout: Layout,
+    is_source: bool,
+}
+
+fn make(src: &Source<'_>) -> Result<Box<dyn View>, String> {
+    let c = src.catalog;
+    let l = Layout::build(c)?;
+    for (name, why) in &l.omitted {
+        log::info!(
+            "{}: tensor {name:?} is not in {}/{FILE}: {why}",
+            c.label,
+            VIEW.dir
+        );
+    }
+    let (layout, is_source) = match src.file {
+        Some((len, read_at)) => match l.identical(c, len, read_at) {
+            Ok(l) => (l, true),
+            Err(l) => (l, false),
+        },
+        None => (l, false),
+    };
+    Ok(Box::new(Safetensors { layout, is_source }))
+}
+
+impl View for Safetensors {
+    fn top_files(&self) -> Vec<(&'static str, Made)> {
+        let file = FileId {
+            kind: 0,
+            tensor: None,
+        };
+        vec![(FILE, Made::Data(file))]
+    }
+
+    fn shown(&self) -> Vec<usize> {
+        self.layout.entries.iter().map(|e| e.tensor).collect()
+    }
+
+    fn data(&self, _c: &Catalog, _f: FileId) -> Option<Composed<'_>> {
+        Some(Composed {
+            header: Cow::Borrowed(&self.layout.header),
+            entries: Cow::Borrowed(&self.layout.entries),
+            size: self.layout.size,
+            is_source: self.is_source,
+        })
+    }
+}
 
 /// safetensors' most header bytes.
 const MAX_HEADER: usize = 100_000_000;
@@ -43,15 +106,6 @@ enum Said {
         data_offsets: [u64; 2],
     },
     Other(serde::de::IgnoredAny),
-}
-
-/// One tensor's place in the file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Entry {
-    /// Offset in the file of its first byte.
-    pub start: u64,
-    pub len: u64,
-    pub tensor: usize,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -2,9 +2,76 @@
 //! for each dense tensor an array of one chunk holding its bytes. Type
 //! names are TensorStore's (zarr's core types plus its extensions).
 
+use std::borrow::Cow;
+
 use serde_json::json;
 
+use super::{FileId, Made, Placed, Registration, Source, View};
 use crate::catalog::{Catalog, DType, Json, Part, Tensor};
+
+pub const VIEW: Registration = Registration {
+    name: "zarr",
+    dir: ".zarr",
+    mirrors: true,
+    path_of: |dir, path| format!("{dir}/{path}"),
+    make,
+};
+
+fn make(_: &Source<'_>) -> Result<Box<dyn View>, String> {
+    Ok(Box::new(Zarr))
+}
+
+/// Kinds of file (`FileId::kind`): a tensor's array's `zarr.json`, a
+/// group's, the top group's.
+const ARRAY: u8 = 0;
+const GROUP: u8 = 1;
+const TOP: u8 = 2;
+
+/// A zarr v3 group for each directory of the tree, holding for each dense
+/// tensor of a type zarr has an array of one chunk: `PATH/zarr.json` and
+/// the chunk (`PATH/c/0/…`), which is the tensor's own bytes.
+struct Zarr;
+
+impl View for Zarr {
+    fn tensor_files(&self, ti: usize, part: &Part, leaf: &str) -> Vec<Placed> {
+        if data_type(part.dtype).is_none() {
+            return Vec::new();
+        }
+        let array = FileId {
+            kind: ARRAY,
+            tensor: Some(ti),
+        };
+        let mut out = vec![Placed {
+            path: vec![leaf.to_string().into(), "zarr.json".into()],
+            what: Made::Text(array),
+        }];
+        if let Some(chunk) = chunk_path(&part.shape) {
+            let mut path = vec![Cow::Owned(leaf.to_string())];
+            path.extend(chunk.into_iter().map(Cow::Borrowed));
+            out.push(Placed {
+                path,
+                what: Made::TensorBytes,
+            });
+        }
+        out
+    }
+
+    fn dir_files(&self, top: bool) -> Vec<(&'static str, Made)> {
+        let kind = if top { TOP } else { GROUP };
+        vec![("zarr.json", Made::Text(FileId { kind, tensor: None }))]
+    }
+
+    fn text(&self, c: &Catalog, f: FileId) -> Vec<u8> {
+        match (f.kind, f.tensor) {
+            (ARRAY, Some(ti)) => c
+                .tensors
+                .get(ti)
+                .and_then(|t| array_json(c, t, t.parts.as_ref().ok()?.first()?))
+                .unwrap_or_default(),
+            (kind, _) => group_json(c, kind == TOP),
+        }
+    }
+}
 
 /// The zarr v3 `data_type` of `d`, where a reader has one.
 pub fn data_type(d: DType) -> Option<&'static str> {

@@ -1,5 +1,6 @@
-//! The views' hidden directories (see `crate::views`): `.npy` and `.zarr`
-//! mirror the tree's paths, `.safetensors` holds one file.
+//! The views' hidden directories (see `crate::views`): a mirroring view's
+//! holds the tree's directories, with the files the view places for each
+//! tensor; another view's holds the files it makes at mount.
 //!
 //! The mirrors are laid out on first use, not at mount: they are most of
 //! a mount's nodes (a zarr array is a directory, its `zarr.json` and its
@@ -10,10 +11,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::{
-    Content, Ino, Node, NodeKind, ROOT, Tree, VIEW_NPY, VIEW_ZARR, enter, find, new_dir, reserve,
-};
-use crate::views::{self, Views, npy, zarr};
+use super::{Content, Ino, Node, NodeKind, ROOT, Tree, enter, find, new_dir, reserve};
+use crate::views::{Made, Placed, VIEWS, View, ViewSet, Views};
 
 /// The mirrors' nodes, once laid out.
 pub(super) struct Mirrors {
@@ -22,7 +21,7 @@ pub(super) struct Mirrors {
     /// The top directories (`Tree::mirror_tops`, in order) with their
     /// entries.
     tops: Vec<(Ino, Node)>,
-    /// `VIEW_NPY` and `VIEW_ZARR` bits of each tensor.
+    /// The mirroring views (bit `id`) that show each tensor.
     pub(super) views: Vec<u8>,
 }
 
@@ -32,42 +31,67 @@ impl Mirrors {
     }
 }
 
+/// The node content of a file view `view` places (`tensor`: the tensor it
+/// was placed for, whose bytes `Made::TensorBytes` are).
+fn content(view: u8, what: Made, tensor: Option<usize>) -> Option<Content> {
+    Some(match what {
+        Made::Text(file) => Content::ViewText { view, file },
+        Made::Data(file) => Content::ViewData { view, file },
+        Made::TensorBytes => Content::Part {
+            tensor: tensor?,
+            part: 0,
+        },
+    })
+}
+
 impl Tree {
     /// Makes the views' top directories before any tensor is placed, so
     /// that tensors of those names are placed elsewhere.
     pub(super) fn reserve_views(&mut self, v: Views) {
-        let tops = [
-            (v.npy, views::NPY_DIR),
-            (v.zarr, views::ZARR_DIR),
-            (v.safetensors, views::SAFETENSORS_DIR),
-        ];
-        for (on, name) in tops {
-            if on {
-                let ino = self.add(ROOT, name.to_string(), new_dir());
-                self.sealed.insert(ino);
-                self.reserved.insert(ino);
-                if name != views::SAFETENSORS_DIR {
-                    self.mirror_tops.push(ino);
-                }
+        for (id, r) in VIEWS.iter().enumerate() {
+            if !v.has(id) {
+                continue;
+            }
+            let ino = self.add(ROOT, r.dir.to_string(), new_dir());
+            self.sealed.insert(ino);
+            self.reserved.insert(ino);
+            if r.mirrors {
+                self.mirror_tops.push((ino, id as u8));
             }
         }
     }
 
-    /// Adds the view files made at mount, once all tensors are placed:
-    /// the safetensors view's one file.
-    pub(super) fn add_view_files(&mut self, v: Views) {
-        if v.safetensors
-            && let Some(dir) = self.child(ROOT, views::SAFETENSORS_DIR)
-        {
-            self.add(
-                dir,
-                views::SAFETENSORS_FILE,
-                NodeKind::File(Content::Safetensors),
-            );
+    /// Gives the tree the views made of its catalog (those whose
+    /// directories [`Tree::build`] made), once every tensor is placed:
+    /// the files of the views that do not mirror the tree are made now.
+    pub fn add_views(&mut self, views: Arc<ViewSet>) {
+        for (id, r, view) in views.made() {
+            if r.mirrors {
+                continue;
+            }
+            let Some(dir) = self.child(ROOT, r.dir) else {
+                continue;
+            };
+            for (name, what) in view.top_files() {
+                if let Some(c) = content(id, what, None) {
+                    self.add(dir, name, NodeKind::File(c));
+                }
+            }
+            for ti in view.shown() {
+                if let Some(p) = self.placements.get_mut(ti) {
+                    p.views |= 1 << id;
+                }
+            }
         }
+        self.views = views;
     }
 
-    /// Lays out the `.npy` and `.zarr` mirrors now, if they are not yet
+    /// The views the tree shows.
+    pub fn views(&self) -> &ViewSet {
+        &self.views
+    }
+
+    /// Lays out the mirroring views' directories now, if they are not yet
     /// (they are on first use otherwise).
     pub fn lay_out_views(&self) {
         if !self.mirror_tops.is_empty() {
@@ -85,19 +109,19 @@ impl Tree {
         self.mirrors.get_or_init(|| self.build_mirrors())
     }
 
-    /// Every view file of the mirrors, in tensor order.
+    /// Every file of the mirrors, in tensor order, and for each tensor in
+    /// the order of `VIEWS`.
     fn build_mirrors(&self) -> Mirrors {
         let c = &*self.catalog;
-        let top_of = |name: &str| {
-            self.child(ROOT, name)
-                .filter(|ino| self.mirror_tops.contains(ino))
-        };
-        let npy_top = top_of(views::NPY_DIR);
-        let zarr_top = top_of(views::ZARR_DIR);
+        let mirrored: Vec<(Ino, u8, &dyn View)> = self
+            .mirror_tops
+            .iter()
+            .filter_map(|&(ino, id)| Some((ino, id, self.views.get(id)?)))
+            .collect();
         let tops = self
             .mirror_tops
             .iter()
-            .filter_map(|&ino| {
+            .filter_map(|&(ino, _)| {
                 let n = self.nodes.get((ino - 1) as usize)?;
                 let node = Node {
                     parent: n.parent,
@@ -118,15 +142,16 @@ impl Tree {
             },
             common: HashSet::new(),
         };
-        if let Some(top) = zarr_top {
-            b.add(
-                top,
-                "zarr.json",
-                NodeKind::File(Content::ZarrGroup { top: true }),
-            );
+        for &(top, id, view) in &mirrored {
+            for (name, what) in view.dir_files(true) {
+                if let Some(content) = content(id, what, None) {
+                    let name = b.common(name);
+                    b.add(top, name, NodeKind::File(content));
+                }
+            }
         }
         let top = c.tensors.iter().filter(|t| !t.name.contains('/')).count();
-        for dir in [npy_top, zarr_top].into_iter().flatten() {
+        for &(dir, ..) in &mirrored {
             b.reserve(dir, top);
         }
         for (ti, t) in c.tensors.iter().enumerate() {
@@ -136,30 +161,34 @@ impl Tree {
                 continue;
             }
             let path = self.path(file);
-            let dtype = parts[0].dtype;
             let comps: Vec<&str> = path.split('/').collect();
             let Some((leaf, dirs)) = comps.split_last() else {
                 continue;
             };
-            if let Some(top) = npy_top
-                && npy::descr(dtype).is_some()
-            {
-                let dir = b.mirror_dirs(top, dirs, false);
-                b.add(
-                    dir,
-                    format!("{leaf}.npy"),
-                    NodeKind::File(Content::Npy { tensor: ti }),
-                );
-                b.m.views[ti] |= VIEW_NPY;
-            }
-            if let Some(top) = zarr_top
-                && zarr::data_type(dtype).is_some()
-            {
-                b.add_zarr_array(top, dirs, leaf, ti, &parts[0].shape, &t.name);
+            for &(top, id, view) in &mirrored {
+                let placed = view.tensor_files(ti, &parts[0], leaf);
+                if placed.is_empty() {
+                    continue;
+                }
+                let at = Mirrored { top, id, view };
+                if let Err(why) = b.place(at, dirs, ti, placed) {
+                    let dir = VIEWS.get(id as usize).map_or("", |r| r.dir);
+                    log::warn!("tensor {:?}: no {dir} view: {why}", t.name);
+                } else {
+                    b.m.views[ti] |= 1 << id;
+                }
             }
         }
         b.m
     }
+}
+
+/// A mirroring view, and its top directory.
+#[derive(Clone, Copy)]
+struct Mirrored<'a> {
+    top: Ino,
+    id: u8,
+    view: &'a dyn View,
 }
 
 /// Lays the mirrors out: their nodes are numbered from `base + 1`, and
@@ -204,51 +233,56 @@ impl Builder {
         find(&self.slot(dir)?.kind, name)
     }
 
-    fn add_zarr_array(
+    /// Places the files `placed` that view `at` shows of tensor `ti`, in
+    /// its directory that mirrors `dirs`; or says why it shows none.
+    fn place(
         &mut self,
-        top: Ino,
+        at: Mirrored<'_>,
         dirs: &[&str],
-        leaf: &str,
         ti: usize,
-        shape: &[u64],
-        name: &str,
-    ) {
-        let group = self.mirror_dirs(top, dirs, true);
-        if self.child(group, leaf).is_some() {
-            log::warn!("tensor {name:?}: no zarr view: {leaf:?} is taken in its zarr group");
-            return;
+        placed: Vec<Placed>,
+    ) -> Result<(), String> {
+        let dir = self.mirror_dirs(at, dirs)?;
+        for p in &placed {
+            if let Some(first) = p.path.first()
+                && self.child(dir, first).is_some()
+            {
+                return Err(format!("{first:?} is taken in its directory there"));
+            }
         }
-        let array = self.add(group, leaf.to_string(), new_dir());
-        self.m.views[ti] |= VIEW_ZARR;
-        let zarr_json = self.common("zarr.json");
-        self.add(
-            array,
-            zarr_json,
-            NodeKind::File(Content::ZarrArray { tensor: ti }),
-        );
-        let Some(chunk) = zarr::chunk_path(shape) else {
-            return;
-        };
-        let Some((file, dirs)) = chunk.split_last() else {
-            return;
-        };
-        let mut at = array;
-        for d in dirs {
-            let d = self.common(d);
-            at = self.add(at, d, new_dir());
+        for Placed { path, what } in placed {
+            // The tensor's own name first, then names the view repeats for
+            // every tensor (shared).
+            let names: Vec<Arc<str>> = path
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    if i == 0 {
+                        Arc::from(&**n)
+                    } else {
+                        self.common(n)
+                    }
+                })
+                .collect();
+            let Some((leaf, walk)) = names.split_last() else {
+                continue;
+            };
+            let mut d = dir;
+            for name in walk {
+                d = match self.child(d, name) {
+                    Some(ino) if self.is_dir(ino) => ino,
+                    Some(_) => break,
+                    None => self.add(d, name.clone(), new_dir()),
+                };
+            }
+            if let Some(c) = content(at.id, what, Some(ti)) {
+                self.add(d, leaf.clone(), NodeKind::File(c));
+            }
         }
-        let file = self.common(file);
-        self.add(
-            at,
-            file,
-            NodeKind::File(Content::Part {
-                tensor: ti,
-                part: 0,
-            }),
-        );
+        Ok(())
     }
 
-    /// One shared copy of a name the views repeat in every array
+    /// One shared copy of a name the views repeat in every tensor's files
     /// (`zarr.json`, the chunk path's `c` and `0`).
     fn common(&mut self, name: &str) -> Arc<str> {
         if let Some(n) = self.common.get(name) {
@@ -259,27 +293,31 @@ impl Builder {
         n
     }
 
-    /// The directory `dirs` under `top`, made where missing; in the zarr
-    /// view each made directory is a group with its `zarr.json`.
-    fn mirror_dirs(&mut self, top: Ino, dirs: &[&str], groups: bool) -> Ino {
-        let mut at = top;
+    fn is_dir(&mut self, ino: Ino) -> bool {
+        self.slot(ino)
+            .is_some_and(|n| matches!(n.kind, NodeKind::Dir { .. }))
+    }
+
+    /// The directory `dirs` under view `at`'s top, made where missing,
+    /// each made one with the view's files of a directory.
+    fn mirror_dirs(&mut self, at: Mirrored<'_>, dirs: &[&str]) -> Result<Ino, String> {
+        let mut ino = at.top;
         for d in dirs {
-            at = match self.child(at, d) {
-                Some(ino) => ino,
+            ino = match self.child(ino, d) {
+                Some(i) if self.is_dir(i) => i,
+                Some(_) => return Err(format!("{d:?} is a file there")),
                 None => {
-                    let ino = self.add(at, d.to_string(), new_dir());
-                    if groups {
-                        let zarr_json = self.common("zarr.json");
-                        self.add(
-                            ino,
-                            zarr_json,
-                            NodeKind::File(Content::ZarrGroup { top: false }),
-                        );
+                    let made = self.add(ino, d.to_string(), new_dir());
+                    for (name, what) in at.view.dir_files(false) {
+                        if let Some(c) = content(at.id, what, None) {
+                            let name = self.common(name);
+                            self.add(made, name, NodeKind::File(c));
+                        }
                     }
-                    ino
+                    made
                 }
             };
         }
-        at
+        Ok(ino)
     }
 }
