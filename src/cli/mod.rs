@@ -223,118 +223,129 @@ pub fn main() -> ExitCode {
     if cli.unmount {
         return mount::unmount(&cli.file, cli.lazy);
     }
-    let mut s = options::Settings::default();
-    let applied = (|| -> Result<(), String> {
-        for o in &cli.options {
-            options::apply_o(&mut s, o)?;
+    let s = match settings(&cli) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ztensor-mount: {e}");
+            return ExitCode::from(2);
         }
-        s.foreground |= cli.foreground;
-        s.allow_other |= cli.allow_other;
-        s.allow_root |= cli.allow_root;
-        s.auto_unmount |= cli.auto_unmount;
-        if cli.direct_io {
-            s.direct_io = true;
-        }
-        if cli.page_cache {
-            s.direct_io = false;
-        }
-        s.verify_raw &= !cli.no_verify_raw;
-        s.passthrough &= !cli.no_passthrough;
-        if let Some(v) = &cli.decoded_cache_size {
-            s.decoded_cache_size = Some(options::parse_size(v)?);
-        }
-        if cli.xattrs {
-            s.xattrs = true;
-        }
-        if cli.no_xattrs {
-            s.xattrs = false;
-        }
-        s.debug |= cli.debug;
-        if let Some(v) = &cli.cache_size {
-            s.cache_size = options::parse_size(v)?;
-        }
-        if let Some(v) = &cli.index_memory {
-            s.index_memory = options::parse_size(v)?;
-        }
-        if let Some(v) = &cli.cache_dir {
-            s.cache_dir = v.clone();
-        }
-        if let Some(v) = &cli.views {
-            s.views = crate::views::Views::parse(v)?;
-        }
-        if let Some(v) = &cli.endpoint {
-            s.remote.endpoint = Some(v.clone());
-        }
-        if let Some(v) = &cli.disk_cache_size {
-            s.remote.disk_cache_size = options::parse_size(v)?;
-        }
-        if let Some(v) = &cli.ca_file {
-            s.remote.ca_file = Some(v.clone());
-        }
-        if let Some(v) = &cli.revision {
-            s.remote.revision = Some(v.clone());
-        }
-        if let Some(v) = cli.threads {
-            s.threads = v;
-        }
-        if cli.uid.is_some() {
-            s.uid = cli.uid;
-        }
-        if cli.gid.is_some() {
-            s.gid = cli.gid;
-        }
-        if cli.log_file.is_some() {
-            s.log_file = cli.log_file.clone();
-        }
-        // Absolute before the daemon leaves the caller's directory.
-        for (key, p) in [
-            ("cache_dir", Some(&mut s.cache_dir)),
-            ("log_file", s.log_file.as_mut()),
-        ] {
-            let Some(p) = p else { continue };
-            if p.as_os_str().is_empty() {
-                return Err(format!("{key} is empty"));
-            }
-            *p = std::path::absolute(&*p).map_err(|e| format!("{key} {}: {e}", p.display()))?;
-        }
-        s.remote.cache_dir = s.cache_dir.clone();
-        // An object a server will not serve by ranges is fetched whole,
-        // within the bound of what is read whole at open.
-        s.remote.whole_max = s.index_memory;
-        if let Some(ca) = s.remote.ca_file.as_mut() {
-            *ca =
-                std::path::absolute(&*ca).map_err(|e| format!("ca_file {}: {e}", ca.display()))?;
-        }
-        if s.allow_other && s.allow_root {
-            return Err("allow_other and allow_root cannot be used together".into());
-        }
-        if s.read_ahead_kb > MAX_READ_AHEAD_KB {
-            return Err(format!(
-                "read_ahead_kb must be at most {MAX_READ_AHEAD_KB} (1 GiB), not {}",
-                s.read_ahead_kb
-            ));
-        }
-        if s.cache_size < 1 << 20 {
-            return Err("cache size must be at least 1M".into());
-        }
-        if !options::THREADS_RANGE.contains(&s.threads) {
-            return Err(format!(
-                "threads must be from {} to {}, not {}",
-                options::THREADS_RANGE.start(),
-                options::THREADS_RANGE.end(),
-                s.threads
-            ));
-        }
-        Ok(())
-    })();
-    if let Err(e) = applied {
-        eprintln!("ztensor-mount: {e}");
-        return ExitCode::from(2);
-    }
+    };
     match &cli.mountpoint {
         Some(m) => mount::run(&cli.file, m, s),
         None => ExitCode::from(2),
     }
+}
+
+/// The mount's settings: the defaults, then each `-o` option in order,
+/// then the flags; checked, with paths made absolute.
+fn settings(cli: &MountCli) -> Result<options::Settings, String> {
+    let mut s = options::Settings::default();
+    for o in &cli.options {
+        options::apply_o(&mut s, o)?;
+    }
+    apply_flags(&mut s, cli)?;
+    // Absolute before the daemon leaves the caller's directory.
+    for (key, p) in [
+        ("cache_dir", Some(&mut s.cache_dir)),
+        ("log_file", s.log_file.as_mut()),
+    ] {
+        let Some(p) = p else { continue };
+        if p.as_os_str().is_empty() {
+            return Err(format!("{key} is empty"));
+        }
+        *p = std::path::absolute(&*p).map_err(|e| format!("{key} {}: {e}", p.display()))?;
+    }
+    s.remote.cache_dir = s.cache_dir.clone();
+    // An object a server will not serve by ranges is fetched whole,
+    // within the bound of what is read whole at open.
+    s.remote.whole_max = s.index_memory;
+    if let Some(ca) = s.remote.ca_file.as_mut() {
+        *ca = std::path::absolute(&*ca).map_err(|e| format!("ca_file {}: {e}", ca.display()))?;
+    }
+    if s.allow_other && s.allow_root {
+        return Err("allow_other and allow_root cannot be used together".into());
+    }
+    if s.read_ahead_kb > MAX_READ_AHEAD_KB {
+        return Err(format!(
+            "read_ahead_kb must be at most {MAX_READ_AHEAD_KB} (1 GiB), not {}",
+            s.read_ahead_kb
+        ));
+    }
+    if s.cache_size < 1 << 20 {
+        return Err("cache size must be at least 1M".into());
+    }
+    if !options::THREADS_RANGE.contains(&s.threads) {
+        return Err(format!(
+            "threads must be from {} to {}, not {}",
+            options::THREADS_RANGE.start(),
+            options::THREADS_RANGE.end(),
+            s.threads
+        ));
+    }
+    Ok(s)
+}
+
+/// The command line's flags, over what the defaults and `-o` gave.
+fn apply_flags(s: &mut options::Settings, cli: &MountCli) -> Result<(), String> {
+    s.foreground |= cli.foreground;
+    s.allow_other |= cli.allow_other;
+    s.allow_root |= cli.allow_root;
+    s.auto_unmount |= cli.auto_unmount;
+    if cli.direct_io {
+        s.direct_io = true;
+    }
+    if cli.page_cache {
+        s.direct_io = false;
+    }
+    s.verify_raw &= !cli.no_verify_raw;
+    s.passthrough &= !cli.no_passthrough;
+    if let Some(v) = &cli.decoded_cache_size {
+        s.decoded_cache_size = Some(options::parse_size(v)?);
+    }
+    if cli.xattrs {
+        s.xattrs = true;
+    }
+    if cli.no_xattrs {
+        s.xattrs = false;
+    }
+    s.debug |= cli.debug;
+    if let Some(v) = &cli.cache_size {
+        s.cache_size = options::parse_size(v)?;
+    }
+    if let Some(v) = &cli.index_memory {
+        s.index_memory = options::parse_size(v)?;
+    }
+    if let Some(v) = &cli.cache_dir {
+        s.cache_dir = v.clone();
+    }
+    if let Some(v) = &cli.views {
+        s.views = crate::views::Views::parse(v)?;
+    }
+    if let Some(v) = &cli.endpoint {
+        s.remote.endpoint = Some(v.clone());
+    }
+    if let Some(v) = &cli.disk_cache_size {
+        s.remote.disk_cache_size = options::parse_size(v)?;
+    }
+    if let Some(v) = &cli.ca_file {
+        s.remote.ca_file = Some(v.clone());
+    }
+    if let Some(v) = &cli.revision {
+        s.remote.revision = Some(v.clone());
+    }
+    if let Some(v) = cli.threads {
+        s.threads = v;
+    }
+    if cli.uid.is_some() {
+        s.uid = cli.uid;
+    }
+    if cli.gid.is_some() {
+        s.gid = cli.gid;
+    }
+    if cli.log_file.is_some() {
+        s.log_file = cli.log_file.clone();
+    }
+    Ok(())
 }
 
 /// How `info` and `cat` fetch a remote FILE: the defaults, with the cache

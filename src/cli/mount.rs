@@ -374,26 +374,14 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
     let sigset = block_exit_signals();
     tune_malloc(opened.sources.iter().flatten().any(|f| f.is_remote()));
     let label = opened.catalog.label.clone();
-    let time = opened
-        .sources
-        .first()
-        .and_then(|f| f.as_ref())
-        .and_then(|f| f.opened().modified().ok())
-        .unwrap_or(std::time::UNIX_EPOCH);
     let count = opened.catalog.len();
-    let started = std::time::Instant::now();
-    let fs = match TensorFs::new(opened.catalog, opened.sources, fs_options(s)) {
-        Ok(fs) => fs,
-        Err(e) => {
-            let msg = format!("{label}: {e}");
+    let (fs, time) = match filesystem(opened, s) {
+        Ok(made) => made,
+        Err(msg) => {
             report(&msg);
             return fail(msg);
         }
     };
-    log::debug!(
-        "{label}: tree and views laid out in {:?}",
-        started.elapsed()
-    );
     // SAFETY: getuid and getgid take nothing, touch no memory of ours and
     // cannot fail.
     let uid = s.uid.unwrap_or_else(|| unsafe { libc::getuid() });
@@ -471,20 +459,36 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
     }
     let run = session.run();
     ended.store(true, Relaxed);
-    match run {
-        Ok(()) => {
-            log::info!("unmounted {}", mountpoint.display());
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            log::error!("session ended: {e}");
-            report(&format!(
-                "cannot serve {label} on {}: {e}",
-                mountpoint.display()
-            ));
-            ExitCode::from(1)
-        }
+    if let Err(e) = run {
+        log::error!("session ended: {e}");
+        report(&format!(
+            "cannot serve {label} on {}: {e}",
+            mountpoint.display()
+        ));
+        return ExitCode::from(1);
     }
+    log::info!("unmounted {}", mountpoint.display());
+    ExitCode::SUCCESS
+}
+
+/// The filesystem of what was opened, and the time its files show (the
+/// source's modification time); or why it cannot be made.
+fn filesystem(opened: Opened, s: &Settings) -> Result<(TensorFs, std::time::SystemTime), String> {
+    let label = opened.catalog.label.clone();
+    let time = opened
+        .sources
+        .first()
+        .and_then(|f| f.as_ref())
+        .and_then(|f| f.opened().modified().ok())
+        .unwrap_or(std::time::UNIX_EPOCH);
+    let started = std::time::Instant::now();
+    let fs = TensorFs::new(opened.catalog, opened.sources, fs_options(s))
+        .map_err(|e| format!("{label}: {e}"))?;
+    log::debug!(
+        "{label}: tree and views laid out in {:?}",
+        started.elapsed()
+    );
+    Ok((fs, time))
 }
 
 /// Sets malloc for the daemon's allocations. Decoded frames are large and

@@ -227,159 +227,11 @@ fn check_store(
 
 /// The catalog of what the crate read from `src`.
 fn project(src: &MappedFile, source: Arc<Source>) -> Result<Catalog> {
-    let remote = src.is_remote();
     let mut blobs = Vec::new();
-    let mut tensors = Vec::with_capacity(source.len());
-    for t in source.tensors() {
-        let name = t.name().to_string();
-        let entry_attrs = t.attributes().map(cbor_json::from_ztensor);
-        let mut meta = JsonMap::new();
-        let mut parts = Ok(Vec::new());
-        let mut first: Option<(ZDType, Option<String>)> = None;
-        let part_names: Vec<&str> = t.parts().collect();
-        let directory = part_names.len() != 1;
-        for pname in &part_names {
-            let p = match t.part(pname) {
-                Ok(p) => p,
-                Err(e) => {
-                    parts = Err(e.to_string());
-                    break;
-                }
-            };
-            let logical = p.logical().map(str::to_string);
-            first.get_or_insert((p.dtype(), logical.clone()));
-            let (dtype, note) = our_dtype(p.dtype(), logical.as_deref());
-            // A part of several, or the stored blocks of a quantized
-            // tensor (its logical shape is the tensor's): a flat file.
-            let shape = if directory || t.layout() != "dense" {
-                vec![p.nbytes() / dtype.size().max(1)]
-            } else {
-                t.shape().to_vec()
-            };
-            let (shape, packed_odd) = super::common::packed_shape(dtype, shape, p.nbytes());
-            let label = if directory {
-                format!("tensor {name:?} part {pname:?}")
-            } else {
-                format!("tensor {name:?}")
-            };
-            let mut checks = Vec::new();
-            if dtype == DType::Bool {
-                checks.push(Check::BoolBytes);
-            }
-            if packed_odd {
-                checks.push(Check::ZeroLastNibble);
-            }
-            let mut pmeta = JsonMap::new();
-            if let Some(n) = note {
-                pmeta.insert("dtype_note".into(), n.into());
-            }
-            let blob = match p.payload() {
-                Payload::At(at) => {
-                    let inside = at
-                        .offset
-                        .checked_add(at.len)
-                        .is_some_and(|e| e <= src.len());
-                    if !inside {
-                        parts = Err(format!(
-                            "bytes {}+{} lie outside the file ({} bytes)",
-                            at.offset,
-                            at.len,
-                            src.len()
-                        ));
-                        break;
-                    }
-                    pmeta.insert("offset".into(), at.offset.into());
-                    pmeta.insert("size".into(), at.len.into());
-                    Blob {
-                        source: 0,
-                        offset: at.offset,
-                        len: at.len,
-                        codec: Codec::Raw,
-                        decoded_len: at.len,
-                        checks,
-                        label,
-                    }
-                }
-                Payload::Opaque { .. } if remote => {
-                    // The crate makes such bytes reading the file where it
-                    // pleases; over a URL those blocks may not be fetched
-                    // yet, and would read as zeros. (GGUF's writers store
-                    // every tensor as a plain range: this is defence.)
-                    parts = Err("made by ztensor-compat's reader from wherever it reads \
-                                 in the file, which over a URL may be bytes not fetched \
-                                 yet: not served; mount a local copy"
-                        .into());
-                    break;
-                }
-                Payload::Opaque { decoded_len, .. } => {
-                    if *decoded_len > MAX_COMPUTED {
-                        parts = Err(format!(
-                            "its {decoded_len} bytes can only be made whole, and that is over \
-                             the {MAX_COMPUTED}-byte limit"
-                        ));
-                        break;
-                    }
-                    Blob {
-                        source: 0,
-                        offset: 0,
-                        len: 0,
-                        codec: Codec::Computed(producer(&source, &name, pname, *decoded_len)),
-                        decoded_len: *decoded_len,
-                        checks,
-                        label,
-                    }
-                }
-                Payload::Encoded { encoding, .. } => {
-                    parts = Err(format!("stored under encoding {encoding:?}, not read here"));
-                    break;
-                }
-            };
-            let mut part = Part::dense(dtype, shape, p.nbytes(), blobs.len(), Endian::Little);
-            part.name = if directory {
-                (*pname).to_string()
-            } else {
-                String::new()
-            };
-            part.meta = pmeta.into();
-            blobs.push(blob);
-            if let Ok(ps) = &mut parts {
-                ps.push(part);
-            }
-        }
-        // A plain file shows its part's fields with the tensor's.
-        if let Ok(ps) = &mut parts
-            && !directory
-            && let Some(p) = ps.first_mut()
-        {
-            meta.extend(std::mem::take(&mut p.meta).to_map());
-        }
-        let (zd, logical) = first.unwrap_or((ZDType::U8, None));
-        let layout = t.layout().to_string();
-        let dtype_name = format_dtype(&layout, zd, logical.as_deref());
-        gguf_meta(
-            &mut meta,
-            &layout,
-            &dtype_name,
-            t.shape(),
-            entry_attrs.as_ref(),
-        );
-        if let Some(l) = &logical {
-            meta.insert("logical_type".into(), l.clone().into());
-        }
-        tensors.push(Tensor {
-            name,
-            dtype: dtype_name,
-            shape: t.shape().to_vec(),
-            layout,
-            encoding: match &parts {
-                Ok(ps) if ps.iter().any(|p| is_computed(&blobs, p.blob)) => "computed".into(),
-                _ => "raw".into(),
-            },
-            directory,
-            parts,
-            meta: meta.into(),
-        });
-    }
+    let tensors = source
+        .tensors()
+        .map(|t| tensor_of(src, &source, &t, &mut blobs))
+        .collect();
     let attributes = match source.attributes().map(cbor_json::from_ztensor) {
         Some(Json::Object(m)) => m,
         Some(other) => JsonMap::from_iter([("attributes".to_string(), other)]),
@@ -391,6 +243,180 @@ fn project(src: &MappedFile, source: Arc<Source>) -> Result<Catalog> {
         attributes,
         ..Catalog::of_file(NAME, src.label(), src.path())
     })
+}
+
+/// The catalog's tensor for the crate's `t`, its parts' blobs added to
+/// `blobs`.
+fn tensor_of(
+    src: &MappedFile,
+    source: &Arc<Source>,
+    t: &ztensor2::Tensor<'_>,
+    blobs: &mut Vec<Blob>,
+) -> Tensor {
+    let name = t.name().to_string();
+    let entry_attrs = t.attributes().map(cbor_json::from_ztensor);
+    let mut meta = JsonMap::new();
+    let mut parts = Ok(Vec::new());
+    let mut first: Option<(ZDType, Option<String>)> = None;
+    let part_names: Vec<&str> = t.parts().collect();
+    let directory = part_names.len() != 1;
+    for pname in &part_names {
+        let made = t.part(pname).map_err(|e| e.to_string()).and_then(|p| {
+            let logical = p.logical().map(str::to_string);
+            first.get_or_insert((p.dtype(), logical.clone()));
+            part_of(src, source, t, &p, pname, directory, logical.as_deref())
+        });
+        match (made, &mut parts) {
+            (Ok((part, blob)), Ok(ps)) => {
+                let mut part = part;
+                part.blob = blobs.len();
+                blobs.push(blob);
+                ps.push(part);
+            }
+            (Err(why), _) => {
+                parts = Err(why);
+                break;
+            }
+            (Ok(_), Err(_)) => {}
+        }
+    }
+    // A plain file shows its part's fields with the tensor's.
+    if let Ok(ps) = &mut parts
+        && !directory
+        && let Some(p) = ps.first_mut()
+    {
+        meta.extend(std::mem::take(&mut p.meta).to_map());
+    }
+    let (zd, logical) = first.unwrap_or((ZDType::U8, None));
+    let layout = t.layout().to_string();
+    let dtype_name = format_dtype(&layout, zd, logical.as_deref());
+    gguf_meta(
+        &mut meta,
+        &layout,
+        &dtype_name,
+        t.shape(),
+        entry_attrs.as_ref(),
+    );
+    if let Some(l) = &logical {
+        meta.insert("logical_type".into(), l.clone().into());
+    }
+    Tensor {
+        name,
+        dtype: dtype_name,
+        shape: t.shape().to_vec(),
+        layout,
+        encoding: match &parts {
+            Ok(ps) if ps.iter().any(|p| is_computed(blobs, p.blob)) => "computed".into(),
+            _ => "raw".into(),
+        },
+        directory,
+        parts,
+        meta: meta.into(),
+    }
+}
+
+/// Part `pname` of the crate's tensor `t` and its blob (the part's `blob`
+/// is set by the caller), or why it cannot be served.
+fn part_of(
+    src: &MappedFile,
+    source: &Arc<Source>,
+    t: &ztensor2::Tensor<'_>,
+    p: &ztensor2::Part<'_>,
+    pname: &str,
+    directory: bool,
+    logical: Option<&str>,
+) -> std::result::Result<(Part, Blob), String> {
+    let name = t.name();
+    let (dtype, note) = our_dtype(p.dtype(), logical);
+    // A part of several, or the stored blocks of a quantized tensor (its
+    // logical shape is the tensor's): a flat file.
+    let shape = if directory || t.layout() != "dense" {
+        vec![p.nbytes() / dtype.size().max(1)]
+    } else {
+        t.shape().to_vec()
+    };
+    let (shape, packed_odd) = super::common::packed_shape(dtype, shape, p.nbytes());
+    let label = if directory {
+        format!("tensor {name:?} part {pname:?}")
+    } else {
+        format!("tensor {name:?}")
+    };
+    let mut checks = Vec::new();
+    if dtype == DType::Bool {
+        checks.push(Check::BoolBytes);
+    }
+    if packed_odd {
+        checks.push(Check::ZeroLastNibble);
+    }
+    let mut pmeta = JsonMap::new();
+    if let Some(n) = note {
+        pmeta.insert("dtype_note".into(), n.into());
+    }
+    let blob = match p.payload() {
+        Payload::At(at) => {
+            let inside = at
+                .offset
+                .checked_add(at.len)
+                .is_some_and(|e| e <= src.len());
+            if !inside {
+                return Err(format!(
+                    "bytes {}+{} lie outside the file ({} bytes)",
+                    at.offset,
+                    at.len,
+                    src.len()
+                ));
+            }
+            pmeta.insert("offset".into(), at.offset.into());
+            pmeta.insert("size".into(), at.len.into());
+            Blob {
+                source: 0,
+                offset: at.offset,
+                len: at.len,
+                codec: Codec::Raw,
+                decoded_len: at.len,
+                checks,
+                label,
+            }
+        }
+        Payload::Opaque { .. } if src.is_remote() => {
+            // The crate makes such bytes reading the file where it pleases;
+            // over a URL those blocks may not be fetched yet, and would read
+            // as zeros. (GGUF's writers store every tensor as a plain range:
+            // this is defence.)
+            return Err("made by ztensor-compat's reader from wherever it reads \
+                        in the file, which over a URL may be bytes not fetched \
+                        yet: not served; mount a local copy"
+                .into());
+        }
+        Payload::Opaque { decoded_len, .. } => {
+            if *decoded_len > MAX_COMPUTED {
+                return Err(format!(
+                    "its {decoded_len} bytes can only be made whole, and that is over \
+                     the {MAX_COMPUTED}-byte limit"
+                ));
+            }
+            Blob {
+                source: 0,
+                offset: 0,
+                len: 0,
+                codec: Codec::Computed(producer(source, name, pname, *decoded_len)),
+                decoded_len: *decoded_len,
+                checks,
+                label,
+            }
+        }
+        Payload::Encoded { encoding, .. } => {
+            return Err(format!("stored under encoding {encoding:?}, not read here"));
+        }
+    };
+    let mut part = Part::dense(dtype, shape, p.nbytes(), 0, Endian::Little);
+    part.name = if directory {
+        pname.to_string()
+    } else {
+        String::new()
+    };
+    part.meta = pmeta.into();
+    Ok((part, blob))
 }
 
 fn is_computed(blobs: &[Blob], b: usize) -> bool {

@@ -587,25 +587,7 @@ impl<'s> Reader<'s> {
                 format!("holds {have} bytes in {where} but {tname} of dims {dims:?} is {want}"),
             )
         };
-        let typed: Vec<&str> = (0..6)
-            .filter(|&i| t.typed[i] > 0)
-            .map(|i| TYPED_NAMES[i])
-            .collect();
-        let places = usize::from(t.raw.is_some()) + usize::from(t.external) + typed.len().min(1);
-        if places > 1 || typed.len() > 1 {
-            let mut all: Vec<&str> = typed.clone();
-            if t.raw.is_some() {
-                all.insert(0, "raw_data");
-            }
-            if t.external {
-                all.insert(0, "external data");
-            }
-            return Err(self.bad_tensor(
-                name,
-                ErrorKind::Field,
-                format!("its data is in more than one place ({})", all.join(", ")),
-            ));
-        }
+        let typed = self.one_place(name, t)?;
         if t.external {
             return self.external(name, t, want, meta).map(|b| (b, "raw"));
         }
@@ -615,34 +597,12 @@ impl<'s> Reader<'s> {
             }
             meta.insert("offset".into(), at.into());
             meta.insert("size".into(), want.into());
-            return Ok((
-                Blob {
-                    source: 0,
-                    offset: at,
-                    len: want,
-                    codec: Codec::Raw,
-                    decoded_len: want,
-                    checks: Vec::new(),
-                    label: String::new(),
-                },
-                "raw",
-            ));
+            return Ok((raw_blob(at, want), "raw"));
         }
         // The typed field of this type (or none at all: no data).
         let have = t.typed[field];
         if typed.is_empty() && want == 0 {
-            return Ok((
-                Blob {
-                    source: 0,
-                    offset: 0,
-                    len: 0,
-                    codec: Codec::Raw,
-                    decoded_len: 0,
-                    checks: Vec::new(),
-                    label: String::new(),
-                },
-                "raw",
-            ));
+            return Ok((raw_blob(0, 0), "raw"));
         }
         if let Some(other) = typed.first().filter(|&&f| f != TYPED_NAMES[field]) {
             return Err(self.bad_tensor(
@@ -681,6 +641,32 @@ impl<'s> Reader<'s> {
                 label: String::new(),
             },
             "computed",
+        ))
+    }
+
+    /// The typed fields that hold tensor `t`'s data (at most one), once
+    /// its data is in one place only: one typed field, `raw_data` or
+    /// external data.
+    fn one_place(&self, name: &str, t: &Proto) -> Result<Vec<&'static str>> {
+        let typed: Vec<&'static str> = (0..6)
+            .filter(|&i| t.typed[i] > 0)
+            .map(|i| TYPED_NAMES[i])
+            .collect();
+        let places = usize::from(t.raw.is_some()) + usize::from(t.external) + typed.len().min(1);
+        if places <= 1 && typed.len() <= 1 {
+            return Ok(typed);
+        }
+        let mut all = typed;
+        if t.raw.is_some() {
+            all.insert(0, "raw_data");
+        }
+        if t.external {
+            all.insert(0, "external data");
+        }
+        Err(self.bad_tensor(
+            name,
+            ErrorKind::Field,
+            format!("its data is in more than one place ({})", all.join(", ")),
         ))
     }
 
@@ -844,6 +830,19 @@ fn converter(
             }
             Ok(())
         }),
+    }
+}
+
+/// A blob of `len` bytes stored as they are, at `offset` of the model.
+fn raw_blob(offset: u64, len: u64) -> Blob {
+    Blob {
+        source: 0,
+        offset,
+        len,
+        codec: Codec::Raw,
+        decoded_len: len,
+        checks: Vec::new(),
+        label: String::new(),
     }
 }
 

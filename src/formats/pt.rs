@@ -76,52 +76,18 @@ pub fn open(src: MappedFile, limits: Limits) -> Result<Opened> {
     })
 }
 
+/// Where each storage's bytes are: (start, length) in the file, or why
+/// they cannot be served.
+type Storages = HashMap<String, std::result::Result<(u64, u64), String>>;
+
 fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
     let label = src.label().to_string();
     let bad = |msg: String| Error::new(ErrorKind::Index, &label, None, msg);
     let mut zip = zip::ZipArchive::new(std::io::Cursor::new(src.bytes()))
         .map_err(|e| bad(format!("not a readable zip archive: {e}")))?;
-    let pickles: Vec<String> = zip
-        .file_names()
-        .filter(|n| {
-            *n == "data.pkl"
-                || n.strip_suffix("/data.pkl")
-                    .is_some_and(|r| !r.contains('/'))
-        })
-        .map(str::to_string)
-        .collect();
-    let pkl = match pickles.as_slice() {
-        [one] => one.clone(),
-        [] => {
-            return Err(bad(
-                "no data.pkl in the archive: not a torch.save file".into()
-            ));
-        }
-        many => {
-            return Err(bad(format!(
-                "{} data.pkl entries in the archive ({}): which one was saved is unclear",
-                many.len(),
-                many.join(", ")
-            )));
-        }
-    };
+    let pkl = the_pickle(&zip).map_err(bad)?;
     let root = pkl.strip_suffix("data.pkl").unwrap_or_default().to_string();
-
-    // Storages are the machine's byte order; torch says which it was.
-    if let Some(i) = zip.index_for_name(&format!("{root}byteorder")) {
-        let order = read_member(&mut zip, i, 16).map_err(|e| bad(format!("byteorder: {e}")))?;
-        if order.trim_ascii() != b"little" {
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                &label,
-                None,
-                format!(
-                    "saved on a {:?}-endian machine: only little-endian .pt files are read",
-                    String::from_utf8_lossy(order.trim_ascii())
-                ),
-            ));
-        }
-    }
+    little_endian(&mut zip, &root, &label)?;
 
     let i = zip
         .index_for_name(&pkl)
@@ -137,63 +103,16 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
     if found.is_empty() {
         return Err(bad(format!("{pkl}: no tensors in the saved object")));
     }
-    let mut seen = HashSet::new();
-    for (name, _) in &found {
-        // No file system path holds one; other formats refuse it too.
-        if name.contains('\0') {
-            return Err(Error::new(
-                ErrorKind::Index,
-                &label,
-                Some(name),
-                "a tensor name with a NUL byte",
-            ));
-        }
-        if !seen.insert(name.as_str()) {
-            return Err(Error::new(
-                ErrorKind::Duplicate,
-                &label,
-                Some(name),
-                "two tensors of the saved object have this name",
-            ));
-        }
-    }
+    check_names(&found, &label)?;
 
-    // Where each storage's bytes are, or why they cannot be served.
-    let mut storages: HashMap<String, std::result::Result<(u64, u64), String>> = HashMap::new();
+    let mut storages = Storages::new();
     for (_, t) in &found {
         let Ok(t) = t else { continue };
         let key = &vm.storages[t.storage].key;
-        if storages.contains_key(key) {
-            continue;
+        if !storages.contains_key(key) {
+            let at = storage_at(&mut zip, src, &format!("{root}data/{key}"));
+            storages.insert(key.clone(), at);
         }
-        let member = format!("{root}data/{key}");
-        let at = match zip.index_for_name(&member) {
-            None => Err(format!("its storage {member:?} is not in the archive")),
-            Some(i) => match zip.by_index_raw(i) {
-                Err(e) => Err(format!("its storage {member:?}: {e}")),
-                Ok(f) if f.compression() != zip::CompressionMethod::Stored => Err(format!(
-                    "its storage {member:?} is compressed ({}); torch stores storages \
-                     uncompressed and only those are read",
-                    f.compression()
-                )),
-                Ok(f) => match check_local(src.bytes(), f.header_start(), f.name_raw()) {
-                    Err(why) => Err(format!(
-                        "its storage {member:?}: the archive's directory points at {why}"
-                    )),
-                    Ok(()) => {
-                        let (start, len) = (f.data_start(), f.size());
-                        if start.checked_add(len).is_some_and(|e| e <= src.len()) {
-                            Ok((start, len))
-                        } else {
-                            Err(format!(
-                                "its storage {member:?} lies past the end of the file"
-                            ))
-                        }
-                    }
-                },
-            },
-        };
-        storages.insert(key.clone(), at);
     }
 
     let mut catalog = Catalog {
@@ -204,52 +123,169 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
         ..Catalog::of_file("PyTorch .pt", &label, src.path())
     };
     for (name, t) in found {
-        let t = match t {
-            Ok(t) => t,
-            Err(why) => {
-                // Rebuilt by torch's function from arguments not read
-                // here: listed with the reason rather than left out.
-                catalog.tensors.push(Tensor {
-                    name,
-                    dtype: "unknown".into(),
-                    shape: Vec::new(),
-                    layout: "dense".into(),
-                    encoding: "raw".into(),
-                    directory: false,
-                    parts: Err(why),
-                    meta: crate::catalog::Meta::default(),
-                });
-                continue;
-            }
-        };
-        let storage = &vm.storages[t.storage];
-        let mut meta = JsonMap::new();
-        meta.insert("storage".into(), storage.key.clone().into());
-        meta.insert("storage_offset".into(), t.offset.into());
-        meta.insert("stride".into(), t.stride.clone().into());
-        let dtype_name = format!("torch.{}", t.dtype);
-        let parts = match storages.get(&storage.key) {
-            Some(Ok(at)) => place(src, &mut catalog.blobs, &name, &t, *at, &mut meta),
-            Some(Err(why)) => Err(why.clone()),
-            None => Err("its storage was not looked up".into()),
-        };
-        catalog.tensors.push(Tensor {
-            name,
-            dtype: dtype_name,
-            shape: t.shape,
-            layout: "dense".into(),
-            encoding: match &parts {
-                Ok(ps) if ps.iter().any(|p| is_computed(&catalog.blobs, p.blob)) => {
-                    "computed".into()
-                }
-                _ => "raw".into(),
+        let tensor = match t {
+            Ok(t) => tensor_of(src, &mut catalog.blobs, name, t, &vm.storages, &storages),
+            // Rebuilt by torch's function from arguments not read here:
+            // listed with the reason rather than left out.
+            Err(why) => Tensor {
+                name,
+                dtype: "unknown".into(),
+                shape: Vec::new(),
+                layout: "dense".into(),
+                encoding: "raw".into(),
+                directory: false,
+                parts: Err(why),
+                meta: crate::catalog::Meta::default(),
             },
-            directory: false,
-            parts,
-            meta: meta.into(),
-        });
+        };
+        catalog.tensors.push(tensor);
     }
     Ok(catalog)
+}
+
+/// The archive's `data.pkl`: at the top, or in one top folder, and only
+/// one; or why there is none to read.
+fn the_pickle(
+    zip: &zip::ZipArchive<std::io::Cursor<&[u8]>>,
+) -> std::result::Result<String, String> {
+    let pickles: Vec<String> = zip
+        .file_names()
+        .filter(|n| {
+            *n == "data.pkl"
+                || n.strip_suffix("/data.pkl")
+                    .is_some_and(|r| !r.contains('/'))
+        })
+        .map(str::to_string)
+        .collect();
+    match pickles.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => Err("no data.pkl in the archive: not a torch.save file".into()),
+        many => Err(format!(
+            "{} data.pkl entries in the archive ({}): which one was saved is unclear",
+            many.len(),
+            many.join(", ")
+        )),
+    }
+}
+
+/// Refuses an archive saved on a big-endian machine: storages are the
+/// machine's byte order, and torch says which it was (`root`byteorder).
+fn little_endian(
+    zip: &mut zip::ZipArchive<std::io::Cursor<&[u8]>>,
+    root: &str,
+    label: &str,
+) -> Result<()> {
+    let Some(i) = zip.index_for_name(&format!("{root}byteorder")) else {
+        return Ok(());
+    };
+    let order = read_member(zip, i, 16)
+        .map_err(|e| Error::new(ErrorKind::Index, label, None, format!("byteorder: {e}")))?;
+    if order.trim_ascii() == b"little" {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::Unsupported,
+        label,
+        None,
+        format!(
+            "saved on a {:?}-endian machine: only little-endian .pt files are read",
+            String::from_utf8_lossy(order.trim_ascii())
+        ),
+    ))
+}
+
+/// Refuses names no path can hold (a NUL byte) and a name saved twice.
+fn check_names(found: &[(String, VmResult<TensorRef>)], label: &str) -> Result<()> {
+    let mut seen = HashSet::new();
+    for (name, _) in found {
+        // No file system path holds one; other formats refuse it too.
+        if name.contains('\0') {
+            return Err(Error::new(
+                ErrorKind::Index,
+                label,
+                Some(name),
+                "a tensor name with a NUL byte",
+            ));
+        }
+        if !seen.insert(name.as_str()) {
+            return Err(Error::new(
+                ErrorKind::Duplicate,
+                label,
+                Some(name),
+                "two tensors of the saved object have this name",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Where storage member `member`'s bytes are in the file, or why they
+/// cannot be served.
+fn storage_at(
+    zip: &mut zip::ZipArchive<std::io::Cursor<&[u8]>>,
+    src: &MappedFile,
+    member: &str,
+) -> std::result::Result<(u64, u64), String> {
+    let i = zip
+        .index_for_name(member)
+        .ok_or_else(|| format!("its storage {member:?} is not in the archive"))?;
+    let f = zip
+        .by_index_raw(i)
+        .map_err(|e| format!("its storage {member:?}: {e}"))?;
+    if f.compression() != zip::CompressionMethod::Stored {
+        return Err(format!(
+            "its storage {member:?} is compressed ({}); torch stores storages \
+             uncompressed and only those are read",
+            f.compression()
+        ));
+    }
+    check_local(src.bytes(), f.header_start(), f.name_raw()).map_err(|why| {
+        format!("its storage {member:?}: the archive's directory points at {why}")
+    })?;
+    let (start, len) = (f.data_start(), f.size());
+    if start.checked_add(len).is_some_and(|e| e <= src.len()) {
+        Ok((start, len))
+    } else {
+        Err(format!(
+            "its storage {member:?} lies past the end of the file"
+        ))
+    }
+}
+
+/// The catalog's tensor `name`, rebuilt as `t` describes, its blobs added
+/// to `blobs`.
+fn tensor_of(
+    src: &MappedFile,
+    blobs: &mut Vec<Blob>,
+    name: String,
+    t: TensorRef,
+    refs: &[StorageRef],
+    storages: &Storages,
+) -> Tensor {
+    let storage = &refs[t.storage];
+    let mut meta = JsonMap::new();
+    meta.insert("storage".into(), storage.key.clone().into());
+    meta.insert("storage_offset".into(), t.offset.into());
+    meta.insert("stride".into(), t.stride.clone().into());
+    let dtype_name = format!("torch.{}", t.dtype);
+    let parts = match storages.get(&storage.key) {
+        Some(Ok(at)) => place(src, blobs, &name, &t, *at, &mut meta),
+        Some(Err(why)) => Err(why.clone()),
+        None => Err("its storage was not looked up".into()),
+    };
+    Tensor {
+        name,
+        dtype: dtype_name,
+        shape: t.shape,
+        layout: "dense".into(),
+        encoding: match &parts {
+            Ok(ps) if ps.iter().any(|p| is_computed(blobs, p.blob)) => "computed".into(),
+            _ => "raw".into(),
+        },
+        directory: false,
+        parts,
+        meta: meta.into(),
+    }
 }
 
 /// Whether the zip local file header at `at` is that of member `name`:

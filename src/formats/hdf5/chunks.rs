@@ -441,38 +441,15 @@ impl Entries<'_> {
 /// libhdf5's defaults) are not read.
 fn extensible_array(f: &H5, addr: u64, g: &Grid, filtered: bool, out: &mut Vec<Chunk>) -> Res<()> {
     let (o, l) = (f.o, f.l);
-    let head_len = 12 + 6 * l + o + 4;
-    let head = f.slice(addr, head_len as u64, "extensible array header")?;
-    sum_ok(head, "extensible array header")?;
-    let mut c = Cur::new(head, o, l);
-    c.tag(b"EAHD", "extensible array header")?;
-    c.skip(1, "extensible array header")?;
-    let client = c.u8("extensible array header")?;
-    let entry = u64::from(c.u8("extensible array header")?);
-    let max_bits = u32::from(c.u8("extensible array header")?);
-    let idx_elmts = u64::from(c.u8("extensible array header")?);
-    let dmin = u64::from(c.u8("extensible array header")?);
-    let smin = u64::from(c.u8("extensible array header")?);
-    let page_bits = u32::from(c.u8("extensible array header")?);
-    for _ in 0..6 {
-        c.len("extensible array header")?;
-    }
-    let iblock = c.addr("extensible array header")?;
-    let want_entry = if filtered { o as u64 + 5 } else { o as u64 };
-    let ok = client == u8::from(filtered)
-        && (want_entry..=o as u64 + 12).contains(&entry)
-        && dmin.is_power_of_two()
-        && smin.is_power_of_two()
-        && (1..=64).contains(&max_bits)
-        && dmin.ilog2() <= max_bits
-        && page_bits <= 32;
-    if !ok {
-        return Err(format!(
-            "extensible array header at {addr:#x} is not one this reader can follow (client \
-             {client}, entry {entry} bytes, {max_bits} bits, blocks from {dmin}, super blocks \
-             from {smin}, pages of 2^{page_bits})"
-        ));
-    }
+    let EaHeader {
+        entry,
+        max_bits,
+        idx_elmts,
+        dmin,
+        smin,
+        page_bits,
+        iblock,
+    } = ea_header(f, addr, filtered)?;
     let n = g.max_ncells()?;
     if f.undefined(iblock) || n == 0 {
         return Ok(());
@@ -538,16 +515,8 @@ fn extensible_array(f: &H5, addr: u64, g: &Grid, filtered: bool, out: &mut Vec<C
             if f.undefined(sa) {
                 vec![ctx.undef; nd as usize]
             } else {
-                let len = 6 + o as u64 + off_size as u64 + nd * o as u64 + 4;
-                let sb = f.slice(sa, len, "extensible array super block")?;
-                sum_ok(sb, "extensible array super block")?;
+                let sb = ea_block(f, sa, addr, off_size, nd * o as u64, b"EASB")?;
                 let mut c = Cur::new(sb, o, l);
-                c.tag(b"EASB", "extensible array super block")?;
-                c.skip(2, "extensible array super block")?;
-                if c.addr("extensible array super block")? != addr {
-                    return Err("an extensible array super block names another header".into());
-                }
-                c.skip(off_size, "extensible array super block")?;
                 (0..nd)
                     .map(|_| c.addr("extensible array super block"))
                     .collect::<Res<_>>()?
@@ -561,17 +530,7 @@ fn extensible_array(f: &H5, addr: u64, g: &Grid, filtered: bool, out: &mut Vec<C
             if da == ctx.undef {
                 continue;
             }
-            let len = 6 + o as u64 + off_size as u64 + ne * entry + 4;
-            let db = f.slice(da, len, "extensible array data block")?;
-            sum_ok(db, "extensible array data block")?;
-            let mut c = Cur::new(db, o, l);
-            c.tag(b"EADB", "extensible array data block")?;
-            c.skip(2, "extensible array data block")?;
-            if c.addr("extensible array data block")? != addr {
-                return Err("an extensible array data block names another header".into());
-            }
-            c.skip(off_size, "extensible array data block")?;
-            let run = c.bytes((ne * entry) as usize, "extensible array data block")?;
+            let run = ea_block(f, da, addr, off_size, ne * entry, b"EADB")?;
             ctx.read(run, at, ne.min(n - at), out)?;
         }
         start = start.saturating_add(nd.saturating_mul(ne));
@@ -579,6 +538,105 @@ fn extensible_array(f: &H5, addr: u64, g: &Grid, filtered: bool, out: &mut Vec<C
         u += 1;
     }
     Ok(())
+}
+
+/// The fields of an extensible array's header that its blocks need.
+struct EaHeader {
+    /// Bytes of one entry (a chunk's address, and for filtered chunks its
+    /// size and filter mask).
+    entry: u64,
+    /// Bits of the largest index.
+    max_bits: u32,
+    /// Entries in the index block itself.
+    idx_elmts: u64,
+    /// Entries of the smallest data block, and data blocks of the smallest
+    /// super block (powers of two).
+    dmin: u64,
+    smin: u64,
+    /// Entries of a data block page, as a power of two.
+    page_bits: u32,
+    /// The index block's address.
+    iblock: u64,
+}
+
+/// The extensible array header at `addr` (see [`extensible_array`]), once
+/// its checksum holds and its fields are ones this reader follows.
+fn ea_header(f: &H5, addr: u64, filtered: bool) -> Res<EaHeader> {
+    let (o, l) = (f.o, f.l);
+    let head_len = 12 + 6 * l + o + 4;
+    let head = f.slice(addr, head_len as u64, "extensible array header")?;
+    sum_ok(head, "extensible array header")?;
+    let mut c = Cur::new(head, o, l);
+    c.tag(b"EAHD", "extensible array header")?;
+    c.skip(1, "extensible array header")?;
+    let client = c.u8("extensible array header")?;
+    let entry = u64::from(c.u8("extensible array header")?);
+    let max_bits = u32::from(c.u8("extensible array header")?);
+    let idx_elmts = u64::from(c.u8("extensible array header")?);
+    let dmin = u64::from(c.u8("extensible array header")?);
+    let smin = u64::from(c.u8("extensible array header")?);
+    let page_bits = u32::from(c.u8("extensible array header")?);
+    for _ in 0..6 {
+        c.len("extensible array header")?;
+    }
+    let iblock = c.addr("extensible array header")?;
+    let want_entry = if filtered { o as u64 + 5 } else { o as u64 };
+    let ok = client == u8::from(filtered)
+        && (want_entry..=o as u64 + 12).contains(&entry)
+        && dmin.is_power_of_two()
+        && smin.is_power_of_two()
+        && (1..=64).contains(&max_bits)
+        && dmin.ilog2() <= max_bits
+        && page_bits <= 32;
+    if !ok {
+        return Err(format!(
+            "extensible array header at {addr:#x} is not one this reader can follow (client \
+             {client}, entry {entry} bytes, {max_bits} bits, blocks from {dmin}, super blocks \
+             from {smin}, pages of 2^{page_bits})"
+        ));
+    }
+    Ok(EaHeader {
+        entry,
+        max_bits,
+        idx_elmts,
+        dmin,
+        smin,
+        page_bits,
+        iblock,
+    })
+}
+
+/// The body (`body` bytes) of an extensible array's super block
+/// (`EASB`) or data block (`EADB`) at `at`, once its checksum, signature
+/// and header address (`header`) are checked: what follows the block's
+/// offset field (`off_size` bytes).
+fn ea_block<'a>(
+    f: &H5<'a>,
+    at: u64,
+    header: u64,
+    off_size: usize,
+    body: u64,
+    tag: &[u8; 4],
+) -> Res<&'a [u8]> {
+    let what = if tag == b"EASB" {
+        "extensible array super block"
+    } else {
+        "extensible array data block"
+    };
+    let len = (6 + f.o as u64 + off_size as u64)
+        .checked_add(body)
+        .and_then(|x| x.checked_add(4))
+        .ok_or_else(|| format!("{what} overflows"))?;
+    let block = f.slice(at, len, what)?;
+    sum_ok(block, what)?;
+    let mut c = Cur::new(block, f.o, f.l);
+    c.tag(tag, what)?;
+    c.skip(2, what)?;
+    if c.addr(what)? != header {
+        return Err(format!("an {what} names another header"));
+    }
+    c.skip(off_size, what)?;
+    c.bytes(body as usize, what)
 }
 
 fn sum_ok(whole: &[u8], what: &str) -> Res<()> {

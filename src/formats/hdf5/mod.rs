@@ -191,93 +191,13 @@ fn dataset(
     if !a.is_empty() {
         meta.insert("attributes".into(), Json::Object(a));
     }
-    let find = |k: u16| msgs.iter().find(|m| m.kind == k);
-    let shared = |m: &Message| m.flags & 0x02 != 0;
     // The dtype and shape first: the sidecar shows them even when the
     // bytes cannot be served.
-    let (elem, dtype_name, esize) = match find(0x03) {
-        None => {
-            return Ok(unreadable(
-                name,
-                "unknown",
-                Vec::new(),
-                "no datatype message".into(),
-                meta,
-            ));
-        }
-        Some(m) if shared(m) => {
-            return Ok(unreadable(
-                name,
-                "shared",
-                Vec::new(),
-                "a committed (shared) datatype: not read here".into(),
-                meta,
-            ));
-        }
-        Some(m) => match header::datatype(m.body) {
-            Ok((size, Ok(e))) => {
-                let n = type_name(&e);
-                (Ok(e), n, size)
-            }
-            Ok((size, Err(why))) => (Err(why), header::class_name(m.body).to_string(), size),
-            Err(why) => (Err(format!("datatype: {why}")), "unknown".into(), 0),
-        },
-    };
-    let shape = match find(0x01).map(|m| header::dataspace(m.body, f.l)) {
-        None => {
-            return Ok(unreadable(
-                name,
-                &dtype_name,
-                Vec::new(),
-                "no dataspace message".into(),
-                meta,
-            ));
-        }
-        Some(Err(why)) => return Ok(unreadable(name, &dtype_name, Vec::new(), why, meta)),
-        Some(Ok(None)) => {
-            return Ok(unreadable(
-                name,
-                &dtype_name,
-                Vec::new(),
-                "a null dataspace (no elements)".into(),
-                meta,
-            ));
-        }
-        Some(Ok(Some(s))) => s,
-    };
-    if shape.len() > MAX_RANK {
-        return Ok(unreadable(
-            name,
-            &dtype_name,
-            Vec::new(),
-            format!("{} dimensions", shape.len()),
-            meta,
-        ));
-    }
-    let elem = match elem {
-        Ok(e) => e,
-        Err(why) => return Ok(unreadable(name, &dtype_name, shape, why, meta)),
+    let (elem, dtype_name, shape, nbytes) = match described(f, msgs) {
+        Ok(d) => d,
+        Err((dtype, shape, why)) => return Ok(unreadable(name, &dtype, shape, why, meta)),
     };
     let dtype = our_dtype(&elem);
-    if esize != elem.size() {
-        return Ok(unreadable(
-            name,
-            &dtype_name,
-            shape,
-            format!("datatype size {esize}"),
-            meta,
-        ));
-    }
-    let count = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-    let Some(nbytes) = count.and_then(|c| c.checked_mul(esize)) else {
-        return Ok(unreadable(
-            name,
-            &dtype_name,
-            shape,
-            "its size overflows".into(),
-            meta,
-        ));
-    };
     let served = serve(
         f, src, name, msgs, &elem, &shape, nbytes, &mut meta, blobs, budget,
     );
@@ -301,6 +221,73 @@ fn dataset(
         parts: Ok(vec![part]),
         meta: meta.into(),
     })
+}
+
+/// A dataset's element type, the name of its type, its shape and the
+/// bytes its elements take.
+type Described = (Elem, String, Vec<u64>, u64);
+/// What is known of a dataset that cannot be read (the name of its type,
+/// its shape), and why.
+type Unreadable = (String, Vec<u64>, String);
+
+/// What a dataset's datatype and dataspace messages describe, or why it
+/// cannot be read.
+fn described(f: &read::H5, msgs: &[Message]) -> std::result::Result<Described, Unreadable> {
+    let find = |k: u16| msgs.iter().find(|m| m.kind == k);
+    let (elem, dtype_name, esize) = match find(0x03) {
+        None => return Err(("unknown".into(), Vec::new(), "no datatype message".into())),
+        Some(m) if m.flags & 0x02 != 0 => {
+            let why = "a committed (shared) datatype: not read here";
+            return Err(("shared".into(), Vec::new(), why.into()));
+        }
+        Some(m) => match header::datatype(m.body) {
+            Ok((size, Ok(e))) => {
+                let n = type_name(&e);
+                (Ok(e), n, size)
+            }
+            Ok((size, Err(why))) => (Err(why), header::class_name(m.body).to_string(), size),
+            Err(why) => (Err(format!("datatype: {why}")), "unknown".into(), 0),
+        },
+    };
+    let no_shape = |why: String| (dtype_name.clone(), Vec::new(), why);
+    let shape = match find(0x01).map(|m| header::dataspace(m.body, f.l)) {
+        None => return Err(no_shape("no dataspace message".into())),
+        Some(Err(why)) => return Err(no_shape(why)),
+        Some(Ok(None)) => return Err(no_shape("a null dataspace (no elements)".into())),
+        Some(Ok(Some(s))) => s,
+    };
+    if shape.len() > MAX_RANK {
+        return Err(no_shape(format!("{} dimensions", shape.len())));
+    }
+    let elem = match elem {
+        Ok(e) => e,
+        Err(why) => return Err((dtype_name, shape, why)),
+    };
+    if esize != elem.size() {
+        return Err((dtype_name, shape, format!("datatype size {esize}")));
+    }
+    let count = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+    let Some(nbytes) = count.and_then(|c| c.checked_mul(esize)) else {
+        return Err((dtype_name, shape, "its size overflows".into()));
+    };
+    Ok((elem, dtype_name, shape, nbytes))
+}
+
+/// Where a dataset's elements are: the stored bytes' offset and length,
+/// how they are read, and the encoding's name.
+type Stored = (u64, u64, Codec, String);
+
+/// What is known of a dataset while its bytes are found.
+struct Dataset<'a> {
+    f: &'a read::H5<'a>,
+    msgs: &'a [Message<'a>],
+    elem: &'a Elem,
+    shape: &'a [u64],
+    /// The elements' bytes.
+    nbytes: u64,
+    filters: Vec<header::Filter>,
+    /// Its fill value is not zero (bytes never written are not zeros).
+    fill_nonzero: bool,
 }
 
 /// The blob holding a dataset's elements, and its encoding's name; or why
@@ -330,33 +317,22 @@ fn serve(
         );
     }
     let layout = header::layout(find(0x08).ok_or("no layout message")?, f.l, f.o)?;
-    let filters = match find(0x0B) {
-        Some(m) => header::filters(m.body)?,
-        None => Vec::new(),
+    let d = Dataset {
+        f,
+        msgs,
+        elem,
+        shape,
+        nbytes,
+        filters: match find(0x0B) {
+            Some(m) => header::filters(m.body)?,
+            None => Vec::new(),
+        },
+        fill_nonzero: match msgs.iter().find(|m| m.kind == 0x05).or_else(|| find(0x04)) {
+            Some(m) => header::fill_nonzero(m)?,
+            None => false,
+        },
     };
-    let fill_nonzero = match msgs.iter().find(|m| m.kind == 0x05).or_else(|| find(0x04)) {
-        Some(m) => header::fill_nonzero(m)?,
-        None => false,
-    };
-    let checks = if *elem == Elem::Bool {
-        vec![Check::BoolBytes]
-    } else {
-        Vec::new()
-    };
-    let label = format!("tensor {name:?}");
-    let mut push = |offset: u64, len: u64, codec: Codec| {
-        blobs.push(Blob {
-            source: 0,
-            offset,
-            len,
-            codec,
-            decoded_len: nbytes,
-            checks: checks.clone(),
-            label: label.clone(),
-        });
-        blobs.len() - 1
-    };
-    match layout {
+    let (offset, len, codec, encoding) = match layout {
         Layout::Compact { at, len } => {
             meta.insert("hdf5_layout".into(), "compact".into());
             if len != nbytes {
@@ -364,99 +340,138 @@ fn serve(
                     "compact data of {len} bytes for {nbytes} bytes of elements"
                 ));
             }
-            Ok((push(at, len, Codec::Raw), "raw".into()))
+            (at, len, Codec::Raw, "raw".into())
         }
-        Layout::Contiguous { addr, len } => {
-            meta.insert("hdf5_layout".into(), "contiguous".into());
-            if !filters.is_empty() {
-                return Err("filters on a contiguous dataset".into());
-            }
-            if len.is_some_and(|l| l != nbytes) {
-                return Err(format!(
-                    "the layout says {} bytes, the elements take {nbytes}",
-                    len.unwrap_or(0)
-                ));
-            }
-            if nbytes == 0 {
-                return Ok((push(0, 0, Codec::Raw), "raw".into()));
-            }
-            if f.undefined(addr) {
-                meta.insert("hdf5_unwritten".into(), true.into());
-                if fill_nonzero {
-                    return Err("never written, and its fill value is not zero: not served".into());
-                }
-                return Ok((push(0, 0, zeros(nbytes)?), "fill".into()));
-            }
-            let at = f.pos(addr, nbytes, "contiguous data")?;
-            meta.insert("offset".into(), (at as u64).into());
-            meta.insert("size".into(), nbytes.into());
-            Ok((push(at as u64, nbytes, Codec::Raw), "raw".into()))
-        }
-        Layout::Chunked { dims, index } => {
-            meta.insert("hdf5_layout".into(), "chunked".into());
-            let esize = elem.size();
-            let max = find(0x01).and_then(|m| header::max_dims(m.body, f.l));
-            let grid = Grid::new(shape, &dims, esize, max.as_deref())?;
-            if dims.last() != Some(&esize) {
-                return Err(format!(
-                    "chunks of {}-byte elements",
-                    dims.last().copied().unwrap_or(0)
-                ));
-            }
-            meta.insert("chunks".into(), grid.chunk.clone().into());
-            chunks::check_filters(&filters, esize)?;
-            let names: Vec<&str> = filters
-                .iter()
-                .map(|x| if x.id == 1 { "deflate" } else { "shuffle" })
-                .collect();
-            if !names.is_empty() {
-                meta.insert("filters".into(), names.clone().into());
-            }
-            if nbytes == 0 {
-                return Ok((push(0, 0, Codec::Raw), "raw".into()));
-            }
-            let list = chunks::list(f, &index, &grid, !filters.is_empty())?;
-            let cost =
-                (list.len() as u64).saturating_mul(std::mem::size_of::<chunks::Chunk>() as u64);
-            budget.index = budget.index.checked_sub(cost).ok_or_else(|| {
-                "its chunk list, with those before it, is over --index-memory".to_string()
-            })?;
-            if (list.len() as u64) < grid.ncells() && fill_nonzero {
-                return Err(
-                    "chunks never written, and its fill value is not zero: not served".into(),
-                );
-            }
-            // Row-major tiles, one after the other in the file: one raw run.
-            let tiles = filters.is_empty()
-                && grid.chunk[1..] == shape[1..]
-                && list.len() as u64 == grid.ncells()
-                && list.windows(2).all(|w| w[0].at + w[0].size == w[1].at);
-            if tiles {
-                let at = list[0].at;
-                if at.checked_add(nbytes).is_none_or(|e| e > src.len()) {
-                    return Err("its chunks run past the end of the file".into());
-                }
-                meta.insert("offset".into(), at.into());
-                meta.insert("size".into(), nbytes.into());
-                return Ok((push(at, nbytes, Codec::Raw), "raw".into()));
-            }
-            computed_ok(nbytes)?;
-            let file = crate::formats::common::shared_file(&mut budget.file, src)?;
-            let enc = if names.is_empty() {
-                "chunked".to_string()
-            } else {
-                names.join("+")
-            };
-            let asm = Assembly {
-                file,
-                grid,
-                chunks: list,
-                filters,
-                nbytes,
-            };
-            Ok((push(0, 0, assembled(asm)), enc))
-        }
+        Layout::Contiguous { addr, len } => contiguous(&d, addr, len, meta)?,
+        Layout::Chunked { dims, index } => chunked(d, src, &dims, &index, meta, budget)?,
+    };
+    blobs.push(Blob {
+        source: 0,
+        offset,
+        len,
+        codec,
+        decoded_len: nbytes,
+        checks: if *elem == Elem::Bool {
+            vec![Check::BoolBytes]
+        } else {
+            Vec::new()
+        },
+        label: format!("tensor {name:?}"),
+    });
+    Ok((blobs.len() - 1, encoding))
+}
+
+/// A contiguous dataset's bytes at `addr` (`len`: what the layout says
+/// they take, if it does).
+fn contiguous(
+    d: &Dataset<'_>,
+    addr: u64,
+    len: Option<u64>,
+    meta: &mut JsonMap,
+) -> std::result::Result<Stored, String> {
+    let nbytes = d.nbytes;
+    meta.insert("hdf5_layout".into(), "contiguous".into());
+    if !d.filters.is_empty() {
+        return Err("filters on a contiguous dataset".into());
     }
+    if len.is_some_and(|l| l != nbytes) {
+        return Err(format!(
+            "the layout says {} bytes, the elements take {nbytes}",
+            len.unwrap_or(0)
+        ));
+    }
+    if nbytes == 0 {
+        return Ok((0, 0, Codec::Raw, "raw".into()));
+    }
+    if d.f.undefined(addr) {
+        meta.insert("hdf5_unwritten".into(), true.into());
+        if d.fill_nonzero {
+            return Err("never written, and its fill value is not zero: not served".into());
+        }
+        return Ok((0, 0, zeros(nbytes)?, "fill".into()));
+    }
+    let at = d.f.pos(addr, nbytes, "contiguous data")?;
+    meta.insert("offset".into(), (at as u64).into());
+    meta.insert("size".into(), nbytes.into());
+    Ok((at as u64, nbytes, Codec::Raw, "raw".into()))
+}
+
+/// A chunked dataset's bytes: one raw range when its chunks are
+/// row-major tiles stored one after the other, else assembled chunk by
+/// chunk (and unfiltered) when read.
+fn chunked(
+    d: Dataset<'_>,
+    src: &MappedFile,
+    dims: &[u64],
+    index: &header::Index,
+    meta: &mut JsonMap,
+    budget: &mut Budget,
+) -> std::result::Result<Stored, String> {
+    let (f, shape, nbytes) = (d.f, d.shape, d.nbytes);
+    meta.insert("hdf5_layout".into(), "chunked".into());
+    let esize = d.elem.size();
+    let max = d
+        .msgs
+        .iter()
+        .find(|m| m.kind == 0x01)
+        .and_then(|m| header::max_dims(m.body, f.l));
+    let grid = Grid::new(shape, dims, esize, max.as_deref())?;
+    if dims.last() != Some(&esize) {
+        return Err(format!(
+            "chunks of {}-byte elements",
+            dims.last().copied().unwrap_or(0)
+        ));
+    }
+    meta.insert("chunks".into(), grid.chunk.clone().into());
+    chunks::check_filters(&d.filters, esize)?;
+    let names: Vec<&str> = d
+        .filters
+        .iter()
+        .map(|x| if x.id == 1 { "deflate" } else { "shuffle" })
+        .collect();
+    if !names.is_empty() {
+        meta.insert("filters".into(), names.clone().into());
+    }
+    if nbytes == 0 {
+        return Ok((0, 0, Codec::Raw, "raw".into()));
+    }
+    let list = chunks::list(f, index, &grid, !d.filters.is_empty())?;
+    let cost = (list.len() as u64).saturating_mul(std::mem::size_of::<chunks::Chunk>() as u64);
+    budget.index = budget.index.checked_sub(cost).ok_or_else(|| {
+        "its chunk list, with those before it, is over --index-memory".to_string()
+    })?;
+    if (list.len() as u64) < grid.ncells() && d.fill_nonzero {
+        return Err("chunks never written, and its fill value is not zero: not served".into());
+    }
+    // Row-major tiles, one after the other in the file: one raw run.
+    let tiles = d.filters.is_empty()
+        && grid.chunk[1..] == shape[1..]
+        && list.len() as u64 == grid.ncells()
+        && list.windows(2).all(|w| w[0].at + w[0].size == w[1].at);
+    if tiles {
+        let at = list[0].at;
+        if at.checked_add(nbytes).is_none_or(|e| e > src.len()) {
+            return Err("its chunks run past the end of the file".into());
+        }
+        meta.insert("offset".into(), at.into());
+        meta.insert("size".into(), nbytes.into());
+        return Ok((at, nbytes, Codec::Raw, "raw".into()));
+    }
+    computed_ok(nbytes)?;
+    let file = crate::formats::common::shared_file(&mut budget.file, src)?;
+    let encoding = if names.is_empty() {
+        "chunked".to_string()
+    } else {
+        names.join("+")
+    };
+    let asm = Assembly {
+        file,
+        grid,
+        chunks: list,
+        filters: d.filters,
+        nbytes,
+    };
+    Ok((0, 0, assembled(asm), encoding))
 }
 
 /// `n` zero bytes: a dataset never written, whose fill value is zero.

@@ -398,54 +398,7 @@ fn our_sparse(
     encoding: Encoding,
     format: SparseFormat,
 ) -> std::result::Result<Layout, Problem> {
-    let nnz = match raw.custom("nnz") {
-        Some(v) => as_u64(v).map_err(|why| field_err(format!("field \"nnz\" {why}")))?,
-        None => {
-            return Err(field_err(
-                "layout \"sparse\" needs the field \"nnz\"".into(),
-            ));
-        }
-    };
-    let index_dtype = match raw.custom("index_dtype") {
-        None => DType::Uint64,
-        Some(Value::Text(t)) => match DType::from_v01_name(t) {
-            Some(d) if d.is_integer() => d,
-            _ => return Err(Problem::Tensor(format!("unsupported index_dtype {t:?}"))),
-        },
-        Some(v) => {
-            return Err(field_err(format!(
-                "field \"index_dtype\" is a CBOR {}, expected text",
-                index::kind_name(v)
-            )));
-        }
-    };
-    let offsets: Vec<(String, u64)> = match raw.custom("sparse_offsets") {
-        Some(Value::Map(pairs)) => {
-            let mut out = Vec::with_capacity(pairs.len());
-            for (k, v) in pairs {
-                let Some(k) = k.as_text() else {
-                    return Err(field_err(
-                        "field \"sparse_offsets\" has a non-text key".into(),
-                    ));
-                };
-                let off =
-                    as_u64(v).map_err(|why| field_err(format!("sparse_offsets.{k} {why}")))?;
-                out.push((k.to_string(), off));
-            }
-            out
-        }
-        Some(v) => {
-            return Err(field_err(format!(
-                "field \"sparse_offsets\" is a CBOR {}, expected a map",
-                index::kind_name(v)
-            )));
-        }
-        None => {
-            return Err(field_err(
-                "layout \"sparse\" needs the field \"sparse_offsets\"".into(),
-            ));
-        }
-    };
+    let (nnz, index_dtype, offsets) = sparse_fields(raw)?;
     let mut wanted: Vec<(&'static str, DType, Vec<u64>)> = Vec::new();
     match format {
         SparseFormat::Csr => {
@@ -497,9 +450,87 @@ fn our_sparse(
             PartMap::Contiguous { start },
         ));
     }
-    // Parts must not overlap; the decoded blob ends where the last part ends.
+    let decoded_size = sparse_end(&parts)?;
+    if encoding == Encoding::Raw && raw.size != decoded_size {
+        return Err(size_err(format!(
+            "raw sparse blob is {} bytes but its parts end at {decoded_size}",
+            raw.size
+        )));
+    }
+    Ok(Layout {
+        encoding,
+        decoded_size,
+        sparse: Some(Sparse {
+            format,
+            form: SparseForm::Spec,
+            nnz,
+        }),
+        parts,
+    })
+}
+
+/// nnz, the index element type, and where each part starts.
+type SparseFields = (u64, DType, Vec<(String, u64)>);
+
+/// The fields of our sparse form: `nnz`, `index_dtype` (default u64) and
+/// `sparse_offsets` (part name -> where it starts in the decoded blob).
+fn sparse_fields(raw: &RawEntry) -> std::result::Result<SparseFields, Problem> {
+    let nnz = match raw.custom("nnz") {
+        Some(v) => as_u64(v).map_err(|why| field_err(format!("field \"nnz\" {why}")))?,
+        None => {
+            return Err(field_err(
+                "layout \"sparse\" needs the field \"nnz\"".into(),
+            ));
+        }
+    };
+    let index_dtype = match raw.custom("index_dtype") {
+        None => DType::Uint64,
+        Some(Value::Text(t)) => match DType::from_v01_name(t) {
+            Some(d) if d.is_integer() => d,
+            _ => return Err(Problem::Tensor(format!("unsupported index_dtype {t:?}"))),
+        },
+        Some(v) => {
+            return Err(field_err(format!(
+                "field \"index_dtype\" is a CBOR {}, expected text",
+                index::kind_name(v)
+            )));
+        }
+    };
+    let offsets: Vec<(String, u64)> = match raw.custom("sparse_offsets") {
+        Some(Value::Map(pairs)) => {
+            let mut out = Vec::with_capacity(pairs.len());
+            for (k, v) in pairs {
+                let Some(k) = k.as_text() else {
+                    return Err(field_err(
+                        "field \"sparse_offsets\" has a non-text key".into(),
+                    ));
+                };
+                let off =
+                    as_u64(v).map_err(|why| field_err(format!("sparse_offsets.{k} {why}")))?;
+                out.push((k.to_string(), off));
+            }
+            out
+        }
+        Some(v) => {
+            return Err(field_err(format!(
+                "field \"sparse_offsets\" is a CBOR {}, expected a map",
+                index::kind_name(v)
+            )));
+        }
+        None => {
+            return Err(field_err(
+                "layout \"sparse\" needs the field \"sparse_offsets\"".into(),
+            ));
+        }
+    };
+    Ok((nnz, index_dtype, offsets))
+}
+
+/// Where the decoded blob of sparse `parts` ends: where the last part
+/// ends, once no two parts overlap.
+fn sparse_end(parts: &[Part]) -> std::result::Result<u64, Problem> {
     let mut spans: Vec<(u64, u64, &str)> = Vec::new();
-    for p in &parts {
+    for p in parts {
         let PartMap::Contiguous { start } = p.map else {
             continue;
         };
@@ -517,23 +548,7 @@ fn our_sparse(
             )));
         }
     }
-    let decoded_size = spans.iter().map(|s| s.1).max().unwrap_or(0);
-    if encoding == Encoding::Raw && raw.size != decoded_size {
-        return Err(size_err(format!(
-            "raw sparse blob is {} bytes but its parts end at {decoded_size}",
-            raw.size
-        )));
-    }
-    Ok(Layout {
-        encoding,
-        decoded_size,
-        sparse: Some(Sparse {
-            format,
-            form: SparseForm::Spec,
-            nnz,
-        }),
-        parts,
-    })
+    Ok(spans.iter().map(|s| s.1).max().unwrap_or(0))
 }
 
 /// The compressed bytes to decode, and how far, to reach decoded offset
@@ -577,84 +592,112 @@ fn reference_sparse(
     blob: &[u8],
     probe: &mut u64,
 ) -> std::result::Result<Layout, String> {
+    if raw.layout == "sparsecsr" {
+        reference_csr(raw, dtype, encoding, endian, blob, probe)
+    } else {
+        reference_coo(raw, dtype, encoding, blob, probe)
+    }
+}
+
+/// The reference crate's CSR form: indptr (u64) then indices (u64) then
+/// values, nnz in indptr's last entry.
+fn reference_csr(
+    raw: &RawEntry,
+    dtype: DType,
+    encoding: Encoding,
+    endian: Endian,
+    blob: &[u8],
+    probe: &mut u64,
+) -> std::result::Result<Layout, String> {
     let vsz = dtype.size();
     let ovf = || "sparse sizes overflow 64 bits".to_string();
-    if raw.layout == "sparsecsr" {
-        let Some(&nrows) = raw.shape.first() else {
-            return Err("a CSR tensor needs at least one dimension".into());
-        };
-        let indptr_len = nrows.checked_add(1).ok_or_else(ovf)?;
-        let header = indptr_len.checked_mul(8).ok_or_else(ovf)?;
-        let last = match encoding {
-            Encoding::Raw => {
-                if header > blob.len() as u64 {
-                    return Err(format!(
-                        "blob of {} bytes is too small for indptr[{indptr_len}]",
-                        blob.len()
-                    ));
-                }
-                blob[(header - 8) as usize..header as usize].to_vec()
+    let Some(&nrows) = raw.shape.first() else {
+        return Err("a CSR tensor needs at least one dimension".into());
+    };
+    let indptr_len = nrows.checked_add(1).ok_or_else(ovf)?;
+    let header = indptr_len.checked_mul(8).ok_or_else(ovf)?;
+    let last = match encoding {
+        Encoding::Raw => {
+            if header > blob.len() as u64 {
+                return Err(format!(
+                    "blob of {} bytes is too small for indptr[{indptr_len}]",
+                    blob.len()
+                ));
             }
-            Encoding::Zstd => {
-                let (from, n) = last_frames(blob, header)?;
-                spend(probe, n, "its indptr")?;
-                zstd_blob::decoded_tail8(from, n)?.to_vec()
-            }
-        };
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&last);
-        let nnz = match endian {
-            Endian::Little => u64::from_le_bytes(b),
-            Endian::Big => u64::from_be_bytes(b),
-        };
-        let indices = nnz.checked_mul(8).ok_or_else(ovf)?;
-        let values = nnz.checked_mul(vsz).ok_or_else(ovf)?;
-        let total = header
-            .checked_add(indices)
-            .and_then(|x| x.checked_add(values))
-            .ok_or_else(ovf)?;
-        if encoding == Encoding::Raw && total != blob.len() as u64 {
-            return Err(format!(
-                "indptr says nnz={nnz}, which needs {total} bytes, but the blob is {}",
-                blob.len()
-            ));
+            blob[(header - 8) as usize..header as usize].to_vec()
         }
-        let parts = vec![
-            part(
-                "indptr",
-                DType::Uint64,
-                vec![indptr_len],
-                header,
-                PartMap::Contiguous { start: 0 },
-            ),
-            part(
-                "indices",
-                DType::Uint64,
-                vec![nnz],
-                indices,
-                PartMap::Contiguous { start: header },
-            ),
-            part(
-                "values",
-                dtype,
-                vec![nnz],
-                values,
-                PartMap::Contiguous {
-                    start: header + indices,
-                },
-            ),
-        ];
-        return Ok(Layout {
-            encoding,
-            decoded_size: total,
-            sparse: Some(Sparse {
-                format: SparseFormat::Csr,
-                form: SparseForm::Reference,
-                nnz,
-            }),
-            parts,
-        });
+        Encoding::Zstd => {
+            let (from, n) = last_frames(blob, header)?;
+            spend(probe, n, "its indptr")?;
+            zstd_blob::decoded_tail8(from, n)?.to_vec()
+        }
+    };
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&last);
+    let nnz = match endian {
+        Endian::Little => u64::from_le_bytes(b),
+        Endian::Big => u64::from_be_bytes(b),
+    };
+    let indices = nnz.checked_mul(8).ok_or_else(ovf)?;
+    let values = nnz.checked_mul(vsz).ok_or_else(ovf)?;
+    let total = header
+        .checked_add(indices)
+        .and_then(|x| x.checked_add(values))
+        .ok_or_else(ovf)?;
+    if encoding == Encoding::Raw && total != blob.len() as u64 {
+        return Err(format!(
+            "indptr says nnz={nnz}, which needs {total} bytes, but the blob is {}",
+            blob.len()
+        ));
     }
+    let parts = vec![
+        part(
+            "indptr",
+            DType::Uint64,
+            vec![indptr_len],
+            header,
+            PartMap::Contiguous { start: 0 },
+        ),
+        part(
+            "indices",
+            DType::Uint64,
+            vec![nnz],
+            indices,
+            PartMap::Contiguous { start: header },
+        ),
+        part(
+            "values",
+            dtype,
+            vec![nnz],
+            values,
+            PartMap::Contiguous {
+                start: header + indices,
+            },
+        ),
+    ];
+    Ok(Layout {
+        encoding,
+        decoded_size: total,
+        sparse: Some(Sparse {
+            format: SparseFormat::Csr,
+            form: SparseForm::Reference,
+            nnz,
+        }),
+        parts,
+    })
+}
+
+/// The reference crate's COO form: records of ndim u64 indices and one
+/// value, nnz from the blob's decoded size.
+fn reference_coo(
+    raw: &RawEntry,
+    dtype: DType,
+    encoding: Encoding,
+    blob: &[u8],
+    probe: &mut u64,
+) -> std::result::Result<Layout, String> {
+    let vsz = dtype.size();
+    let ovf = || "sparse sizes overflow 64 bits".to_string();
     let ndim = raw.shape.len() as u64;
     if ndim == 0 {
         return Err("a COO tensor needs at least one dimension".into());

@@ -77,47 +77,7 @@ pub const DEFAULT_INDEX_MEMORY: u64 = 1 << 30;
 /// estimate from its headers, made before decoding) is refused.
 pub fn parse(bytes: &[u8], file: &str, memory_limit: u64) -> Result<Index> {
     let err = |kind, msg: String| Error::new(kind, file, None, msg);
-    let len = bytes.len() as u64;
-    if bytes.len() < 8 || &bytes[..8] != MAGIC {
-        let found = match bytes.len() {
-            0 => "the file is empty".to_string(),
-            n => format!(
-                "it starts with {:?}",
-                String::from_utf8_lossy(&bytes[..n.min(8)])
-            ),
-        };
-        return Err(err(
-            ErrorKind::NotZtensor,
-            format!("not a zTensor v0.1 file (magic \"ZTEN0001\" missing; {found})"),
-        ));
-    }
-    if len < 16 {
-        return Err(err(
-            ErrorKind::Index,
-            format!(
-                "file is {len} bytes, too short for the trailing index size (it looks truncated)"
-            ),
-        ));
-    }
-    let mut size_bytes = [0u8; 8];
-    size_bytes.copy_from_slice(&bytes[bytes.len() - 8..]);
-    let index_size = u64::from_le_bytes(size_bytes);
-    let room = len - 16;
-    if index_size > room {
-        return Err(err(
-            ErrorKind::Index,
-            format!(
-                "index size {index_size} is larger than the file allows ({room} bytes between the magic and the size field; the file looks truncated)"
-            ),
-        ));
-    }
-    if index_size == 0 {
-        return Err(err(
-            ErrorKind::Index,
-            "index size is 0; an empty index is the 1-byte CBOR array 0x80".into(),
-        ));
-    }
-    let data_end = len - 8 - index_size;
+    let (data_end, index_size) = framing(bytes, file)?;
     let cbor = &bytes[data_end as usize..bytes.len() - 8];
     // RFC 8949's "self-described CBOR" tag (55799) only says that CBOR
     // follows: a writer may put it first.
@@ -129,30 +89,7 @@ pub fn parse(bytes: &[u8], file: &str, memory_limit: u64) -> Result<Index> {
     // The usual case, an array: decode it entry by entry, so no tree of the
     // whole index is ever built (a 100 000-tensor index would be ~10^6 nodes).
     if cbor.first().is_some_and(|b| b >> 5 == 4) {
-        let tally = tally(cbor, MAX_ENTRY_ITEMS);
-        if let Some(i) = tally.oversized {
-            return Err(err(
-                ErrorKind::Index,
-                format!("index entry {i} holds more than {MAX_ENTRY_ITEMS} CBOR items"),
-            ));
-        }
-        if tally.memory() > memory_limit {
-            const MIB: u64 = 1 << 20;
-            return Err(err(
-                ErrorKind::Index,
-                format!(
-                    "the index would take about {} MiB of memory decoded ({} entries, {} CBOR items), more than the {} allowed (--index-memory)",
-                    tally.memory().div_ceil(MIB),
-                    tally.entries,
-                    tally.items,
-                    if memory_limit.is_multiple_of(MIB) {
-                        format!("{} MiB", memory_limit / MIB)
-                    } else {
-                        format!("{memory_limit} bytes")
-                    }
-                ),
-            ));
-        }
+        within_memory(cbor, file, memory_limit)?;
         if let Some((entries, end)) = direct::entries(cbor) {
             check_trailing(tag_len + end as u64, index_size, file)?;
             return Ok(Index { entries, data_end });
@@ -196,6 +133,81 @@ pub fn parse(bytes: &[u8], file: &str, memory_limit: u64) -> Result<Index> {
             header_kind(cbor[0])
         ),
     ))
+}
+
+/// Checks the magic and the trailing index size of `bytes`: where the
+/// index starts (tensor data ends there) and its size.
+fn framing(bytes: &[u8], file: &str) -> Result<(u64, u64)> {
+    let err = |kind, msg: String| Error::new(kind, file, None, msg);
+    let len = bytes.len() as u64;
+    if bytes.len() < 8 || &bytes[..8] != MAGIC {
+        let found = match bytes.len() {
+            0 => "the file is empty".to_string(),
+            n => format!(
+                "it starts with {:?}",
+                String::from_utf8_lossy(&bytes[..n.min(8)])
+            ),
+        };
+        return Err(err(
+            ErrorKind::NotZtensor,
+            format!("not a zTensor v0.1 file (magic \"ZTEN0001\" missing; {found})"),
+        ));
+    }
+    if len < 16 {
+        return Err(err(
+            ErrorKind::Index,
+            format!(
+                "file is {len} bytes, too short for the trailing index size (it looks truncated)"
+            ),
+        ));
+    }
+    let mut size_bytes = [0u8; 8];
+    size_bytes.copy_from_slice(&bytes[bytes.len() - 8..]);
+    let index_size = u64::from_le_bytes(size_bytes);
+    let room = len - 16;
+    if index_size > room {
+        return Err(err(
+            ErrorKind::Index,
+            format!(
+                "index size {index_size} is larger than the file allows ({room} bytes between the magic and the size field; the file looks truncated)"
+            ),
+        ));
+    }
+    if index_size == 0 {
+        return Err(err(
+            ErrorKind::Index,
+            "index size is 0; an empty index is the 1-byte CBOR array 0x80".into(),
+        ));
+    }
+    Ok((len - 8 - index_size, index_size))
+}
+
+/// Refuses an index array (`cbor`) with an entry of too many items, or
+/// that would take more than `memory_limit` bytes decoded (an estimate
+/// from its headers, made before decoding).
+fn within_memory(cbor: &[u8], file: &str, memory_limit: u64) -> Result<()> {
+    let err = |msg: String| Error::new(ErrorKind::Index, file, None, msg);
+    let tally = tally(cbor, MAX_ENTRY_ITEMS);
+    if let Some(i) = tally.oversized {
+        return Err(err(format!(
+            "index entry {i} holds more than {MAX_ENTRY_ITEMS} CBOR items"
+        )));
+    }
+    if tally.memory() > memory_limit {
+        const MIB: u64 = 1 << 20;
+        return Err(err(format!(
+            "the index would take about {} MiB of memory decoded ({} entries, {} CBOR items), more than the {} allowed (--index-memory)",
+            tally.memory().div_ceil(MIB),
+            tally.entries,
+            tally.items,
+            if memory_limit.is_multiple_of(MIB) {
+                format!("{} MiB", memory_limit / MIB)
+            } else {
+                format!("{memory_limit} bytes")
+            }
+        )));
+    }
+    Ok(())
 }
 
 /// Most CBOR items one index entry may hold. Each becomes a 32-byte value
@@ -495,40 +507,7 @@ fn parse_entry(item: Value, i: usize, file: &str) -> Result<RawEntry> {
     };
     let ferr = |msg: String| Error::new(ErrorKind::Field, file, Some(&label), msg);
 
-    let mut known: [Option<Value>; 9] = Default::default();
-    let mut custom = Vec::new();
-    // Keys as they will read in JSON sidecars, which must not collide; a
-    // set, not a scan of `custom`: an entry may have millions of keys.
-    let mut custom_keys = HashSet::new();
-    for (k, v) in pairs {
-        match k
-            .as_text()
-            .and_then(|t| KNOWN_KEYS.iter().position(|x| *x == t))
-        {
-            Some(slot) => {
-                if known[slot].is_some() {
-                    return Err(ferr(format!(
-                        "field \"{}\" appears twice",
-                        KNOWN_KEYS[slot]
-                    )));
-                }
-                known[slot] = Some(v);
-            }
-            None => {
-                let key = spelled(&k).map_err(|why| ferr(format!("custom field: {why}")))?;
-                if let Err(why) = unique_keys(&v) {
-                    return Err(ferr(format!("field \"{key}\": {why}")));
-                }
-                if !custom_keys.insert(key) {
-                    return Err(ferr(format!(
-                        "field \"{}\" appears twice",
-                        key_to_string(&k)
-                    )));
-                }
-                custom.push((k, v))
-            }
-        }
-    }
+    let (known, custom) = fields(pairs, &ferr)?;
     let [
         name,
         offset,
@@ -575,13 +554,11 @@ fn parse_entry(item: Value, i: usize, file: &str) -> Result<RawEntry> {
     let checksum = text(checksum, "checksum", false)?;
     let shape = match shape {
         None => return Err(ferr("required field \"shape\" is missing".into())),
-        Some(Value::Array(dims)) => {
-            let mut out = Vec::with_capacity(dims.len());
-            for (d, v) in dims.iter().enumerate() {
-                out.push(as_u64(v).map_err(|why| ferr(format!("shape[{d}] {why}")))?);
-            }
-            out
-        }
+        Some(Value::Array(dims)) => dims
+            .iter()
+            .enumerate()
+            .map(|(d, v)| as_u64(v).map_err(|why| ferr(format!("shape[{d}] {why}"))))
+            .collect::<Result<Vec<u64>>>()?,
         Some(other) => {
             return Err(ferr(format!(
                 "field \"shape\" is a CBOR {}, expected an array",
@@ -601,6 +578,50 @@ fn parse_entry(item: Value, i: usize, file: &str) -> Result<RawEntry> {
         checksum,
         custom,
     })
+}
+
+/// An entry's known fields (by `KNOWN_KEYS` slot) and custom fields.
+type Fields = ([Option<Value>; 9], Vec<(Value, Value)>);
+
+/// An entry's fields: those the format names, in `KNOWN_KEYS` order, and
+/// the others (custom fields) in file order; each once, and each custom
+/// field's key and value readable as JSON keys. `ferr` makes the error.
+fn fields(pairs: Vec<(Value, Value)>, ferr: &impl Fn(String) -> Error) -> Result<Fields> {
+    let mut known: [Option<Value>; 9] = Default::default();
+    let mut custom = Vec::new();
+    // Keys as they will read in JSON sidecars, which must not collide; a
+    // set, not a scan of `custom`: an entry may have millions of keys.
+    let mut custom_keys = HashSet::new();
+    for (k, v) in pairs {
+        match k
+            .as_text()
+            .and_then(|t| KNOWN_KEYS.iter().position(|x| *x == t))
+        {
+            Some(slot) => {
+                if known[slot].is_some() {
+                    return Err(ferr(format!(
+                        "field \"{}\" appears twice",
+                        KNOWN_KEYS[slot]
+                    )));
+                }
+                known[slot] = Some(v);
+            }
+            None => {
+                let key = spelled(&k).map_err(|why| ferr(format!("custom field: {why}")))?;
+                if let Err(why) = unique_keys(&v) {
+                    return Err(ferr(format!("field \"{key}\": {why}")));
+                }
+                if !custom_keys.insert(key) {
+                    return Err(ferr(format!(
+                        "field \"{}\" appears twice",
+                        key_to_string(&k)
+                    )));
+                }
+                custom.push((k, v))
+            }
+        }
+    }
+    Ok((known, custom))
 }
 
 /// Convenience for writers and tests.

@@ -77,6 +77,60 @@ pub struct Manifest {
 /// estimate from its CBOR headers, made before decoding) is refused.
 pub fn parse(bytes: &[u8], file: &str, memory_limit: u64) -> Result<Manifest> {
     let err = |kind, msg: String| Error::new(kind, file, None, msg);
+    let (data_end, size) = framing(bytes, file, memory_limit)?;
+    let cbor = &bytes[data_end as usize..bytes.len() - 16];
+    // RFC 8949's self-described CBOR tag (55799) may come first.
+    let (cbor, tag_len) = match cbor.strip_prefix(&[0xd9, 0xd9, 0xf7]) {
+        Some(rest) => (rest, 3u64),
+        None => (cbor, 0),
+    };
+    let cost = estimate(cbor);
+    if cost.memory > memory_limit {
+        const MIB: u64 = 1 << 20;
+        return Err(err(
+            ErrorKind::Index,
+            format!(
+                "the manifest would take about {} MiB of memory decoded ({} CBOR items), more than the {} MiB allowed (--index-memory)",
+                cost.memory.div_ceil(MIB),
+                cost.items,
+                memory_limit / MIB
+            ),
+        ));
+    }
+    let mut cursor = std::io::Cursor::new(cbor);
+    let cbor_err = |e: ciborium::de::Error<std::io::Error>| {
+        err(
+            ErrorKind::Index,
+            format!("manifest is not valid CBOR: {}", cbor_error(&e)),
+        )
+    };
+    if cbor.first().is_some_and(|b| b >> 5 == 5) {
+        let root: Root =
+            ciborium::de::from_reader_with_recursion_limit(&mut cursor, MAX_CBOR_DEPTH)
+                .map_err(cbor_err)?;
+        check_trailing(tag_len + cursor.position(), size, file)?;
+        return manifest_of(root, file, data_end);
+    }
+    // Not a map: check it is CBOR without building it, then say what it is.
+    ciborium::de::from_reader_with_recursion_limit::<serde::de::IgnoredAny, _>(
+        &mut cursor,
+        MAX_CBOR_DEPTH,
+    )
+    .map_err(cbor_err)?;
+    check_trailing(tag_len + cursor.position(), size, file)?;
+    Err(err(
+        ErrorKind::Index,
+        format!(
+            "manifest is a CBOR {}, expected a map",
+            header_kind(cbor.first().copied().unwrap_or(0xff))
+        ),
+    ))
+}
+
+/// Checks the magics at both ends and the manifest size of `bytes`: where
+/// the manifest starts (blobs end there) and its size.
+fn framing(bytes: &[u8], file: &str, memory_limit: u64) -> Result<(u64, u64)> {
+    let err = |kind, msg: String| Error::new(kind, file, None, msg);
     let len = bytes.len() as u64;
     if !bytes.starts_with(MAGIC) {
         return Err(err(
@@ -128,106 +182,65 @@ pub fn parse(bytes: &[u8], file: &str, memory_limit: u64) -> Result<Manifest> {
             ),
         ));
     }
-    let data_end = len - 16 - size;
-    let cbor = &bytes[data_end as usize..bytes.len() - 16];
-    // RFC 8949's self-described CBOR tag (55799) may come first.
-    let (cbor, tag_len) = match cbor.strip_prefix(&[0xd9, 0xd9, 0xf7]) {
-        Some(rest) => (rest, 3u64),
-        None => (cbor, 0),
-    };
-    let cost = estimate(cbor);
-    if cost.memory > memory_limit {
-        const MIB: u64 = 1 << 20;
-        return Err(err(
-            ErrorKind::Index,
-            format!(
-                "the manifest would take about {} MiB of memory decoded ({} CBOR items), more than the {} MiB allowed (--index-memory)",
-                cost.memory.div_ceil(MIB),
-                cost.items,
-                memory_limit / MIB
-            ),
-        ));
+    Ok((len - 16 - size, size))
+}
+
+/// The manifest of a decoded root map: its version (1.x), attributes and
+/// objects (`data_end`: where the manifest starts).
+fn manifest_of(root: Root, file: &str, data_end: u64) -> Result<Manifest> {
+    let err = |kind, msg: String| Error::new(kind, file, None, msg);
+    if let Some(mut e) = root.first_err {
+        e.file = file.to_string();
+        return Err(e);
     }
-    let mut cursor = std::io::Cursor::new(cbor);
-    let cbor_err = |e: ciborium::de::Error<std::io::Error>| {
-        err(
-            ErrorKind::Index,
-            format!("manifest is not valid CBOR: {}", cbor_error(&e)),
-        )
-    };
-    if cbor.first().is_some_and(|b| b >> 5 == 5) {
-        let root: Root =
-            ciborium::de::from_reader_with_recursion_limit(&mut cursor, MAX_CBOR_DEPTH)
-                .map_err(cbor_err)?;
-        check_trailing(tag_len + cursor.position(), size, file)?;
-        if let Some(mut e) = root.first_err {
-            e.file = file.to_string();
-            return Err(e);
-        }
-        let version = match root.version {
-            None => return Err(err(ErrorKind::Index, "manifest has no \"version\"".into())),
-            Some(Value::Text(t)) => t,
-            Some(other) => {
-                return Err(err(
-                    ErrorKind::Index,
-                    format!(
-                        "manifest \"version\" is a CBOR {}, expected a text string",
-                        kind_name(&other)
-                    ),
-                ));
-            }
-        };
-        if version.split('.').next() != Some("1") {
+    let version = match root.version {
+        None => return Err(err(ErrorKind::Index, "manifest has no \"version\"".into())),
+        Some(Value::Text(t)) => t,
+        Some(other) => {
             return Err(err(
-                ErrorKind::NotSupported,
+                ErrorKind::Index,
                 format!(
-                    "zTensor manifest version {version:?} is not supported (this reader reads version 1.x)"
+                    "manifest \"version\" is a CBOR {}, expected a text string",
+                    kind_name(&other)
                 ),
             ));
         }
-        let attributes = match root.attributes {
-            None | Some(Value::Null) => None,
-            Some(Value::Map(pairs)) => {
-                unique_keys_map(&pairs).map_err(|why| {
-                    err(ErrorKind::Index, format!("manifest \"attributes\": {why}"))
-                })?;
-                Some(pairs)
-            }
-            Some(other) => {
-                return Err(err(
-                    ErrorKind::Index,
-                    format!(
-                        "manifest \"attributes\" is a CBOR {}, expected a map",
-                        kind_name(&other)
-                    ),
-                ));
-            }
-        };
-        let Some(objects) = root.objects else {
-            return Err(err(ErrorKind::Index, "manifest has no \"objects\"".into()));
-        };
-        return Ok(Manifest {
-            version,
-            attributes,
-            extra: root.extra,
-            objects,
-            data_end,
-        });
+    };
+    if version.split('.').next() != Some("1") {
+        return Err(err(
+            ErrorKind::NotSupported,
+            format!(
+                "zTensor manifest version {version:?} is not supported (this reader reads version 1.x)"
+            ),
+        ));
     }
-    // Not a map: check it is CBOR without building it, then say what it is.
-    ciborium::de::from_reader_with_recursion_limit::<serde::de::IgnoredAny, _>(
-        &mut cursor,
-        MAX_CBOR_DEPTH,
-    )
-    .map_err(cbor_err)?;
-    check_trailing(tag_len + cursor.position(), size, file)?;
-    Err(err(
-        ErrorKind::Index,
-        format!(
-            "manifest is a CBOR {}, expected a map",
-            header_kind(cbor.first().copied().unwrap_or(0xff))
-        ),
-    ))
+    let attributes = match root.attributes {
+        None | Some(Value::Null) => None,
+        Some(Value::Map(pairs)) => {
+            unique_keys_map(&pairs)
+                .map_err(|why| err(ErrorKind::Index, format!("manifest \"attributes\": {why}")))?;
+            Some(pairs)
+        }
+        Some(other) => {
+            return Err(err(
+                ErrorKind::Index,
+                format!(
+                    "manifest \"attributes\" is a CBOR {}, expected a map",
+                    kind_name(&other)
+                ),
+            ));
+        }
+    };
+    let Some(objects) = root.objects else {
+        return Err(err(ErrorKind::Index, "manifest has no \"objects\"".into()));
+    };
+    Ok(Manifest {
+        version,
+        attributes,
+        extra: root.extra,
+        objects,
+        data_end,
+    })
 }
 
 fn check_trailing(used: u64, size: u64, file: &str) -> Result<()> {

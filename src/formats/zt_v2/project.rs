@@ -65,6 +65,14 @@ struct Builder {
 
 /// Why a tensor cannot be served (it is still listed).
 type Unsupported = String;
+/// A file an object's layout exposes: its part's name, its element count
+/// and its shape.
+type Planned<'o> = (&'o str, u64, Vec<u64>);
+/// An object's files in order, and for a sparse layout its count of
+/// stored values.
+type Plan<'o> = (Vec<Planned<'o>>, Option<u64>);
+/// How a part's stored bytes are read: codec, stored length, seek table.
+type Stored = (Codec, u64, Option<seek::SeekTable>);
 
 impl Builder {
     fn finish(self) -> Opened {
@@ -188,12 +196,39 @@ impl Builder {
         name: &str,
         obj: &Object,
     ) -> Result<std::result::Result<Vec<Part>, Unsupported>> {
+        let (plan, sparse) = match self.plan(name, obj)? {
+            Ok(plan) => plan,
+            Err(why) => return Ok(Err(why)),
+        };
+        let mut parts = Vec::with_capacity(plan.len());
+        let mut tables: BTreeMap<String, (usize, Option<seek::SeekTable>)> = BTreeMap::new();
+        for planned in plan {
+            match self.part(name, obj, planned, &mut tables)? {
+                Ok(part) => parts.push(part),
+                Err(why) => return Ok(Err(why)),
+            }
+        }
+        if let Some(nnz) = sparse
+            && let Err(why) = self.sparse_data(name, obj, nnz, &tables)?
+        {
+            return Ok(Err(why));
+        }
+        Ok(Ok(parts))
+    }
+
+    /// The files an object's layout exposes, in order, and for a sparse
+    /// layout its count of stored values; or why this reader does not
+    /// interpret the layout.
+    fn plan<'o>(
+        &self,
+        name: &str,
+        obj: &'o Object,
+    ) -> Result<std::result::Result<Plan<'o>, Unsupported>> {
         let layout = obj.layout.as_str();
         let n = obj
             .num_elements()
             .map_err(|e| super::from_crate(&self.label, Some(name), &e))?;
-        // (part name, element count of the exposed file, its shape).
-        let mut plan: Vec<(&str, u64, Vec<u64>)> = Vec::new();
+        let mut plan: Vec<Planned<'o>> = Vec::new();
         let one_d = |p: &V2Part| -> u64 {
             match elem_size(p) {
                 Some(s) if s > 0 => p.decoded_size() / s,
@@ -255,113 +290,128 @@ impl Builder {
                 )));
             }
         }
-        let mut parts = Vec::with_capacity(plan.len());
-        let mut tables: BTreeMap<String, (usize, Option<seek::SeekTable>)> = BTreeMap::new();
-        for (pname, count, shape) in plan {
-            let Some(p) = obj.parts.get(pname) else {
-                return Err(self.refuse(
-                    name,
-                    ErrorKind::Field,
-                    format!("part {pname:?} is missing"),
-                ));
-            };
-            let dtype = match element_type(p) {
-                Ok(d) => d,
-                Err(why) => return Ok(Err(format!("part {pname:?}: {why}"))),
-            };
-            let Some(nbytes) = dtype.nbytes(count).filter(|&b| b == p.decoded_size()) else {
-                return Err(self.refuse(
-                    name,
-                    ErrorKind::Size,
-                    format!(
-                        "part {pname:?} holds {} decoded bytes, not the size of {count} {} elements",
-                        p.decoded_size(),
-                        dtype.name()
-                    ),
-                ));
-            };
-            let source = match self.source_of(p) {
-                Ok(s) => s,
-                Err(why) => return Ok(Err(format!("part {pname:?} {why}"))),
-            };
-            let (codec, len, table) = match p.encoding.as_deref() {
-                None => (Codec::Raw, p.blob.length, None),
-                Some("zt.zstd-seekable/1") => {
-                    let stored = self.stored(source, p);
-                    let table = seek::parse(stored, p.decoded_size())
-                        .and_then(|t| seek::check_frame_headers(stored, &t).map(|()| t))
-                        .map_err(|why| {
-                            self.refuse(name, ErrorKind::Data, format!("part {pname:?}: {why}"))
-                        })?;
-                    if table.frames.is_empty() {
-                        // Nothing to decode: an empty blob serves no bytes.
-                        (Codec::Raw, 0, Some(table))
-                    } else {
-                        let frames = FrameTable::Listed(table.frames.clone());
-                        (
-                            Codec::Zstd {
-                                frames: Some(frames),
-                            },
-                            table.frames_len,
-                            Some(table),
-                        )
-                    }
-                }
-                Some(other) => {
-                    return Ok(Err(format!(
-                        "part {pname:?}: encoding {other:?} is not supported (this reader \
-                         decodes zt.zstd-seekable/1)"
-                    )));
-                }
-            };
-            let mut checks = Vec::new();
-            if let Some(d) = &p.digest {
-                let sum =
-                    Checksum::parse(d).map_err(|why| self.refuse(name, ErrorKind::Field, why))?;
-                checks.push(Check::Decoded(sum));
-            }
-            if dtype == DType::Bool {
-                checks.push(Check::BoolBytes);
-            }
-            if dtype == DType::Float4E2M1FnX2 && count % 2 == 1 {
-                checks.push(Check::ZeroLastNibble);
-            }
-            let blob = self.catalog.blobs.len();
-            self.catalog.blobs.push(Blob {
-                source,
-                offset: p.blob.offset,
-                len,
-                codec,
-                decoded_len: p.decoded_size(),
-                checks,
-                label: if layout == "dense" {
-                    format!("tensor {name:?}")
-                } else {
-                    format!("tensor {name:?} part {pname:?}")
-                },
-            });
-            tables.insert(pname.to_string(), (source, table));
-            parts.push(Part {
-                name: if layout == "dense" {
-                    String::new()
-                } else {
-                    pname.to_string()
-                },
-                dtype,
-                shape,
-                nbytes,
-                blob,
-                map: PartMap::Contiguous { start: 0 },
-                order: Endian::Little,
-                meta: describe(p).into(),
-            });
+        Ok(Ok((plan, sparse)))
+    }
+
+    /// The part `planned` of object `name`, with its blob added to the
+    /// catalog and its seek table to `tables`; or why it cannot be served.
+    fn part(
+        &mut self,
+        name: &str,
+        obj: &Object,
+        (pname, count, shape): Planned<'_>,
+        tables: &mut BTreeMap<String, (usize, Option<seek::SeekTable>)>,
+    ) -> Result<std::result::Result<Part, Unsupported>> {
+        let dense = obj.layout == "dense";
+        let Some(p) = obj.parts.get(pname) else {
+            return Err(self.refuse(name, ErrorKind::Field, format!("part {pname:?} is missing")));
+        };
+        let dtype = match element_type(p) {
+            Ok(d) => d,
+            Err(why) => return Ok(Err(format!("part {pname:?}: {why}"))),
+        };
+        let Some(nbytes) = dtype.nbytes(count).filter(|&b| b == p.decoded_size()) else {
+            return Err(self.refuse(
+                name,
+                ErrorKind::Size,
+                format!(
+                    "part {pname:?} holds {} decoded bytes, not the size of {count} {} elements",
+                    p.decoded_size(),
+                    dtype.name()
+                ),
+            ));
+        };
+        let source = match self.source_of(p) {
+            Ok(s) => s,
+            Err(why) => return Ok(Err(format!("part {pname:?} {why}"))),
+        };
+        let (codec, len, table) = match self.encoding(name, pname, source, p)? {
+            Ok(e) => e,
+            Err(why) => return Ok(Err(why)),
+        };
+        let mut checks = Vec::new();
+        if let Some(d) = &p.digest {
+            let sum = Checksum::parse(d).map_err(|why| self.refuse(name, ErrorKind::Field, why))?;
+            checks.push(Check::Decoded(sum));
         }
-        if let Some(nnz) = sparse
-            && let Err(why) = self.sparse_data(name, obj, nnz, &tables)?
-        {
-            return Ok(Err(why));
+        if dtype == DType::Bool {
+            checks.push(Check::BoolBytes);
         }
-        Ok(Ok(parts))
+        if dtype == DType::Float4E2M1FnX2 && count % 2 == 1 {
+            checks.push(Check::ZeroLastNibble);
+        }
+        let blob = self.catalog.blobs.len();
+        self.catalog.blobs.push(Blob {
+            source,
+            offset: p.blob.offset,
+            len,
+            codec,
+            decoded_len: p.decoded_size(),
+            checks,
+            label: if dense {
+                format!("tensor {name:?}")
+            } else {
+                format!("tensor {name:?} part {pname:?}")
+            },
+        });
+        tables.insert(pname.to_string(), (source, table));
+        Ok(Ok(Part {
+            name: if dense {
+                String::new()
+            } else {
+                pname.to_string()
+            },
+            dtype,
+            shape,
+            nbytes,
+            blob,
+            map: PartMap::Contiguous { start: 0 },
+            order: Endian::Little,
+            meta: describe(p).into(),
+        }))
+    }
+
+    /// How part `pname`'s stored bytes are read: the codec, the stored
+    /// length and the seek table (checked against its frames' headers); or
+    /// why this reader cannot decode them.
+    fn encoding(
+        &self,
+        name: &str,
+        pname: &str,
+        source: usize,
+        p: &V2Part,
+    ) -> Result<std::result::Result<Stored, Unsupported>> {
+        Ok(Ok(match p.encoding.as_deref() {
+            None => (Codec::Raw, p.blob.length, None),
+            Some("zt.zstd-seekable/1") => {
+                let stored = self.stored(source, p);
+                let table = seek::parse(stored, p.decoded_size())
+                    .and_then(|t| seek::check_frame_headers(stored, &t).map(|()| t))
+                    .map_err(|why| {
+                        self.refuse(name, ErrorKind::Data, format!("part {pname:?}: {why}"))
+                    })?;
+                if table.frames.is_empty() {
+                    // Nothing to decode: an empty blob serves no bytes.
+                    (Codec::Raw, 0, Some(table))
+                } else {
+                    let frames = FrameTable::Listed(table.frames.clone());
+                    let len = table.frames_len;
+                    (
+                        Codec::Zstd {
+                            frames: Some(frames),
+                        },
+                        len,
+                        Some(table),
+                    )
+                }
+            }
+            Some(other) => {
+                return Ok(Err(format!(
+                    "part {pname:?}: encoding {other:?} is not supported (this reader \
+                     decodes zt.zstd-seekable/1)"
+                )));
+            }
+        }))
     }
 
     /// Checks the sparse data rules (see [`check`]).
