@@ -8,6 +8,7 @@ mod mount;
 mod npy;
 pub mod options;
 mod pack;
+mod prefault;
 mod prefetch;
 
 use std::path::PathBuf;

@@ -64,7 +64,11 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
         index_memory: s.index_memory,
     };
     let started = std::time::Instant::now();
-    let opened = match formats::open_arg(&file.to_string_lossy(), limits, &s.remote) {
+    let prefault = super::prefault::start();
+    let opened = formats::open_arg(&file.to_string_lossy(), limits, &s.remote);
+    // Before a fork, which must copy a process of one thread.
+    prefault.stop();
+    let opened = match opened {
         Ok(opened) => opened,
         Err(e) => return fail(e),
     };
@@ -372,7 +376,7 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
     let ready = Arc::new(Mutex::new(ready));
     let report = |msg: &str| tell(&ready, msg);
     let sigset = block_exit_signals();
-    tune_malloc(opened.sources.iter().flatten().any(|f| f.is_remote()));
+    let remote = opened.sources.iter().flatten().any(|f| f.is_remote());
     let label = opened.catalog.label.clone();
     let count = opened.catalog.len();
     let (fs, time) = match filesystem(opened, s) {
@@ -382,6 +386,7 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
             return fail(msg);
         }
     };
+    tune_malloc(remote);
     // SAFETY: getuid and getgid take nothing, touch no memory of ours and
     // cannot fail.
     let uid = s.uid.unwrap_or_else(|| unsafe { libc::getuid() });
@@ -482,8 +487,10 @@ fn filesystem(opened: Opened, s: &Settings) -> Result<(TensorFs, std::time::Syst
         .and_then(|f| f.opened().modified().ok())
         .unwrap_or(std::time::UNIX_EPOCH);
     let started = std::time::Instant::now();
-    let fs = TensorFs::new(opened.catalog, opened.sources, fs_options(s))
-        .map_err(|e| format!("{label}: {e}"))?;
+    let prefault = super::prefault::start();
+    let fs = TensorFs::new(opened.catalog, opened.sources, fs_options(s));
+    prefault.stop();
+    let fs = fs.map_err(|e| format!("{label}: {e}"))?;
     log::debug!(
         "{label}: tree and views laid out in {:?}",
         started.elapsed()
@@ -507,10 +514,13 @@ fn tune_malloc(remote: bool) {
         (128 << 10, 128 << 10)
     };
     // SAFETY: sets tunables under malloc's own lock (glibc's mallopt is
-    // thread-safe); no memory of ours is passed.
+    // thread-safe); no memory of ours is passed. malloc_trim gives back
+    // the free pages of the heap (what reading the index and building the
+    // tree freed) under the same lock, and touches no allocated block.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, mmap_at);
         libc::mallopt(libc::M_TRIM_THRESHOLD, trim_at);
+        libc::malloc_trim(0);
     }
 }
 
