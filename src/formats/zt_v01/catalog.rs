@@ -372,17 +372,8 @@ fn spec_sparse(
         Some(Value::Text(t)) => {
             return Err(Problem::Tensor(format!("unsupported sparse_format {t:?}")));
         }
-        Some(v) => {
-            return Err(field_err(format!(
-                "field \"sparse_format\" is a CBOR {}, expected text",
-                index::kind_name(v)
-            )));
-        }
-        None => {
-            return Err(field_err(
-                "layout \"sparse\" needs the field \"sparse_format\"".into(),
-            ));
-        }
+        Some(v) => return Err(wrong_type("sparse_format", v, "text")),
+        None => return Err(sparse_needs("sparse_format")),
     };
     // The rest is this project's convention (README); the spec leaves it to
     // the writer. A tensor described some other way is left unserved, and
@@ -390,6 +381,19 @@ fn spec_sparse(
     our_sparse(raw, dtype, encoding, format).map_err(|p| match p {
         Problem::File(_, why) | Problem::Tensor(why) => Problem::Tensor(why),
     })
+}
+
+/// A field of the sparse layout that is not of the CBOR type it must be.
+fn wrong_type(field: &str, v: &Value, expected: &str) -> Problem {
+    field_err(format!(
+        "field \"{field}\" is a CBOR {}, expected {expected}",
+        index::kind_name(v)
+    ))
+}
+
+/// A field the sparse layout needs that the entry lacks.
+fn sparse_needs(field: &str) -> Problem {
+    field_err(format!("layout \"sparse\" needs the field \"{field}\""))
 }
 
 fn our_sparse(
@@ -477,11 +481,7 @@ type SparseFields = (u64, DType, Vec<(String, u64)>);
 fn sparse_fields(raw: &RawEntry) -> std::result::Result<SparseFields, Problem> {
     let nnz = match raw.custom("nnz") {
         Some(v) => as_u64(v).map_err(|why| field_err(format!("field \"nnz\" {why}")))?,
-        None => {
-            return Err(field_err(
-                "layout \"sparse\" needs the field \"nnz\"".into(),
-            ));
-        }
+        None => return Err(sparse_needs("nnz")),
     };
     let index_dtype = match raw.custom("index_dtype") {
         None => DType::Uint64,
@@ -489,12 +489,7 @@ fn sparse_fields(raw: &RawEntry) -> std::result::Result<SparseFields, Problem> {
             Some(d) if d.is_integer() => d,
             _ => return Err(Problem::Tensor(format!("unsupported index_dtype {t:?}"))),
         },
-        Some(v) => {
-            return Err(field_err(format!(
-                "field \"index_dtype\" is a CBOR {}, expected text",
-                index::kind_name(v)
-            )));
-        }
+        Some(v) => return Err(wrong_type("index_dtype", v, "text")),
     };
     let offsets: Vec<(String, u64)> = match raw.custom("sparse_offsets") {
         Some(Value::Map(pairs)) => {
@@ -511,17 +506,8 @@ fn sparse_fields(raw: &RawEntry) -> std::result::Result<SparseFields, Problem> {
             }
             out
         }
-        Some(v) => {
-            return Err(field_err(format!(
-                "field \"sparse_offsets\" is a CBOR {}, expected a map",
-                index::kind_name(v)
-            )));
-        }
-        None => {
-            return Err(field_err(
-                "layout \"sparse\" needs the field \"sparse_offsets\"".into(),
-            ));
-        }
+        Some(v) => return Err(wrong_type("sparse_offsets", v, "a map")),
+        None => return Err(sparse_needs("sparse_offsets")),
     };
     Ok((nnz, index_dtype, offsets))
 }
