@@ -612,12 +612,15 @@ class More:
         "npz (numpy.savez)": ("fmt.npz", "npz"),
         "ONNX (onnx.save, one initializer)": ("fmt.onnx", "onnx"),
         "HDF5 (h5py, one contiguous dataset)": ("fmt.h5", "hdf5"),
+        # torch.save itself where torch is installed; else its zip layout,
+        # written by bench_writers.py (torch is too big for the venv).
+        "PyTorch .pt (torch.save's zip layout)": ("fmt.pt", "pt"),
     }
 
     def formats_more(self):
         """Tensor "w" of single()'s safetensors and GGUF files (the same
-        values) as zTensor v1, deathtensors, npz, ONNX and HDF5 files, by their
-        own writers. Returns {label: path}."""
+        values) as zTensor v1, deathtensors, npz, ONNX, HDF5 and .pt files, by
+        their own writers (.pt: see FORMATS_MORE). Returns {label: path}."""
         s = self.sizes
         labels = {k: self.work / f for k, (f, _) in self.FORMATS_MORE.items()}
 
@@ -1922,7 +1925,7 @@ class Bench:
                      dict(s=ttfb, baseline_s=first, baseline="first read of the whole tensor"))
 
     def section_formats(self):
-        log("safetensors, GGUF, zTensor v1, deathtensors, npz, ONNX, HDF5 (their own writers): raw "
+        log("safetensors, GGUF, zTensor v1, deathtensors, npz, ONNX, HDF5, .pt: raw "
             "first read vs dd, beside the .zt")
         f, more = self.files, self.more
         _, _, st_file, gguf_file = more.single()

@@ -17,7 +17,9 @@ Usage: bench_writers.py FORMAT OUT NAME=NPY [NAME=NPY ...]
           that stream made by Python zstandard's one-shot compress, or by
           the zstd CLI, both level 3: the deathtensors header says only
           "one zstd stream", so any writer's frame fits; deathtensors' own
-          reader checks the file)
+          reader checks the file),
+          pt (torch.save of a dict of the tensors when torch is installed;
+          else torch.save's zip layout written here: see write_pt)
 The ztensor 2.x (1.x) package is the one first on PYTHONPATH (.venv/ztensor/2, /1).
 """
 
@@ -165,6 +167,99 @@ def reblob_dt(out, tensors, how):
             sys.exit(f"bench_writers: {out}: deathtensors reads {name} back wrong")
 
 
+def write_pt(out, tensors):
+    """torch.save({name: tensor}) with torch; without it (torch is too big
+    for the benchmark's venv), the same archive torch 2.x writes, member
+    for member: ARCHIVE/data.pkl (protocol 2: an OrderedDict of
+    torch._utils._rebuild_tensor_v2 calls on persistent storage ids),
+    .format_version, .storage_alignment, byteorder, data/N (stored, each
+    starting on a multiple of 64 bytes, padded by an extra field as torch
+    pads it), version and .data/serialization_id, as in the torch-made
+    fixtures of tests/fixtures/pt (scripts/make_pt_fixtures.py)."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        torch.save({name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in tensors}, out)
+        return
+    import collections
+    import io
+    import pickle
+    import types
+    import zipfile
+
+    # Stand-ins with torch's names, so that pickle writes the globals torch
+    # writes (this process never imports torch).
+    mod, utils = types.ModuleType("torch"), types.ModuleType("torch._utils")
+
+    class FloatStorage:
+        pass
+
+    def _rebuild_tensor_v2(*args):
+        raise RuntimeError("never called")
+
+    FloatStorage.__module__, FloatStorage.__qualname__ = "torch", "FloatStorage"
+    _rebuild_tensor_v2.__module__ = "torch._utils"
+    _rebuild_tensor_v2.__qualname__ = "_rebuild_tensor_v2"
+    mod.FloatStorage, utils._rebuild_tensor_v2, mod._utils = FloatStorage, _rebuild_tensor_v2, utils
+    sys.modules["torch"], sys.modules["torch._utils"] = mod, utils
+
+    class Storage:
+        def __init__(self, key, numel):
+            self.key, self.numel = key, numel
+
+    class Tensor:
+        def __init__(self, key, a):
+            self.storage, self.shape = Storage(key, a.size), tuple(a.shape)
+
+        def __reduce__(self):
+            stride, acc = [], 1
+            for d in reversed(self.shape):
+                stride.insert(0, acc)
+                acc *= d
+            return (_rebuild_tensor_v2, (self.storage, 0, self.shape, tuple(stride), False,
+                                         collections.OrderedDict()))
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj):
+            if isinstance(obj, Storage):
+                return ("storage", FloatStorage, obj.key, "cpu", obj.numel)
+            return None
+
+    buf = io.BytesIO()
+    Pickler(buf, protocol=2).dump(collections.OrderedDict(
+        (name, Tensor(str(i), a)) for i, (name, a) in enumerate(tensors)))
+    root = os.path.splitext(os.path.basename(out.removesuffix(".partial")))[0]
+    with open(out, "wb") as fh, zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED) as z:
+        def member(name, data=None, array=None):
+            info = zipfile.ZipInfo(f"{root}/{name}", date_time=(1980, 1, 1, 0, 0, 0))
+            n = len(data) if array is None else array.nbytes
+            # The data starts after the 30-byte local header, the name and
+            # the extra field ("FB", its length, padding): on 64 bytes.
+            start = fh.tell() + 30 + len(info.filename.encode()) + 4
+            pad = -start % 64
+            info.extra = b"FB" + pad.to_bytes(2, "little") + b"Z" * pad
+            info.file_size = n
+            with z.open(info, "w") as w:
+                if array is None:
+                    w.write(data)
+                else:
+                    flat = array.reshape(-1)
+                    step = (16 << 20) // 4
+                    for i in range(0, flat.size, step):
+                        w.write(np.ascontiguousarray(flat[i:i + step]).tobytes())
+
+        member("data.pkl", buf.getvalue())
+        member(".format_version", b"1")
+        member(".storage_alignment", b"64")
+        member("byteorder", b"little")
+        for i, (_, a) in enumerate(tensors):
+            member(f"data/{i}", array=a)
+        member("version", b"3\n")
+        member(".data/serialization_id", b"0" * 40)
+
+
 def main():
     if len(sys.argv) < 4:
         sys.exit(__doc__)
@@ -193,6 +288,8 @@ def main():
         write_safetensors(tmp, tensors)
     elif fmt == "gguf":
         write_gguf(tmp, tensors)
+    elif fmt == "pt":
+        write_pt(tmp, tensors)
     else:
         sys.exit(f"bench_writers: unknown format {fmt!r}")
     os.replace(tmp, out)

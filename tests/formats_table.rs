@@ -90,7 +90,7 @@ const COVERED: &[Covered] = &[
         ],
         interop: "tests/format_pt.rs",
         hostile: "tests/pt_hostile.rs",
-        bench: None,
+        bench: Some("PyTorch .pt (torch.save's zip layout)"),
     },
     Covered {
         name: "npz",
@@ -123,10 +123,6 @@ const NO_BENCH_ROW_YET: &[(&str, &str)] = &[
     (
         "Hugging Face safetensors index",
         "a sharded set's rows are its safetensors shards'",
-    ),
-    (
-        "PyTorch .pt",
-        "torch, its writer, is not installed where the benchmark runs",
     ),
 ];
 
