@@ -616,13 +616,16 @@ impl TensorFs {
 
     /// Whether files of content `c` are worth a filled backing file: some
     /// of their bytes take work to make. (Asked at every open: no segments
-    /// built, no header copied.)
+    /// built; a view's file is described once, its header with it.)
     fn worth_filling(&self, c: &Content) -> bool {
-        // A view that is its source is backed by the source itself.
-        if self.composed(c).is_some_and(|f| f.is_source) {
-            return false;
+        match c {
+            Content::Part { tensor, part } => self.needs_work(*tensor, *part),
+            // A view that is its source is backed by the source itself.
+            Content::ViewData { .. } => self.composed(c).is_some_and(|f| {
+                !f.is_source && f.entries.iter().any(|e| self.needs_work(e.tensor, 0))
+            }),
+            _ => false,
         }
-        self.any_part(c, |t, p| self.needs_work(t, p))
     }
 
     /// Whether some bytes of files of content `c` come from a remote
@@ -977,10 +980,15 @@ impl TensorFs {
     fn one_part(&self, c: &Content) -> Option<(usize, usize, u64)> {
         match c {
             Content::Part { tensor, part } => Some((*tensor, *part, 0)),
-            Content::ViewData { .. } => match &*self.composed(c)?.entries {
-                [e] => Some((e.tensor, 0, e.start)),
-                _ => None,
-            },
+            // A view's file of one tensor (`FileId::tensor`), not one that
+            // happens to hold one (the `.safetensors` view of a model of
+            // one tensor is still the model's file).
+            Content::ViewData { file, .. } if file.tensor.is_some() => {
+                match &*self.composed(c)?.entries {
+                    [e] if Some(e.tensor) == file.tensor => Some((e.tensor, 0, e.start)),
+                    _ => None,
+                }
+            }
             _ => None,
         }
     }
@@ -1052,9 +1060,9 @@ impl TensorFs {
         // A tensor's file, or a view's file of that tensor alone.
         let (ti, pi) = match &node.kind {
             NodeKind::File(Content::Part { tensor, part }) => (*tensor, *part),
-            NodeKind::File(c @ Content::ViewData { file, .. }) => match self.one_part(c) {
-                Some((t, p, _)) if file.tensor == Some(t) => (t, p),
-                _ => return Ok(Vec::new()),
+            NodeKind::File(c @ Content::ViewData { .. }) => match self.one_part(c) {
+                Some((t, p, _)) => (t, p),
+                None => return Ok(Vec::new()),
             },
             _ => return Ok(Vec::new()),
         };
@@ -1146,6 +1154,26 @@ mod tests {
             backing: BackingOptions::off(),
         };
         TensorFs::new(catalog, files, opts).unwrap()
+    }
+
+    #[test]
+    fn only_a_view_file_of_one_tensor_counts_as_that_tensors_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs_of_tensors(dir.path(), &[("w", &[1, 2, 3, 4])]);
+        let content = |dir: &str, name: &str| {
+            let top = fs.lookup(ROOT, OsStr::new(dir)).unwrap().ino;
+            let ino = fs.lookup(top, OsStr::new(name)).unwrap().ino;
+            match &fs.tree.node(ino).unwrap().kind {
+                NodeKind::File(c) => c.clone(),
+                other => panic!("{other:?}"),
+            }
+        };
+        let npy = content(".npy", "w.npy");
+        assert_eq!(fs.one_part(&npy), Some((0, 0, 128)));
+        // The model's file, though it holds one tensor: served, cached and
+        // described as a model (no tensor xattrs), as with more tensors.
+        let model = content(".safetensors", "model.safetensors");
+        assert_eq!(fs.one_part(&model), None);
     }
 
     #[test]
