@@ -164,10 +164,11 @@ fn daemonize(opened: Opened, mountpoint: &Path, s: &Settings) -> ExitCode {
     // SAFETY: both descriptors come fresh from the pipe2 that just
     // succeeded; nothing else owns them, and each is wrapped once.
     let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    // SAFETY: this thread is the process's only one here (nothing before
-    // starts a thread but the remote runtime, stopped above and made anew
-    // per process), so no lock is held by a thread the child lacks, and
-    // the child may run any code.
+    // SAFETY: this thread is the process's only one here (the threads
+    // started before are the remote runtime's, stopped above and made anew
+    // per process, and the heap's prefault thread, joined once the index
+    // was read), so no lock is held by a thread the child lacks, and the
+    // child may run any code.
     match unsafe { libc::fork() } {
         -1 => fail(format!("fork: {}", std::io::Error::last_os_error())),
         0 => {
@@ -514,13 +515,10 @@ fn tune_malloc(remote: bool) {
         (128 << 10, 128 << 10)
     };
     // SAFETY: sets tunables under malloc's own lock (glibc's mallopt is
-    // thread-safe); no memory of ours is passed. malloc_trim gives back
-    // the free pages of the heap (what reading the index and building the
-    // tree freed) under the same lock, and touches no allocated block.
+    // thread-safe); no memory of ours is passed.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, mmap_at);
         libc::mallopt(libc::M_TRIM_THRESHOLD, trim_at);
-        libc::malloc_trim(0);
     }
 }
 

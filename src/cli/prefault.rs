@@ -15,7 +15,8 @@
 //!   idle. The heap grows [`TOP_PAD`] at a time so that the thread stays
 //!   ahead of the builder.
 //!
-//! When it stops, malloc's settings are back to what they were, and the
+//! When it stops, malloc's three settings are set to glibc's defaults
+//! (the daemon then sets its own thresholds, `tune_malloc`), and the
 //! heap's free pages go back to the kernel (`malloc_trim`): what is kept
 //! afterwards is what was built. The measure is in BENCHMARKS.md ("Mount
 //! of 100 000 tensors").
@@ -40,8 +41,10 @@ const DEFAULT_THRESHOLD: libc::c_int = 128 << 10;
 /// Allocations below this come from the heap while the thread runs (the
 /// most glibc takes), and the heap keeps up to this much free at its top.
 const BIG: libc::c_int = 32 << 20;
-/// How often the thread looks at the heap's end.
+/// How often the thread looks at the heap's end while it grows, and at
+/// most while it does not (a remote index can take seconds to fetch).
 const POLL: Duration = Duration::from_micros(100);
+const POLL_IDLE: Duration = Duration::from_millis(5);
 
 /// The running thread; [`Prefault::stop`] ends it (it must be stopped
 /// before the process forks).
@@ -108,16 +111,21 @@ fn heap_end() -> usize {
 fn run(stop: &AtomicBool) {
     let page = 4096usize;
     let mut done = heap_end().next_multiple_of(page);
+    let mut poll = POLL;
     while !stop.load(Relaxed) {
         let end = heap_end() & !(page - 1);
         if end <= done {
-            std::thread::sleep(POLL);
+            std::thread::sleep(poll);
+            poll = (poll * 2).min(POLL_IDLE);
             continue;
         }
-        // SAFETY: [done, end) lies inside the heap (below the break the
-        // kernel just gave), which is this process's own anonymous memory;
-        // populating it for writing faults pages in without changing a
-        // byte of them. A failure (an old kernel) changes nothing either.
+        poll = POLL;
+        // SAFETY: [done, end) was inside the heap, this process's own
+        // anonymous memory, when the kernel gave its end; populating pages
+        // for writing faults them in without changing a byte of them. If
+        // malloc trims the heap meanwhile, the range is partly unmapped and
+        // the call fails with ENOMEM (the thread then ends), changing
+        // nothing; so does a kernel without the advice.
         let r = unsafe {
             libc::madvise(
                 done as *mut libc::c_void,
@@ -136,6 +144,10 @@ fn run(stop: &AtomicBool) {
 mod tests {
     use super::*;
 
+    /// Blocks allocated and written while the thread runs keep their
+    /// bytes, and it stops. (A test thread allocates from an arena of its
+    /// own, not the heap the thread populates: the mounts of the suite
+    /// run that path.)
     #[test]
     fn memory_built_while_faulting_in_ahead_holds_what_was_written() {
         let p = start();
