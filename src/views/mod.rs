@@ -15,9 +15,9 @@
 //!
 //! A view is one module here that implements [`View`], and one entry in
 //! [`VIEWS`]. The mount knows no view by name: it lays out the files a
-//! view places (`mount/tree/mirror.rs`), serves a [`Body::Data`] file like
+//! view places (`mount/tree/mirror.rs`), serves a [`Made::Data`] file like
 //! a tensor's own (with its backing file, passthrough included) and a
-//! [`Body::Text`] file like a sidecar.
+//! [`Made::Text`] file like a sidecar.
 
 use std::borrow::Cow;
 
@@ -104,7 +104,8 @@ pub struct Entry {
 #[derive(Debug, Clone)]
 pub struct Composed<'a> {
     pub header: Cow<'a, [u8]>,
-    /// In file order, after the header; they may leave no gap.
+    /// In file order, from the end of the header to `size`: they must
+    /// leave no gap (a read is put together from the header and these).
     pub entries: Cow<'a, [Entry]>,
     /// The whole file's size.
     pub size: u64,

@@ -271,7 +271,7 @@ impl Builder {
             for name in walk {
                 d = match self.child(d, name) {
                     Some(ino) if self.is_dir(ino) => ino,
-                    Some(_) => break,
+                    Some(_) => return Err(format!("{name:?} is a file there")),
                     None => self.add(d, name.clone(), new_dir()),
                 };
             }
