@@ -238,6 +238,8 @@ def write_pt(out, tensors):
             # The data starts after the 30-byte local header, the name and
             # the extra field ("FB", its length, padding): on 64 bytes.
             start = fh.tell() + 30 + len(info.filename.encode()) + 4
+            if n * 1.05 > zipfile.ZIP64_LIMIT:
+                start += 20  # zipfile's own zip64 extra field comes first
             pad = -start % 64
             info.extra = b"FB" + pad.to_bytes(2, "little") + b"Z" * pad
             info.file_size = n
