@@ -119,12 +119,10 @@ const COVERED: &[Covered] = &[
 ];
 
 /// Formats with no benchmark row yet, and why.
-const NO_BENCH_ROW_YET: &[(&str, &str)] = &[
-    (
-        "Hugging Face safetensors index",
-        "a sharded set's rows are its safetensors shards'",
-    ),
-];
+const NO_BENCH_ROW_YET: &[(&str, &str)] = &[(
+    "Hugging Face safetensors index",
+    "a sharded set's rows are its safetensors shards'",
+)];
 
 /// Formats whose recognition takes another's files too, which the table's
 /// order settles: (the format, the one after it that also takes its files).
