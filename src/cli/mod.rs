@@ -113,8 +113,7 @@ struct MountCli {
     /// In the background, log here instead of syslog.
     #[arg(long, value_name = "PATH")]
     log_file: Option<PathBuf>,
-    /// Views to make, of npy, zarr, safetensors (or all, none). Default: all.
-    #[arg(long, value_name = "LIST")]
+    #[arg(long, value_name = "LIST", help = VIEWS_HELP.as_str())]
     views: Option<String>,
     /// For an s3:// FILE: the S3-compatible server to use (e.g. http://127.0.0.1:9000).
     #[arg(long, value_name = "URL")]
@@ -206,6 +205,16 @@ enum Tool {
         jobs: usize,
     },
 }
+
+/// `--views`'s help: the views of the table, so a view added there is
+/// named here.
+static VIEWS_HELP: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let names: Vec<&str> = crate::views::VIEWS.iter().map(|r| r.name).collect();
+    format!(
+        "Views to make, of {} (or all, none). Default: all.",
+        names.join(", ")
+    )
+});
 
 pub fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
