@@ -195,6 +195,28 @@ pub struct Tensor {
 }
 
 impl Tensor {
+    /// A tensor of dense layout shown as one file (not a directory of
+    /// parts): what most formats hold.
+    pub fn dense(
+        name: String,
+        dtype: String,
+        shape: Vec<u64>,
+        encoding: impl Into<String>,
+        parts: Result<Vec<Part>, String>,
+        meta: Meta,
+    ) -> Tensor {
+        Tensor {
+            name,
+            dtype,
+            shape,
+            layout: "dense".into(),
+            encoding: encoding.into(),
+            directory: false,
+            parts,
+            meta,
+        }
+    }
+
     pub fn is_supported(&self) -> bool {
         self.parts.is_ok()
     }

@@ -4,7 +4,7 @@
 use std::fs::File;
 use std::sync::Arc;
 
-use crate::catalog::DType;
+use crate::catalog::{Blob, Codec, DType, Part};
 use crate::source::MappedFile;
 
 /// Largest blob a producer will make whole: the cap `ztensor-compat` puts
@@ -51,6 +51,21 @@ pub fn shared_file(
         .try_clone()
         .map_err(|e| format!("cannot reopen the file: {e}"))?;
     Ok(slot.insert(Arc::new(f)).clone())
+}
+
+/// The encoding a tensor of `parts` shows: `computed` when some part's
+/// bytes are made by the format's own reader (a `Codec::Computed` blob of
+/// `blobs`), else `raw`.
+pub fn raw_or_computed(blobs: &[Blob], parts: &Result<Vec<Part>, String>) -> &'static str {
+    let computed = |p: &Part| {
+        blobs
+            .get(p.blob)
+            .is_some_and(|b| matches!(b.codec, Codec::Computed(_)))
+    };
+    match parts {
+        Ok(ps) if ps.iter().any(computed) => "computed",
+        _ => "raw",
+    }
 }
 
 #[cfg(test)]

@@ -577,16 +577,14 @@ fn add_tensors(catalog: &mut Catalog, source: usize, p: Parsed, shard: Option<&s
             meta.insert("shard".into(), s.into());
         }
         meta.insert("metadata".into(), Json::Object(string_map(&t.metadata)));
-        catalog.tensors.push(Tensor {
-            name: t.name,
-            dtype: t.dtype_name,
-            shape: t.shape,
-            layout: "dense".into(),
-            encoding: encoding.into(),
-            directory: false,
-            parts: Ok(vec![part]),
-            meta: meta.into(),
-        });
+        catalog.tensors.push(Tensor::dense(
+            t.name,
+            t.dtype_name,
+            t.shape,
+            encoding,
+            Ok(vec![part]),
+            meta.into(),
+        ));
     }
 }
 

@@ -305,10 +305,7 @@ fn tensor_of(
         dtype: dtype_name,
         shape: t.shape().to_vec(),
         layout,
-        encoding: match &parts {
-            Ok(ps) if ps.iter().any(|p| is_computed(blobs, p.blob)) => "computed".into(),
-            _ => "raw".into(),
-        },
+        encoding: super::common::raw_or_computed(blobs, &parts).into(),
         directory,
         parts,
         meta: meta.into(),
@@ -417,12 +414,6 @@ fn part_of(
     };
     part.meta = pmeta.into();
     Ok((part, blob))
-}
-
-fn is_computed(blobs: &[Blob], b: usize) -> bool {
-    blobs
-        .get(b)
-        .is_some_and(|b| matches!(b.codec, Codec::Computed(_)))
 }
 
 /// A producer that asks the crate for the part's bytes (of a local file:

@@ -539,16 +539,14 @@ fn add_array(
         }
     };
     let encoding = if m.deflated { "deflate" } else { "raw" };
-    catalog.tensors.push(Tensor {
+    catalog.tensors.push(Tensor::dense(
         name,
-        dtype: h.descr,
-        shape: h.shape,
-        layout: "dense".into(),
-        encoding: encoding.into(),
-        directory: false,
+        h.descr,
+        h.shape,
+        encoding,
         parts,
-        meta: meta.into(),
-    });
+        meta.into(),
+    ));
     Ok(())
 }
 

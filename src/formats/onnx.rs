@@ -470,16 +470,14 @@ impl<'s> Reader<'s> {
             Ok((p, e)) => (Ok(p), e),
             Err(why) => (Err(why), "raw"),
         };
-        self.catalog.tensors.push(Tensor {
+        self.catalog.tensors.push(Tensor::dense(
             name,
             dtype,
-            shape: dims,
-            layout: "dense".into(),
-            encoding: encoding.into(),
-            directory: false,
+            dims,
+            encoding,
             parts,
-            meta: meta.into(),
-        });
+            meta.into(),
+        ));
         Ok(())
     }
 

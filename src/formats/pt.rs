@@ -127,16 +127,14 @@ fn read(src: &MappedFile, limits: Limits) -> Result<Catalog> {
             Ok(t) => tensor_of(src, &mut catalog.blobs, name, t, &vm.storages, &storages),
             // Rebuilt by torch's function from arguments not read here:
             // listed with the reason rather than left out.
-            Err(why) => Tensor {
+            Err(why) => Tensor::dense(
                 name,
-                dtype: "unknown".into(),
-                shape: Vec::new(),
-                layout: "dense".into(),
-                encoding: "raw".into(),
-                directory: false,
-                parts: Err(why),
-                meta: crate::catalog::Meta::default(),
-            },
+                "unknown".into(),
+                Vec::new(),
+                "raw",
+                Err(why),
+                crate::catalog::Meta::default(),
+            ),
         };
         catalog.tensors.push(tensor);
     }
@@ -273,19 +271,14 @@ fn tensor_of(
         Some(Err(why)) => Err(why.clone()),
         None => Err("its storage was not looked up".into()),
     };
-    Tensor {
+    Tensor::dense(
         name,
-        dtype: dtype_name,
-        shape: t.shape,
-        layout: "dense".into(),
-        encoding: match &parts {
-            Ok(ps) if ps.iter().any(|p| is_computed(blobs, p.blob)) => "computed".into(),
-            _ => "raw".into(),
-        },
-        directory: false,
+        dtype_name,
+        t.shape,
+        super::common::raw_or_computed(blobs, &parts),
         parts,
-        meta: meta.into(),
-    }
+        meta.into(),
+    )
 }
 
 /// Whether the zip local file header at `at` is that of member `name`:
@@ -310,12 +303,6 @@ fn check_local(file: &[u8], at: u64, name: &[u8]) -> std::result::Result<(), Str
         Some(found) => Err(format!("the entry of {:?}", String::from_utf8_lossy(found))),
         None => Err("a local entry cut short".into()),
     }
-}
-
-fn is_computed(blobs: &[Blob], b: usize) -> bool {
-    blobs
-        .get(b)
-        .is_some_and(|b| matches!(b.codec, Codec::Computed(_)))
 }
 
 /// Up to `limit` bytes of zip member `i`, decompressed.

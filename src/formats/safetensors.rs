@@ -313,16 +313,9 @@ fn add_tensor(catalog: &mut Catalog, name: String, entry: Json, at: Data) -> Res
             Ok(vec![Part::dense(d, pshape, nbytes, blob, Endian::Little)])
         }
     };
-    catalog.tensors.push(Tensor {
-        name,
-        dtype,
-        shape,
-        layout: "dense".into(),
-        encoding: "raw".into(),
-        directory: false,
-        parts,
-        meta: meta.into(),
-    });
+    catalog
+        .tensors
+        .push(Tensor::dense(name, dtype, shape, "raw", parts, meta.into()));
     Ok((begin, end))
 }
 

@@ -117,16 +117,14 @@ struct Budget {
 }
 
 fn unreadable(name: &str, dtype: &str, shape: Vec<u64>, why: String, meta: JsonMap) -> Tensor {
-    Tensor {
-        name: name.to_string(),
-        dtype: dtype.to_string(),
+    Tensor::dense(
+        name.to_string(),
+        dtype.to_string(),
         shape,
-        layout: "dense".into(),
-        encoding: "raw".into(),
-        directory: false,
-        parts: Err(why),
-        meta: meta.into(),
-    }
+        "raw",
+        Err(why),
+        meta.into(),
+    )
 }
 
 /// The numpy-style name of an element type, byte order included.
@@ -211,16 +209,14 @@ fn dataset(
     );
     let order = if big { Endian::Big } else { Endian::Little };
     let part = Part::dense(dtype, shape.clone(), nbytes, blob, order);
-    Ok(Tensor {
-        name: name.to_string(),
-        dtype: dtype_name,
+    Ok(Tensor::dense(
+        name.to_string(),
+        dtype_name,
         shape,
-        layout: "dense".into(),
         encoding,
-        directory: false,
-        parts: Ok(vec![part]),
-        meta: meta.into(),
-    })
+        Ok(vec![part]),
+        meta.into(),
+    ))
 }
 
 /// A dataset's element type, the name of its type, its shape and the
