@@ -403,3 +403,48 @@ fn cat_streams_a_huge_reference_coo_tensor_in_bounded_memory() {
     });
     assert_eq!(total, (512 * (9 << 20)) / 9, "one value per 9-byte record");
 }
+
+#[test]
+fn cat_into_a_pipe_its_reader_closes_ends_quietly_by_sigpipe() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    use ztensor_mount::formats::zt_v01::DType;
+    use ztensor_mount::formats::zt_v01::writer::{Options, Writer};
+    // `cat ... | head -c 4096`: the reader goes away after 4 KiB of 16 MiB.
+    // As GNU cat, the tool ends by SIGPIPE, saying nothing (the shell
+    // reports the pipeline's status from `head`).
+    let dir = tempfile::tempdir().unwrap();
+    let zt = dir.path().join("m.zt");
+    let mut w = Writer::create(&zt).unwrap();
+    let data = vec![7u8; 16 << 20];
+    w.add(
+        "w",
+        DType::Uint8,
+        &[data.len() as u64],
+        &data,
+        &Options::default(),
+    )
+    .unwrap();
+    w.finish().unwrap();
+    let mut child = Command::new(bin())
+        .arg("cat")
+        .arg(&zt)
+        .arg("w")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut head = vec![0u8; 4096];
+    child.stdout.take().unwrap().read_exact(&mut head).unwrap();
+    assert!(head.iter().all(|&b| b == 7));
+    // The pipe's read end is closed here (dropped above).
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {said}",
+        out.status
+    );
+    assert!(said.is_empty(), "said: {said}");
+}

@@ -10,7 +10,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use serde_json::Value as Json;
-use support::{Mount, Rng, compressible};
+use support::{Mount, Rng, Tmpfs, compressible};
 use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
 use ztensor_mount::formats::zt_v01::{DType, Endian};
 use ztensor_mount::serve::cache::ENTRY_COST;
@@ -544,51 +544,6 @@ fn a_spill_decoder_holds_no_window_of_its_own() {
         peak < before + 40 * 1024,
         "daemon peak {peak} KiB, {before} KiB before the spill"
     );
-}
-
-/// A tmpfs mounted for one test, unmounted however the test ends.
-struct Tmpfs(std::path::PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &std::path::Path, size: &str) -> Result<Tmpfs, String> {
-        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-        let r = support::run_with_timeout(
-            std::process::Command::new("mount").args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={size}"),
-                "tmpfs",
-                dir.to_str().unwrap(),
-            ]),
-            Duration::from_secs(10),
-        );
-        if !r.ok() {
-            return Err(format!("mount -t tmpfs: {}", r.stderr.trim()));
-        }
-        Ok(Tmpfs(dir.to_path_buf()))
-    }
-
-    fn resize(&self, size: &str) {
-        let r = support::run_with_timeout(
-            std::process::Command::new("mount").args([
-                "-o",
-                &format!("remount,size={size}"),
-                self.0.to_str().unwrap(),
-            ]),
-            Duration::from_secs(10),
-        );
-        assert!(r.ok(), "remount: {}", r.stderr);
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
 }
 
 #[test]

@@ -575,18 +575,20 @@ fn a_dropped_connection_or_a_503_then_success_serves_the_right_bytes() {
 }
 
 #[test]
-fn a_server_that_keeps_failing_gives_eio_and_a_log_line_never_a_hang() {
+fn a_server_that_keeps_failing_gives_eio_or_etimedout_and_a_log_line_never_a_hang() {
     let _s = support::serial();
-    for fault in [
-        "/__fault?kind=status&status=503&count=100",
-        "/__fault?kind=stall&secs=5&count=100",
-        "/__fault?kind=drop&count=100",
+    // A server that answers with an error, or drops the connection, is a
+    // failed read (EIO); one that never answers in time is a timeout.
+    for (fault, errno) in [
+        ("/__fault?kind=status&status=503&count=100", libc::EIO),
+        ("/__fault?kind=stall&secs=5&count=100", libc::ETIMEDOUT),
+        ("/__fault?kind=drop&count=100", libc::EIO),
     ] {
         let Some((got, _, log, took)) = read_with_fault(fault) else {
             return;
         };
         let e = got.expect_err(fault);
-        assert_eq!(e.raw_os_error(), Some(libc::EIO), "{fault}: {e}");
+        assert_eq!(e.raw_os_error(), Some(errno), "{fault}: {e}\nlog: {log}");
         assert!(took < Duration::from_secs(60), "{fault}: took {took:?}");
         assert!(
             log.lines()
@@ -594,6 +596,45 @@ fn a_server_that_keeps_failing_gives_eio_and_a_log_line_never_a_hang() {
             "{fault}: no log line: {log}"
         );
     }
+}
+
+#[test]
+fn a_cache_dir_without_room_fails_the_read_with_enospc_until_it_has_room() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let (tensors, srv, _) = served_model(&py, &m);
+    // Room for the blocks the mount reads (the first and the last, 1 MiB
+    // each) and little more: "embed" (3 MiB from the start) does not fit.
+    let dir = m.scratch_path("small");
+    let tmpfs = match support::Tmpfs::mount(&dir, "2560k") {
+        Ok(t) => t,
+        Err(why) => {
+            support::require("a tmpfs for --cache-dir", Err(why));
+            return;
+        }
+    };
+    mount_remote(&mut m, &srv.url("/model.zt"), &dir, &[]);
+    let e = std::fs::read(m.path("embed")).unwrap_err();
+    assert_eq!(
+        e.raw_os_error(),
+        Some(libc::ENOSPC),
+        "{e}\n{}",
+        m.log_text()
+    );
+    let log = m.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("ERROR")
+            && l.contains("model.zt")
+            && l.contains("cannot write the cache file")
+            && l.contains("No space left on device")),
+        "log:\n{log}"
+    );
+    // Not a lasting failure: with room, the same read gets the bytes.
+    tmpfs.resize("32m");
+    let got = std::fs::read(m.path("embed")).unwrap();
+    assert!(got == tensors[0].1, "embed after the disk has room");
+    m.unmount_ok();
 }
 
 #[test]

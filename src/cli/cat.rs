@@ -28,8 +28,6 @@ pub fn run(
 ) -> ExitCode {
     match cat(path, name, part, remote) {
         Ok(()) => ExitCode::SUCCESS,
-        // A closed pipe (`| head`) is the reader's choice, not an error.
-        Err(e) if e.contains("Broken pipe") => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ztensor-mount: {e}");
             ExitCode::from(1)
@@ -94,10 +92,19 @@ fn cat(
                 "{label}: tensor {name:?}: ended at byte {off} of {nbytes}"
             ));
         }
-        out.write_all(&chunk)
-            .map_err(|e| format!("{label}: tensor {name:?}: writing stdout: {e}"))?;
+        if let Err(e) = out.write_all(&chunk) {
+            return stdout_failed(e, &label, name);
+        }
         off += chunk.len() as u64;
     }
-    out.flush()
-        .map_err(|e| format!("{label}: tensor {name:?}: writing stdout: {e}"))
+    out.flush().or_else(|e| stdout_failed(e, &label, name))
+}
+
+/// A failed write to stdout: a closed pipe (`| head`) is the reader's
+/// choice, and ends the output without an error; anything else is one.
+fn stdout_failed(e: std::io::Error, label: &str, name: &str) -> Result<(), String> {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        return Ok(());
+    }
+    Err(format!("{label}: tensor {name:?}: writing stdout: {e}"))
 }

@@ -32,7 +32,7 @@ use std::rc::Rc;
 
 use super::{Limits, gguf_header, sharded, zt_v01};
 use crate::error::{Error, ErrorKind, Result};
-use crate::source::MappedFile;
+use crate::source::{FetchError, MappedFile};
 
 /// Bytes of each end of a remote file fetched to recognise it (rounded up
 /// to the source's blocks, so a small index comes with them).
@@ -65,7 +65,7 @@ pub fn ends(src: &MappedFile) -> Result<()> {
         .map_err(|why| io(src, why))
 }
 
-fn io(src: &MappedFile, why: String) -> Error {
+fn io(src: &MappedFile, why: FetchError) -> Error {
     Error::new(ErrorKind::Io, src.label(), None, why)
 }
 
@@ -225,7 +225,7 @@ pub fn gguf(src: &MappedFile, limits: Limits) -> Result<()> {
 struct Ensuring<'a> {
     src: &'a MappedFile,
     pos: u64,
-    failed: Rc<RefCell<Option<String>>>,
+    failed: Rc<RefCell<Option<FetchError>>>,
     /// Bytes it may still read: a broken archive sends the `zip` crate
     /// searching the whole file for its records.
     budget: u64,
@@ -239,9 +239,10 @@ impl Read for Ensuring<'_> {
             return Ok(0);
         }
         let Some(left) = self.budget.checked_sub(n) else {
-            let why = "reading its zip directory and headers would read more than the \
-                       bytes allowed (--index-memory)"
-                .to_string();
+            let why = FetchError::failed(
+                "reading its zip directory and headers would read more than the bytes \
+                 allowed (--index-memory)",
+            );
             *self.failed.borrow_mut() = Some(why.clone());
             return Err(std::io::Error::other(why));
         };
@@ -359,7 +360,7 @@ fn central_directory(b: &[u8], mut at: usize, count: usize, offset: u64) -> Vec<
 
 /// A zip archive (npz or `.pt`): see the module's documentation.
 pub fn zip(src: &MappedFile, limits: Limits) -> Result<()> {
-    let io = |why: String| Error::new(ErrorKind::Io, src.label(), None, why);
+    let io = |why: FetchError| Error::new(ErrorKind::Io, src.label(), None, why);
     // The end record is within the last 64 KiB and 22 bytes (its comment
     // is at most 65 535 bytes), fetched already: without one, the zip
     // crate would search the whole object for it.

@@ -456,7 +456,7 @@ fn npy_head(
                 .map_err(|why| (ErrorKind::Data, why))?;
         } else {
             src.ensure(m.start, probe)
-                .map_err(|why| (ErrorKind::Io, why))?;
+                .map_err(|why| (ErrorKind::Io, why.into()))?;
             let at = m.start as usize;
             head.extend_from_slice(&src.bytes()[at..at + probe as usize]);
         }

@@ -5,6 +5,8 @@
 //! room), never from the message; the message is the one line the log
 //! and `.ztensor/errors` show, naming the file and the tensor.
 
+use crate::source::{FetchError, FetchKind};
+
 /// What went wrong, as far as the reader's errno can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -16,8 +18,13 @@ pub enum Kind {
     /// Larger than the options let the daemon make (`--cache-size`):
     /// `EFBIG`.
     TooLarge,
-    /// No room under `--cache-dir` for its decoded copy: `ENOSPC`.
+    /// No room under `--cache-dir` for its decoded copy or a remote
+    /// object's blocks: `ENOSPC`.
     NoSpace,
+    /// The remote store refused the credentials: `EACCES`.
+    Denied,
+    /// The remote store did not answer in time: `ETIMEDOUT`.
+    TimedOut,
 }
 
 impl Kind {
@@ -27,6 +34,8 @@ impl Kind {
             Kind::Changed => libc::ESTALE,
             Kind::TooLarge => libc::EFBIG,
             Kind::NoSpace => libc::ENOSPC,
+            Kind::Denied => libc::EACCES,
+            Kind::TimedOut => libc::ETIMEDOUT,
         }
     }
 }
@@ -87,6 +96,20 @@ impl From<String> for ReadError {
     }
 }
 
+/// A byte source's failure keeps its kind.
+impl From<FetchError> for ReadError {
+    fn from(e: FetchError) -> ReadError {
+        let kind = match e.kind {
+            FetchKind::Failed => Kind::Failed,
+            FetchKind::Changed => Kind::Changed,
+            FetchKind::NoSpace => Kind::NoSpace,
+            FetchKind::Denied => Kind::Denied,
+            FetchKind::TimedOut => Kind::TimedOut,
+        };
+        ReadError::new(kind, String::from(e))
+    }
+}
+
 impl From<&str> for ReadError {
     fn from(msg: &str) -> ReadError {
         ReadError::new(Kind::Failed, msg)
@@ -110,6 +133,12 @@ mod tests {
         assert_eq!(e.to_string(), "m.zt: tensor \"w\": no room");
         assert_eq!(ReadError::from("bad".to_string()).errno(), libc::EIO);
         assert_eq!(ReadError::new(Kind::TooLarge, "x").errno(), libc::EFBIG);
+        let f = ReadError::from(FetchError::new(FetchKind::NoSpace, "disk full"));
+        assert_eq!((f.errno(), f.message()), (libc::ENOSPC, "disk full"));
+        let t = ReadError::from(FetchError::new(FetchKind::TimedOut, "late"));
+        assert_eq!(t.errno(), libc::ETIMEDOUT);
+        let d = ReadError::from(FetchError::new(FetchKind::Denied, "401"));
+        assert_eq!(d.errno(), libc::EACCES);
         let g = ReadError::from_guard(true, "changed".into());
         assert_eq!((g.errno(), g.by_guard()), (libc::ESTALE, true));
         assert_eq!(

@@ -13,6 +13,7 @@
 //! spill's writer told, instead of the daemon dying.
 
 use super::error::ReadError;
+use crate::source::FetchKind;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::sync::OnceLock;
@@ -128,7 +129,9 @@ impl Guard {
             Some(r) => match r.broken() {
                 Some(broken) => {
                     // The object logged it.
-                    return Err(self.broken.get_or_init(|| broken).0.clone());
+                    let changed = broken.kind == FetchKind::Changed;
+                    let why = String::from(broken);
+                    return Err(self.broken.get_or_init(|| (why, changed)).0.clone());
                 }
                 None => Ok(self.orig),
             },

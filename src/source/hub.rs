@@ -36,8 +36,8 @@ use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, LOCATION};
 use serde_json::Value;
 
-use super::MappedFile;
 use super::remote::{self, Options};
+use super::{FetchKind, MappedFile};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Whether `arg` names a Hub file (`hf://…`).
@@ -198,6 +198,37 @@ impl Hub {
 /// repo, revision or file).
 type Fail = String;
 
+/// A failed exchange with the Hub or its CDN: its one line, and its kind
+/// (a reader's errno; `remote.rs` finds it among a store error's causes).
+#[derive(Debug)]
+pub struct Failure {
+    pub kind: FetchKind,
+    msg: String,
+}
+
+impl Failure {
+    pub(super) fn new(kind: FetchKind, msg: impl Into<String>) -> Failure {
+        Failure {
+            kind,
+            msg: msg.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+impl From<Failure> for String {
+    fn from(f: Failure) -> String {
+        f.msg
+    }
+}
+
 /// A request to the Hub or its CDN, retried with backoff while the answer
 /// is 429 (rate limited), a 5xx, or no answer at all; any other answer is
 /// the caller's to read.
@@ -205,8 +236,9 @@ async fn send(
     opts: &Options,
     what: &str,
     make: impl Fn() -> reqwest::RequestBuilder,
-) -> std::result::Result<reqwest::Response, Fail> {
+) -> std::result::Result<reqwest::Response, Failure> {
     let mut last = String::new();
+    let mut late = false;
     let mut limited = 0;
     for attempt in 0..=opts.retries {
         if attempt > 0 {
@@ -224,19 +256,29 @@ async fn send(
             }
             Ok(r) if r.status().is_server_error() => {
                 last = format!("the server answered {}", r.status());
+                late = false;
             }
             Ok(r) => return Ok(r),
-            Err(e) => last = one_line_err(&e),
+            Err(e) => {
+                last = one_line_err(&e);
+                late = e.is_timeout();
+            }
         }
     }
-    Err(if limited > 0 {
+    let kind = if late && limited == 0 {
+        FetchKind::TimedOut
+    } else {
+        FetchKind::Failed
+    };
+    let msg = if limited > 0 {
         format!(
             "{last} after {} tries; try again later (a token raises the Hub's limits)",
             opts.retries + 1
         )
     } else {
         format!("{last} (after {} tries)", opts.retries + 1)
-    })
+    };
+    Err(Failure::new(kind, msg))
 }
 
 fn one_line_err(e: &reqwest::Error) -> String {
@@ -572,9 +614,22 @@ impl std::fmt::Display for HubStore {
 pub const STORE: &str = "Hugging Face Hub";
 
 fn generic(msg: impl Into<String>) -> object_store::Error {
+    store_error(Failure::new(FetchKind::Failed, msg))
+}
+
+/// A failure as the store's error; its kind goes with it.
+fn store_error(f: Failure) -> object_store::Error {
     object_store::Error::Generic {
         store: STORE,
-        source: msg.into().into(),
+        source: Box::new(f),
+    }
+}
+
+/// The kind of a refusal: credentials the Hub or the CDN will not take.
+fn refusal_kind(status: StatusCode, h: &HeaderMap) -> FetchKind {
+    match (header(h, "x-error-code"), status.as_u16()) {
+        (Some("GatedRepo"), _) | (_, 401) | (_, 403) => FetchKind::Denied,
+        _ => FetchKind::Failed,
     }
 }
 
@@ -609,7 +664,7 @@ impl HubStore {
                     .header("Accept-Encoding", "identity")
             })
             .await
-            .map_err(generic)?;
+            .map_err(store_error)?;
             let h = r.headers();
             let status = r.status();
             let location = header(h, LOCATION.as_str()).and_then(|l| url.join(l).ok());
@@ -693,7 +748,7 @@ impl HubStore {
                 b
             })
             .await
-            .map_err(generic)?;
+            .map_err(store_error)?;
             let status = r.status();
             if status == StatusCode::FORBIDDEN && !on_hub {
                 let mut map = self
@@ -736,12 +791,8 @@ impl HubStore {
             }
             StatusCode::OK => (0..file.size, file.size),
             s => {
-                return Err(generic(refusal(
-                    &self.repo.hub,
-                    s,
-                    r.headers(),
-                    "at that commit",
-                )));
+                let why = refusal(&self.repo.hub, s, r.headers(), "at that commit");
+                return Err(store_error(Failure::new(refusal_kind(s, r.headers()), why)));
             }
         };
         let (bytes, total) = got;
@@ -754,7 +805,15 @@ impl HubStore {
                 match r.chunk().await {
                     Ok(Some(b)) => Some((Ok(b), Some(r))),
                     Ok(None) => None,
-                    Err(e) => Some((Err(generic(one_line_err(&e))), None)),
+                    Err(e) => {
+                        let kind = if e.is_timeout() {
+                            FetchKind::TimedOut
+                        } else {
+                            FetchKind::Failed
+                        };
+                        let f = Failure::new(kind, one_line_err(&e));
+                        Some((Err(store_error(f)), None))
+                    }
                 }
             }));
         Ok(GetResult {
@@ -778,7 +837,8 @@ fn resolved(
 ) -> object_store::Result<(url::Url, Resolved)> {
     if !(status.is_success() || status.is_redirection()) {
         let what = format!("at commit {}", repo.commit);
-        return Err(generic(refusal(&repo.hub, status, h, &what)));
+        let why = refusal(&repo.hub, status, h, &what);
+        return Err(store_error(Failure::new(refusal_kind(status, h), why)));
     }
     if let Some(c) = header(h, "x-repo-commit")
         && c != repo.commit

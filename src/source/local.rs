@@ -100,7 +100,7 @@ impl MappedFile {
 
     /// Makes bytes `[off, off+len)` (clipped to the file) present in the
     /// mapping: nothing to do for a local file.
-    pub fn ensure(&self, off: u64, len: u64) -> std::result::Result<(), String> {
+    pub fn ensure(&self, off: u64, len: u64) -> std::result::Result<(), super::FetchError> {
         self.ensure_all(&[(off, len)], false)
     }
 
@@ -110,7 +110,7 @@ impl MappedFile {
         &self,
         ranges: &[(u64, u64)],
         index: bool,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), super::FetchError> {
         match &self.backing {
             None => Ok(()),
             Some(b) => b.ensure(ranges, index),

@@ -7,11 +7,13 @@
 //! file's siblings, [`MappedFile::sibling`]) through here, so that every
 //! file is opened, checked and mapped the same way.
 
+mod error;
 pub mod hub;
 mod local;
 pub mod remote;
 mod shared;
 
+pub use error::{FetchError, FetchKind};
 pub use local::{MappedFile, Span, page_size};
 
 /// What stands behind a mapping whose bytes are not all there yet. A local
@@ -21,14 +23,14 @@ pub trait Backing: Send + Sync {
     /// Makes every byte of `ranges` (offset, length; clipped to the file)
     /// present in the mapping, or says why it cannot. `index` asks for as
     /// few requests as possible (a format's index) rather than parallel ones.
-    fn ensure(&self, ranges: &[(u64, u64)], index: bool) -> Result<(), String>;
+    fn ensure(&self, ranges: &[(u64, u64)], index: bool) -> Result<(), FetchError>;
     /// How many bytes from `off` on are present already (at most `len`),
     /// without fetching any.
     fn present(&self, off: u64, len: u64) -> u64;
-    /// Why the bytes can no longer be served, once known, and whether that
-    /// is because the object changed (rather than, say, a server that
-    /// cannot serve it).
-    fn broken(&self) -> Option<(String, bool)>;
+    /// Why the bytes can no longer be served, once known; its kind says
+    /// whether that is because the object changed (rather than, say, a
+    /// server that cannot serve it).
+    fn broken(&self) -> Option<FetchError>;
     /// The object named `name` beside this one (a shard), opened the same way.
     fn sibling(&self, name: &str) -> crate::error::Result<MappedFile>;
 }

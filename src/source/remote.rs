@@ -30,6 +30,7 @@ use futures_util::StreamExt;
 use object_store::path::Path as Key;
 use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 
+use super::error::{FetchError, FetchKind};
 use super::shared::Live;
 use super::{Backing, MappedFile};
 use crate::error::{Error, ErrorKind, Result};
@@ -421,6 +422,37 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
     MappedFile::with_backing(Path::new(&label), label.clone(), cache.file, obj)
 }
 
+/// A failed GET as a fetch error: its kind from what the store said (its
+/// variant, or the kind a cause carries: the HTTP client's timeout, the
+/// Hub's own failures), its line from [`describe`].
+fn refused(e: &object_store::Error) -> FetchError {
+    let kind = match e {
+        object_store::Error::PermissionDenied { .. }
+        | object_store::Error::Unauthenticated { .. } => FetchKind::Denied,
+        e => cause_kind(e).unwrap_or(FetchKind::Failed),
+    };
+    FetchError::new(kind, describe(e))
+}
+
+/// The kind the first cause of `e` that has one says: the HTTP client
+/// gave up waiting (after its retries), or the Hub's store said why.
+fn cause_kind(e: &(dyn std::error::Error + 'static)) -> Option<FetchKind> {
+    use object_store::client::{HttpError, HttpErrorKind};
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(h) = err.downcast_ref::<HttpError>()
+            && h.kind() == HttpErrorKind::Timeout
+        {
+            return Some(FetchKind::TimedOut);
+        }
+        if let Some(f) = err.downcast_ref::<super::hub::Failure>() {
+            return Some(f.kind);
+        }
+        cur = err.source();
+    }
+    None
+}
+
 /// One line for a failed HEAD or GET.
 fn describe(e: &object_store::Error) -> String {
     if let Some(tls) = tls_failure(e) {
@@ -796,14 +828,14 @@ fn evict(dir: &Path, budget: u64, keep: &str) {
 /// A request under way for some blocks; its readers wait here.
 #[derive(Default)]
 struct Flight {
-    done: Mutex<Option<std::result::Result<(), String>>>,
+    done: Mutex<Option<std::result::Result<(), FetchError>>>,
     cv: Condvar,
 }
 
 impl Flight {
     /// Ends the flight with `r`, unless it ended already (a block that
     /// arrived keeps its success when a later block of its request fails).
-    fn finish(&self, r: std::result::Result<(), String>) {
+    fn finish(&self, r: std::result::Result<(), FetchError>) {
         let mut g = self.done.lock().unwrap_or_else(|p| p.into_inner());
         if g.is_none() {
             *g = Some(r);
@@ -812,7 +844,7 @@ impl Flight {
         self.cv.notify_all();
     }
 
-    fn wait(&self, until: Instant) -> std::result::Result<(), String> {
+    fn wait(&self, until: Instant) -> std::result::Result<(), FetchError> {
         let mut g = self.done.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if let Some(r) = g.as_ref() {
@@ -820,7 +852,10 @@ impl Flight {
             }
             let now = Instant::now();
             if now >= until {
-                return Err("no answer from the server in time".into());
+                return Err(FetchError::new(
+                    FetchKind::TimedOut,
+                    "no answer from the server in time",
+                ));
             }
             g = self
                 .cv
@@ -868,9 +903,9 @@ pub struct Object {
     /// The saved bitmap (none for a private cache file).
     bitmap: Option<Mutex<File>>,
     flights: Mutex<HashMap<u64, Arc<Flight>>>,
-    /// Why the object's bytes can no longer be served, and whether because
-    /// it changed.
-    broken: OnceLock<(String, bool)>,
+    /// Why the object's bytes can no longer be served (its kind says
+    /// whether because it changed).
+    broken: OnceLock<FetchError>,
     /// The block after the last one a reader asked for (read-ahead).
     next_seq: AtomicU64,
     /// The block after the last one of the cache file that the kernel was
@@ -882,7 +917,7 @@ pub struct Object {
     /// When the bitmap was last committed; held while committing.
     committed: Mutex<Instant>,
     /// For a server that ignores Range: the one fetch of the whole object.
-    whole: tokio::sync::Mutex<Option<std::result::Result<(), String>>>,
+    whole: tokio::sync::Mutex<Option<std::result::Result<(), FetchError>>>,
 }
 
 impl Object {
@@ -982,7 +1017,10 @@ impl Object {
         let rt = match runtime() {
             Ok(rt) => rt,
             Err(e) => {
-                let why = format!("{}: cannot start the I/O runtime: {e}", self.label);
+                let why = FetchError::failed(format!(
+                    "{}: cannot start the I/O runtime: {e}",
+                    self.label
+                ));
                 let mut map = self.flights.lock().unwrap_or_else(|p| p.into_inner());
                 for b in run {
                     map.remove(&b);
@@ -1030,7 +1068,7 @@ impl Object {
     async fn fetch_locked(
         &self,
         blocks: Range<u64>,
-    ) -> (std::result::Result<(), String>, Option<File>) {
+    ) -> (std::result::Result<(), FetchError>, Option<File>) {
         let Bits::Shared(live) = &self.present else {
             return (self.fetch(blocks).await, None);
         };
@@ -1058,11 +1096,11 @@ impl Object {
         (self.fetch(first..last + 1).await, held)
     }
 
-    async fn fetch(&self, blocks: Range<u64>) -> std::result::Result<(), String> {
+    async fn fetch(&self, blocks: Range<u64>) -> std::result::Result<(), FetchError> {
         let start = blocks.start * self.block;
         let end = (blocks.end * self.block).min(self.size);
         let what = format!("bytes {start}..{end}");
-        if let Some((why, _)) = self.broken.get() {
+        if let Some(why) = self.broken.get() {
             return Err(why.clone());
         }
         let _permit = self
@@ -1070,8 +1108,8 @@ impl Object {
             .clone()
             .acquire_owned()
             .await
-            .map_err(|e| format!("{what}: {e}"))?;
-        let store = self.client.store()?;
+            .map_err(|e| FetchError::failed(format!("{what}: {e}")))?;
+        let store = self.client.store().map_err(FetchError::failed)?;
         let opts = GetOptions {
             if_match: self.etag.clone(),
             version: self.version.clone(),
@@ -1092,7 +1130,7 @@ impl Object {
             | Err(e @ object_store::Error::NotFound { .. }) => {
                 return Err(self.changed(&describe(&e)));
             }
-            Err(e) => return Err(format!("{what}: {}", describe(&e))),
+            Err(e) => return Err(refused(&e).context(&what)),
         };
         if got.meta.size != self.size
             || (self.etag.is_some() && got.meta.e_tag.is_some() && got.meta.e_tag != self.etag)
@@ -1103,12 +1141,14 @@ impl Object {
             )));
         }
         if got.range != (start..end) {
-            return Err(format!("{what}: the server sent bytes {:?}", got.range));
+            return Err(FetchError::failed(format!(
+                "{what}: the server sent bytes {:?}",
+                got.range
+            )));
         }
-        let file = self
-            .file
-            .as_ref()
-            .ok_or_else(|| format!("{what}: the cache file cannot be written"))?;
+        let file = self.file.as_ref().ok_or_else(|| {
+            FetchError::failed(format!("{what}: the cache file cannot be written"))
+        })?;
         // Each piece of the body goes into the cache file as it arrives:
         // collecting the block first would cost a copy and a fresh buffer
         // per block. A block is marked present once all of it is written
@@ -1118,15 +1158,16 @@ impl Object {
         let mut at = start;
         let mut next = blocks.start;
         while let Some(piece) = body.next().await {
-            let piece = piece.map_err(|e| format!("{what}: {}", describe(&e)))?;
+            let piece = piece.map_err(|e| refused(&e).context(&what))?;
             if at + piece.len() as u64 > end {
-                return Err(format!(
+                return Err(FetchError::failed(format!(
                     "{what}: the server sent more than {} bytes",
                     end - start
-                ));
+                )));
             }
-            file.write_all_at(&piece, at)
-                .map_err(|e| format!("{what}: cannot write the cache file: {e}"))?;
+            file.write_all_at(&piece, at).map_err(|e| {
+                FetchError::write(&e, format!("{what}: cannot write the cache file: {e}"))
+            })?;
             at += piece.len() as u64;
             FETCHED.fetch_add(piece.len() as u64, Relaxed);
             while next < blocks.end && ((next + 1) * self.block).min(self.size) <= at {
@@ -1135,11 +1176,11 @@ impl Object {
             }
         }
         if at != end {
-            return Err(format!(
+            return Err(FetchError::failed(format!(
                 "{what}: the server sent {} bytes, not {}",
                 at - start,
                 end - start
-            ));
+            )));
         }
         Ok(())
     }
@@ -1148,7 +1189,7 @@ impl Object {
     /// that ignores Range requests: within [`Options::whole_max`], else
     /// one line saying what to do instead. Every caller gets the first
     /// one's outcome.
-    async fn fetch_whole(&self) -> std::result::Result<(), String> {
+    async fn fetch_whole(&self) -> std::result::Result<(), FetchError> {
         let mut done = self.whole.lock().await;
         if let Some(r) = done.as_ref() {
             return r.clone();
@@ -1164,8 +1205,10 @@ impl Object {
                 self.size
             );
             // Every later read fails the same way, at once.
-            let _ = self.broken.set((format!("{}: {msg}", self.label), false));
-            Err(msg)
+            let _ = self
+                .broken
+                .set(FetchError::failed(format!("{}: {msg}", self.label)));
+            Err(FetchError::failed(msg))
         } else {
             log::info!(
                 "{}: the server ignores Range requests; fetching all {} bytes once",
@@ -1187,15 +1230,15 @@ impl Object {
         r
     }
 
-    async fn get_whole(&self) -> std::result::Result<(), String> {
+    async fn get_whole(&self) -> std::result::Result<(), FetchError> {
         let what = format!("all {} bytes", self.size);
         let _permit = self
             .requests
             .clone()
             .acquire_owned()
             .await
-            .map_err(|e| format!("{what}: {e}"))?;
-        let store = self.client.store()?;
+            .map_err(|e| FetchError::failed(format!("{what}: {e}")))?;
+        let store = self.client.store().map_err(FetchError::failed)?;
         let opts = GetOptions {
             if_match: self.etag.clone(),
             version: self.version.clone(),
@@ -1208,7 +1251,7 @@ impl Object {
             | Err(e @ object_store::Error::NotFound { .. }) => {
                 return Err(self.changed(&describe(&e)));
             }
-            Err(e) => return Err(format!("{what}: {}", describe(&e))),
+            Err(e) => return Err(refused(&e).context(&what)),
         };
         if got.meta.size != self.size
             || (self.etag.is_some() && got.meta.e_tag.is_some() && got.meta.e_tag != self.etag)
@@ -1218,30 +1261,32 @@ impl Object {
                 got.meta.size, got.meta.e_tag
             )));
         }
-        let file = self
-            .file
-            .as_ref()
-            .ok_or_else(|| format!("{what}: the cache file cannot be written"))?;
+        let file = self.file.as_ref().ok_or_else(|| {
+            FetchError::failed(format!("{what}: the cache file cannot be written"))
+        })?;
         let mut body = got.into_stream();
         let mut at = 0u64;
         while let Some(piece) = body.next().await {
-            let piece = piece.map_err(|e| format!("{what}: {}", describe(&e)))?;
+            let piece = piece.map_err(|e| refused(&e).context(&what))?;
             if at + piece.len() as u64 > self.size {
-                return Err(format!("{what}: the server sent more"));
+                return Err(FetchError::failed(format!("{what}: the server sent more")));
             }
-            file.write_all_at(&piece, at)
-                .map_err(|e| format!("{what}: cannot write the cache file: {e}"))?;
+            file.write_all_at(&piece, at).map_err(|e| {
+                FetchError::write(&e, format!("{what}: cannot write the cache file: {e}"))
+            })?;
             at += piece.len() as u64;
             FETCHED.fetch_add(piece.len() as u64, Relaxed);
         }
         if at != self.size {
-            return Err(format!("{what}: the server sent {at} bytes"));
+            return Err(FetchError::failed(format!(
+                "{what}: the server sent {at} bytes"
+            )));
         }
         Ok(())
     }
 
     /// Marks the object changed since it was pinned (logged once).
-    fn changed(&self, why: &str) -> String {
+    fn changed(&self, why: &str) -> FetchError {
         self.broken
             .get_or_init(|| {
                 let msg = format!(
@@ -1249,22 +1294,21 @@ impl Object {
                     self.label
                 );
                 log::error!("{msg}");
-                (msg, true)
+                FetchError::new(FetchKind::Changed, msg)
             })
-            .0
             .clone()
     }
 }
 
 impl Backing for Object {
-    fn ensure(&self, ranges: &[(u64, u64)], index: bool) -> std::result::Result<(), String> {
+    fn ensure(&self, ranges: &[(u64, u64)], index: bool) -> std::result::Result<(), FetchError> {
         match self.ensure_once(ranges, index) {
             // A reader that joined a request another started (a read-ahead
             // under a fault that has since cleared) asks once for itself.
-            Err(Waited::Joined(_)) if self.broken.get().is_none() => self
-                .ensure_once(ranges, index)
-                .map_err(Waited::into_message),
-            r => r.map_err(Waited::into_message),
+            Err(Waited::Joined(_)) if self.broken.get().is_none() => {
+                self.ensure_once(ranges, index).map_err(Waited::into_error)
+            }
+            r => r.map_err(Waited::into_error),
         }
     }
 
@@ -1272,7 +1316,7 @@ impl Backing for Object {
         present_run(|b| self.has(b), self.block, self.size, off, len)
     }
 
-    fn broken(&self) -> Option<(String, bool)> {
+    fn broken(&self) -> Option<FetchError> {
         self.broken.get().cloned()
     }
 
@@ -1287,14 +1331,14 @@ impl Backing for Object {
 
 /// Why an `ensure` failed: a request it started, or one it joined.
 enum Waited {
-    Led(String),
-    Joined(String),
+    Led(FetchError),
+    Joined(FetchError),
 }
 
 impl Waited {
-    fn into_message(self) -> String {
+    fn into_error(self) -> FetchError {
         match self {
-            Waited::Led(m) | Waited::Joined(m) => m,
+            Waited::Led(e) | Waited::Joined(e) => e,
         }
     }
 }
@@ -1342,7 +1386,7 @@ impl Object {
     /// Fetches the missing blocks of `ranges` (joining requests under way
     /// for any of them), and starts read-ahead for a sequential reader.
     fn ensure_once(&self, ranges: &[(u64, u64)], index: bool) -> std::result::Result<(), Waited> {
-        if let Some((why, _)) = self.broken.get() {
+        if let Some(why) = self.broken.get() {
             return Err(Waited::Led(why.clone()));
         }
         let mut wanted: Vec<u64> = Vec::new();
@@ -1422,11 +1466,11 @@ impl Object {
         let until = Instant::now() + self.patience();
         for (f, led) in waits {
             f.wait(until).map_err(|why| {
-                let m = format!("{}: {why}", self.label);
+                let e = why.context(&self.label);
                 if led {
-                    Waited::Led(m)
+                    Waited::Led(e)
                 } else {
-                    Waited::Joined(m)
+                    Waited::Joined(e)
                 }
             })?;
         }
@@ -1624,6 +1668,28 @@ mod tests {
         fn sync_bits(&self) -> std::io::Result<()> {
             self.step("sync bits")
         }
+    }
+
+    #[test]
+    fn a_get_error_keeps_the_kind_its_store_gave_it_and_its_words() {
+        let hub = |kind| object_store::Error::Generic {
+            store: super::super::hub::STORE,
+            source: Box::new(super::super::hub::Failure::new(kind, "no answer in time")),
+        };
+        let e = refused(&hub(FetchKind::TimedOut));
+        assert_eq!(e.kind, FetchKind::TimedOut);
+        assert_eq!(e.message(), "no answer in time");
+        assert_eq!(refused(&hub(FetchKind::Denied)).kind, FetchKind::Denied);
+        let denied = object_store::Error::PermissionDenied {
+            path: "k".into(),
+            source: "403".into(),
+        };
+        assert_eq!(refused(&denied).kind, FetchKind::Denied);
+        let other = object_store::Error::Generic {
+            store: "S3",
+            source: "the server answered 500".into(),
+        };
+        assert_eq!(refused(&other).kind, FetchKind::Failed);
     }
 
     #[test]

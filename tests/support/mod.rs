@@ -601,3 +601,45 @@ pub fn holders(dir: &Path) -> Vec<String> {
     }
     out
 }
+
+/// A tmpfs mounted for one test, unmounted however the test ends.
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    pub fn mount(dir: &Path, size: &str) -> Result<Tmpfs, String> {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let r = run_with_timeout(
+            Command::new("mount").args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size}"),
+                "tmpfs",
+                dir.to_str().unwrap(),
+            ]),
+            Duration::from_secs(10),
+        );
+        if !r.ok() {
+            return Err(format!("mount -t tmpfs: {}", r.stderr.trim()));
+        }
+        Ok(Tmpfs(dir.to_path_buf()))
+    }
+
+    pub fn resize(&self, size: &str) {
+        let r = run_with_timeout(
+            Command::new("mount").args([
+                "-o",
+                &format!("remount,size={size}"),
+                self.0.to_str().unwrap(),
+            ]),
+            Duration::from_secs(10),
+        );
+        assert!(r.ok(), "remount: {}", r.stderr);
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
