@@ -369,20 +369,58 @@ fn a_good_shard_reads() {
 #[test]
 fn truncated_missing_resized_or_altered_shards_fail_only_their_tensors() {
     type Damage = fn(&Path);
-    let cases: [(&str, Damage); 4] = [
-        ("truncated", |s| patch(s, |b| b.truncate(b.len() / 2))),
-        ("missing", |s| std::fs::remove_file(s).unwrap()),
-        ("wrong size", |s| patch(s, |b| b.extend([0u8; 10]))),
-        ("same size, other bytes", |s| {
-            let m = ztensor2::read::manifest_of(s).unwrap().unwrap();
-            let o = m.part("a", "data").unwrap().blob.offset as usize;
-            patch(s, |b| b[o] ^= 0xff)
-        }),
+    // What `a`'s failure says after the shard's path, in the words of every
+    // sharded format (`shard_set`) where the shard cannot serve at all.
+    let cases: [(&str, Damage, &str); 4] = [
+        (
+            "truncated",
+            |s| patch(s, |b| b.truncate(b.len() / 2)),
+            " is 65607 bytes, the root says 131214",
+        ),
+        (
+            "missing",
+            |s| std::fs::remove_file(s).unwrap(),
+            ": cannot open: No such file or directory (os error 2)",
+        ),
+        (
+            "wrong size",
+            |s| patch(s, |b| b.extend([0u8; 10])),
+            " is 131224 bytes, the root says 131214",
+        ),
+        (
+            "same size, other bytes",
+            |s| {
+                let m = ztensor2::read::manifest_of(s).unwrap().unwrap();
+                let o = m.part("a", "data").unwrap().blob.offset as usize;
+                patch(s, |b| b[o] ^= 0xff)
+            },
+            ": checksum mismatch: ",
+        ),
     ];
-    for (what, damage) in cases {
+    for (what, damage, says) in cases {
         let d = tempfile::tempdir().unwrap();
         let (root, shard) = sharded(d.path());
         damage(&shard);
         assert_eq!(outcome(&root), Outcome::ReadFailed, "{what}");
+        let why = why_a_fails(&root);
+        let shard = shard.display().to_string();
+        let whole = if what.starts_with("same size") {
+            // Opened, and its digest refused before a byte was served.
+            format!("{shard}{says}")
+        } else {
+            format!("part \"data\" shard unusable: shard \"s1\": {shard}{says}")
+        };
+        assert!(why.starts_with(&whole), "{what}: {why}");
+    }
+}
+
+/// The one line tensor `a` fails with: listed unreadable, or its read.
+fn why_a_fails(root: &Path) -> String {
+    let data = read::data(read::open(root).unwrap());
+    let c = data.catalog();
+    let a = c.tensors.iter().position(|t| t.name == "a").unwrap();
+    match &c.tensors[a].parts {
+        Err(why) => why.clone(),
+        Ok(_) => support::data::read_whole(&data, a, 0, 1 << 20).unwrap_err(),
     }
 }

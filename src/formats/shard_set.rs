@@ -1,10 +1,10 @@
 //! Joins shards into one catalog: the one joiner of every format whose
 //! model is an index (or first file) naming files beside it, each read on
 //! its own by its format's module: a Hugging Face safetensors index, GGUF
-//! split files, a deathtensors sharded index. (A zTensor v2 root holds
-//! every tensor itself and its shards only bytes: its source table,
-//! `zt_v2::project`, keeps the same rules for a shard that is missing, of
-//! another size or not a container, and the same words.)
+//! split files, a deathtensors sharded index ([`Set`]). A zTensor v2 root
+//! holds every tensor itself and its shards only bytes, so there is no
+//! catalog to join: its shards are opened and judged here all the same
+//! ([`open_bytes`], [`unusable_source`], [`unusable`]).
 //!
 //! The rules, the same for each:
 //! - A shard that cannot be opened, or is not what the index says (gone,
@@ -27,7 +27,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use super::Opened;
-use crate::catalog::{Catalog, JsonMap, Tensor};
+use crate::catalog::{Catalog, JsonMap, SourceRef, Tensor};
 use crate::error::{Error, ErrorKind, Result};
 use crate::source::MappedFile;
 
@@ -145,15 +145,12 @@ impl Set {
     }
 
     fn unusable(&mut self, path: &Path, file: &str, why: String, wanted: Option<&[String]>) {
-        log::warn!("{why}");
-        self.catalog.sources.push(crate::catalog::SourceRef {
-            path: path.to_path_buf(),
-            unusable: Some(why.clone()),
-            ..Default::default()
-        });
+        self.catalog
+            .sources
+            .push(unusable_source(path, why.clone()));
         self.files.push(None);
         for name in wanted.into_iter().flatten() {
-            self.push(missing(name, file, format!("shard unusable: {why}")));
+            self.push(missing(name, file, unusable(&why)));
         }
         // A set without an index (GGUF split files): the shard's tensors
         // cannot be named, so the shard itself is listed, lest its tensors
@@ -195,6 +192,53 @@ impl Set {
             catalog: self.catalog,
             sources: self.files,
         })
+    }
+}
+
+/// Why a tensor in an unusable shard fails, in the words of every format.
+pub fn unusable(why: &str) -> String {
+    format!("shard unusable: {why}")
+}
+
+/// The source of a shard that cannot serve, with the reason (logged once,
+/// here, for all of its tensors).
+pub fn unusable_source(path: &Path, why: String) -> SourceRef {
+    log::warn!("{why}");
+    SourceRef {
+        path: path.to_path_buf(),
+        unusable: Some(why),
+        ..Default::default()
+    }
+}
+
+/// A shard that holds only bytes, at `path` beside `root` (opened however
+/// the root was: a file, a remote object), called `name` in messages:
+/// opened, its first and last bytes made present, its size checked against
+/// the `size` its root records, and its bytes against `problem` (what the
+/// container's own header says is wrong with it, if anything); or why it
+/// cannot serve.
+pub fn open_bytes(
+    root: &MappedFile,
+    name: &str,
+    path: &Path,
+    size: u64,
+    problem: impl FnOnce(&[u8]) -> Option<&'static str>,
+) -> std::result::Result<MappedFile, String> {
+    let shard = |why: String| format!("shard {name:?}: {why}");
+    let file_name = path.file_name().unwrap_or_default().to_string_lossy();
+    let m = root.sibling(&file_name).map_err(|e| shard(e.to_string()))?;
+    let n = m.len();
+    m.ensure_all(&[(0, 8.min(n)), (n.saturating_sub(16), 16.min(n))], true)
+        .map_err(|why| shard(Error::new(ErrorKind::Io, m.label(), None, why).to_string()))?;
+    if n != size {
+        return Err(shard(format!(
+            "{} is {n} bytes, the root says {size}",
+            path.display()
+        )));
+    }
+    match problem(m.bytes()) {
+        Some(p) => Err(shard(format!("{}: {p}", path.display()))),
+        None => Ok(m),
     }
 }
 

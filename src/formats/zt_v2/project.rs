@@ -19,7 +19,7 @@ use crate::catalog::{
     SourceRef, Tensor,
 };
 use crate::error::{Error, ErrorKind, Result};
-use crate::formats::{Opened, cbor_json};
+use crate::formats::{Opened, cbor_json, shard_set};
 use crate::source::MappedFile;
 
 /// The common catalog of the v2 file `root` whose validated manifest is
@@ -100,42 +100,30 @@ impl Builder {
             let path = dir.join(&file_name);
             let digest =
                 Checksum::parse(&shard.digest).unwrap_or(Checksum::Unknown(shard.digest.clone()));
-            // Beside the root however it was opened (a file, a remote object).
-            let opened = root.sibling(&file_name).and_then(|m| {
-                let n = m.len();
-                m.ensure_all(&[(0, 8.min(n)), (n.saturating_sub(16), 16.min(n))], true)
-                    .map_err(|why| Error::new(ErrorKind::Io, m.label(), None, why))?;
-                Ok(m)
-            });
-            let (map, unusable) = match opened {
-                Err(e) => (None, Some(format!("shard {name:?}: {e}"))),
-                Ok(m) if m.len() != shard.size => {
-                    let why = format!(
-                        "shard {name:?}: {} is {} bytes, the root says {}",
-                        path.display(),
-                        m.len(),
-                        shard.size
-                    );
-                    (None, Some(why))
-                }
-                Ok(m) => match container_problem(m.bytes()) {
-                    Some(p) => (
-                        None,
-                        Some(format!("shard {name:?}: {}: {p}", path.display())),
-                    ),
-                    None => (Some(m), None),
-                },
-            };
+            let opened = shard_set::open_bytes(root, name, &path, shard.size, container_problem);
             self.shard_of
                 .insert(name.clone(), self.catalog.sources.len());
-            self.catalog.sources.push(SourceRef {
-                path,
-                size: Some(shard.size),
-                digest: Some(digest),
-                digest_span: None,
-                unusable,
-            });
-            self.maps.push(map);
+            let source = match opened {
+                Ok(m) => {
+                    self.maps.push(Some(m));
+                    SourceRef {
+                        path,
+                        size: Some(shard.size),
+                        digest: Some(digest),
+                        digest_span: None,
+                        unusable: None,
+                    }
+                }
+                Err(why) => {
+                    self.maps.push(None);
+                    SourceRef {
+                        size: Some(shard.size),
+                        digest: Some(digest),
+                        ..shard_set::unusable_source(&path, why)
+                    }
+                }
+            };
+            self.catalog.sources.push(source);
         }
     }
 
@@ -148,8 +136,7 @@ impl Builder {
             .get(s)
             .ok_or_else(|| format!("shard {s:?} is not in the shard table"))?;
         match &self.catalog.sources[i].unusable {
-            // In the words of every sharded format (`shard_set`).
-            Some(why) => Err(format!("shard unusable: {why}")),
+            Some(why) => Err(shard_set::unusable(why)),
             None => Ok(i),
         }
     }
