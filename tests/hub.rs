@@ -648,7 +648,7 @@ fn a_signed_url_that_expires_mid_read_is_resolved_again() {
 }
 
 #[test]
-fn rate_limits_5xx_and_a_stall_recover_and_a_lasting_429_fails_the_read_in_one_log_line() {
+fn rate_limits_5xx_and_a_stall_recover_a_lasting_429_fails_the_read_and_a_lasting_403_is_eacces() {
     let (_s, mut m, repos, hub) = setup();
     let cache = m.scratch_path("cache");
     // At mount: the API and resolve answer 429, then 503, then serve.
@@ -683,6 +683,22 @@ fn rate_limits_5xx_and_a_stall_recover_and_a_lasting_429_fails_the_read_in_one_l
     let log = m.log_text();
     assert!(
         log.contains("rate limited by the Hub (429) after 4 tries; try again later"),
+        "{log}"
+    );
+    hub.control("/__reset");
+    m.unmount_ok();
+    // A CDN that refuses every freshly signed URL (403): access denied,
+    // EACCES, after resolving it again three times.
+    let cache3 = m.scratch_path("cache3");
+    hf_mount(&mut m, &hub.endpoint(), "hf://org/single", &cache3, &[]);
+    hub.control("/__fault?kind=status&status=403&count=1000&on=cdn");
+    let f = std::fs::File::open(m.path("embed")).unwrap();
+    let e = f.read_exact_at(&mut buf, 700_000).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
+    drop(f);
+    let log = m.log_text();
+    assert!(
+        log.contains("model.safetensors: the CDN refused its freshly signed URL three times"),
         "{log}"
     );
     hub.control("/__reset");

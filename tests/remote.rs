@@ -603,11 +603,39 @@ fn a_cache_dir_without_room_fails_the_read_with_enospc_until_it_has_room() {
     let _s = support::serial();
     let Some(py) = python() else { return };
     let Some(mut m) = scratch_mount() else { return };
-    let (tensors, srv, _) = served_model(&py, &m);
+    // A raw tensor, and a zstd one read frame by frame (no checksum over
+    // its stored bytes, which would fetch the whole blob first), each
+    // 3 MiB of bytes that do not compress, so that each spans blocks.
+    let files = m.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    let mut rng = support::Rng(11);
+    let mut tensors = Vec::new();
+    let mut w = Writer::create(&files.join("model.zt")).unwrap();
+    for (name, compression) in [
+        ("embed", Compression::Raw),
+        (
+            "framed",
+            Compression::Zstd {
+                level: 1,
+                frame_size: 256 << 10,
+            },
+        ),
+    ] {
+        let bytes: Vec<u8> = (0..3 * MIB).map(|_| rng.next_u64() as u8).collect();
+        let opts = Options {
+            compression,
+            ..Options::default()
+        };
+        w.add(name, DType::Uint8, &[bytes.len() as u64], &bytes, &opts)
+            .unwrap();
+        tensors.push((name, bytes));
+    }
+    w.finish().unwrap();
+    let srv = Server::range(&py, &files);
     // Room for the blocks the mount reads (the first and the last, 1 MiB
-    // each) and little more: "embed" (3 MiB from the start) does not fit.
+    // each) and the block bitmaps, not for one block more.
     let dir = m.scratch_path("small");
-    let tmpfs = match support::Tmpfs::mount(&dir, "2560k") {
+    let tmpfs = match support::Tmpfs::mount(&dir, "2112k") {
         Ok(t) => t,
         Err(why) => {
             support::require("a tmpfs for --cache-dir", Err(why));
@@ -615,25 +643,29 @@ fn a_cache_dir_without_room_fails_the_read_with_enospc_until_it_has_room() {
         }
     };
     mount_remote(&mut m, &srv.url("/model.zt"), &dir, &[]);
-    let e = std::fs::read(m.path("embed")).unwrap_err();
-    assert_eq!(
-        e.raw_os_error(),
-        Some(libc::ENOSPC),
-        "{e}\n{}",
-        m.log_text()
-    );
-    let log = m.log_text();
-    assert!(
-        log.lines().any(|l| l.contains("ERROR")
-            && l.contains("model.zt")
-            && l.contains("cannot write the cache file")
-            && l.contains("No space left on device")),
-        "log:\n{log}"
-    );
-    // Not a lasting failure: with room, the same read gets the bytes.
+    for (name, _) in &tensors {
+        let e = std::fs::read(m.path(name)).unwrap_err();
+        assert_eq!(
+            e.raw_os_error(),
+            Some(libc::ENOSPC),
+            "{name}: {e}\n{}",
+            m.log_text()
+        );
+        let log = m.log_text();
+        assert!(
+            log.lines().any(|l| l.contains("ERROR")
+                && l.contains(&format!("model.zt: tensor \"{name}\""))
+                && l.contains("cannot write the cache file")
+                && l.contains("No space left on device")),
+            "{name}: log:\n{log}"
+        );
+    }
+    // Not a lasting failure: with room, the same reads get the bytes.
     tmpfs.resize("32m");
-    let got = std::fs::read(m.path("embed")).unwrap();
-    assert!(got == tensors[0].1, "embed after the disk has room");
+    for (name, bytes) in &tensors {
+        let got = std::fs::read(m.path(name)).unwrap();
+        assert!(got == *bytes, "{name} after the disk has room");
+    }
     m.unmount_ok();
 }
 

@@ -1,8 +1,9 @@
 //! Catalog -> bytes of an exposed file, for any range: raw blobs straight
 //! from the source file's mapping, zstd blobs through the cache (frame by
 //! frame when the blob has frames), blobs too big for the cache through a
-//! spill file. Every failed check becomes an error string the caller logs
-//! and turns into EIO. Knows blobs, parts and sources, never a format.
+//! spill file. Every failure is a `ReadError` whose kind gives the
+//! reader's errno (`super::error`) and whose one line the caller logs.
+//! Knows blobs, parts and sources, never a format.
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -858,7 +859,7 @@ impl Data {
         let out = self.decode_frame(s, bi, k, f);
         s.guard.verdict()?;
         self.read_ahead(bi, k);
-        out.map_err(|why| self.fail(bi, format!("frame {k}: {why}")))
+        out.map_err(|why| self.fail(bi, why.context(format_args!("frame {k}"))))
     }
 
     /// Frame `k` of blob `bi`, from the cache or decoded into it.

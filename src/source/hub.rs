@@ -626,8 +626,16 @@ fn store_error(f: Failure) -> object_store::Error {
 }
 
 /// The kind of a refusal: credentials the Hub or the CDN will not take.
+/// The kind of a refusal. The commit was resolved at mount, so a repo,
+/// revision or file the Hub no longer knows is gone since (as a deleted
+/// object is for a store: `Changed`), though it answers 401 for a repo it
+/// hides as for one it deleted; what needs a token it will not take is
+/// `Denied`.
 fn refusal_kind(status: StatusCode, h: &HeaderMap) -> FetchKind {
     match (header(h, "x-error-code"), status.as_u16()) {
+        (Some("RepoNotFound" | "RevisionNotFound" | "EntryNotFound"), _) | (_, 404) => {
+            FetchKind::Changed
+        }
         (Some("GatedRepo"), _) | (_, 401) | (_, 403) => FetchKind::Denied,
         _ => FetchKind::Failed,
     }
@@ -765,8 +773,9 @@ impl HubStore {
             }
             return self.answer(key, r, range, &resolved);
         }
-        Err(generic(format!(
-            "{path}: the CDN refused its freshly signed URL three times"
+        Err(store_error(Failure::new(
+            FetchKind::Denied,
+            format!("{path}: the CDN refused its freshly signed URL three times"),
         )))
     }
 
@@ -1050,6 +1059,28 @@ pub fn open(arg: &str, opts: &Options) -> Result<(MappedFile, Value)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_at_read_time_is_gone_denied_or_failed() {
+        let kind = |status: u16, code: Option<&str>| {
+            let mut h = HeaderMap::new();
+            if let Some(c) = code {
+                h.insert("x-error-code", c.parse().unwrap());
+            }
+            refusal_kind(StatusCode::from_u16(status).unwrap(), &h)
+        };
+        // The commit was resolved at mount: what the Hub no longer knows
+        // is gone since.
+        assert_eq!(kind(401, Some("RepoNotFound")), FetchKind::Changed);
+        assert_eq!(kind(404, Some("RevisionNotFound")), FetchKind::Changed);
+        assert_eq!(kind(404, Some("EntryNotFound")), FetchKind::Changed);
+        assert_eq!(kind(404, None), FetchKind::Changed);
+        assert_eq!(kind(401, Some("GatedRepo")), FetchKind::Denied);
+        assert_eq!(kind(403, Some("GatedRepo")), FetchKind::Denied);
+        assert_eq!(kind(401, None), FetchKind::Denied);
+        assert_eq!(kind(403, None), FetchKind::Denied);
+        assert_eq!(kind(500, None), FetchKind::Failed);
+    }
 
     #[test]
     fn urls_parse_into_repo_revision_and_path() {

@@ -402,7 +402,7 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         requests: Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS)),
         dirty: AtomicU64::new(0),
         committed: Mutex::new(Instant::now()),
-        whole: tokio::sync::Mutex::new(None),
+        whole: tokio::sync::Mutex::new(false),
     });
     LIVE.lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -427,6 +427,9 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
 /// Hub's own failures), its line from [`describe`].
 fn refused(e: &object_store::Error) -> FetchError {
     let kind = match e {
+        object_store::Error::Precondition { .. } | object_store::Error::NotFound { .. } => {
+            FetchKind::Changed
+        }
         object_store::Error::PermissionDenied { .. }
         | object_store::Error::Unauthenticated { .. } => FetchKind::Denied,
         e => cause_kind(e).unwrap_or(FetchKind::Failed),
@@ -917,7 +920,8 @@ pub struct Object {
     /// When the bitmap was last committed; held while committing.
     committed: Mutex<Instant>,
     /// For a server that ignores Range: the one fetch of the whole object.
-    whole: tokio::sync::Mutex<Option<std::result::Result<(), FetchError>>>,
+    /// Held while it runs; true once it succeeded.
+    whole: tokio::sync::Mutex<bool>,
 }
 
 impl Object {
@@ -1126,11 +1130,7 @@ impl Object {
                 drop(_permit);
                 return self.fetch_whole().await;
             }
-            Err(e @ object_store::Error::Precondition { .. })
-            | Err(e @ object_store::Error::NotFound { .. }) => {
-                return Err(self.changed(&describe(&e)));
-            }
-            Err(e) => return Err(refused(&e).context(&what)),
+            Err(e) => return Err(self.refused(&e, &what)),
         };
         if got.meta.size != self.size
             || (self.etag.is_some() && got.meta.e_tag.is_some() && got.meta.e_tag != self.etag)
@@ -1187,12 +1187,13 @@ impl Object {
 
     /// The whole object, fetched once into the cache file, for a server
     /// that ignores Range requests: within [`Options::whole_max`], else
-    /// one line saying what to do instead. Every caller gets the first
-    /// one's outcome.
+    /// one line saying what to do instead. Once it succeeded, or was
+    /// refused for its size, every caller gets that outcome; a fetch that
+    /// failed is tried again by the next caller.
     async fn fetch_whole(&self) -> std::result::Result<(), FetchError> {
         let mut done = self.whole.lock().await;
-        if let Some(r) = done.as_ref() {
-            return r.clone();
+        if *done {
+            return Ok(());
         }
         let max = self.client.opts.whole_max;
         let r = if self.size > max {
@@ -1226,8 +1227,22 @@ impl Object {
             }
             r
         };
-        *done = Some(r.clone());
+        // A failure (a full disk, a server that did not answer) is tried
+        // again by the next read.
+        *done = r.is_ok();
         r
+    }
+
+    /// A failed GET of `what`: an object no longer the one pinned (gone,
+    /// another ETag) marks it changed for good; any other failure is this
+    /// request's.
+    fn refused(&self, e: &object_store::Error, what: &str) -> FetchError {
+        let f = refused(e);
+        if f.kind == FetchKind::Changed {
+            self.changed(f.message())
+        } else {
+            f.context(what)
+        }
     }
 
     async fn get_whole(&self) -> std::result::Result<(), FetchError> {
@@ -1247,11 +1262,7 @@ impl Object {
         REQUESTS.fetch_add(1, Relaxed);
         let got = match store.get_opts(&self.key, opts).await {
             Ok(g) => g,
-            Err(e @ object_store::Error::Precondition { .. })
-            | Err(e @ object_store::Error::NotFound { .. }) => {
-                return Err(self.changed(&describe(&e)));
-            }
-            Err(e) => return Err(refused(&e).context(&what)),
+            Err(e) => return Err(self.refused(&e, &what)),
         };
         if got.meta.size != self.size
             || (self.etag.is_some() && got.meta.e_tag.is_some() && got.meta.e_tag != self.etag)
@@ -1685,6 +1696,11 @@ mod tests {
             source: "403".into(),
         };
         assert_eq!(refused(&denied).kind, FetchKind::Denied);
+        let gone = object_store::Error::NotFound {
+            path: "k".into(),
+            source: "404".into(),
+        };
+        assert_eq!(refused(&gone).kind, FetchKind::Changed);
         let other = object_store::Error::Generic {
             store: "S3",
             source: "the server answered 500".into(),
