@@ -71,6 +71,22 @@ pub struct Blob {
     pub label: String,
 }
 
+impl Blob {
+    /// Bytes stored as they are served: `len` of them at `offset` of
+    /// source `source`, passing `checks` before any is served.
+    pub fn raw(source: usize, offset: u64, len: u64, checks: Vec<Check>, label: String) -> Blob {
+        Blob {
+            source,
+            offset,
+            len,
+            codec: Codec::Raw,
+            decoded_len: len,
+            checks,
+            label,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Codec {
     Raw,

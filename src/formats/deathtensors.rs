@@ -553,19 +553,16 @@ fn add_tensors(catalog: &mut Catalog, source: usize, p: Parsed, shard: Option<&s
                 (b, t.start)
             }
             None => {
-                catalog.blobs.push(Blob {
-                    source,
-                    offset: p.data_start + t.start,
-                    len: nbytes,
-                    codec: Codec::Raw,
-                    decoded_len: nbytes,
-                    checks: if bool_bytes {
-                        vec![Check::BoolBytes]
-                    } else {
-                        Vec::new()
-                    },
-                    label: format!("tensor {:?}", t.name),
-                });
+                let checks = if bool_bytes {
+                    vec![Check::BoolBytes]
+                } else {
+                    Vec::new()
+                };
+                let label = format!("tensor {:?}", t.name);
+                let at = p.data_start + t.start;
+                catalog
+                    .blobs
+                    .push(Blob::raw(source, at, nbytes, checks, label));
                 (catalog.blobs.len() - 1, 0)
             }
         };

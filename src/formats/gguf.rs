@@ -365,15 +365,7 @@ fn part_of(
             }
             pmeta.insert("offset".into(), at.offset.into());
             pmeta.insert("size".into(), at.len.into());
-            Blob {
-                source: 0,
-                offset: at.offset,
-                len: at.len,
-                codec: Codec::Raw,
-                decoded_len: at.len,
-                checks,
-                label,
-            }
+            Blob::raw(0, at.offset, at.len, checks, label)
         }
         Payload::Opaque { .. } if src.is_remote() => {
             // The crate makes such bytes reading the file where it pleases;

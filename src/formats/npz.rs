@@ -604,15 +604,8 @@ fn stored_blob(name: &str, d: DType, h: &Header, m: &Stored, data_len: u64) -> B
     } else {
         Vec::new()
     };
-    Blob {
-        source: 0,
-        offset: m.start,
-        len: m.size,
-        codec: Codec::Raw,
-        decoded_len: m.size,
-        checks: [vec![Check::Stored(Checksum::Crc32(m.crc))], bools].concat(),
-        label: format!("tensor {name:?}"),
-    }
+    let checks = [vec![Check::Stored(Checksum::Crc32(m.crc))], bools].concat();
+    Blob::raw(0, m.start, m.size, checks, format!("tensor {name:?}"))
 }
 
 /// The refusal of a ZIP archive none of whose members is an array (and

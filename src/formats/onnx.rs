@@ -752,15 +752,7 @@ impl<'s> Reader<'s> {
         meta.insert("external_data".into(), Json::from(loc));
         meta.insert("offset".into(), offset.into());
         meta.insert("size".into(), length.into());
-        Ok(Blob {
-            source: k + 1,
-            offset,
-            len: length,
-            codec: Codec::Raw,
-            decoded_len: length,
-            checks: Vec::new(),
-            label: String::new(),
-        })
+        Ok(Blob::raw(k + 1, offset, length, Vec::new(), String::new()))
     }
 }
 
@@ -833,15 +825,7 @@ fn converter(
 
 /// A blob of `len` bytes stored as they are, at `offset` of the model.
 fn raw_blob(offset: u64, len: u64) -> Blob {
-    Blob {
-        source: 0,
-        offset,
-        len,
-        codec: Codec::Raw,
-        decoded_len: len,
-        checks: Vec::new(),
-        label: String::new(),
-    }
+    Blob::raw(0, offset, len, Vec::new(), String::new())
 }
 
 #[cfg(test)]

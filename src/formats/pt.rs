@@ -439,15 +439,7 @@ fn place(
         };
         meta.insert("offset".into(), offset.into());
         meta.insert("size".into(), nbytes.into());
-        Blob {
-            source: 0,
-            offset,
-            len: nbytes,
-            codec: Codec::Raw,
-            decoded_len: nbytes,
-            checks,
-            label,
-        }
+        Blob::raw(0, offset, nbytes, checks, label)
     } else {
         if nbytes > MAX_GATHERED {
             return Err(format!(

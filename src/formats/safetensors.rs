@@ -16,7 +16,7 @@ use std::fmt;
 
 use serde::de::{Deserializer, MapAccess, Visitor};
 
-use crate::catalog::{Blob, Catalog, Check, Codec, DType, Endian, Json, JsonMap, Part, Tensor};
+use crate::catalog::{Blob, Catalog, Check, DType, Endian, Json, JsonMap, Part, Tensor};
 use crate::error::{Error, ErrorKind, Result};
 use crate::formats::{Limits, Opened};
 use crate::source::MappedFile;
@@ -300,15 +300,10 @@ fn add_tensor(catalog: &mut Catalog, name: String, entry: Json, at: Data) -> Res
             if odd {
                 checks.push(Check::ZeroLastNibble);
             }
-            catalog.blobs.push(Blob {
-                source: 0,
-                offset: at.start + begin,
-                len: nbytes,
-                codec: Codec::Raw,
-                decoded_len: nbytes,
-                checks,
-                label: format!("tensor {name:?}"),
-            });
+            let label = format!("tensor {name:?}");
+            catalog
+                .blobs
+                .push(Blob::raw(0, at.start + begin, nbytes, checks, label));
             let blob = catalog.blobs.len() - 1;
             Ok(vec![Part::dense(d, pshape, nbytes, blob, Endian::Little)])
         }

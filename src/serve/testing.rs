@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::catalog::{Blob, Catalog, Codec, DType, Endian, Part, SourceRef, Tensor};
+use crate::catalog::{Blob, Catalog, DType, Endian, Part, SourceRef, Tensor};
 use crate::source::MappedFile;
 
 /// Writes `tensors` (name, bytes) to `dir/data` and catalogs them as
@@ -27,15 +27,13 @@ pub fn catalog_of(dir: &Path, tensors: &[(&str, &[u8])]) -> (Catalog, Vec<Option
     let mut offset = 0;
     for (i, (name, b)) in tensors.iter().enumerate() {
         let len = b.len() as u64;
-        c.blobs.push(Blob {
-            source: 0,
+        c.blobs.push(Blob::raw(
+            0,
             offset,
             len,
-            codec: Codec::Raw,
-            decoded_len: len,
-            checks: Vec::new(),
-            label: format!("tensor {name:?}"),
-        });
+            Vec::new(),
+            format!("tensor {name:?}"),
+        ));
         c.tensors.push(Tensor {
             name: name.to_string(),
             dtype: "uint8".into(),
