@@ -192,6 +192,61 @@ fn a_decoded_tensor_is_passed_through_once_its_backing_file_is_filled() {
 }
 
 #[test]
+fn a_one_frame_tensor_is_backed_by_the_file_it_was_decoded_into() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("z.zt");
+    let mut w = Writer::create(&src).unwrap();
+    // 12 MiB in one zstd frame: decoded whole, served while it decodes.
+    let want = support::compressible(7, 12 << 20);
+    let one_frame = Options {
+        compression: Compression::Zstd {
+            level: 3,
+            frame_size: 0,
+        },
+        ..Options::default()
+    };
+    w.add("z", DType::Float32, &[3 << 20], &want, &one_frame)
+        .unwrap();
+    w.finish().unwrap();
+    let cache = m.scratch_path("cache");
+    std::fs::create_dir(&cache).unwrap();
+    m.mount(&src, &["--cache-dir", cache.to_str().unwrap()]);
+    assert_eq!(m.read("z"), want);
+    m.settled();
+    // That file became the backing as it was: nothing was filled, and
+    // the tensor was decoded once.
+    assert_eq!(m.stat_u64("backing_decoded"), 1, "{}", m.stats());
+    assert_eq!(m.stat_u64("backing_files"), 1);
+    assert_eq!(m.stat_u64("decompressions"), 1);
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 0);
+    let (served, opens) = (m.stat_u64("bytes_served"), m.stat_u64("passthrough_opens"));
+    assert_eq!(m.read("z"), want);
+    let f = std::fs::File::open(m.path("z")).unwrap();
+    // SAFETY: the mount is read-only; nothing writes the file while mapped.
+    let map = unsafe { memmap2::Mmap::map(&f).unwrap() };
+    assert_eq!(&map[..], &want[..]);
+    drop(map);
+    drop(f);
+    assert_eq!(m.stat_u64("bytes_served"), served, "{}", m.stats());
+    assert_eq!(m.stat_u64("passthrough_opens"), opens + 2);
+    // Its .npy view is a file of its own, from the same decode.
+    assert_eq!(npy_data(&m.read(".npy/z.npy")), &want[..]);
+    assert_eq!(m.stat_u64("decompressions"), 1);
+    let pid = m.pid.expect("daemon pid");
+    support::signal(pid, libc::SIGKILL);
+    assert!(wait_until(Duration::from_secs(5), || !support::alive(pid)));
+    assert_eq!(
+        std::fs::read_dir(&cache).unwrap().count(),
+        0,
+        "files left in the cache dir"
+    );
+    m.cleanup();
+}
+
+#[test]
 fn opens_while_a_backing_file_fills_get_the_same_bytes() {
     let _s = support::serial();
     let Some(mut m) = Mount::scratch() else {

@@ -650,6 +650,64 @@ impl Backings {
         self.queue(job, whole);
     }
 
+    /// Makes `file`, which holds every byte of files of content `key`
+    /// already (the unit their tensor was decoded into, checked), their
+    /// backing: as a file whose reads wrote all of it, published by the
+    /// filler's thread, which writes nothing and has the kernel drop the
+    /// page cache of inode `asked_by` first. False when another file is
+    /// being filled or ready for `key`, or there is no room.
+    pub fn adopt(
+        self: &Arc<Self>,
+        key: &Content,
+        asked_by: u64,
+        (file, len): (File, u64),
+        data: &Arc<Data>,
+        segments: Vec<Segment>,
+    ) -> bool {
+        let Ok(read_back) = file.try_clone() else {
+            return false;
+        };
+        let mut skip = Written::default();
+        skip.add(0, len);
+        skip.sealed = true;
+        let p = Arc::new(Partial {
+            file: read_back,
+            len,
+            written: Mutex::new(skip.clone()),
+            settled: Condvar::new(),
+            dropped: AtomicU64::new(0),
+        });
+        {
+            let mut inner = lock(&self.inner);
+            // A file the reads wrote through to has its room counted
+            // already; what they wrote is not needed.
+            let writing = match inner.slots.get(key) {
+                Some(Slot::Writing(_)) => true,
+                None => false,
+                Some(_) => return false,
+            };
+            if !writing {
+                if !self.make_room(&mut inner, len) {
+                    return false;
+                }
+                inner.filled += len;
+            }
+            inner.slots.insert(key.clone(), Slot::Filling(Some(p)));
+        }
+        Stats::add(&self.stats.backing_decoded, 1);
+        let job = Job {
+            key: key.clone(),
+            asked_by,
+            file,
+            len,
+            data: data.clone(),
+            segments,
+            skip,
+        };
+        self.queue(job, true);
+        true
+    }
+
     /// Room and an empty file of `len` bytes for `key`, whose slot it takes
     /// (as being filled); `None` when there is no room or no file.
     fn reserve(&self, key: &Content, len: u64) -> Option<File> {

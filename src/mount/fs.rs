@@ -523,7 +523,7 @@ impl TensorFs {
         match &node.kind {
             NodeKind::Dir { .. } => Err(libc::EISDIR),
             NodeKind::File(c @ (Content::Part { .. } | Content::ViewData { .. })) => {
-                let backing = self.backing(c)?;
+                let backing = self.backing(ino, c)?;
                 let mut opens = super::lock(&self.opens);
                 let mut open = OpenFile {
                     ino,
@@ -585,6 +585,7 @@ impl TensorFs {
     pub fn set_passthrough(&self, on: bool) {
         self.passthrough
             .store(on && self.backings.enabled(), Relaxed);
+        self.data.set_units_in_files(self.passthrough());
         self.data
             .stats()
             .passthrough
@@ -599,7 +600,7 @@ impl TensorFs {
     /// when there is one now. When its bytes would be the source's: ESTALE
     /// if the source changed, EIO if it failed a check (logged by the data
     /// layer).
-    fn backing(&self, c: &Content) -> Result<Option<Arc<Backing>>, Errno> {
+    fn backing(&self, ino: Ino, c: &Content) -> Result<Option<Arc<Backing>>, Errno> {
         if !self.passthrough() {
             return Ok(None);
         }
@@ -611,7 +612,29 @@ impl TensorFs {
         {
             return self.cloned_backing(c, *tensor, *part);
         }
-        Ok(self.backings.ready_or_wait(c))
+        if let Some(b) = self.backings.ready_or_wait(c) {
+            return Ok(Some(b));
+        }
+        // Decoded into a file by a read of another file (its `.npy`, say).
+        Ok(self
+            .adopt_decoded(ino, c)
+            .then(|| self.backings.ready_or_wait(c))
+            .flatten())
+    }
+
+    /// Has the file that the blob of tensor file `ino` (content `c`) was
+    /// decoded into (see `Data::decoded_file`) become its backing, the
+    /// inode's page cache dropped first. False when there is none.
+    fn adopt_decoded(&self, ino: Ino, c: &Content) -> bool {
+        let Content::Part { tensor, part } = c else {
+            return false;
+        };
+        let Some(file) = self.data.decoded_file(*tensor, *part) else {
+            return false;
+        };
+        let len = self.part(*tensor, *part).map_or(0, |p| p.nbytes);
+        self.backings
+            .adopt(c, ino, (file, len), &self.data, self.segments(c))
     }
 
     /// Whether files of content `c` are worth a filled backing file: some
@@ -656,6 +679,9 @@ impl TensorFs {
             return;
         };
         if !self.passthrough() || !matches!(c, Content::Part { .. } | Content::ViewData { .. }) {
+            return;
+        }
+        if self.adopt_decoded(ino, c) {
             return;
         }
         if self.worth_filling(c) {
@@ -933,13 +959,28 @@ impl TensorFs {
             return;
         };
         if self.data.spilled(tensor, part) {
-            return;
+            return; // the fill reads the spill back
         }
-        let Some((from, to)) = p.offer(off, &bytes) else {
+        // A tensor file whose unit is decoded into a file: that file
+        // becomes its backing as it is, so nothing is written; every byte
+        // served is in it.
+        let in_file = matches!(
+            self.tree.node(ino).map(|n| &n.kind),
+            Some(NodeKind::File(Content::Part { .. }))
+        ) && self.data.decodes_into_file(tensor, part);
+        let written = if in_file {
+            Some((0, off + bytes.len() as u64))
+        } else {
+            p.offer(off, &bytes)
+        };
+        let Some((from, to)) = written else {
             return;
         };
         if let Some(range) = p.behind(off, (from, to)) {
             self.backings.drop_behind(ino, range);
+        }
+        if in_file {
+            return; // the unit stays cached until its file is adopted
         }
         let end = off + bytes.len() as u64;
         // Let go of the frames first: a held one stays cached.
@@ -1452,6 +1493,63 @@ mod passthrough_tests {
         assert_eq!(&v[..6], b"\x93NUMPY");
         assert_eq!(&v[v.len() - data.len()..], &data[..]);
         assert_eq!(fs.backings.gauges().0, (v.len() + data.len()) as u64);
+    }
+
+    #[test]
+    fn a_tensor_decoded_into_a_file_is_backed_by_that_very_file() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        // Over PROGRESSIVE_MIN: served while it decodes, into a file.
+        let data: Vec<u8> = (0..9_000_000u32).map(|i| (i / 11 % 239) as u8).collect();
+        let fs = zstd_fs(dir.path(), &data, 1 << 30);
+        fs.set_passthrough(true);
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let h = heard.clone();
+        let _ = fs
+            .filled_hook()
+            .set(Box::new(move |ino| h.lock().unwrap().push(ino)));
+        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+        let (fh, how) = fs.open(z, false).unwrap();
+        assert!(matches!(how, Open::Served(_)));
+        read_all(&fs, z, fh, data.len());
+        assert!(fs.data().decodes_into_file(0, 0));
+        let unit = fs.data().decoded_file(0, 0).expect("the decoded file");
+        fs.release(fh);
+        filled(&fs);
+        let (fh, how) = fs.open(z, false).unwrap();
+        let Open::Backed(b) = how else {
+            panic!("not backed")
+        };
+        // The file the decoder wrote, not a copy of it.
+        let (a, u) = (b.file().metadata().unwrap(), unit.metadata().unwrap());
+        assert_eq!((a.dev(), a.ino()), (u.dev(), u.ino()));
+        assert_eq!(contents(&b), data);
+        let stats = fs.data().stats();
+        assert_eq!(stats.backing_decoded.load(Relaxed), 1);
+        assert_eq!(stats.decompressions.load(Relaxed), 1);
+        assert_eq!(*heard.lock().unwrap(), vec![z]);
+        assert_eq!(fs.backings.gauges().0, data.len() as u64);
+        fs.release(fh);
+    }
+
+    #[test]
+    fn without_passthrough_a_tensor_is_decoded_into_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..9_000_000u32).map(|i| (i / 13 % 229) as u8).collect();
+        let fs = zstd_fs(dir.path(), &data, 1 << 30);
+        fs.set_passthrough(false);
+        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+        let (fh, _) = fs.open(z, false).unwrap();
+        let mut got = Vec::new();
+        while got.len() < data.len() {
+            let bytes = fs.read(z, fh, got.len() as u64, 1 << 20).unwrap();
+            got.extend_from_slice(&bytes);
+            fs.served((got.len() - bytes.len()) as u64, bytes);
+        }
+        assert_eq!(got, data);
+        assert!(!fs.data().decodes_into_file(0, 0));
+        assert!(fs.data().decoded_file(0, 0).is_none());
+        fs.release(fh);
     }
 
     #[test]

@@ -143,6 +143,12 @@ impl Buf {
             .ok_or_else(|| format!("bytes {at}..{end} are past the unit's {}", self.len()))
     }
 
+    /// The file holding every byte of a unit decoded into one (see
+    /// [`Filling::in_file`]), once its decoder has finished without fault.
+    pub fn complete_file(&self) -> Option<&std::fs::File> {
+        self.filling().and_then(Filling::complete_file)
+    }
+
     /// The buffer a decoder fills, for units made by [`Cache::get_filling`].
     pub fn filling(&self) -> Option<&Filling> {
         match &self.store {
@@ -357,7 +363,16 @@ impl Cache {
     /// [`Buf::filling`]) on whatever thread it likes; readers wait in
     /// [`Buf::range`] for the bytes they need. A filler that fails calls
     /// [`Cache::discard`] so the next reader tries again.
-    pub fn get_filling(&self, key: Key, len: u64, start: impl FnOnce(Arc<Buf>)) -> Outcome {
+    /// `file` makes, once the unit is ours to decode, an unlinked file to
+    /// decode it into instead of memory (see [`Filling::in_file`]), or
+    /// says no.
+    pub fn get_filling(
+        &self,
+        key: Key,
+        len: u64,
+        file: impl FnOnce() -> Option<std::fs::File>,
+        start: impl FnOnce(Arc<Buf>),
+    ) -> Outcome {
         let flight = match self.claim(key, len) {
             Claim::Found(outcome) => return outcome,
             // A kept buffer's bytes are counted already: they now count
@@ -367,7 +382,11 @@ impl Cache {
                 flight
             }
         };
-        let outcome = match Filling::new(len as usize) {
+        let made = match file() {
+            Some(f) => Filling::in_file(f, len as usize),
+            None => Filling::new(len as usize),
+        };
+        let outcome = match made {
             Ok(f) => {
                 Stats::add(&self.stats.decompressions, 1);
                 Ok(Arc::new(Buf {
@@ -527,6 +546,12 @@ impl Cache {
             }
             None => false,
         }
+    }
+
+    /// `key`'s unit if it is cached (done or filling), without counting
+    /// that as a use.
+    pub fn peek(&self, key: Key) -> Option<Arc<Buf>> {
+        lock(&self.inner).lru.peek(&key).cloned()
     }
 
     /// True if `key` is cached or being decoded.
@@ -716,21 +741,26 @@ mod tests {
         let started = AtomicUsize::new(0);
         let fillers = Mutex::new(Vec::new());
         let get = |key| {
-            c.get_filling(key, 100_000, |buf| {
-                started.fetch_add(1, Relaxed);
-                lock(&fillers).push(std::thread::spawn(move || {
-                    let f = buf.filling().unwrap();
-                    let mut w = f.writer().unwrap();
-                    while w.written() < 50_000 {
-                        let s = w.spare(1000);
-                        s.fill(7);
-                        let n = s.len();
-                        w.commit(n);
-                        std::thread::sleep(Duration::from_micros(100));
-                    }
-                    w.finish(Err("zstd data is corrupt".into()));
-                }));
-            })
+            c.get_filling(
+                key,
+                100_000,
+                || None,
+                |buf| {
+                    started.fetch_add(1, Relaxed);
+                    lock(&fillers).push(std::thread::spawn(move || {
+                        let f = buf.filling().unwrap();
+                        let mut w = f.writer().unwrap();
+                        while w.written() < 50_000 {
+                            let s = w.spare(1000);
+                            s.fill(7);
+                            let n = s.len();
+                            w.commit(n);
+                            std::thread::sleep(Duration::from_micros(100));
+                        }
+                        w.finish(Err("zstd data is corrupt".into()));
+                    }));
+                },
+            )
         };
         let b = get((3, 0)).unwrap();
         // Counted in full from the start.

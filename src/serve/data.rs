@@ -5,9 +5,10 @@
 //! reader's errno (`super::error`) and whose one line the caller logs.
 //! Knows blobs, parts and sources, never a format.
 
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use super::cache::{Buf, Cache};
@@ -153,6 +154,10 @@ pub struct Data {
     /// backing file no open holds) when a spill does not fit; true when it
     /// freed something.
     free_disk: OnceLock<FreeDisk>,
+    /// Whole units served while they decode go into unlinked files under
+    /// `--cache-dir` rather than memory: set while the kernel takes backing
+    /// files, so that such a file can then back its tensor's file as it is.
+    units_in_files: AtomicBool,
 }
 
 pub type FreeDisk = Box<dyn Fn() -> bool + Send + Sync>;
@@ -187,6 +192,7 @@ impl Data {
             decoders: AtomicUsize::new(0),
             max_decoders: workers,
             free_disk: OnceLock::new(),
+            units_in_files: AtomicBool::new(false),
         }))
     }
 
@@ -966,8 +972,12 @@ impl Data {
         // else all at once when the stream has been checked to its end.
         let out = if decoded >= self.opts.progressive_min {
             let early = self.trusted_early(bi, src, one_frame);
-            self.cache
-                .get_filling(key, decoded, |buf| self.start_decoder(bi, buf, early))
+            self.cache.get_filling(
+                key,
+                decoded,
+                || self.unit_file(decoded),
+                |buf| self.start_decoder(bi, buf, early),
+            )
         } else {
             self.cache.get(key, decoded, |dst| {
                 let r = zstd_blob::decode_to_vec(src, dst, decoded as usize);
@@ -1248,6 +1258,63 @@ impl Data {
     /// Part `pi` of tensor `ti`, if the tensor has parts and that one.
     fn part_of(&self, ti: usize, pi: usize) -> Option<&Part> {
         self.catalog.tensors.get(ti)?.parts.as_ref().ok()?.get(pi)
+    }
+
+    /// Whether whole units go into files (see [`Data::unit_file`]).
+    pub fn set_units_in_files(&self, on: bool) {
+        self.units_in_files.store(on, Relaxed);
+    }
+
+    /// An unlinked file of `len` bytes, its disk reserved, under
+    /// `--cache-dir`, for a whole unit to be decoded into, when whole units
+    /// go into files and the directory has the room a spill would need.
+    /// `None` otherwise: the unit is decoded into memory.
+    fn unit_file(&self, len: u64) -> Option<File> {
+        if !self.units_in_files.load(Relaxed) {
+            return None;
+        }
+        let dir = &self.opts.cache_dir;
+        let made = spill::room(dir, len).and_then(|()| {
+            let f = tempfile::tempfile_in(dir).map_err(|e| e.to_string())?;
+            spill::reserve(&f, len).map_err(|e| e.to_string())?;
+            Ok(f)
+        });
+        made.map_err(|why| log::debug!("a {len}-byte unit is decoded into memory: {why}"))
+            .ok()
+    }
+
+    /// A file holding exactly the decoded bytes of part `pi` of tensor
+    /// `ti`, checked, when its blob was decoded whole into one (see
+    /// [`Data::unit_file`]) that is still cached: the part is the whole
+    /// blob, little-endian as stored.
+    pub fn decoded_file(&self, ti: usize, pi: usize) -> Option<File> {
+        let bi = self.whole_blob_part(ti, pi)?;
+        if !matches!(self.states[bi].checked.get(), Some(Ok(()))) {
+            return None;
+        }
+        let unit = self.cache.peek((bi as u32, 0))?;
+        unit.complete_file()?.try_clone().ok()
+    }
+
+    /// Whether reads of part `pi` of tensor `ti` come from a unit decoded
+    /// into a file that [`Data::decoded_file`] will give: nothing needs
+    /// writing anywhere else.
+    pub fn decodes_into_file(&self, ti: usize, pi: usize) -> bool {
+        self.whole_blob_part(ti, pi).is_some_and(|bi| {
+            self.cache
+                .peek((bi as u32, 0))
+                .is_some_and(|u| u.filling().is_some_and(|f| f.in_a_file()))
+        })
+    }
+
+    /// The blob of part `pi` of tensor `ti` when the part's bytes are all
+    /// of its decoded bytes, as they are.
+    fn whole_blob_part(&self, ti: usize, pi: usize) -> Option<usize> {
+        let p = self.part_of(ti, pi)?;
+        let b = self.blob(p.blob);
+        let as_stored = p.order == crate::catalog::Endian::Little || p.dtype.size() == 1;
+        let whole = matches!(p.map, PartMap::Contiguous { start: 0 }) && p.nbytes == b.decoded_len;
+        (as_stored && whole && matches!(b.codec, Codec::Zstd { .. })).then_some(p.blob)
     }
 
     /// Whether part `pi` of tensor `ti` is read from a spill: a decoded

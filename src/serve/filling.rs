@@ -2,8 +2,14 @@
 //! read what is already written: a big zstd unit is served while it is still
 //! being decoded, so a reader waits only for its own bytes.
 //!
-//! It is an anonymous mapping of its own, released in one `munmap` when the
-//! last reader lets go. Not advised for huge pages: on the project's VM new
+//! It is an anonymous mapping of its own, or a shared mapping of an unlinked
+//! file under `--cache-dir` ([`Filling::in_file`]) when that file can then
+//! back the tensor's own file, so that its bytes are written once, by the
+//! decoder, and not copied into a backing file afterwards. Either is
+//! released in one `munmap` when the last reader lets go. Such a file is
+//! unlinked, never written by anyone else (the kernel only reads a backing
+//! file) and has its disk reserved, so no page of it vanishes or fails to
+//! be written while mapped. Not advised for huge pages: on the project's VM new
 //! huge pages come from memory the host has taken back and are 4 times
 //! slower to touch than small ones (BENCHMARKS.md); the pages are faulted
 //! in ahead of the writer instead, by another thread ([`Filling::populate`]).
@@ -12,6 +18,7 @@
 //! or past `filled`, readers only ever see bytes before it, and `filled`
 //! only grows (published with `Release`, read with `Acquire`).
 
+use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 
@@ -19,6 +26,8 @@ use memmap2::{Advice, MmapOptions, MmapRaw};
 
 pub struct Filling {
     map: MmapRaw,
+    /// The file mapped, for a buffer made by [`Filling::in_file`].
+    file: Option<File>,
     len: usize,
     filled: AtomicUsize,
     writer_taken: AtomicBool,
@@ -31,14 +40,46 @@ impl Filling {
     pub fn new(len: usize) -> std::io::Result<Filling> {
         // A zero-length mapping is an error; one page is never read.
         let map = MmapRaw::from(MmapOptions::new().len(len.max(1)).map_anon()?);
-        Ok(Filling {
+        Ok(Filling::with(map, None, len))
+    }
+
+    /// A buffer that is `file`, mapped shared: what the writer writes is
+    /// the file's bytes. `file` must be unlinked, `len` bytes long and
+    /// reserved on disk (`fallocate`), so that no write through the
+    /// mapping can fail for want of room (a fault, not an error).
+    pub fn in_file(file: File, len: usize) -> std::io::Result<Filling> {
+        if len == 0 {
+            return Filling::new(0);
+        }
+        let map = MmapOptions::new().len(len).map_raw(&file)?;
+        Ok(Filling::with(map, Some(file), len))
+    }
+
+    fn with(map: MmapRaw, file: Option<File>, len: usize) -> Filling {
+        Filling {
             map,
+            file,
             len,
             filled: AtomicUsize::new(0),
             writer_taken: AtomicBool::new(false),
             end: Mutex::new(None),
             cond: Condvar::new(),
-        })
+        }
+    }
+
+    /// The file it is, once every byte is written and the writer said so:
+    /// a complete copy of the unit's bytes on disk.
+    pub fn complete_file(&self) -> Option<&File> {
+        let done = matches!(
+            *self.end.lock().unwrap_or_else(|e| e.into_inner()),
+            Some(Ok(()))
+        );
+        self.file.as_ref().filter(|_| done)
+    }
+
+    /// Whether it is a file ([`Filling::in_file`]).
+    pub fn in_a_file(&self) -> bool {
+        self.file.is_some()
     }
 
     pub fn len(&self) -> usize {

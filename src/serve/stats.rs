@@ -27,6 +27,9 @@ pub struct Stats {
     pub backing_bytes: AtomicU64,
     /// Raw tensors given a backing file by cloning their range.
     pub backing_clones: AtomicU64,
+    /// Backing files that are the file a tensor was decoded into: nothing
+    /// copied.
+    pub backing_decoded: AtomicU64,
     /// Filled backing files dropped to make room for others.
     pub backing_evictions: AtomicU64,
     /// 1 when the kernel takes backing files (passthrough), else 0.
@@ -75,6 +78,7 @@ impl Stats {
             "backing_bytes": self.backing_bytes.load(Relaxed),
             "backing_evictions": self.backing_evictions.load(Relaxed),
             "backing_clones": self.backing_clones.load(Relaxed),
+            "backing_decoded": self.backing_decoded.load(Relaxed),
             "remote_requests": remote.requests,
             "remote_fetched_bytes": remote.fetched_bytes,
             "remote_cached_bytes": remote.cached_bytes,
