@@ -2433,7 +2433,7 @@ class Bench:
                 "figures will be distorted")
         self.files = Files(self.work, self.sizes, self.args.regen, many_only=only == ["many"])
         # The writers' files only for the sections that read them.
-        if {"v2", "formats", "views", "model", "remote"} & set(only):
+        if {"v2", "formats", "writers", "views", "model", "remote"} & set(only):
             self.more = More(self.work, MORE_SIZES[self.mode], self.args.regen)
         self.files.warm()
         if not self.files.many_only:  # the many section mounts with defaults only
