@@ -1261,11 +1261,13 @@ class Bench:
     def section_zstd(self):
         log("zstd tensors: first and second read vs zstd -d")
         f = self.files
+        # Issue 24's targets: 1 MiB frames >= 1.6x of single-thread
+        # `zstd -d` (the decode on both cores), one frame >= 1.0x.
         cases = [
-            (f.zframes, "f32", "float32, 1 MiB frames", 1.0),
-            (f.zsingle, "f32", "float32, one frame", 0.9),
-            (f.zframes, "bf16", "bfloat16, 1 MiB frames", 1.0),
-            (f.zsingle, "bf16", "bfloat16, one frame", 0.9),
+            (f.zframes, "f32", "float32, 1 MiB frames", 1.6),
+            (f.zsingle, "f32", "float32, one frame", 1.0),
+            (f.zframes, "bf16", "bfloat16, 1 MiB frames", 1.6),
+            (f.zsingle, "bf16", "bfloat16, one frame", 1.0),
         ]
         other = "direct-io" if self.default_mode == "page-cache" else "page-cache"
         for zt, name, label, target in cases:
