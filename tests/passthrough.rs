@@ -191,15 +191,9 @@ fn a_decoded_tensor_is_passed_through_once_its_backing_file_is_filled() {
     m.unmount_ok();
 }
 
-#[test]
-fn a_one_frame_tensor_is_backed_by_the_file_it_was_decoded_into() {
-    let _s = support::serial();
-    let Some(mut m) = Mount::scratch() else {
-        return;
-    };
-    let src = m.scratch_path("z.zt");
-    let mut w = Writer::create(&src).unwrap();
-    // 12 MiB in one zstd frame: decoded whole, served while it decodes.
+/// A zTensor file of one float32 tensor `z` of 12 MiB in one zstd frame.
+fn write_one_frame(path: &Path) -> Vec<u8> {
+    let mut w = Writer::create(path).unwrap();
     let want = support::compressible(7, 12 << 20);
     let one_frame = Options {
         compression: Compression::Zstd {
@@ -211,6 +205,18 @@ fn a_one_frame_tensor_is_backed_by_the_file_it_was_decoded_into() {
     w.add("z", DType::Float32, &[3 << 20], &want, &one_frame)
         .unwrap();
     w.finish().unwrap();
+    want
+}
+
+#[test]
+fn a_one_frame_tensor_is_backed_by_the_file_it_was_decoded_into() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("z.zt");
+    // Decoded whole, served while it decodes.
+    let want = write_one_frame(&src);
     let cache = m.scratch_path("cache");
     std::fs::create_dir(&cache).unwrap();
     m.mount(&src, &["--cache-dir", cache.to_str().unwrap()]);
@@ -244,6 +250,30 @@ fn a_one_frame_tensor_is_backed_by_the_file_it_was_decoded_into() {
         "files left in the cache dir"
     );
     m.cleanup();
+}
+
+#[test]
+fn a_spilled_tensor_is_backed_by_its_spill_file() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("z.zt");
+    let want = write_one_frame(&src);
+    let cache = m.scratch_path("cache");
+    std::fs::create_dir(&cache).unwrap();
+    // 12 MiB is over half of a 16 MiB cache: decoded into a spill file.
+    let dir = cache.to_str().unwrap();
+    m.mount(&src, &["--cache-dir", dir, "--cache-size", "16M"]);
+    assert_eq!(m.read("z"), want);
+    m.settled();
+    assert_eq!(m.stat_u64("spilled_tensors"), 1, "{}", m.stats());
+    assert_eq!(m.stat_u64("backing_decoded"), 1, "{}", m.stats());
+    let served = m.stat_u64("bytes_served");
+    assert_eq!(m.read("z"), want);
+    assert_eq!(m.stat_u64("bytes_served"), served, "{}", m.stats());
+    m.unmount_ok();
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 0);
 }
 
 #[test]

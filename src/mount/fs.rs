@@ -1533,6 +1533,32 @@ mod passthrough_tests {
     }
 
     #[test]
+    fn a_spilled_tensor_is_backed_by_its_spill_file() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        // Over half the 64 MiB cache: decoded into a spill file.
+        let data: Vec<u8> = (0..40_000_000u32).map(|i| (i / 17 % 233) as u8).collect();
+        let fs = zstd_fs(dir.path(), &data, 1 << 30);
+        fs.set_passthrough(true);
+        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+        let (fh, _) = fs.open(z, false).unwrap();
+        read_all(&fs, z, fh, data.len());
+        assert!(fs.data().spilled(0, 0));
+        let spill = fs.data().decoded_file(0, 0).expect("the spill file");
+        fs.release(fh);
+        filled(&fs);
+        let (fh, how) = fs.open(z, false).unwrap();
+        let Open::Backed(b) = how else {
+            panic!("not backed")
+        };
+        let (a, s) = (b.file().metadata().unwrap(), spill.metadata().unwrap());
+        assert_eq!((a.dev(), a.ino()), (s.dev(), s.ino()));
+        assert_eq!(contents(&b), data);
+        assert_eq!(fs.data().stats().backing_decoded.load(Relaxed), 1);
+        fs.release(fh);
+    }
+
+    #[test]
     fn without_passthrough_a_tensor_is_decoded_into_memory() {
         let dir = tempfile::tempdir().unwrap();
         let data: Vec<u8> = (0..9_000_000u32).map(|i| (i / 13 % 229) as u8).collect();

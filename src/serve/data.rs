@@ -1284,13 +1284,18 @@ impl Data {
     }
 
     /// A file holding exactly the decoded bytes of part `pi` of tensor
-    /// `ti`, checked, when its blob was decoded whole into one (see
-    /// [`Data::unit_file`]) that is still cached: the part is the whole
-    /// blob, little-endian as stored.
+    /// `ti`, checked, when its blob was decoded whole into one: a complete
+    /// spill, or a unit decoded into a file (see [`Data::unit_file`]) that
+    /// is still cached; the part is the whole blob, little-endian as
+    /// stored.
     pub fn decoded_file(&self, ti: usize, pi: usize) -> Option<File> {
         let bi = self.whole_blob_part(ti, pi)?;
         if !matches!(self.states[bi].checked.get(), Some(Ok(()))) {
             return None;
+        }
+        let spill = super::lock(&self.states[bi].spill).clone();
+        if let Some(f) = spill.as_ref().and_then(|s| s.complete_file()) {
+            return f.try_clone().ok();
         }
         let unit = self.cache.peek((bi as u32, 0))?;
         unit.complete_file()?.try_clone().ok()
@@ -1314,7 +1319,7 @@ impl Data {
         let b = self.blob(p.blob);
         let as_stored = p.order == crate::catalog::Endian::Little || p.dtype.size() == 1;
         let whole = matches!(p.map, PartMap::Contiguous { start: 0 }) && p.nbytes == b.decoded_len;
-        (as_stored && whole && matches!(b.codec, Codec::Zstd { .. })).then_some(p.blob)
+        (as_stored && whole && !matches!(b.codec, Codec::Raw)).then_some(p.blob)
     }
 
     /// Whether part `pi` of tensor `ti` is read from a spill: a decoded

@@ -260,6 +260,11 @@ impl Spill {
         matches!(&lock(&self.progress).1, Some(why) if why.is_empty())
     }
 
+    /// The file it decoded into, once complete: the tensor's bytes.
+    pub fn complete_file(&self) -> Option<&File> {
+        self.complete().then_some(&self.file)
+    }
+
     /// Whether it failed in a way that a new spill may not (a full disk).
     pub fn failed_for_now(&self) -> bool {
         self.retry.load(Acquire)
