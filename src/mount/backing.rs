@@ -81,16 +81,32 @@ pub enum Origin {
     Cloned,
 }
 
+/// What a backing file keeps alive besides itself (the spill it is).
+pub type Holds = Option<Arc<dyn std::any::Any + Send + Sync>>;
+
 /// A complete file whose bytes are an exposed file's, at the same offsets.
-#[derive(Debug)]
 pub struct Backing {
     file: File,
+    /// The data layer's owner of the same file, if any, kept while this
+    /// is: the owner then does not count as idle, and dropping it would
+    /// free no disk.
+    _holds: Holds,
     len: u64,
     origin: Origin,
     /// Opens that the kernel serves from it now.
     opens: AtomicUsize,
     /// When it was last opened ([`Backings`]' clock), for eviction.
     used: AtomicU64,
+}
+
+impl std::fmt::Debug for Backing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backing")
+            .field("file", &self.file)
+            .field("len", &self.len)
+            .field("origin", &self.origin)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Backing {
@@ -346,6 +362,7 @@ struct Job {
     /// The exposed file whose reads asked for it (see [`Filled`]).
     asked_by: u64,
     file: File,
+    holds: Holds,
     len: u64,
     data: Arc<Data>,
     segments: Vec<Segment>,
@@ -448,6 +465,7 @@ impl Backings {
         }
         let b = Arc::new(Backing {
             file,
+            _holds: None,
             len,
             origin: Origin::Source,
             opens: AtomicUsize::new(0),
@@ -486,6 +504,7 @@ impl Backings {
         };
         let b = Arc::new(Backing {
             file,
+            _holds: None,
             len,
             origin: Origin::Cloned,
             opens: AtomicUsize::new(0),
@@ -642,6 +661,7 @@ impl Backings {
             key: key.clone(),
             asked_by,
             file,
+            holds: None,
             len,
             data: data.clone(),
             segments,
@@ -651,16 +671,18 @@ impl Backings {
     }
 
     /// Makes `file`, which holds every byte of files of content `key`
-    /// already (the unit their tensor was decoded into, checked), their
-    /// backing: as a file whose reads wrote all of it, published by the
-    /// filler's thread, which writes nothing and has the kernel drop the
-    /// page cache of inode `asked_by` first. False when another file is
-    /// being filled or ready for `key`, or there is no room.
+    /// already (the unit or spill their tensor was decoded into, checked;
+    /// nobody writes it any more), their backing, keeping `holds` (its
+    /// owner) while it is: as a file whose reads wrote all of it,
+    /// published by the filler's thread, which writes nothing and has the
+    /// kernel drop the page cache of inode `asked_by` first. False when
+    /// another file is being filled or ready for `key`, or there is no
+    /// room.
     pub fn adopt(
         self: &Arc<Self>,
         key: &Content,
         asked_by: u64,
-        (file, len): (File, u64),
+        (file, holds, len): (File, Holds, u64),
         data: &Arc<Data>,
         segments: Vec<Segment>,
     ) -> bool {
@@ -699,6 +721,7 @@ impl Backings {
             key: key.clone(),
             asked_by,
             file,
+            holds,
             len,
             data: data.clone(),
             segments,
@@ -879,6 +902,7 @@ impl Backings {
             key,
             asked_by,
             file,
+            holds,
             len,
             data,
             segments,
@@ -903,15 +927,16 @@ impl Backings {
             t1 - t0,
             t1.elapsed()
         );
-        self.publish(key, file, len);
+        self.publish(key, file, holds, len);
     }
 
     /// Makes `file`, complete, the backing of files of content `key`.
-    fn publish(&self, key: Content, file: File, len: u64) {
+    fn publish(&self, key: Content, file: File, holds: Holds, len: u64) {
         Stats::add(&self.stats.backing_files, 1);
         Stats::add(&self.stats.backing_bytes, len);
         let b = Arc::new(Backing {
             file,
+            _holds: holds,
             len,
             origin: Origin::Filled,
             opens: AtomicUsize::new(0),

@@ -629,12 +629,16 @@ impl TensorFs {
         let Content::Part { tensor, part } = c else {
             return false;
         };
-        let Some(file) = self.data.decoded_file(*tensor, *part) else {
+        let Some(d) = self.data.decoded_file(*tensor, *part) else {
             return false;
         };
         let len = self.part(*tensor, *part).map_or(0, |p| p.nbytes);
+        let holds = d.holds.map(|s| s as Arc<dyn std::any::Any + Send + Sync>);
+        let segments = self.segments(c);
+        // The unit stays cached (its pages are the file's, nothing more)
+        // for reads of the tensor's views, until the cache needs room.
         self.backings
-            .adopt(c, ino, (file, len), &self.data, self.segments(c))
+            .adopt(c, ino, (d.file, holds, len), &self.data, segments)
     }
 
     /// Whether files of content `c` are worth a filled backing file: some
@@ -681,11 +685,12 @@ impl TensorFs {
         if !self.passthrough() || !matches!(c, Content::Part { .. } | Content::ViewData { .. }) {
             return;
         }
-        if self.adopt_decoded(ino, c) {
-            return;
-        }
         if self.worth_filling(c) {
             let len = self.size_of(ino, c);
+            // A peek keeps no disk, even where the file is there already.
+            if read.saturating_mul(2) >= len && self.adopt_decoded(ino, c) {
+                return;
+            }
             let fill = if read.saturating_mul(2) < len {
                 Fill::Drop
             } else if self.fetched(c) {
@@ -885,6 +890,7 @@ impl TensorFs {
     /// later open.
     pub fn refused_backing(&self, fh: u64, why: &std::io::Error) -> CacheMode {
         if self.passthrough.swap(false, Relaxed) {
+            self.data.set_units_in_files(false);
             log::warn!(
                 "{}: the kernel refused a backing file ({why}); serving every file through FUSE",
                 self.data.catalog().label
@@ -964,10 +970,14 @@ impl TensorFs {
         // A tensor file whose unit is decoded into a file: that file
         // becomes its backing as it is, so nothing is written; every byte
         // served is in it.
+        // (A remote tensor's reads are still written through: a remote
+        // file is kept only when they wrote all of it, so one whose unit
+        // left the cache before the last close still gets its backing.)
         let in_file = matches!(
             self.tree.node(ino).map(|n| &n.kind),
             Some(NodeKind::File(Content::Part { .. }))
-        ) && self.data.decodes_into_file(tensor, part);
+        ) && !self.fetched_part(tensor, part)
+            && self.data.decodes_into_file(tensor, part);
         let written = if in_file {
             Some((0, off + bytes.len() as u64))
         } else {
@@ -1368,6 +1378,16 @@ mod passthrough_tests {
 
     /// A mount of one zstd tensor "z" of `data`, with backing files in `dir`.
     fn zstd_fs(dir: &std::path::Path, data: &[u8], limit: u64) -> TensorFs {
+        zstd_fs_checked(dir, data, limit, Vec::new())
+    }
+
+    /// The same, its blob carrying `checks`.
+    fn zstd_fs_checked(
+        dir: &std::path::Path,
+        data: &[u8],
+        limit: u64,
+        checks: Vec<crate::catalog::Check>,
+    ) -> TensorFs {
         let (mut catalog, _) = crate::serve::testing::catalog_of(dir, &[("z", &[0u8][..])]);
         let blob = zstd::encode_all(data, 3).unwrap();
         std::fs::write(dir.join("data"), &blob).unwrap();
@@ -1376,6 +1396,7 @@ mod passthrough_tests {
             len: blob.len() as u64,
             codec: Codec::Zstd { frames: None },
             decoded_len: n,
+            checks,
             ..catalog.blobs[0].clone()
         };
         catalog.tensors[0].parts = Ok(vec![Part::dense(
@@ -1513,7 +1534,7 @@ mod passthrough_tests {
         assert!(matches!(how, Open::Served(_)));
         read_all(&fs, z, fh, data.len());
         assert!(fs.data().decodes_into_file(0, 0));
-        let unit = fs.data().decoded_file(0, 0).expect("the decoded file");
+        let unit = fs.data().decoded_file(0, 0).expect("the decoded file").file;
         fs.release(fh);
         filled(&fs);
         let (fh, how) = fs.open(z, false).unwrap();
@@ -1533,6 +1554,55 @@ mod passthrough_tests {
     }
 
     #[test]
+    fn a_tensor_whose_bool_check_failed_is_not_backed_by_its_decoded_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // Bool elements, one of them 2, near the end: the decoder finishes
+        // its unit, the range check over it fails.
+        let mut data: Vec<u8> = (0..9_000_000u32).map(|i| (i % 3 == 0) as u8).collect();
+        data[8_999_000] = 2;
+        let check = crate::catalog::Check::BoolBytesIn {
+            start: 0,
+            len: data.len() as u64,
+        };
+        let fs = zstd_fs_checked(dir.path(), &data, 1 << 30, vec![check]);
+        fs.set_passthrough(true);
+        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+        let (fh, _) = fs.open(z, false).unwrap();
+        assert_eq!(fs.read(z, fh, 0, 1 << 20).err(), Some(libc::EIO));
+        fs.release(fh);
+        filled(&fs);
+        assert!(fs.data().decoded_file(0, 0).is_none());
+        let (fh, how) = fs.open(z, false).unwrap();
+        assert!(matches!(how, Open::Served(_)), "{how:?}");
+        assert_eq!(fs.read(z, fh, 0, 1 << 20).err(), Some(libc::EIO));
+        fs.release(fh);
+        assert_eq!(fs.data().stats().backing_decoded.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn a_decoded_file_is_not_adopted_once_the_source_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..9_000_000u32).map(|i| (i / 19 % 211) as u8).collect();
+        let fs = zstd_fs(dir.path(), &data, 1 << 30);
+        fs.set_passthrough(true);
+        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+        let (fh, _) = fs.open(z, false).unwrap();
+        read_all(&fs, z, fh, data.len());
+        // Rewritten in place, the same size: other bytes, a new mtime.
+        let src = dir.path().join("data");
+        let len = std::fs::metadata(&src).unwrap().len() as usize;
+        std::fs::write(&src, vec![0x5a; len]).unwrap();
+        fs.release(fh);
+        filled(&fs);
+        assert!(fs.data().decoded_file(0, 0).is_none());
+        let (fh, how) = fs.open(z, false).unwrap();
+        assert!(matches!(how, Open::Served(_)), "{how:?}");
+        assert_eq!(fs.read(z, fh, 0, 1 << 20).err(), Some(libc::ESTALE));
+        fs.release(fh);
+        assert_eq!(fs.data().stats().backing_decoded.load(Relaxed), 0);
+    }
+
+    #[test]
     fn a_spilled_tensor_is_backed_by_its_spill_file() {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
@@ -1544,7 +1614,7 @@ mod passthrough_tests {
         let (fh, _) = fs.open(z, false).unwrap();
         read_all(&fs, z, fh, data.len());
         assert!(fs.data().spilled(0, 0));
-        let spill = fs.data().decoded_file(0, 0).expect("the spill file");
+        let spill = fs.data().decoded_file(0, 0).expect("the spill file").file;
         fs.release(fh);
         filled(&fs);
         let (fh, how) = fs.open(z, false).unwrap();

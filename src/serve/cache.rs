@@ -382,8 +382,14 @@ impl Cache {
                 flight
             }
         };
-        let made = match file() {
-            Some(f) => Filling::in_file(f, len as usize),
+        // A file that cannot be mapped (a filesystem without shared
+        // mappings, no mapping left): memory, as without one.
+        let made = match file().map(|f| Filling::in_file(f, len as usize)) {
+            Some(Ok(f)) => Ok(f),
+            Some(Err(e)) => {
+                log::debug!("a {len}-byte unit is decoded into memory: cannot map its file: {e}");
+                Filling::new(len as usize)
+            }
             None => Filling::new(len as usize),
         };
         let outcome = match made {

@@ -162,6 +162,16 @@ pub struct Data {
 
 pub type FreeDisk = Box<dyn Fn() -> bool + Send + Sync>;
 
+/// A file holding exactly a tensor's decoded bytes (see
+/// [`Data::decoded_file`]).
+pub struct DecodedFile {
+    pub file: File,
+    /// The spill it belongs to, if any: held while the file is used, so
+    /// that the spill is not taken for idle (dropping it would free no
+    /// disk while the file is open elsewhere).
+    pub holds: Option<Arc<Spill>>,
+}
+
 impl Data {
     /// Serves `catalog` from `files` (one per `catalog.sources`).
     pub fn new(
@@ -1273,13 +1283,8 @@ impl Data {
         if !self.units_in_files.load(Relaxed) {
             return None;
         }
-        let dir = &self.opts.cache_dir;
-        let made = spill::room(dir, len).and_then(|()| {
-            let f = tempfile::tempfile_in(dir).map_err(|e| e.to_string())?;
-            spill::reserve(&f, len).map_err(|e| e.to_string())?;
-            Ok(f)
-        });
-        made.map_err(|why| log::debug!("a {len}-byte unit is decoded into memory: {why}"))
+        spill::reserved_file(&self.opts.cache_dir, len)
+            .map_err(|why| log::debug!("a {len}-byte unit is decoded into memory: {why}"))
             .ok()
     }
 
@@ -1288,17 +1293,40 @@ impl Data {
     /// spill, or a unit decoded into a file (see [`Data::unit_file`]) that
     /// is still cached; the part is the whole blob, little-endian as
     /// stored.
-    pub fn decoded_file(&self, ti: usize, pi: usize) -> Option<File> {
+    pub fn decoded_file(&self, ti: usize, pi: usize) -> Option<DecodedFile> {
         let bi = self.whole_blob_part(ti, pi)?;
-        if !matches!(self.states[bi].checked.get(), Some(Ok(()))) {
+        if !self.all_checks_passed(bi) || !self.unchanged(ti, pi) {
             return None;
         }
         let spill = super::lock(&self.states[bi].spill).clone();
-        if let Some(f) = spill.as_ref().and_then(|s| s.complete_file()) {
-            return f.try_clone().ok();
+        if let Some(s) = spill.filter(|s| s.complete()) {
+            let file = s.complete_file()?.try_clone().ok()?;
+            return Some(DecodedFile {
+                file,
+                holds: Some(s),
+            });
         }
         let unit = self.cache.peek((bi as u32, 0))?;
-        unit.complete_file()?.try_clone().ok()
+        let file = unit.complete_file()?.try_clone().ok()?;
+        Some(DecodedFile { file, holds: None })
+    }
+
+    /// Whether every check that reads of blob `bi` make has run and passed:
+    /// its own, and those of each range of it (bool elements in a stream
+    /// shared by several tensors), each of which has a verdict only once a
+    /// read of it was made.
+    fn all_checks_passed(&self, bi: usize) -> bool {
+        let st = &self.states[bi];
+        if !matches!(st.checked.get(), Some(Ok(()))) {
+            return false;
+        }
+        let ranges = super::lock(&st.ranges);
+        self.blob(bi).checks.iter().all(|c| match *c {
+            Check::BoolBytesIn { start, len } => {
+                len == 0 || matches!(ranges.get(&start), Some(Ok(())))
+            }
+            _ => true,
+        })
     }
 
     /// Whether reads of part `pi` of tensor `ti` come from a unit decoded

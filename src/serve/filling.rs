@@ -7,9 +7,11 @@
 //! back the tensor's own file, so that its bytes are written once, by the
 //! decoder, and not copied into a backing file afterwards. Either is
 //! released in one `munmap` when the last reader lets go. Such a file is
-//! unlinked, never written by anyone else (the kernel only reads a backing
-//! file) and has its disk reserved, so no page of it vanishes or fails to
-//! be written while mapped. Not advised for huge pages: on the project's VM new
+//! unlinked, never written or truncated by anyone else (the kernel only
+//! reads a backing file) and has its disk reserved, so no page of it
+//! vanishes or fails to be written while mapped. Not caught: a disk that
+//! fails to read back a page once the kernel wrote it back and dropped it
+//! (the access faults), as for any file the daemon maps. Not advised for huge pages: on the project's VM new
 //! huge pages come from memory the host has taken back and are 4 times
 //! slower to touch than small ones (BENCHMARKS.md); the pages are faulted
 //! in ahead of the writer instead, by another thread ([`Filling::populate`]).
@@ -67,14 +69,17 @@ impl Filling {
         }
     }
 
-    /// The file it is, once every byte is written and the writer said so:
-    /// a complete copy of the unit's bytes on disk.
+    /// The file it is, once every byte is written: a complete copy of the
+    /// unit's bytes on disk. (The last byte is published only once the
+    /// writer has checked all it wrote, so a reader that has it may close
+    /// before the writer says it is done: this does not wait for that.)
     pub fn complete_file(&self) -> Option<&File> {
-        let done = matches!(
+        let failed = matches!(
             *self.end.lock().unwrap_or_else(|e| e.into_inner()),
-            Some(Ok(()))
+            Some(Err(_))
         );
-        self.file.as_ref().filter(|_| done)
+        let whole = self.filled.load(Ordering::Acquire) >= self.len;
+        self.file.as_ref().filter(|_| whole && !failed)
     }
 
     /// Whether it is a file ([`Filling::in_file`]).
@@ -94,7 +99,9 @@ impl Filling {
     pub fn filled(&self) -> &[u8] {
         let n = self.filled.load(Ordering::Acquire);
         // SAFETY: bytes before `filled` are initialised and no longer written
-        // (see the module comment); the mapping lives as long as `self`.
+        // (see the module comment: a mapped file is ours alone, never
+        // written or truncated by anyone else); the mapping lives as long
+        // as `self`.
         unsafe { std::slice::from_raw_parts(self.map.as_ptr(), n) }
     }
 

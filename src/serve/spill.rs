@@ -541,6 +541,29 @@ impl std::io::Read for Pread<'_> {
 /// and not a fault later. Where the filesystem cannot, the file is only
 /// sized (sparse); the watch catches what that risks.
 pub(crate) fn reserve(file: &File, len: u64) -> std::io::Result<()> {
+    match allocate(file, len) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOSYS)) => {
+            file.set_len(len)
+        }
+        r => r,
+    }
+}
+
+/// A new unlinked file under `dir` of `len` bytes, all of them on disk
+/// (`fallocate`, checked and made one at a time with the spills'): one
+/// that a shared mapping can be written through without a fault for want
+/// of room. An error where the directory lacks the room or the
+/// filesystem cannot reserve it.
+pub(crate) fn reserved_file(dir: &Path, len: u64) -> Result<File, String> {
+    let _one = lock(&RESERVING);
+    room(dir, len)?;
+    let file = tempfile::tempfile_in(dir).map_err(|e| e.to_string())?;
+    allocate(&file, len).map_err(|e| format!("cannot reserve {len} bytes: {e}"))?;
+    Ok(file)
+}
+
+/// `fallocate` of `len` bytes from 0 (the file's size too).
+fn allocate(file: &File, len: u64) -> std::io::Result<()> {
     let n =
         i64::try_from(len).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
     loop {
@@ -549,10 +572,8 @@ pub(crate) fn reserve(file: &File, len: u64) -> std::io::Result<()> {
             return Ok(());
         }
         let e = std::io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::EOPNOTSUPP | libc::ENOSYS) => return file.set_len(len),
-            _ => return Err(e),
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
         }
     }
 }
