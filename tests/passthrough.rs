@@ -208,18 +208,26 @@ fn write_one_frame(path: &Path) -> Vec<u8> {
     want
 }
 
-#[test]
-fn a_one_frame_tensor_is_backed_by_the_file_it_was_decoded_into() {
-    let _s = support::serial();
-    let Some(mut m) = Mount::scratch() else {
-        return;
-    };
+/// A mount of [`write_one_frame`]'s file with a cache dir of its own and
+/// `opts`: the mount, the tensor's bytes, the cache dir.
+fn mount_one_frame(opts: &[&str]) -> Option<(Mount, Vec<u8>, PathBuf)> {
+    let mut m = Mount::scratch()?;
     let src = m.scratch_path("z.zt");
-    // Decoded whole, served while it decodes.
     let want = write_one_frame(&src);
     let cache = m.scratch_path("cache");
     std::fs::create_dir(&cache).unwrap();
-    m.mount(&src, &["--cache-dir", cache.to_str().unwrap()]);
+    let dir = cache.to_str().unwrap();
+    m.mount(&src, &[&["--cache-dir", dir][..], opts].concat());
+    Some((m, want, cache))
+}
+
+#[test]
+fn a_one_frame_tensor_is_backed_by_the_file_it_was_decoded_into() {
+    let _s = support::serial();
+    // Decoded whole, served while it decodes.
+    let Some((mut m, want, cache)) = mount_one_frame(&[]) else {
+        return;
+    };
     assert_eq!(m.read("z"), want);
     m.settled();
     // That file became the backing as it was: nothing was filled, and
@@ -255,16 +263,10 @@ fn a_one_frame_tensor_is_backed_by_the_file_it_was_decoded_into() {
 #[test]
 fn a_spilled_tensor_is_backed_by_its_spill_file() {
     let _s = support::serial();
-    let Some(mut m) = Mount::scratch() else {
+    // 12 MiB is over half of a 16 MiB cache: decoded into a spill file.
+    let Some((m, want, cache)) = mount_one_frame(&["--cache-size", "16M"]) else {
         return;
     };
-    let src = m.scratch_path("z.zt");
-    let want = write_one_frame(&src);
-    let cache = m.scratch_path("cache");
-    std::fs::create_dir(&cache).unwrap();
-    // 12 MiB is over half of a 16 MiB cache: decoded into a spill file.
-    let dir = cache.to_str().unwrap();
-    m.mount(&src, &["--cache-dir", dir, "--cache-size", "16M"]);
     assert_eq!(m.read("z"), want);
     m.settled();
     assert_eq!(m.stat_u64("spilled_tensors"), 1, "{}", m.stats());

@@ -1299,8 +1299,9 @@ impl Data {
             return None;
         }
         let spill = super::lock(&self.states[bi].spill).clone();
-        if let Some(s) = spill.filter(|s| s.complete()) {
-            let file = s.complete_file()?.try_clone().ok()?;
+        let len = self.blob(bi).decoded_len;
+        if let Some(s) = spill {
+            let file = s.complete_file(len)?.try_clone().ok()?;
             return Some(DecodedFile {
                 file,
                 holds: Some(s),

@@ -260,9 +260,14 @@ impl Spill {
         matches!(&lock(&self.progress).1, Some(why) if why.is_empty())
     }
 
-    /// The file it decoded into, once complete: the tensor's bytes.
-    pub fn complete_file(&self) -> Option<&File> {
-        self.complete().then_some(&self.file)
+    /// The file it decoded into, once all `len` bytes of it are there:
+    /// the tensor's bytes. (The last byte is published only once the
+    /// stream has been checked to its end, so a reader that has it may
+    /// close before the spill is marked complete: this does not wait.)
+    pub fn complete_file(&self, len: u64) -> Option<&File> {
+        let g = lock(&self.progress);
+        let failed = matches!(&g.1, Some(why) if !why.is_empty());
+        (g.0 >= len && !failed).then_some(&self.file)
     }
 
     /// Whether it failed in a way that a new spill may not (a full disk).
