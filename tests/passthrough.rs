@@ -225,7 +225,7 @@ fn mount_one_frame(opts: &[&str]) -> Option<(Mount, Vec<u8>, PathBuf)> {
 fn a_one_frame_tensor_is_backed_by_the_file_it_was_decoded_into() {
     let _s = support::serial();
     // Decoded whole, served while it decodes.
-    let Some((mut m, want, cache)) = mount_one_frame(&[]) else {
+    let Some((m, want, cache)) = mount_one_frame(&[]) else {
         return;
     };
     assert_eq!(m.read("z"), want);
@@ -249,15 +249,7 @@ fn a_one_frame_tensor_is_backed_by_the_file_it_was_decoded_into() {
     // Its .npy view is a file of its own, from the same decode.
     assert_eq!(npy_data(&m.read(".npy/z.npy")), &want[..]);
     assert_eq!(m.stat_u64("decompressions"), 1);
-    let pid = m.pid.expect("daemon pid");
-    support::signal(pid, libc::SIGKILL);
-    assert!(wait_until(Duration::from_secs(5), || !support::alive(pid)));
-    assert_eq!(
-        std::fs::read_dir(&cache).unwrap().count(),
-        0,
-        "files left in the cache dir"
-    );
-    m.cleanup();
+    assert_killed_leaving_nothing(m, &cache);
 }
 
 #[test]
@@ -381,11 +373,17 @@ fn kill_9_leaves_nothing_in_the_cache_dir() {
     assert_eq!(npy_data(&m.read(".npy/b.npy")), &tensors[1].1[..]);
     m.settled();
     assert!(m.stat_u64("backing_files") >= 2);
+    assert_killed_leaving_nothing(m, &cache);
+}
+
+/// Kills `m`'s daemon with SIGKILL: its files under `cache` (unlinked)
+/// go with it.
+fn assert_killed_leaving_nothing(mut m: Mount, cache: &Path) {
     let pid = m.pid.expect("daemon pid");
     support::signal(pid, libc::SIGKILL);
     assert!(wait_until(Duration::from_secs(5), || !support::alive(pid)));
     assert_eq!(
-        std::fs::read_dir(&cache).unwrap().count(),
+        std::fs::read_dir(cache).unwrap().count(),
         0,
         "files left in the cache dir"
     );
