@@ -72,6 +72,14 @@ fn write_zstd(path: &Path, names: &[&str], n: usize) -> Vec<(String, Vec<u8>)> {
     out
 }
 
+/// Maps `path` (through the mount) and compares it with `want`.
+fn assert_mapped_eq(path: &Path, want: &[u8]) {
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: the mount is read-only; nothing writes the file while mapped.
+    let map = unsafe { memmap2::Mmap::map(&f).unwrap() };
+    assert_eq!(&map[..], want);
+}
+
 fn npy_data(npy: &[u8]) -> &[u8] {
     let hlen = u16::from_le_bytes([npy[8], npy[9]]) as usize;
     &npy[10 + hlen..]
@@ -104,12 +112,7 @@ fn the_safetensors_view_of_a_safetensors_file_is_that_file_read_by_the_kernel() 
     let opens = m.stat_u64("passthrough_opens");
     assert_eq!(m.read(view), bytes, "the view is the file, byte for byte");
     // mmap, as safetensors' own loader reads it.
-    let f = std::fs::File::open(m.path(view)).unwrap();
-    // SAFETY: the mount is read-only; nothing writes the file while mapped.
-    let map = unsafe { memmap2::Mmap::map(&f).unwrap() };
-    assert_eq!(&map[..], &bytes[..]);
-    drop(map);
-    drop(f);
+    assert_mapped_eq(&m.path(view), &bytes);
     assert_eq!(
         m.stat_u64("bytes_served"),
         served,
@@ -170,12 +173,7 @@ fn a_decoded_tensor_is_passed_through_once_its_backing_file_is_filled() {
     assert_eq!(&m.read("z"), want);
     // The zarr chunk holds the same bytes: the same backing file.
     assert_eq!(&m.read(".zarr/z/c/0"), want);
-    let f = std::fs::File::open(m.path("z")).unwrap();
-    // SAFETY: the mount is read-only; nothing writes the file while mapped.
-    let map = unsafe { memmap2::Mmap::map(&f).unwrap() };
-    assert_eq!(&map[..], &want[..]);
-    drop(map);
-    drop(f);
+    assert_mapped_eq(&m.path("z"), want);
     assert_eq!(m.stat_u64("bytes_served"), served, "{}", m.stats());
     assert_eq!(m.stat_u64("backing_files"), 1);
     // The .npy view: a file of its own (header first), filled the same way.
@@ -238,12 +236,7 @@ fn a_one_frame_tensor_is_backed_by_the_file_it_was_decoded_into() {
     assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 0);
     let (served, opens) = (m.stat_u64("bytes_served"), m.stat_u64("passthrough_opens"));
     assert_eq!(m.read("z"), want);
-    let f = std::fs::File::open(m.path("z")).unwrap();
-    // SAFETY: the mount is read-only; nothing writes the file while mapped.
-    let map = unsafe { memmap2::Mmap::map(&f).unwrap() };
-    assert_eq!(&map[..], &want[..]);
-    drop(map);
-    drop(f);
+    assert_mapped_eq(&m.path("z"), &want);
     assert_eq!(m.stat_u64("bytes_served"), served, "{}", m.stats());
     assert_eq!(m.stat_u64("passthrough_opens"), opens + 2);
     // Its .npy view is a file of its own, from the same decode.

@@ -144,7 +144,7 @@ impl Buf {
     }
 
     /// The file holding every byte of a unit decoded into one (see
-    /// [`Filling::in_file`]), once its decoder has finished without fault.
+    /// [`Filling::complete_file`]), once every byte is published.
     pub fn complete_file(&self) -> Option<&std::fs::File> {
         self.filling().and_then(Filling::complete_file)
     }

@@ -1295,21 +1295,26 @@ impl Data {
     /// stored.
     pub fn decoded_file(&self, ti: usize, pi: usize) -> Option<DecodedFile> {
         let bi = self.whole_blob_part(ti, pi)?;
-        if !self.all_checks_passed(bi) || !self.unchanged(ti, pi) {
-            return None;
-        }
+        // The file first: most opens find none, and the source's check
+        // below is a stat.
         let spill = super::lock(&self.states[bi].spill).clone();
         let len = self.blob(bi).decoded_len;
-        if let Some(s) = spill {
-            let file = s.complete_file(len)?.try_clone().ok()?;
-            return Some(DecodedFile {
-                file,
+        let found = match spill {
+            Some(s) => DecodedFile {
+                file: s.complete_file(len)?.try_clone().ok()?,
                 holds: Some(s),
-            });
-        }
-        let unit = self.cache.peek((bi as u32, 0))?;
-        let file = unit.complete_file()?.try_clone().ok()?;
-        Some(DecodedFile { file, holds: None })
+            },
+            None => DecodedFile {
+                file: self
+                    .cache
+                    .peek((bi as u32, 0))?
+                    .complete_file()?
+                    .try_clone()
+                    .ok()?,
+                holds: None,
+            },
+        };
+        (self.all_checks_passed(bi) && self.unchanged(ti, pi)).then_some(found)
     }
 
     /// Whether every check that reads of blob `bi` make has run and passed:

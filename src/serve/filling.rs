@@ -11,7 +11,9 @@
 //! reads a backing file) and has its disk reserved, so no page of it
 //! vanishes or fails to be written while mapped. Not caught: a disk that
 //! fails to read back a page once the kernel wrote it back and dropped it
-//! (the access faults), as for any file the daemon maps. Not advised for huge pages: on the project's VM new
+//! (the access faults), as for any file the daemon maps.
+//!
+//! Not advised for huge pages: on the project's VM new
 //! huge pages come from memory the host has taken back and are 4 times
 //! slower to touch than small ones (BENCHMARKS.md); the pages are faulted
 //! in ahead of the writer instead, by another thread ([`Filling::populate`]).
