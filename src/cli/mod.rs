@@ -59,24 +59,28 @@ struct MountCli {
     /// Let root read the mount too.
     #[arg(long)]
     allow_root: bool,
-    /// Unmount automatically when the daemon dies.
+    /// Unmount automatically when the daemon dies (implies --allow-root;
+    /// for non-root, needs user_allow_other in /etc/fuse.conf).
     #[arg(long)]
     auto_unmount: bool,
-    /// Bytes of decoded zstd data kept in memory (e.g. 512M, 2G). Default: 1/8 of RAM, 256M..4G.
+    /// Bytes of decoded data (zstd, deflate, HDF5 chunks, gathered parts) kept in memory
+    /// (e.g. 512M, 2G). Default: 1/8 of RAM, 256M..4G.
     #[arg(long, value_name = "SIZE")]
     cache_size: Option<String>,
     /// Most memory the file's index may take decoded (e.g. 2G); a file
-    /// needing more is refused. Default: 1G, about 600 000 tensors.
+    /// needing more is refused. Default: 1G, about 250 000 tensors.
     #[arg(long, value_name = "SIZE")]
     index_memory: Option<String>,
-    /// Where tensors too large for the cache are decoded to. Default: /var/tmp.
+    /// Where decoded tensors and the kernel's backing files go (unlinked, gone at
+    /// exit) and, for a URL, the block cache kept across mounts (ztensor-remote/,
+    /// bounded by --disk-cache-size). Default: /var/tmp.
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
     /// FUSE worker threads. Default: 2 per core, 2..16.
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// Serve tensor data with direct I/O (the default where the kernel
-    /// allows mmap of such files; see README, Performance).
+    /// allows mmap of such files; see docs/serving.md).
     #[arg(long, overrides_with = "page_cache")]
     direct_io: bool,
     /// Serve tensor data through the kernel page cache, kept across opens.
@@ -115,7 +119,8 @@ struct MountCli {
     log_file: Option<PathBuf>,
     #[arg(long, value_name = "LIST", help = VIEWS_HELP.as_str())]
     views: Option<String>,
-    /// For an s3:// FILE: the S3-compatible server to use (e.g. http://127.0.0.1:9000).
+    /// For an s3://, gs:// or az:// FILE: the compatible server or emulator to use
+    /// (e.g. http://127.0.0.1:9000).
     #[arg(long, value_name = "URL")]
     endpoint: Option<String>,
     /// For a remote FILE: most disk the cache files in --cache-dir may take. Default: 16G.
@@ -169,14 +174,14 @@ enum Tool {
         #[arg(long)]
         force: bool,
     },
-    /// List the tensors of a .zt file.
+    /// List the tensors of a tensor file (any format read; a path or a URL).
     Info {
         /// A path, or a URL (s3://, gs://, az://, http(s)://, hf://).
         file: PathBuf,
-        /// For an s3:// FILE: the S3-compatible server to use.
+        /// For an s3://, gs:// or az:// FILE: the compatible server or emulator to use.
         #[arg(long, value_name = "URL")]
         endpoint: Option<String>,
-        /// The catalog as JSON (same fields as the sidecars).
+        /// The catalog as JSON (the sidecars' fields, without `views`).
         #[arg(long)]
         json: bool,
     },
@@ -184,7 +189,7 @@ enum Tool {
     Cat {
         /// A path, or a URL (s3://, gs://, az://, http(s)://, hf://).
         file: PathBuf,
-        /// For an s3:// FILE: the S3-compatible server to use.
+        /// For an s3://, gs:// or az:// FILE: the compatible server or emulator to use.
         #[arg(long, value_name = "URL")]
         endpoint: Option<String>,
         tensor: String,

@@ -69,7 +69,7 @@ pub struct Index {
 }
 
 /// Most memory the decoded index may take unless the user says otherwise:
-/// about 600 000 tensors. Real models have up to about 100 000.
+/// about 250 000 tensors (`catalog::cost`). Real models have up to about 100 000.
 pub const DEFAULT_INDEX_MEMORY: u64 = 1 << 30;
 
 /// Reads the magic, the trailing size and the CBOR array of `bytes`; an
