@@ -825,6 +825,109 @@ fn wrong_credentials_or_a_missing_bucket_refuse_the_mount_in_one_line() {
     assert!(!m.is_mounted());
 }
 
+/// The ztensor-mount command for `url` on `m` with the AWS CLI's files at
+/// `aws` (credentials, config) and none of the AWS variables that name
+/// keys, a region or an endpoint.
+fn with_aws_files(m: &Mount, url: &str, aws: &Path, profile: &str) -> Command {
+    let mut cmd = Command::new(support::bin());
+    cmd.arg(url)
+        .arg(&m.mp)
+        .arg("--log-file")
+        .arg(m.scratch_path("daemon.log"))
+        .args(["--cache-dir", m.scratch_path("cache").to_str().unwrap()])
+        .args(["-o", "remote_timeout=5,remote_retries=1"])
+        .env("AWS_SHARED_CREDENTIALS_FILE", aws.join("credentials"))
+        .env("AWS_CONFIG_FILE", aws.join("config"))
+        .env("AWS_PROFILE", profile);
+    for k in [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "AWS_ENDPOINT",
+        "AWS_ENDPOINT_URL",
+        "AWS_DEFAULT_PROFILE",
+    ] {
+        cmd.env_remove(k);
+    }
+    cmd
+}
+
+#[test]
+fn s3_keys_region_and_endpoint_come_from_the_aws_cli_files_when_the_environment_has_none() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(m) = scratch_mount() else { return };
+    let srv = Server::moto(&py, false);
+    let zt = m.scratch_path("model.zt");
+    let truth = write_model(&zt);
+    s3_put(&py, &srv, "bucket", &[("model.zt", &zt)]);
+    let aws = m.scratch_path("aws");
+    std::fs::create_dir(&aws).unwrap();
+    std::fs::create_dir(m.scratch_path("cache")).unwrap();
+    std::fs::write(
+        aws.join("credentials"),
+        "[default]\naws_access_key_id = AKIADEFAULTPROFILE00\naws_secret_access_key = d\n\n\
+         [work]\naws_access_key_id = AKIAWORKPROFILE00001\naws_secret_access_key = w\n",
+    )
+    .unwrap();
+    std::fs::write(
+        aws.join("config"),
+        format!(
+            "[profile work]\nregion = eu-west-2\nendpoint_url = {}\n\n\
+             [profile roles]\nrole_arn = arn:aws:iam::1:role/r\nsource_profile = work\n",
+            srv.url("")
+        ),
+    )
+    .unwrap();
+    let url = "s3://bucket/model.zt";
+    srv.moto_restart_recording();
+    let r = support::run_with_timeout(
+        &mut with_aws_files(&m, url, &aws, "work"),
+        Duration::from_secs(60),
+    );
+    assert!(r.ok(), "{}{}", r.stderr, m.log_text());
+    for (name, bytes) in &truth {
+        assert_eq!(&std::fs::read(m.mp.join(name)).unwrap(), bytes, "{name}");
+    }
+    m.unmount_ok();
+    // Every request the mount made was signed with the work profile's key,
+    // for its region, and went to its endpoint (moto got them all).
+    let (_, rec) = http(
+        srv.port,
+        "GET",
+        "/moto-api/recorder/download-recording",
+        &[],
+    );
+    let rec = String::from_utf8_lossy(&rec);
+    let requests = rec.lines().filter(|l| !l.trim().is_empty()).count();
+    let signed = rec.matches("Credential=AKIAWORKPROFILE00001/").count();
+    let region = rec.matches("/eu-west-2/s3/aws4_request").count();
+    assert!(requests >= 2, "{rec}");
+    assert_eq!((signed, region), (requests, requests), "{rec}");
+
+    // A profile in neither file, and one whose keys come from a role:
+    // refused in one line that names the problem; nothing mounted.
+    for (profile, words) in [
+        ("nope", "AWS_PROFILE=nope: no such profile in "),
+        ("roles", "profile roles gets its keys through role_arn"),
+    ] {
+        let r = support::run_with_timeout(
+            &mut with_aws_files(&m, url, &aws, profile),
+            Duration::from_secs(60),
+        );
+        assert!(!r.ok(), "{profile}");
+        assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+        assert!(
+            r.stderr.contains(words) && r.stderr.contains(url),
+            "{}",
+            r.stderr
+        );
+        assert!(!m.is_mounted());
+    }
+}
+
 #[test]
 fn a_sharded_v2_set_mounts_from_sibling_keys() {
     use ztensor2::format::DigestAlgorithm;

@@ -7,6 +7,7 @@
 //! file's siblings, [`MappedFile::sibling`]) through here, so that every
 //! file is opened, checked and mapped the same way.
 
+mod aws_profile;
 mod error;
 pub mod hub;
 mod local;

@@ -192,13 +192,13 @@ impl Client {
         }
         let s = match &self.hub {
             Some(repo) => repo.store()?,
-            None => self.build().map_err(one_line)?,
+            None => self.build()?,
         };
         *slot = Some((pid, s.clone()));
         Ok(s)
     }
 
-    fn build(&self) -> std::result::Result<Arc<dyn ObjectStore>, object_store::Error> {
+    fn build(&self) -> std::result::Result<Arc<dyn ObjectStore>, String> {
         use object_store::{BackoffConfig, Certificate, ClientOptions, RetryConfig};
         let o = &self.opts;
         let mut client = ClientOptions::new()
@@ -208,24 +208,20 @@ impl Client {
         // Trusted besides the system's store (which, like curl's and
         // Python's, is SSL_CERT_FILE / SSL_CERT_DIR when either is set).
         if let Some(path) = &o.ca_file {
-            let generic = |why: String| object_store::Error::Generic {
-                store: "TLS",
-                source: why.into(),
-            };
-            let pem = std::fs::read(path)
-                .map_err(|e| generic(format!("--ca-file {}: {e}", path.display())))?;
+            let pem =
+                std::fs::read(path).map_err(|e| format!("--ca-file {}: {e}", path.display()))?;
             let certs = Certificate::from_pem_bundle(&pem).map_err(|e| {
-                generic(format!(
+                format!(
                     "--ca-file {}: not PEM certificates: {}",
                     path.display(),
                     one_line(e)
-                ))
+                )
             })?;
             if certs.is_empty() {
-                return Err(generic(format!(
+                return Err(format!(
                     "--ca-file {}: holds no PEM certificate",
                     path.display()
-                )));
+                ));
             }
             for c in certs {
                 client = client.with_root_certificate(c);
@@ -244,23 +240,15 @@ impl Client {
         let scheme = self.url.scheme().to_ascii_lowercase();
         Ok(match scheme.as_str() {
             "s3" | "s3a" => {
-                let mut b = object_store::aws::AmazonS3Builder::from_env()
+                let b = object_store::aws::AmazonS3Builder::from_env()
                     .with_url(url)
                     .with_client_options(client)
                     .with_retry(retry);
-                if let Some(e) = &o.endpoint {
-                    b = b.with_endpoint(e).with_allow_http(true);
-                }
-                // No credentials in the environment: a public bucket, read
-                // anonymously (never the instance-metadata service).
-                if !env_has(&[
-                    "AWS_ACCESS_KEY_ID",
-                    "AWS_WEB_IDENTITY_TOKEN_FILE",
-                    "AWS_CONTAINER_CREDENTIALS",
-                ]) {
-                    b = b.with_skip_signature(true);
-                }
-                Arc::new(b.build()?)
+                Arc::new(
+                    s3_settings(b, o.endpoint.as_deref())?
+                        .build()
+                        .map_err(one_line)?,
+                )
             }
             "gs" => {
                 let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
@@ -274,7 +262,7 @@ impl Client {
                 if !env_has(&["GOOGLE_SERVICE_ACCOUNT", "GOOGLE_APPLICATION_CREDENTIALS"]) {
                     b = b.with_skip_signature(true);
                 }
-                Arc::new(b.build()?)
+                Arc::new(b.build().map_err(one_line)?)
             }
             "http" | "https" => {
                 let base = &self.url[..url::Position::BeforePath];
@@ -283,7 +271,8 @@ impl Client {
                         .with_url(base)
                         .with_client_options(client)
                         .with_retry(retry)
-                        .build()?,
+                        .build()
+                        .map_err(one_line)?,
                 )
             }
             _ => {
@@ -304,10 +293,49 @@ impl Client {
                 ]) {
                     b = b.with_skip_signature(true);
                 }
-                Arc::new(b.build()?)
+                Arc::new(b.build().map_err(one_line)?)
             }
         })
     }
+}
+
+/// An S3 client's keys, region and endpoint: the environment's (read by
+/// `object_store`), else the AWS CLI's files' (`aws_profile`), `--endpoint`
+/// before either. With no keys from either, the bucket is read anonymously
+/// (never from the instance-metadata service, so that a mount off the
+/// cloud does not wait on one).
+fn s3_settings(
+    mut b: object_store::aws::AmazonS3Builder,
+    endpoint: Option<&str>,
+) -> std::result::Result<object_store::aws::AmazonS3Builder, String> {
+    let files = super::aws_profile::load(&|k| std::env::var(k).ok())?;
+    let env_keys = env_has(&[
+        "AWS_ACCESS_KEY_ID",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS",
+    ]);
+    match files.keys {
+        _ if env_keys => {}
+        Some(k) => {
+            b = b.with_access_key_id(k.id).with_secret_access_key(k.secret);
+            if let Some(t) = k.token {
+                b = b.with_token(t);
+            }
+        }
+        None => b = b.with_skip_signature(true),
+    }
+    if let Some(r) = files.region
+        && !env_has(&["AWS_REGION", "AWS_DEFAULT_REGION"])
+    {
+        b = b.with_region(r);
+    }
+    let endpoint = endpoint
+        .map(str::to_string)
+        .or(files.endpoint.filter(|_| !env_has(&["AWS_ENDPOINT"])));
+    if let Some(e) = endpoint {
+        b = b.with_endpoint(e).with_allow_http(true);
+    }
+    Ok(b)
 }
 
 /// The key of the object at `url` in its store.

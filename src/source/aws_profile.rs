@@ -1,0 +1,345 @@
+//! An `s3://` source's keys, region and endpoint from the AWS CLI's own
+//! files, for a user whose environment names none: `~/.aws/credentials`
+//! and `~/.aws/config` (or `AWS_SHARED_CREDENTIALS_FILE`,
+//! `AWS_CONFIG_FILE`), profile `AWS_PROFILE` (or `AWS_DEFAULT_PROFILE`,
+//! else `default`). `object_store` reads the environment only, and the AWS
+//! SDK's loader would bring a second HTTP stack and an SDK to read two INI
+//! files; this reads them, and of them only the settings in [`Settings`].
+//! A profile that gets its keys another way (a role, SSO, a credential
+//! process, a web identity) is refused in one line that says how to export
+//! keys instead: reading its bucket anonymously would only fail later, with
+//! less to go on.
+
+use std::path::{Path, PathBuf};
+
+/// What a profile says, each setting from the credentials file if it has
+/// it, else from the config file.
+#[derive(Debug, Default, PartialEq)]
+pub struct Settings {
+    /// `aws_access_key_id`, `aws_secret_access_key`, `aws_session_token`.
+    pub keys: Option<Keys>,
+    /// `region`.
+    pub region: Option<String>,
+    /// `endpoint_url`: an S3-compatible server.
+    pub endpoint: Option<String>,
+}
+
+#[derive(Debug, PartialEq)]
+pub struct Keys {
+    pub id: String,
+    pub secret: String,
+    pub token: Option<String>,
+}
+
+/// Settings that get keys some way this reader does not follow.
+const ELSEWHERE: [&str; 7] = [
+    "credential_process",
+    "role_arn",
+    "sso_session",
+    "sso_start_url",
+    "web_identity_token_file",
+    "credential_source",
+    "login_session",
+];
+
+/// The profile the environment names (`env` looks a variable up), from the
+/// files it names. No files, or no `default` profile in them, is no
+/// settings; a profile named but in neither file, a file that cannot be
+/// read or parsed, or keys from elsewhere, is an error in one line.
+pub fn load(env: &dyn Fn(&str) -> Option<String>) -> Result<Settings, String> {
+    let var = |k: &str| env(k).filter(|v| !v.is_empty());
+    let named = var("AWS_PROFILE").or_else(|| var("AWS_DEFAULT_PROFILE"));
+    let profile = named.clone().unwrap_or_else(|| "default".into());
+    let home = var("HOME").map(PathBuf::from);
+    let file = |var_name: &str, name: &str| {
+        var(var_name)
+            .map(PathBuf::from)
+            .or_else(|| home.as_ref().map(|h| h.join(".aws").join(name)))
+    };
+    let credentials = file("AWS_SHARED_CREDENTIALS_FILE", "credentials");
+    let config = file("AWS_CONFIG_FILE", "config");
+    // The config file names a profile `[profile NAME]`, except `default`,
+    // which may be either.
+    let config_names = [format!("profile {profile}"), profile.clone()];
+    let config_names = if profile == "default" {
+        &config_names[..]
+    } else {
+        &config_names[..1]
+    };
+    let from_credentials = section(credentials.as_deref(), std::slice::from_ref(&profile))?;
+    let from_config = section(config.as_deref(), config_names)?;
+    if from_credentials.is_none() && from_config.is_none() {
+        return match named {
+            Some(name) => Err(format!(
+                "AWS_PROFILE={name}: no such profile in {} or {}",
+                shown(credentials.as_deref()),
+                shown(config.as_deref())
+            )),
+            None => Ok(Settings::default()),
+        };
+    }
+    let get = |key: &str| {
+        let find = |s: &Option<(PathBuf, Vec<(String, String)>)>| {
+            s.as_ref().and_then(|(path, kv)| {
+                kv.iter()
+                    .rfind(|(k, _)| k == key)
+                    .map(|(_, v)| (path.clone(), v.clone()))
+            })
+        };
+        find(&from_credentials).or_else(|| find(&from_config))
+    };
+    settings(&profile, &get)
+}
+
+/// The settings of one profile, `get` giving a key's value and the file it
+/// came from.
+fn settings(
+    profile: &str,
+    get: &dyn Fn(&str) -> Option<(PathBuf, String)>,
+) -> Result<Settings, String> {
+    let value = |k: &str| get(k).map(|(_, v)| v).filter(|v| !v.is_empty());
+    let keys = match (get("aws_access_key_id"), value("aws_secret_access_key")) {
+        (Some((_, id)), Some(secret)) if !id.is_empty() => Some(Keys {
+            id,
+            secret,
+            token: value("aws_session_token"),
+        }),
+        (Some((path, _)), _) => {
+            return Err(format!(
+                "{}: profile {profile} needs both aws_access_key_id and \
+                 aws_secret_access_key",
+                path.display()
+            ));
+        }
+        (None, _) => None,
+    };
+    if keys.is_none()
+        && let Some((path, setting)) = ELSEWHERE.iter().find_map(|k| get(k).map(|(p, _)| (p, *k)))
+    {
+        return Err(format!(
+            "{}: profile {profile} gets its keys through {setting}, which \
+             ztensor-mount does not follow; export them first: eval \
+             \"$(aws configure export-credentials --profile {profile} --format env)\"",
+            path.display()
+        ));
+    }
+    Ok(Settings {
+        keys,
+        region: value("region"),
+        endpoint: value("endpoint_url"),
+    })
+}
+
+fn shown(path: Option<&Path>) -> String {
+    path.map_or_else(|| "(no HOME)".into(), |p| p.display().to_string())
+}
+
+/// The settings of the first of `names` found in the file at `path`, with
+/// that path; `None` where there is no such file or section.
+#[allow(clippy::type_complexity)]
+fn section(
+    path: Option<&Path>,
+    names: &[String],
+) -> Result<Option<(PathBuf, Vec<(String, String)>)>, String> {
+    let Some(path) = path else { return Ok(None) };
+    let text = match std::fs::read(path) {
+        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let sections = parse(&text).map_err(|why| format!("{}: {why}", path.display()))?;
+    Ok(names.iter().find_map(|n| {
+        sections
+            .iter()
+            .rev()
+            .find(|(name, _)| name == n)
+            .map(|(_, kv)| (path.to_path_buf(), kv.clone()))
+    }))
+}
+
+type Sections = Vec<(String, Vec<(String, String)>)>;
+
+/// The sections of an AWS CLI INI file, each with its `key = value` lines
+/// in order. Indented lines (a nested setting such as `s3 =`'s) and
+/// comments are skipped; anything else that is neither a `[section]` nor a
+/// setting is an error naming its line, as the CLI refuses it too.
+fn parse(text: &str) -> Result<Sections, String> {
+    let mut out: Sections = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if raw.starts_with([' ', '\t']) && !out.is_empty() {
+            continue;
+        }
+        let n = i + 1;
+        if let Some(rest) = line.strip_prefix('[') {
+            let name = rest
+                .strip_suffix(']')
+                .ok_or_else(|| format!("line {n}: a section header without its ]"))?;
+            out.push((name.trim().to_string(), Vec::new()));
+            continue;
+        }
+        let (k, v) = line
+            .split_once('=')
+            .ok_or_else(|| format!("line {n}: neither [section] nor key = value"))?;
+        let (_, kv) = out
+            .last_mut()
+            .ok_or_else(|| format!("line {n}: a setting before any [section]"))?;
+        kv.push((k.trim().to_string(), v.trim().to_string()));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    struct Home(tempfile::TempDir);
+
+    impl Home {
+        fn new(credentials: &str, config: &str) -> Home {
+            let d = tempfile::tempdir().unwrap();
+            std::fs::create_dir(d.path().join(".aws")).unwrap();
+            for (name, text) in [("credentials", credentials), ("config", config)] {
+                if !text.is_empty() {
+                    std::fs::write(d.path().join(".aws").join(name), text).unwrap();
+                }
+            }
+            Home(d)
+        }
+
+        fn load(&self, vars: &[(&str, &str)]) -> Result<Settings, String> {
+            let mut env: HashMap<String, String> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            env.insert("HOME".into(), self.0.path().display().to_string());
+            load(&|k| env.get(k).cloned())
+        }
+    }
+
+    fn keys(id: &str, secret: &str, token: Option<&str>) -> Option<Keys> {
+        Some(Keys {
+            id: id.into(),
+            secret: secret.into(),
+            token: token.map(Into::into),
+        })
+    }
+
+    #[test]
+    fn the_default_profile_gives_keys_from_credentials_and_region_from_config() {
+        let h = Home::new(
+            "# made by aws configure\n[default]\naws_access_key_id = AKIA1\n\
+             aws_secret_access_key=s1\n\n[work]\naws_access_key_id = AKIA2\n\
+             aws_secret_access_key = s2\naws_session_token = t2\n",
+            "[default]\nregion = eu-west-2\ns3 =\n  max_concurrent_requests = 20\n\
+             [profile work]\nregion = us-west-1\nendpoint_url = http://127.0.0.1:9000\n",
+        );
+        let d = h.load(&[]).unwrap();
+        assert_eq!(d.keys, keys("AKIA1", "s1", None));
+        assert_eq!(d.region.as_deref(), Some("eu-west-2"));
+        assert_eq!(d.endpoint, None);
+        let w = h.load(&[("AWS_PROFILE", "work")]).unwrap();
+        assert_eq!(w.keys, keys("AKIA2", "s2", Some("t2")));
+        assert_eq!(w.region.as_deref(), Some("us-west-1"));
+        assert_eq!(w.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        let w2 = h.load(&[("AWS_DEFAULT_PROFILE", "work")]).unwrap();
+        assert_eq!(w2, w);
+    }
+
+    #[test]
+    fn the_credentials_file_wins_and_keys_may_sit_in_the_config_file() {
+        let h = Home::new(
+            "[p]\nregion = from-credentials\n",
+            "[profile p]\naws_access_key_id = AKIA3\naws_secret_access_key = s3\n\
+             region = from-config\n",
+        );
+        let p = h.load(&[("AWS_PROFILE", "p")]).unwrap();
+        assert_eq!(p.keys, keys("AKIA3", "s3", None));
+        assert_eq!(p.region.as_deref(), Some("from-credentials"));
+    }
+
+    #[test]
+    fn no_files_or_no_default_profile_is_no_settings() {
+        assert_eq!(Home::new("", "").load(&[]).unwrap(), Settings::default());
+        let h = Home::new("[other]\naws_access_key_id = A\n", "");
+        assert_eq!(h.load(&[]).unwrap(), Settings::default());
+    }
+
+    #[test]
+    fn the_variables_name_other_files() {
+        let h = Home::new("", "");
+        let alt = h.0.path().join("alt");
+        std::fs::write(
+            &alt,
+            "[default]\naws_access_key_id=K\naws_secret_access_key=S\n",
+        )
+        .unwrap();
+        let alt = alt.display().to_string();
+        let s = h
+            .load(&[("AWS_SHARED_CREDENTIALS_FILE", alt.as_str())])
+            .unwrap();
+        assert_eq!(s.keys, keys("K", "S", None));
+    }
+
+    #[test]
+    fn a_named_profile_that_is_nowhere_is_refused_naming_both_files() {
+        let h = Home::new("[default]\n", "[default]\n");
+        let e = h.load(&[("AWS_PROFILE", "nope")]).unwrap_err();
+        assert!(
+            e.starts_with("AWS_PROFILE=nope: no such profile in "),
+            "{e}"
+        );
+        assert!(
+            e.contains(".aws/credentials") && e.contains(".aws/config"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn keys_from_elsewhere_half_keys_and_bad_lines_are_refused_in_one_line() {
+        let h = Home::new(
+            "[half]\naws_access_key_id = A\n",
+            "[profile sso]\nsso_session = corp\nregion = x\n\
+             [profile proc]\ncredential_process = /bin/get-keys\n",
+        );
+        let e = h.load(&[("AWS_PROFILE", "sso")]).unwrap_err();
+        assert!(
+            e.contains(".aws/config: profile sso gets its keys through sso_session"),
+            "{e}"
+        );
+        assert!(
+            e.contains("aws configure export-credentials --profile sso"),
+            "{e}"
+        );
+        let e = h.load(&[("AWS_PROFILE", "proc")]).unwrap_err();
+        assert!(e.contains("through credential_process"), "{e}");
+        let e = h.load(&[("AWS_PROFILE", "half")]).unwrap_err();
+        assert!(
+            e.contains(".aws/credentials: profile half needs both aws_access_key_id and aws_secret_access_key"),
+            "{e}"
+        );
+        for (text, why) in [
+            ("[default\n", "line 1: a section header without its ]"),
+            ("[a]\njunk\n", "line 2: neither [section] nor key = value"),
+            ("k = v\n", "line 1: a setting before any [section]"),
+        ] {
+            let e = Home::new(text, "").load(&[]).unwrap_err();
+            assert!(e.ends_with(&format!("credentials: {why}")), "{e}");
+            assert_eq!(e.lines().count(), 1);
+        }
+    }
+
+    #[test]
+    fn an_unreadable_file_is_refused_naming_it() {
+        let h = Home::new("", "");
+        // A directory where the file should be: reading it fails, and not
+        // with NotFound.
+        std::fs::create_dir(h.0.path().join(".aws/credentials")).unwrap();
+        let e = h.load(&[]).unwrap_err();
+        assert!(e.contains(".aws/credentials: "), "{e}");
+    }
+}
