@@ -165,6 +165,8 @@ type Sections = Vec<(String, Vec<(String, String)>)>;
 /// setting is an error naming its line, as the CLI refuses it too.
 fn parse(text: &str) -> Result<Sections, String> {
     let mut out: Sections = Vec::new();
+    // A byte-order mark, as an editor on Windows may write it.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim();
         if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
@@ -178,7 +180,9 @@ fn parse(text: &str) -> Result<Sections, String> {
             let name = rest
                 .strip_suffix(']')
                 .ok_or_else(|| format!("line {n}: a section header without its ]"))?;
-            out.push((name.trim().to_string(), Vec::new()));
+            // `[profile  work]` is `[profile work]`, as the CLI reads it.
+            let name: Vec<&str> = name.split_whitespace().collect();
+            out.push((name.join(" "), Vec::new()));
             continue;
         }
         let (k, v) = line
@@ -248,6 +252,17 @@ mod tests {
         assert_eq!(w.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
         let w2 = h.load(&[("AWS_DEFAULT_PROFILE", "work")]).unwrap();
         assert_eq!(w2, w);
+    }
+
+    #[test]
+    fn a_byte_order_mark_crlf_and_spaces_in_headers_are_read_as_the_cli_reads_them() {
+        let h = Home::new(
+            "\u{feff}[ default ]\r\naws_access_key_id = K\r\naws_secret_access_key = S\r\n",
+            "[profile   w]\r\nregion = r\r\n",
+        );
+        assert_eq!(h.load(&[]).unwrap().keys, keys("K", "S", None));
+        let w = h.load(&[("AWS_PROFILE", "w")]).unwrap();
+        assert_eq!((w.keys, w.region.as_deref()), (None, Some("r")));
     }
 
     #[test]
