@@ -250,6 +250,8 @@ fn hf_run_args(
         "HF_TOKEN",
         "HF_TOKEN_PATH",
         "HF_HUB_OFFLINE",
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
         "XDG_CACHE_HOME",
     ] {
         cmd.env_remove(k);
@@ -749,9 +751,169 @@ fn an_offline_remount_serves_what_the_cache_holds_without_the_hub() {
     let r = hf_run(&mut m, &ep, "hf://org/single@dev", &cache, &offline);
     assert_eq!(
         refused(&r),
-        "ztensor-mount: hf://org/single@dev: offline (HF_HUB_OFFLINE is set), and no mount \
-         with this cache directory resolved this revision before"
+        "ztensor-mount: hf://org/single@dev: offline (HF_HUB_OFFLINE is set), and neither a \
+         mount with this cache directory nor huggingface_hub's cache resolved this revision \
+         before"
     );
+}
+
+/// Downloads `files` of `repo` with `huggingface_hub` itself, into the
+/// HF_HOME that [`hf_run`] gives the mounts.
+fn hf_download(m: &Mount, hub: &Hub, repo: &str, files: &[&str]) {
+    let script = "import sys\nfrom huggingface_hub import hf_hub_download\n\
+                  for f in sys.argv[3:]:\n    \
+                  hf_hub_download(sys.argv[2], f, endpoint=sys.argv[1], token=False)\n";
+    let mut cmd = Command::new(python());
+    cmd.arg("-c")
+        .arg(script)
+        .arg(hub.endpoint())
+        .arg(repo)
+        .args(files)
+        .env("HF_HUB_DISABLE_TELEMETRY", "1")
+        .env("HF_HUB_DISABLE_XET", "1")
+        .env("HF_HOME", m.scratch_path("hf_home"));
+    for k in [
+        "HF_TOKEN",
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+        "HF_HUB_OFFLINE",
+    ] {
+        cmd.env_remove(k);
+    }
+    let r = support::run_with_timeout(&mut cmd, Duration::from_secs(120));
+    assert!(r.ok(), "hf_hub_download: {}", r.stderr);
+}
+
+/// The paths the stand-in was asked for since its last reset, each with
+/// the host it was asked of.
+fn asked(hub: &Hub) -> Vec<(String, String)> {
+    hub.stats()["log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e[0].as_str().unwrap().to_string(),
+                e[2].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn files_huggingface_hub_downloaded_are_read_from_its_cache_not_fetched_again() {
+    let (_s, mut m, repos, hub) = setup();
+    let ep = hub.endpoint();
+    // One shard of two in huggingface_hub's cache, laid out by itself.
+    hf_download(&m, &hub, "org/single", &["model.safetensors"]);
+    hf_download(
+        &m,
+        &hub,
+        "org/sharded",
+        &[
+            "model.safetensors.index.json",
+            "model-00001-of-00002.safetensors",
+        ],
+    );
+    hub.control("/__reset");
+    let cache = m.scratch_path("cache");
+    hf_mount(&mut m, &ep, "hf://org/single", &cache, &[]);
+    assert_tensors(&m, &repos.c1);
+    assert!(
+        m.log_text().contains(&format!(
+            "hf://org/single@{C1}/model.safetensors: read from huggingface_hub's cache"
+        )),
+        "{}",
+        m.log_text()
+    );
+    assert_eq!(
+        m.index()["file"],
+        format!("hf://org/single@{C1}/model.safetensors")
+    );
+    // The revision asked of the Hub; nothing resolved, nothing from the CDN.
+    assert_eq!(
+        asked(&hub),
+        vec![(
+            "127.0.0.1".into(),
+            "/api/models/org/single/revision/main".into()
+        )]
+    );
+    assert_eq!(m.stat_u64("remote_requests"), 0);
+    m.unmount_ok();
+
+    // The cached shard is read there; the other is fetched.
+    hub.control("/__reset");
+    hf_mount(&mut m, &ep, "hf://org/sharded", &cache, &[]);
+    assert_tensors(&m, &repos.c3);
+    // Of the Hub, the revision and the one shard not cached; of the CDN,
+    // that shard's blob (named by its hash) alone.
+    let (hub_asked, cdn_asked): (Vec<_>, Vec<_>) = asked(&hub)
+        .into_iter()
+        .partition(|(host, _)| host == "127.0.0.1");
+    let resolve = format!("/org/sharded/resolve/{C3}/model-00002-of-00002.safetensors");
+    assert_eq!(
+        hub_asked,
+        vec![
+            (
+                "127.0.0.1".to_string(),
+                "/api/models/org/sharded/revision/main".to_string()
+            ),
+            ("127.0.0.1".to_string(), resolve),
+        ]
+    );
+    assert!(!cdn_asked.is_empty());
+    assert!(
+        cdn_asked.iter().all(|a| *a == cdn_asked[0]),
+        "{cdn_asked:?}"
+    );
+    m.unmount_ok();
+
+    // Offline, with a --cache-dir no mount used: the revision from
+    // huggingface_hub's ref, the file from its snapshot.
+    drop(hub);
+    let fresh = m.scratch_path("fresh-cache");
+    hf_mount(
+        &mut m,
+        &ep,
+        "hf://org/single",
+        &fresh,
+        &[("HF_HUB_OFFLINE", "1")],
+    );
+    assert_tensors(&m, &repos.c1);
+    assert_eq!(source(&m)["commit"], C1);
+    m.unmount_ok();
+}
+
+#[test]
+fn a_cached_file_whose_size_is_not_the_hubs_is_fetched_instead() {
+    let (_s, mut m, repos, hub) = setup();
+    hf_download(&m, &hub, "org/single", &["model.safetensors"]);
+    let snap = m.scratch_path("hf_home").join(format!(
+        "hub/models--org--single/snapshots/{C1}/model.safetensors"
+    ));
+    // Cut short through its link, as an interrupted copy would leave it.
+    let blob = std::fs::canonicalize(&snap).unwrap();
+    let len = std::fs::metadata(&blob).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&blob)
+        .unwrap()
+        .set_len(len - 1000)
+        .unwrap();
+    hub.control("/__reset");
+    let cache = m.scratch_path("cache");
+    hf_mount(&mut m, &hub.endpoint(), "hf://org/single", &cache, &[]);
+    assert_tensors(&m, &repos.c1);
+    assert!(
+        m.log_text().contains(&format!(
+            "holds {} bytes, the Hub lists {len}; fetched instead",
+            len - 1000
+        )),
+        "{}",
+        m.log_text()
+    );
+    assert!(hub.count("cdn_requests") > 0);
+    m.unmount_ok();
 }
 
 /// The byte ranges the CDN was asked for, in order.

@@ -36,6 +36,7 @@ use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, LOCATION};
 use serde_json::Value;
 
+use super::hf_cache;
 use super::remote::{self, Options};
 use super::{FetchKind, MappedFile};
 use crate::error::{Error, ErrorKind, Result};
@@ -538,6 +539,10 @@ pub struct Repo {
     opts: Options,
     /// Where each file's bytes are (its signed CDN URL), by path.
     locations: Mutex<HashMap<String, (url::Url, Resolved)>>,
+    /// The repo's files at the commit, with their sizes where known.
+    files: HashMap<String, Option<u64>>,
+    /// `huggingface_hub`'s cache, where a file it downloaded is read from.
+    hf_cache: Option<PathBuf>,
 }
 
 impl Repo {
@@ -574,6 +579,29 @@ impl Repo {
             "file",
             &[self.hub.endpoint.as_str(), &self.repo, &self.commit, path],
         )
+    }
+
+    /// The file `path` in `huggingface_hub`'s cache, when it holds it at
+    /// this commit with the size the Hub lists (a file of another size is
+    /// fetched, and the log says why).
+    fn hf_cached(&self, path: &str) -> Option<PathBuf> {
+        let cache = self.hf_cache.as_ref()?;
+        let (found, size) = hf_cache::file(cache, &self.repo, &self.commit, path)?;
+        match self.files.get(path) {
+            Some(Some(listed)) if *listed == size => Some(found),
+            listed => {
+                log::warn!(
+                    "hf://{}@{}/{path}: {} holds {size} bytes, the Hub lists {}; fetched instead",
+                    self.repo,
+                    self.commit,
+                    found.display(),
+                    listed
+                        .and_then(|l| l.map(|n| n.to_string()))
+                        .unwrap_or_else(|| "no size".into())
+                );
+                None
+            }
+        }
     }
 
     /// The store for this process's requests.
@@ -981,13 +1009,15 @@ fn repo_info(hub: &Hub, spec: &Spec, opts: &Options, label: &str) -> Result<Repo
         &[hub.endpoint.as_str(), &spec.repo, &spec.revision],
     );
     if hub.offline {
-        return load_record(&record).ok_or_else(|| {
-            fail(
-                label,
-                "offline (HF_HUB_OFFLINE is set), and no mount with this cache directory \
-                 resolved this revision before",
-            )
-        });
+        return load_record(&record)
+            .or_else(|| offline_info(spec))
+            .ok_or_else(|| {
+                fail(
+                    label,
+                    "offline (HF_HUB_OFFLINE is set), and neither a mount with this cache \
+                     directory nor huggingface_hub's cache resolved this revision before",
+                )
+            });
     }
     let rt =
         remote::runtime().map_err(|e| fail(label, format!("cannot start the I/O runtime: {e}")))?;
@@ -996,6 +1026,15 @@ fn repo_info(hub: &Hub, spec: &Spec, opts: &Options, label: &str) -> Result<Repo
         .map_err(|e| fail(label, e))?;
     save_record(&record, &info);
     Ok(info)
+}
+
+/// The commit and files of `spec`'s revision as `huggingface_hub`'s cache
+/// knows them: its ref, and what its snapshot holds.
+fn offline_info(spec: &Spec) -> Option<RepoInfo> {
+    let cache = hf_cache::dir()?;
+    let commit = hf_cache::commit(&cache, &spec.repo, &spec.revision)?;
+    let files = hf_cache::files(&cache, &spec.repo, &commit);
+    Some(RepoInfo { commit, files })
 }
 
 /// What `.ztensor/index.json` says of a Hub file (under `attributes`).
@@ -1014,6 +1053,48 @@ fn describe(hub: &Hub, spec: &Spec, info: &RepoInfo, path: &str) -> Value {
         "path": path,
         "other_files": others,
     })
+}
+
+/// Opens the file of `repo` that resolve URL `url` names: read where it is
+/// when `huggingface_hub` has downloaded it already (see
+/// [`Repo::hf_cached`]), else fetched as a remote object.
+pub(super) fn open_file(repo: &Arc<Repo>, url: url::Url) -> Result<MappedFile> {
+    if let Some(local) = repo.path_of(&url).and_then(|p| repo.hf_cached(&p)) {
+        let label = repo.label(&url);
+        match MappedFile::open(&local) {
+            Ok(f) => {
+                log::info!(
+                    "{label}: read from huggingface_hub's cache, {} (nothing fetched)",
+                    local.display()
+                );
+                let siblings = Arc::new(CachedSiblings {
+                    repo: repo.clone(),
+                    url,
+                });
+                return Ok(f.relabel(label, siblings));
+            }
+            Err(e) => log::warn!("{label}: fetched: {e}"),
+        }
+    }
+    remote::open_hub(url, &repo.opts, repo.clone())
+}
+
+/// The siblings of a file read from `huggingface_hub`'s cache: each read
+/// from there too where it is, else fetched.
+struct CachedSiblings {
+    repo: Arc<Repo>,
+    url: url::Url,
+}
+
+impl super::Siblings for CachedSiblings {
+    fn sibling(&self, name: &str) -> Result<MappedFile> {
+        let label = self.repo.label(&self.url);
+        let url = self
+            .url
+            .join(name)
+            .map_err(|e| fail(&label, format!("sibling {name:?}: {e}")))?;
+        open_file(&self.repo, url)
+    }
 }
 
 /// Opens `arg` (`hf://ORG/REPO[@REVISION][/PATH]`): resolves the revision
@@ -1050,9 +1131,11 @@ pub fn open(arg: &str, opts: &Options) -> Result<(MappedFile, Value)> {
         commit: info.commit.clone(),
         opts: opts.clone(),
         locations: Mutex::new(HashMap::new()),
+        files: info.files.into_iter().collect(),
+        hf_cache: hf_cache::dir(),
     });
     let url = repo.resolve_url(&path);
-    let file = remote::open_hub(url, opts, repo)?;
+    let file = open_file(&repo, url)?;
     Ok((file, about))
 }
 

@@ -19,6 +19,9 @@ pub struct MappedFile {
     /// What makes the mapping's bytes present: `None` for a local file
     /// (all of it is), the remote object for its cache file.
     backing: Option<std::sync::Arc<dyn super::Backing>>,
+    /// Who opens the files beside this one, when they are not simply in
+    /// its directory (a Hub file read from `huggingface_hub`'s cache).
+    siblings: Option<std::sync::Arc<dyn super::Siblings>>,
 }
 
 /// The system's page size.
@@ -58,6 +61,7 @@ impl MappedFile {
             opened: meta,
             map,
             backing: None,
+            siblings: None,
         })
     }
 
@@ -86,7 +90,20 @@ impl MappedFile {
             opened: meta,
             map,
             backing: Some(backing),
+            siblings: None,
         })
+    }
+
+    /// This file, named `label` in messages, with its siblings opened by
+    /// `siblings`.
+    pub fn relabel(
+        mut self,
+        label: String,
+        siblings: std::sync::Arc<dyn super::Siblings>,
+    ) -> MappedFile {
+        self.label = label;
+        self.siblings = Some(siblings);
+        self
     }
 
     /// The remote object behind the mapping, if it is one.
@@ -119,6 +136,9 @@ impl MappedFile {
 
     /// Opens the file named `name` beside this one (a shard), the same way.
     pub fn sibling(&self, name: &str) -> Result<MappedFile> {
+        if let Some(s) = &self.siblings {
+            return s.sibling(name);
+        }
         match &self.backing {
             Some(b) => b.sibling(name),
             None => {

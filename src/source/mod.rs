@@ -9,6 +9,7 @@
 
 mod aws_profile;
 mod error;
+mod hf_cache;
 pub mod hub;
 mod local;
 pub mod remote;
@@ -77,4 +78,11 @@ pub fn before_fork() {
 /// dropping them (`process::exit`): a remote object's cache bitmap saved.
 pub fn before_exit() {
     remote::commit_all();
+}
+
+/// Opens the files beside a file whose siblings are not simply in its
+/// directory: a Hub file read from `huggingface_hub`'s cache, whose shards
+/// may be there or not (then they are fetched).
+pub trait Siblings: Send + Sync {
+    fn sibling(&self, name: &str) -> crate::error::Result<MappedFile>;
 }

@@ -1364,7 +1364,10 @@ impl Backing for Object {
             .url
             .join(name)
             .map_err(|e| fail(&self.label, format!("sibling {name:?}: {e}")))?;
-        open_with(self.client.clone(), url)
+        match &self.client.hub {
+            Some(repo) => super::hub::open_file(repo, url),
+            None => open_with(self.client.clone(), url),
+        }
     }
 }
 
