@@ -681,6 +681,36 @@ fn an_object_replaced_after_mount_gives_estale_never_mixed_bytes() {
 }
 
 #[test]
+fn an_object_without_an_etag_replaced_after_mount_gives_estale_by_its_last_modified() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let (tensors, srv, cache) = served_model(&py, &m);
+    // A server without ETags (nginx's `etag off`), which ignores If-Match.
+    srv.control("/__no_etag");
+    mount_remote(&mut m, &srv.url("/model.zt"), &cache, &[]);
+    assert_eq!(std::fs::read(m.path("small")).unwrap(), tensors[1].1);
+    let files = m.scratch_path("files");
+    let mut b = std::fs::read(files.join("model.zt")).unwrap();
+    let n = b.len();
+    b[n / 2] ^= 0xff;
+    std::fs::write(files.join("other.zt"), &b).unwrap();
+    srv.control("/__replace?path=/model.zt&from=/other.zt");
+    let e = std::fs::read(m.path("tail")).expect_err("a changed object");
+    assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+    let log = m.log_text();
+    assert!(
+        log.contains("changed since mount") && log.contains("ETag None, last modified"),
+        "{log}"
+    );
+    // Once the change is known, nothing is served.
+    for name in ["small", "embed"] {
+        let e = std::fs::read(m.path(name)).expect_err(name);
+        assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{name}: {e}");
+    }
+}
+
+#[test]
 fn a_missing_object_refuses_the_mount_in_one_line() {
     let _s = support::serial();
     let Some(py) = python() else { return };

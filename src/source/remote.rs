@@ -419,6 +419,8 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         size: meta.size,
         etag: meta.e_tag.clone(),
         version: meta.version.clone(),
+        modified: (meta.e_tag.is_none() && meta.version.is_none())
+            .then(|| meta.last_modified.timestamp()),
         block: opts.block_size,
         file: cache.file.try_clone().ok(),
         present,
@@ -925,6 +927,9 @@ pub struct Object {
     size: u64,
     etag: Option<String>,
     version: Option<String>,
+    /// For an object with neither ETag nor version: its Last-Modified
+    /// (seconds) at mount, what each answer must still say.
+    modified: Option<i64>,
     block: u64,
     /// The cache file, written with pwrite.
     file: Option<File>,
@@ -1160,14 +1165,7 @@ impl Object {
             }
             Err(e) => return Err(self.refused(&e, &what)),
         };
-        if got.meta.size != self.size
-            || (self.etag.is_some() && got.meta.e_tag.is_some() && got.meta.e_tag != self.etag)
-        {
-            return Err(self.changed(&format!(
-                "the server now says {} bytes, ETag {:?}",
-                got.meta.size, got.meta.e_tag
-            )));
-        }
+        self.same_object(&got.meta)?;
         if got.range != (start..end) {
             return Err(FetchError::failed(format!(
                 "{what}: the server sent bytes {:?}",
@@ -1292,14 +1290,7 @@ impl Object {
             Ok(g) => g,
             Err(e) => return Err(self.refused(&e, &what)),
         };
-        if got.meta.size != self.size
-            || (self.etag.is_some() && got.meta.e_tag.is_some() && got.meta.e_tag != self.etag)
-        {
-            return Err(self.changed(&format!(
-                "the server now says {} bytes, ETag {:?}",
-                got.meta.size, got.meta.e_tag
-            )));
-        }
+        self.same_object(&got.meta)?;
         let file = self.file.as_ref().ok_or_else(|| {
             FetchError::failed(format!("{what}: the cache file cannot be written"))
         })?;
@@ -1325,6 +1316,22 @@ impl Object {
     }
 
     /// Marks the object changed since it was pinned (logged once).
+    /// Whether an answer is of the object pinned at mount: its size, and
+    /// its ETag, or where it had none, its Last-Modified (a server without
+    /// ETags, which ignores `If-Match`).
+    fn same_object(&self, meta: &object_store::ObjectMeta) -> std::result::Result<(), FetchError> {
+        let etag_moved = self.etag.is_some() && meta.e_tag.is_some() && meta.e_tag != self.etag;
+        let modified = meta.last_modified.timestamp();
+        let time_moved = self.modified.is_some_and(|m| m != modified);
+        if meta.size == self.size && !etag_moved && !time_moved {
+            return Ok(());
+        }
+        Err(self.changed(&format!(
+            "the server now says {} bytes, ETag {:?}, last modified {}",
+            meta.size, meta.e_tag, meta.last_modified
+        )))
+    }
+
     fn changed(&self, why: &str) -> FetchError {
         self.broken
             .get_or_init(|| {

@@ -19,6 +19,10 @@ exits when stdin closes (or it is killed). Control requests (not counted):
         stall   wait T seconds before answering (past the client's timeout)
     GET /__replace?path=/x&from=/y
         the object /x now has the bytes of /y, and a new ETag
+    GET /__no_etag
+        from now on, no ETag is sent and If-Match is ignored (nginx's `etag
+        off`): an object is known by its Last-Modified, which a replace
+        moves on by a second
 """
 
 import json
@@ -94,6 +98,8 @@ class Handler(BaseHTTPRequestHandler):
                 STATE["requests"] = 0
                 STATE["log"] = []
                 STATE["faults"] = []
+            elif url.path == "/__no_etag":
+                STATE["no_etag"] = True
             elif url.path == "/__fault":
                 f = {"kind": q["kind"], "count": int(q.get("count", "1"))}
                 f["status"] = int(q.get("status", "503"))
@@ -130,8 +136,9 @@ class Handler(BaseHTTPRequestHandler):
         if got is None:
             return self.answer(404, b"no such object")
         data, etag = got
+        no_etag = STATE.get("no_etag", False)
         want = self.headers.get("If-Match")
-        if want is not None and want != etag and want != "*":
+        if not no_etag and want is not None and want != etag and want != "*":
             return self.answer(412, b"precondition failed")
         fault = None if head or rng is None else take_fault(url.path)
         if fault and fault["kind"] == "status":
@@ -159,8 +166,12 @@ class Handler(BaseHTTPRequestHandler):
         body = b"" if head else data.read(start, end)
         self.send_response(status)
         self.send_header("Content-Length", str(end - start))
-        self.send_header("ETag", etag)
-        self.send_header("Last-Modified", formatdate(STARTED, usegmt=True))
+        if no_etag:
+            gen = STATE["gen"].get(url.path, 0)
+            self.send_header("Last-Modified", formatdate(STARTED + gen, usegmt=True))
+        else:
+            self.send_header("ETag", etag)
+            self.send_header("Last-Modified", formatdate(STARTED, usegmt=True))
         self.send_header("Accept-Ranges", "bytes")
         if status == 206:
             self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end - 1, size))
