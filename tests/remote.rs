@@ -453,6 +453,37 @@ fn two_cold_readers_of_one_block_make_one_request() {
     assert_eq!(covering.len(), 1, "two readers of one cold block: {log:?}");
 }
 
+#[test]
+fn a_cache_file_deleted_while_mounted_leaves_each_mount_its_own_blocks() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut a) = scratch_mount() else { return };
+    let Some(mut c) = scratch_mount() else { return };
+    let (tensors, srv, cache) = served_model(&py, &a);
+    let url = srv.url("/model.zt");
+    mount_remote(&mut a, &url, &cache, &["-o", "remote_read_ahead=0"]);
+    assert_eq!(a.read("small"), tensors[1].1);
+    // Someone frees the disk: the cache files go, the bitmaps stay.
+    let remote = cache.join("ztensor-remote");
+    for e in std::fs::read_dir(&remote).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "data") {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+    }
+    // A new mount makes a new cache file; the two fetch different blocks,
+    // each into its own file, and serve each tensor whole and right.
+    mount_remote(&mut c, &url, &cache, &["-o", "remote_read_ahead=0"]);
+    let names = ["embed", "checked", "packed", "whole", "tail", "small"];
+    for (i, name) in names.iter().enumerate() {
+        let (first, second) = if i % 2 == 0 { (&a, &c) } else { (&c, &a) };
+        let want = &tensors.iter().find(|t| t.0 == *name).unwrap().1;
+        assert!(first.read(name) == *want, "{name}: wrong bytes");
+        assert!(second.read(name) == *want, "{name}: wrong bytes");
+    }
+    a.unmount_ok();
+    c.unmount_ok();
+}
+
 /// A remote tensor read whole gets a backing file of the bytes its reads
 /// wrote (the cache file holds them at an offset the kernel cannot be
 /// handed): its next open is the kernel's. One read in part fetches

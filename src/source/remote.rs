@@ -771,21 +771,20 @@ impl Cache {
 /// Writes the durable bitmap at `path` (header and `words`); the file,
 /// open for the commits that follow.
 fn write_bitmap(path: &Path, block: u64, size: u64, words: &[u64]) -> std::io::Result<File> {
-    let bitmap = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)?;
+    // A new file renamed into place: a mount still holding the old one
+    // (its cache file deleted since) saves its blocks there, not here.
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = tempfile::NamedTempFile::new_in(dir)?;
     let mut head = Vec::with_capacity(BITMAP_HEADER as usize);
     head.extend_from_slice(BITMAP_MAGIC);
     head.extend_from_slice(&block.to_le_bytes());
     head.extend_from_slice(&size.to_le_bytes());
     let words_bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    bitmap.set_len(BITMAP_HEADER + words_bytes.len() as u64)?;
-    bitmap.write_all_at(&head, 0)?;
-    bitmap.write_all_at(&words_bytes, BITMAP_HEADER)?;
-    Ok(bitmap)
+    let f = tmp.as_file();
+    f.set_len(BITMAP_HEADER + words_bytes.len() as u64)?;
+    f.write_all_at(&head, 0)?;
+    f.write_all_at(&words_bytes, BITMAP_HEADER)?;
+    tmp.persist(path).map_err(|e| e.error)
 }
 
 fn load_bitmap(path: &Path, block: u64, size: u64, words: usize) -> Option<Vec<u64>> {

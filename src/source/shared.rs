@@ -58,10 +58,13 @@ pub struct Live {
 impl Live {
     /// Opens (creating) the live bitmap at `path` for `words` words of an
     /// object of `size` bytes in blocks of `block`. `alone`: no other
-    /// process has the cache file open (its exclusive lock is held), so
-    /// the file may be sized and its header checked and written; the words
-    /// it held are given back when they are of this boot and this layout.
-    /// Otherwise it is mapped as it is, or refused if its layout differs.
+    /// process has the cache file open (its exclusive lock is held): the
+    /// words the file held are given back when they are of this boot and
+    /// this layout, and the bitmap becomes a new file put in its place, so
+    /// that a process still mapping the old one (its cache file deleted
+    /// and made again since) goes on with its own and never shares words
+    /// with a file it does not have. Otherwise the file is mapped as it
+    /// is, or refused if its layout differs.
     pub fn open(
         path: &Path,
         block: u64,
@@ -69,42 +72,49 @@ impl Live {
         words: usize,
         alone: bool,
     ) -> io::Result<(Live, Option<Vec<u64>>)> {
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)?;
         let want = header(block, size)?;
         let len = (HEADER + words * 8) as u64;
-        let mut have = [0u8; HEADER];
-        let same =
-            f.metadata()?.len() == len && f.read_exact_at(&mut have, 0).is_ok() && have == want;
-        if !alone && !same {
-            return Err(io::Error::other(
-                "another mount uses the cache file with another block size, or from before a reboot",
-            ));
-        }
-        if alone && !same {
-            f.set_len(0)?;
-            f.set_len(len)?;
-            f.write_all_at(&want, 0)?;
-        }
-        // SAFETY: the file is ours to map: it is sized above (or checked to
-        // be) before any process maps it, and is only resized by a process
-        // holding the cache file's exclusive lock, which no process holds
-        // while another has it mapped (each holds a shared lock).
+        let old = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(!alone)
+            .truncate(false)
+            .open(path);
+        let same = |f: &File| {
+            let mut have = [0u8; HEADER];
+            f.metadata().is_ok_and(|m| m.len() == len)
+                && f.read_exact_at(&mut have, 0).is_ok()
+                && have == want
+        };
+        let (f, kept) = if alone {
+            let kept = old.ok().filter(|f| same(f)).and_then(|f| {
+                let mut b = vec![0u8; words * 8];
+                f.read_exact_at(&mut b, HEADER as u64).ok()?;
+                Some(
+                    b.chunks_exact(8)
+                        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+                        .collect(),
+                )
+            });
+            (fresh(path, &want, len)?, kept)
+        } else {
+            let f = old?;
+            if !same(&f) {
+                return Err(io::Error::other(
+                    "another mount uses the cache file with another block size, or from before a reboot",
+                ));
+            }
+            (f, None)
+        };
+        // SAFETY: the file is ours to map: sized above (or checked to be)
+        // before any process maps it, and never resized once in place (a
+        // process alone puts a new file in its place instead).
         let map = unsafe { memmap2::MmapOptions::new().map_mut(&f)? };
         let live = Live {
             path: path.to_path_buf(),
             map,
             words,
         };
-        let kept = (alone && same).then(|| {
-            live.iter()
-                .map(|w| w.load(std::sync::atomic::Ordering::Acquire))
-                .collect()
-        });
         Ok((live, kept))
     }
 
@@ -119,6 +129,16 @@ impl Live {
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// A new live bitmap file of `len` bytes starting with `header`, renamed
+/// onto `path`.
+fn fresh(path: &Path, header: &[u8], len: u64) -> io::Result<File> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.as_file().set_len(len)?;
+    tmp.as_file().write_all_at(header, 0)?;
+    tmp.persist(path).map_err(|e| e.error)
 }
 
 impl Deref for Live {
@@ -194,6 +214,26 @@ mod tests {
         let (c, kept) = Live::open(&p, 8192, 100_000, 1, true).unwrap();
         assert_eq!(kept, None);
         assert_eq!(c[0].load(Relaxed), 0);
+    }
+
+    #[test]
+    fn a_process_alone_maps_a_new_file_and_an_older_mapping_keeps_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.live");
+        let (old, _) = Live::open(&p, 4096, 100_000, 1, true).unwrap();
+        old.store(&[0b1]);
+        // Its cache file deleted and made again: the next process alone
+        // is given the old words (the caller drops them for a new cache
+        // file) but shares nothing with the older mapping.
+        let (new, kept) = Live::open(&p, 4096, 100_000, 1, true).unwrap();
+        assert_eq!(kept, Some(vec![0b1]));
+        new.store(&[0]);
+        new[0].fetch_or(0b100, Relaxed);
+        old[0].fetch_or(0b10, Relaxed);
+        assert_eq!((old[0].load(Relaxed), new[0].load(Relaxed)), (0b11, 0b100));
+        // A process joining maps the new one.
+        let (joined, _) = Live::open(&p, 4096, 100_000, 1, false).unwrap();
+        assert_eq!(joined[0].load(Relaxed), 0b100);
     }
 
     #[test]
