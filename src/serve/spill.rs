@@ -103,6 +103,18 @@ impl Failure {
         }
     }
 
+    /// Writing the spill file in `dir` failed: no room (`ENOSPC`, or a
+    /// quota: the disk filled up under a file that could not be
+    /// reserved), or the disk's fault.
+    fn writing(dir: &Path, e: std::io::Error) -> Failure {
+        let why = format!("cannot write a spill file in {}: {e}", dir.display());
+        if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+            Failure::no_room(why)
+        } else {
+            Failure::disk(why)
+        }
+    }
+
     /// A decoder's error: the data's, unless reading the `.zt` failed.
     fn of(dec: &DirectDecoder, why: String) -> Failure {
         Failure {
@@ -226,7 +238,7 @@ impl Spill {
             reserve(&self.file, len).map_err(|e| Failure::reserving(len, dir, e))?;
         }
         let mut at = 0u64;
-        let mut disk: Option<String> = None;
+        let mut disk: Option<Failure> = None;
         let r = run(&mut |piece: &[u8]| {
             let end = at + piece.len() as u64;
             if end > len {
@@ -234,16 +246,17 @@ impl Spill {
                     "its reader made more than the {len} bytes expected"
                 ));
             }
-            self.file.write_all_at(piece, at).map_err(|e| {
-                let why = format!("cannot write the spill file in {}: {e}", dir.display());
-                disk = Some(why.clone());
-                why
-            })?;
+            if let Err(e) = self.file.write_all_at(piece, at) {
+                let f = Failure::writing(dir, e);
+                let why = f.why.clone();
+                disk = Some(f);
+                return Err(why);
+            }
             at = end;
             Ok(())
         });
-        if let Some(why) = disk {
-            return Err(Failure::disk(why));
+        if let Some(f) = disk {
+            return Err(f);
         }
         r.map_err(Failure::data)?;
         if at != len {
@@ -339,8 +352,9 @@ impl Spill {
                 return Err(why);
             }
             if let Err(e) = self.file.write_all_at(chunk, pos) {
-                let why = format!("cannot write a spill file in {}: {e}", dir.display());
-                fault = Some(Failure::disk(why.clone()));
+                let f = Failure::writing(dir, e);
+                let why = f.why.clone();
+                fault = Some(f);
                 return Err(why);
             }
             pos += chunk.len() as u64;
@@ -659,6 +673,29 @@ impl Drop for EndOnDrop<'_> {
             g.1 = Some("the spill thread stopped".into());
             self.0.retry.store(true, Release);
             self.0.cond.notify_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_refused_for_room_is_no_room_other_write_errors_are_the_disks() {
+        let dir = Path::new("/cache");
+        for (errno, no_room) in [
+            (libc::ENOSPC, true),
+            (libc::EDQUOT, true),
+            (libc::EIO, false),
+        ] {
+            let f = Failure::writing(dir, std::io::Error::from_raw_os_error(errno));
+            assert_eq!((f.no_room, f.retry), (no_room, true), "errno {errno}");
+            assert!(
+                f.why.starts_with("cannot write a spill file in /cache: "),
+                "{}",
+                f.why
+            );
         }
     }
 }
