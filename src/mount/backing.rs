@@ -356,6 +356,19 @@ struct Inner {
     filled: u64,
 }
 
+/// Bytes of the filled files that are complete (the rest of
+/// [`Inner::filled`] is being written).
+fn ready_filled(inner: &Inner) -> u64 {
+    inner
+        .slots
+        .values()
+        .map(|s| match s {
+            Slot::Ready(b) if b.origin == Origin::Filled => b.len,
+            _ => 0,
+        })
+        .sum()
+}
+
 /// A file to fill: `len` bytes of `segments` into `file`, then `key`'s.
 struct Job {
     key: Content,
@@ -745,10 +758,14 @@ impl Backings {
             );
             return None;
         }
+        // The files being written take their disk as they are written:
+        // the room they will take is counted as if they had it now, so
+        // that fills side by side leave the directory its free quarter.
+        let pending = inner.filled.saturating_sub(ready_filled(&inner));
         inner.filled += len;
         inner.slots.insert(key.clone(), Slot::Filling(None));
         drop(inner);
-        if let Err(why) = crate::serve::spill::room(&self.opts.dir, len) {
+        if let Err(why) = crate::serve::spill::room(&self.opts.dir, len + pending) {
             log::debug!("no backing file of {len} bytes: {why}");
             self.forget(key, len);
             return None;
@@ -1133,7 +1150,28 @@ fn write_all(
 
 #[cfg(test)]
 mod tests {
-    use super::Written;
+    use super::*;
+
+    #[test]
+    fn files_being_written_count_as_taking_their_room() {
+        // Two files of 45% of the free space each: one fits the rule (at
+        // most three quarters of what is free), two do not, although the
+        // first, sized but not written yet, takes no disk so far.
+        let dir = tempfile::tempdir().unwrap();
+        let free = crate::serve::spill::free_bytes(dir.path()).unwrap();
+        let len = free / 100 * 45;
+        let opts = BackingOptions {
+            enabled: true,
+            dir: dir.path().to_path_buf(),
+            limit: u64::MAX,
+        };
+        let b = Backings::new(opts, Arc::new(Stats::default()));
+        let key = |tensor| Content::Part { tensor, part: 0 };
+        assert!(b.reserve(&key(0), len).is_some());
+        assert!(b.reserve(&key(1), len).is_none());
+        // Half as much fits beside it.
+        assert!(b.reserve(&key(2), len / 3).is_some());
+    }
 
     #[test]
     fn written_ranges_merge_and_cover() {
