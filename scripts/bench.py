@@ -942,12 +942,15 @@ def fake_hub(config, latency_ms=0):
     to it meanwhile (the mounts started inherit it): its port."""
     path = Path(tempfile.mkdtemp()) / "hub.json"
     path.write_text(json.dumps(config))
-    old = {k: os.environ.get(k) for k in ("HF_ENDPOINT", "HF_TOKEN", "HF_HUB_OFFLINE")}
+    old = {k: os.environ.get(k)
+           for k in ("HF_ENDPOINT", "HF_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE")}
     try:
         with test_server("fake_hub.py", path, latency_ms) as port:
             os.environ["HF_ENDPOINT"] = f"http://127.0.0.1:{port}"
             os.environ.pop("HF_TOKEN", None)
             os.environ.pop("HF_HUB_OFFLINE", None)
+            # Not this user's huggingface_hub cache: every byte is fetched.
+            os.environ["HF_HUB_CACHE"] = str(path.parent / "no-hf-cache")
             yield port
     finally:
         for k, v in old.items():
@@ -1479,7 +1482,8 @@ class Bench:
         fetching the same blocks from the signed CDN URL 4 at a time, on
         loopback and with each data request answered REMOTE_LATENCY_MS late;
         then two mounts of it with one cache dir read at once, against one
-        mount alone, and the bytes the CDN sent over the object's size."""
+        mount alone, and the bytes the CDN sent over the object's size; and
+        the file read from huggingface_hub's cache (hub_from_hf_cache)."""
         f = self.files
         t = f.tensor(f.raw, "w")
         off, n = t["offset"], t["nbytes"]
@@ -1522,6 +1526,7 @@ class Bench:
                                 list(ex.map(lambda mp: dd(mp / t["path"], 0, n), [a.mp, b.mp]))
                             two.append(time.perf_counter() - t0)
                         sent.append(hub_get(port, "/__stats")["cdn_bytes"])
+                    local, cached, asked = self.hub_from_hf_cache(url, commit, t, fresh)
             rows[latency] = (cold, curl)
         shutil.rmtree(cache, ignore_errors=True)
         what = f"curl of the signed URL, ranged GETs of one {block // MiB} MiB block, " \
@@ -1535,9 +1540,44 @@ class Bench:
         self.throughput_row("hub: two mounts, one cache dir, reading it at once (time for "
                             "both) against one mount alone", n, two, one, 0.8,
                             "one mount's cold read")
+        self.throughput_row("hub: the file in huggingface_hub's cache, read there (a local "
+                            "file: nothing fetched), seq read", n, cached, local, None,
+                            "dd of the .zt's range")
+        self.note(f"hub from huggingface_hub's cache: {max(asked)} remote request(s) per mount")
         self.row("hub: bytes the CDN sent for the two mounts, over the object's size",
                  median(sent) / size, 1.0, size / median(sent), "<= 1.0", median(sent) <= size,
                  "x", dict(bytes=sent, size=size))
+
+    def hub_from_hf_cache(self, url, commit, t, fresh):
+        """The Hub file as huggingface_hub lays it out once downloaded (a
+        snapshot link to it, in a cache of its own): dd of the
+        tensor through a mount of url, and of the same range of the .zt,
+        with the remote requests each mount made."""
+        f = self.files
+        off, n = t["offset"], t["nbytes"]
+        hf = self.work / "hf-hub-cache"
+        snap = hf / "models--bench--raw" / "snapshots" / commit
+        snap.mkdir(parents=True, exist_ok=True)
+        link = snap / "raw.zt"
+        link.unlink(missing_ok=True)
+        link.symlink_to(f.raw)
+        local, cached, asked = [], [], []
+        before = os.environ.get("HF_HUB_CACHE")
+        os.environ["HF_HUB_CACHE"] = str(hf)
+        try:
+            for _ in range(self.runs):
+                self.hot(f.raw, off, n)
+                local.append(dd(f.raw, off, n))
+                with self.mounter.mount(url, fresh(), tag="hub") as m:
+                    self.hot(f.raw, off, n)
+                    cached.append(dd(m.mp / t["path"], 0, n))
+                    asked.append(m.stats().get("remote_requests", 0))
+        finally:
+            os.environ.pop("HF_HUB_CACHE", None)
+            if before is not None:
+                os.environ["HF_HUB_CACHE"] = before
+            shutil.rmtree(hf, ignore_errors=True)
+        return local, cached, asked
 
     def section_random(self):
         log("random 4 KiB reads")
