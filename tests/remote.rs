@@ -944,10 +944,15 @@ fn s3_keys_region_and_endpoint_come_from_the_aws_cli_files_when_the_environment_
     .unwrap();
     let url = "s3://bucket/model.zt";
     srv.moto_restart_recording();
-    let r = support::run_with_timeout(
-        &mut with_aws_files(&m, url, &aws, "work"),
-        Duration::from_secs(60),
-    );
+    // Variables that only look like the ones that name keys or an
+    // endpoint, an empty key id and a token left from another session:
+    // the profile's keys are used whole all the same.
+    let mut cmd = with_aws_files(&m, url, &aws, "work");
+    cmd.env("AWS_ACCESS_KEY_ID", "")
+        .env("AWS_ACCESS_KEY_ID_OLD", "AKIAUNRELATED0000000")
+        .env("AWS_SESSION_TOKEN", "STALE_TOKEN_OF_ANOTHER_SESSION")
+        .env("AWS_ENDPOINT_URL_DYNAMODB", "http://127.0.0.1:1");
+    let r = support::run_with_timeout(&mut cmd, Duration::from_secs(60));
     assert!(r.ok(), "{}{}", r.stderr, m.log_text());
     for (name, bytes) in &truth {
         assert_eq!(&std::fs::read(m.mp.join(name)).unwrap(), bytes, "{name}");
@@ -967,13 +972,22 @@ fn s3_keys_region_and_endpoint_come_from_the_aws_cli_files_when_the_environment_
     let region = rec.matches("/eu-west-2/s3/aws4_request").count();
     assert!(requests >= 2, "{rec}");
     assert_eq!((signed, region), (requests, requests), "{rec}");
+    assert!(!rec.contains("STALE_TOKEN"), "{rec}");
 
     // A profile in neither file, and one whose keys come from a role:
     // refused in one line that names the problem; nothing mounted.
     for (profile, words) in [
         ("nope", "AWS_PROFILE=nope: no such profile in "),
         ("roles", "profile roles gets its keys through role_arn"),
+        ("ctl", "credentials: line 2: a control character"),
     ] {
+        if profile == "ctl" {
+            std::fs::write(
+                aws.join("credentials"),
+                "[ctl]\naws_access_key_id = AKIA\u{1}\naws_secret_access_key = s\n",
+            )
+            .unwrap();
+        }
         let r = support::run_with_timeout(
             &mut with_aws_files(&m, url, &aws, profile),
             Duration::from_secs(60),

@@ -31,6 +31,10 @@ pub struct Keys {
     pub token: Option<String>,
 }
 
+/// The largest file read: the AWS CLI's are a few hundred bytes a
+/// profile.
+const MAX_FILE: u64 = 1 << 20;
+
 /// Settings that get keys some way this reader does not follow.
 const ELSEWHERE: [&str; 7] = [
     "credential_process",
@@ -142,7 +146,7 @@ fn section(
     names: &[String],
 ) -> Result<Option<(PathBuf, Vec<(String, String)>)>, String> {
     let Some(path) = path else { return Ok(None) };
-    let text = match std::fs::read(path) {
+    let text = match super::read_small(path, MAX_FILE) {
         Ok(b) => String::from_utf8_lossy(&b).into_owned(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{}: {e}", path.display())),
@@ -162,7 +166,9 @@ type Sections = Vec<(String, Vec<(String, String)>)>;
 /// The sections of an AWS CLI INI file, each with its `key = value` lines
 /// in order. Indented lines (a nested setting such as `s3 =`'s) and
 /// comments are skipped; anything else that is neither a `[section]` nor a
-/// setting is an error naming its line, as the CLI refuses it too.
+/// setting, a section or a key given twice, and a control character (no
+/// HTTP header can carry one) are errors naming their line, as the CLI
+/// refuses such files too.
 fn parse(text: &str) -> Result<Sections, String> {
     let mut out: Sections = Vec::new();
     // A byte-order mark, as an editor on Windows may write it.
@@ -176,13 +182,20 @@ fn parse(text: &str) -> Result<Sections, String> {
             continue;
         }
         let n = i + 1;
+        if line.chars().any(|c| c.is_control() && c != '\t') {
+            return Err(format!("line {n}: a control character"));
+        }
         if let Some(rest) = line.strip_prefix('[') {
             let name = rest
                 .strip_suffix(']')
                 .ok_or_else(|| format!("line {n}: a section header without its ]"))?;
             // `[profile  work]` is `[profile work]`, as the CLI reads it.
             let name: Vec<&str> = name.split_whitespace().collect();
-            out.push((name.join(" "), Vec::new()));
+            let name = name.join(" ");
+            if out.iter().any(|(s, _)| *s == name) {
+                return Err(format!("line {n}: section [{name}] again"));
+            }
+            out.push((name, Vec::new()));
             continue;
         }
         let (k, v) = line
@@ -191,7 +204,11 @@ fn parse(text: &str) -> Result<Sections, String> {
         let (_, kv) = out
             .last_mut()
             .ok_or_else(|| format!("line {n}: a setting before any [section]"))?;
-        kv.push((k.trim().to_string(), v.trim().to_string()));
+        let k = k.trim();
+        if kv.iter().any(|(have, _)| have == k) {
+            return Err(format!("line {n}: {k} again in its section"));
+        }
+        kv.push((k.to_string(), v.trim().to_string()));
     }
     Ok(out)
 }
@@ -257,7 +274,7 @@ mod tests {
     #[test]
     fn a_byte_order_mark_crlf_and_spaces_in_headers_are_read_as_the_cli_reads_them() {
         let h = Home::new(
-            "\u{feff}[ default ]\r\naws_access_key_id = K\r\naws_secret_access_key = S\r\n",
+            "\u{feff}[ default ]\r\naws_access_key_id\t= K\r\naws_secret_access_key = S\r\n",
             "[profile   w]\r\nregion = r\r\n",
         );
         assert_eq!(h.load(&[]).unwrap().keys, keys("K", "S", None));
@@ -339,6 +356,12 @@ mod tests {
         );
         for (text, why) in [
             ("[default\n", "line 1: a section header without its ]"),
+            ("[a]\nregion = x\u{0}\n", "line 2: a control character"),
+            ("[a]\n[b]\n[a]\n", "line 3: section [a] again"),
+            (
+                "[a]\nregion = x\nregion = y\n",
+                "line 3: region again in its section",
+            ),
             ("[a]\njunk\n", "line 2: neither [section] nor key = value"),
             ("k = v\n", "line 1: a setting before any [section]"),
         ] {
@@ -346,6 +369,28 @@ mod tests {
             assert!(e.ends_with(&format!("credentials: {why}")), "{e}");
             assert_eq!(e.lines().count(), 1);
         }
+    }
+
+    #[test]
+    fn a_device_a_fifo_or_a_huge_file_is_refused_without_reading_it_all() {
+        let h = Home::new("", "");
+        let creds = h.0.path().join(".aws/credentials");
+        std::os::unix::fs::symlink("/dev/zero", &creds).unwrap();
+        let e = h.load(&[]).unwrap_err();
+        assert!(e.ends_with(".aws/credentials: not a regular file"), "{e}");
+        std::fs::remove_file(&creds).unwrap();
+        let fifo = std::ffi::CString::new(creds.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path; mkfifo touches nothing else.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let e = h.load(&[]).unwrap_err();
+        assert!(e.ends_with(".aws/credentials: not a regular file"), "{e}");
+        std::fs::remove_file(&creds).unwrap();
+        std::fs::File::create(&creds)
+            .unwrap()
+            .set_len(MAX_FILE + 1)
+            .unwrap();
+        let e = h.load(&[]).unwrap_err();
+        assert!(e.contains("larger than"), "{e}");
     }
 
     #[test]

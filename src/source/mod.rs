@@ -80,6 +80,27 @@ pub fn before_exit() {
     remote::commit_all();
 }
 
+/// The bytes of a small file of settings (a token, a ref, a profile) at
+/// `path`: refused if it is not a regular file (a FIFO would block, a
+/// device never end) or holds more than `max` bytes.
+pub(crate) fn read_small(path: &std::path::Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut out = Vec::new();
+    f.take(max + 1).read_to_end(&mut out)?;
+    if out.len() as u64 > max {
+        return Err(std::io::Error::other(format!("larger than {max} bytes")));
+    }
+    Ok(out)
+}
+
 /// Opens the files beside a file whose siblings are not simply in its
 /// directory: a Hub file read from `huggingface_hub`'s cache, whose shards
 /// may be there or not (then they are fetched).

@@ -239,17 +239,14 @@ impl Client {
         let url = self.url.as_str();
         let scheme = self.url.scheme().to_ascii_lowercase();
         Ok(match scheme.as_str() {
-            "s3" | "s3a" => {
-                let b = object_store::aws::AmazonS3Builder::from_env()
+            "s3" | "s3a" => Arc::new(
+                s3_builder(o.endpoint.as_deref())?
                     .with_url(url)
                     .with_client_options(client)
-                    .with_retry(retry);
-                Arc::new(
-                    s3_settings(b, o.endpoint.as_deref())?
-                        .build()
-                        .map_err(one_line)?,
-                )
-            }
+                    .with_retry(retry)
+                    .build()
+                    .map_err(one_line)?,
+            ),
             "gs" => {
                 let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
                     .with_url(url)
@@ -299,21 +296,55 @@ impl Client {
     }
 }
 
-/// An S3 client's keys, region and endpoint: the environment's (read by
-/// `object_store`), else the AWS CLI's files' (`aws_profile`), `--endpoint`
-/// before either. With no keys from either, the bucket is read anonymously
-/// (never from the instance-metadata service, so that a mount off the
-/// cloud does not wait on one).
-fn s3_settings(
-    mut b: object_store::aws::AmazonS3Builder,
+/// Whether the environment variable `name` is set to something.
+fn env_set(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| !v.is_empty())
+}
+
+/// The variables that give an S3 client its keys.
+const AWS_KEYS: [&str; 4] = [
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_TOKEN",
+];
+
+/// An S3 client's settings: the environment's `AWS_*` variables (as
+/// `object_store`'s `from_env` reads them, but empty ones left out), else
+/// the AWS CLI's files' (`aws_profile`), `--endpoint` before either. Keys
+/// come whole from one place: the environment's when it names them, else
+/// the profile's (no token of the one with keys of the other). With keys
+/// from neither, the bucket is read anonymously (never from the
+/// instance-metadata service, so that a mount off the cloud does not wait
+/// on one). A control character in a value is refused here, as no HTTP
+/// header can carry it.
+fn s3_builder(
     endpoint: Option<&str>,
 ) -> std::result::Result<object_store::aws::AmazonS3Builder, String> {
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
     let files = super::aws_profile::load(&|k| std::env::var(k).ok())?;
-    let env_keys = env_has(&[
-        "AWS_ACCESS_KEY_ID",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-        "AWS_CONTAINER_CREDENTIALS",
-    ]);
+    let env_keys = ["AWS_ACCESS_KEY_ID", "AWS_WEB_IDENTITY_TOKEN_FILE"]
+        .iter()
+        .chain(&[
+            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        ])
+        .any(|k| env_set(k));
+    let mut b = AmazonS3Builder::new();
+    for (k, v) in std::env::vars_os() {
+        let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
+            continue;
+        };
+        if !k.starts_with("AWS_") || v.is_empty() || (!env_keys && AWS_KEYS.contains(&k)) {
+            continue;
+        }
+        if let Ok(key) = k.to_ascii_lowercase().parse::<AmazonS3ConfigKey>() {
+            if v.chars().any(|c| c.is_control() && c != '\t') {
+                return Err(format!("{k} holds a control character"));
+            }
+            b = b.with_config(key, v);
+        }
+    }
     match files.keys {
         _ if env_keys => {}
         Some(k) => {
@@ -325,13 +356,17 @@ fn s3_settings(
         None => b = b.with_skip_signature(true),
     }
     if let Some(r) = files.region
-        && !env_has(&["AWS_REGION", "AWS_DEFAULT_REGION"])
+        && !env_set("AWS_REGION")
+        && !env_set("AWS_DEFAULT_REGION")
     {
         b = b.with_region(r);
     }
+    let env_endpoint = ["AWS_ENDPOINT", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"]
+        .iter()
+        .any(|k| env_set(k));
     let endpoint = endpoint
         .map(str::to_string)
-        .or(files.endpoint.filter(|_| !env_has(&["AWS_ENDPOINT"])));
+        .or(files.endpoint.filter(|_| !env_endpoint));
     if let Some(e) = endpoint {
         b = b.with_endpoint(e).with_allow_http(true);
     }
