@@ -713,12 +713,19 @@ fn an_object_replaced_after_mount_gives_estale_never_mixed_bytes() {
 
 #[test]
 fn an_object_without_an_etag_replaced_after_mount_gives_estale_by_its_last_modified() {
+    // A server without ETags (nginx's `etag off`), and one that gives one
+    // on HEAD only; both ignore If-Match.
+    for mode in ["no_etag", "head_etag"] {
+        replaced_with_last_modified_only(mode);
+    }
+}
+
+fn replaced_with_last_modified_only(mode: &str) {
     let _s = support::serial();
     let Some(py) = python() else { return };
     let Some(mut m) = scratch_mount() else { return };
     let (tensors, srv, cache) = served_model(&py, &m);
-    // A server without ETags (nginx's `etag off`), which ignores If-Match.
-    srv.control("/__no_etag");
+    srv.control(&format!("/__mode?m={mode}"));
     mount_remote(&mut m, &srv.url("/model.zt"), &cache, &[]);
     assert_eq!(std::fs::read(m.path("small")).unwrap(), tensors[1].1);
     let files = m.scratch_path("files");
@@ -732,13 +739,52 @@ fn an_object_without_an_etag_replaced_after_mount_gives_estale_by_its_last_modif
     let log = m.log_text();
     assert!(
         log.contains("changed since mount") && log.contains("ETag None, last modified"),
-        "{log}"
+        "{mode}: {log}"
     );
     // Once the change is known, nothing is served.
     for name in ["small", "embed"] {
         let e = std::fs::read(m.path(name)).expect_err(name);
-        assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{name}: {e}");
+        assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{mode}, {name}: {e}");
     }
+}
+
+#[test]
+fn an_object_with_no_validator_at_all_keeps_no_cache_file_for_a_remount() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let (tensors, srv, cache) = served_model(&py, &m);
+    srv.control("/__mode?m=none");
+    let url = srv.url("/model.zt");
+    mount_remote(&mut m, &url, &cache, &[]);
+    assert_eq!(m.read("tail"), tensors[5].1);
+    assert!(
+        m.log_text()
+            .contains("gives neither an ETag nor a Last-Modified"),
+        "{}",
+        m.log_text()
+    );
+    m.unmount_ok();
+    // Replaced by an object of the same size: a remount serves it all,
+    // none of the first object's blocks.
+    let files = m.scratch_path("files");
+    let mut b = std::fs::read(files.join("model.zt")).unwrap();
+    let tail = &tensors[5].1;
+    let at = b
+        .windows(64)
+        .position(|w| w == &tail[..64])
+        .expect("the tail tensor's bytes in the file");
+    b[at + 1000] ^= 0xff;
+    std::fs::write(files.join("other.zt"), &b).unwrap();
+    srv.control("/__replace?path=/model.zt&from=/other.zt");
+    mount_remote(&mut m, &url, &cache, &[]);
+    let mut want = tail.clone();
+    want[1000] ^= 0xff;
+    assert!(
+        m.read("tail") == want,
+        "the first object's bytes after a remount"
+    );
+    m.unmount_ok();
 }
 
 #[test]

@@ -435,12 +435,21 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         rt.block_on(async move { store.head(&key).await })
     }
     .map_err(|e| fail(&label, describe(&e)))?;
+    // What names this object's bytes: its ETag, its version, else its
+    // Last-Modified (`object_store` gives the epoch for none at all).
+    let modified = Some(meta.last_modified.timestamp()).filter(|&t| t != 0);
     let pin = meta
         .e_tag
         .clone()
         .or_else(|| meta.version.clone())
-        .unwrap_or_else(|| format!("lm{}", meta.last_modified.timestamp()));
-    let cache = Cache::open(opts, &label, &pin, meta.size)?;
+        .or_else(|| modified.map(|t| format!("lm{t}")));
+    if pin.is_none() {
+        log::warn!(
+            "{label}: the server gives neither an ETag nor a Last-Modified: a change of the \
+             object while mounted cannot be seen, and its cache file is not kept"
+        );
+    }
+    let cache = Cache::open(opts, &label, pin.as_deref(), meta.size)?;
     let present = match cache.live {
         Some(live) => Bits::Shared(live),
         None => Bits::Own(cache.present.iter().map(|&w| AtomicU64::new(w)).collect()),
@@ -454,8 +463,7 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         size: meta.size,
         etag: meta.e_tag.clone(),
         version: meta.version.clone(),
-        modified: (meta.e_tag.is_none() && meta.version.is_none())
-            .then(|| meta.last_modified.timestamp()),
+        modified,
         block: opts.block_size,
         file: cache.file.try_clone().ok(),
         present,
@@ -478,8 +486,9 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         .map(|w| w.load(Relaxed).count_ones() as u64)
         .sum::<u64>();
     log::info!(
-        "{label}: {} bytes, pinned to {pin}; cache file {} ({have} of {} blocks present)",
+        "{label}: {} bytes, pinned to {}; cache file {} ({have} of {} blocks present)",
         meta.size,
+        pin.as_deref().unwrap_or("nothing"),
         cache.path.display(),
         obj.blocks()
     );
@@ -646,11 +655,14 @@ impl Cache {
     /// lock on the file while mounted (eviction takes only files no one
     /// holds); the first, alone with an exclusive lock for the while,
     /// checks and sizes the files before any other maps them.
-    fn open(opts: &Options, label: &str, pin: &str, size: u64) -> Result<Cache> {
+    /// `pin` names the object's bytes (`None`: nothing does, so its file
+    /// is private and not kept).
+    fn open(opts: &Options, label: &str, pin: Option<&str>, size: u64) -> Result<Cache> {
         let words = size.div_ceil(opts.block_size).div_ceil(64) as usize;
         let dir = opts.cache_dir.join("ztensor-remote");
         let io = |what: &str, e: std::io::Error| fail(label, format!("cache: {what}: {e}"));
         std::fs::create_dir_all(&dir).map_err(|e| io(&format!("{}", dir.display()), e))?;
+        let pin = pin.unwrap_or_default();
         let name = {
             let h = xxhash_rust::xxh3::xxh3_128(format!("{label}\0{pin}\0{size}").as_bytes());
             format!("{h:032x}")
@@ -662,6 +674,9 @@ impl Cache {
             dir,
             name,
         };
+        if pin.is_empty() {
+            return Self::private(label, size, words, &n, "nothing names its bytes");
+        }
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -961,8 +976,8 @@ pub struct Object {
     size: u64,
     etag: Option<String>,
     version: Option<String>,
-    /// For an object with neither ETag nor version: its Last-Modified
-    /// (seconds) at mount, what each answer must still say.
+    /// Its Last-Modified (seconds) at mount, if the server gave one: what
+    /// each answer without an ETag to compare must still say.
     modified: Option<i64>,
     block: u64,
     /// The cache file, written with pwrite.
@@ -1349,15 +1364,19 @@ impl Object {
         Ok(())
     }
 
-    /// Marks the object changed since it was pinned (logged once).
     /// Whether an answer is of the object pinned at mount: its size, and
-    /// its ETag, or where it had none, its Last-Modified (a server without
-    /// ETags, which ignores `If-Match`).
+    /// its ETag, or where the mount or the answer has none, its
+    /// Last-Modified where both have one (a server without ETags, or
+    /// without them on its ranged answers, may ignore `If-Match`).
     fn same_object(&self, meta: &object_store::ObjectMeta) -> std::result::Result<(), FetchError> {
-        let etag_moved = self.etag.is_some() && meta.e_tag.is_some() && meta.e_tag != self.etag;
-        let modified = meta.last_modified.timestamp();
-        let time_moved = self.modified.is_some_and(|m| m != modified);
-        if meta.size == self.size && !etag_moved && !time_moved {
+        let moved = match (&self.etag, &meta.e_tag) {
+            (Some(pinned), Some(now)) => pinned != now,
+            _ => {
+                let now = meta.last_modified.timestamp();
+                self.modified.is_some_and(|m| now != 0 && m != now)
+            }
+        };
+        if meta.size == self.size && !moved {
             return Ok(());
         }
         Err(self.changed(&format!(
@@ -1366,6 +1385,7 @@ impl Object {
         )))
     }
 
+    /// Marks the object changed since it was pinned (logged once).
     fn changed(&self, why: &str) -> FetchError {
         self.broken
             .get_or_init(|| {
@@ -1828,7 +1848,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let size = 5 * (64 << 10) + 100;
         let o = opts(dir.path());
-        let c = Cache::open(&o, "http://h/x", "e1", size).unwrap();
+        let c = Cache::open(&o, "http://h/x", Some("e1"), size).unwrap();
         // Blocks 0 and 2 written; the bitmap claims 0, 1, 2 and 5 (the
         // last), as one saved out of order might after a crash.
         c.file.write_all_at(&[7u8; 64 << 10], 0).unwrap();
@@ -1850,12 +1870,12 @@ mod tests {
             }
         };
         forget_live();
-        let c = Cache::open(&o, "http://h/x", "e1", size).unwrap();
+        let c = Cache::open(&o, "http://h/x", Some("e1"), size).unwrap();
         assert_eq!(c.present, vec![0b101], "only the blocks with bytes");
         // And what was believed is what is saved.
         drop(c);
         forget_live();
-        let c = Cache::open(&o, "http://h/x", "e1", size).unwrap();
+        let c = Cache::open(&o, "http://h/x", Some("e1"), size).unwrap();
         assert_eq!(c.present, vec![0b101]);
     }
 
@@ -1864,8 +1884,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let size = 5 * (64 << 10) + 100;
         let o = opts(dir.path());
-        let a = Cache::open(&o, "http://h/x", "e1", size).unwrap();
-        let b = Cache::open(&o, "http://h/x", "e1", size).unwrap();
+        let a = Cache::open(&o, "http://h/x", Some("e1"), size).unwrap();
+        let b = Cache::open(&o, "http://h/x", Some("e1"), size).unwrap();
         assert_eq!(a.path, b.path, "one cache file, not a private one");
         let (la, lb) = (a.live.as_ref().unwrap(), b.live.as_ref().unwrap());
         // A block written and marked by one is present for the other.
@@ -1875,7 +1895,7 @@ mod tests {
         // Both gone without a commit (as after SIGKILL): the next open
         // still has the block.
         drop((a, b));
-        let c = Cache::open(&o, "http://h/x", "e1", size).unwrap();
+        let c = Cache::open(&o, "http://h/x", Some("e1"), size).unwrap();
         assert_eq!(c.present, vec![0b10]);
     }
 }

@@ -19,10 +19,12 @@ exits when stdin closes (or it is killed). Control requests (not counted):
         stall   wait T seconds before answering (past the client's timeout)
     GET /__replace?path=/x&from=/y
         the object /x now has the bytes of /y, and a new ETag
-    GET /__no_etag
-        from now on, no ETag is sent and If-Match is ignored (nginx's `etag
-        off`): an object is known by its Last-Modified, which a replace
-        moves on by a second
+    GET /__mode?m=M
+        from now on, the validators sent (If-Match is then ignored):
+        no_etag    no ETag (nginx's `etag off`): an object is known by its
+                   Last-Modified, which a replace moves on by a second
+        head_etag  the ETag on HEAD answers only, Last-Modified as no_etag
+        none       neither ETag nor Last-Modified
 """
 
 import json
@@ -98,8 +100,8 @@ class Handler(BaseHTTPRequestHandler):
                 STATE["requests"] = 0
                 STATE["log"] = []
                 STATE["faults"] = []
-            elif url.path == "/__no_etag":
-                STATE["no_etag"] = True
+            elif url.path == "/__mode":
+                STATE["mode"] = q["m"]
             elif url.path == "/__fault":
                 f = {"kind": q["kind"], "count": int(q.get("count", "1"))}
                 f["status"] = int(q.get("status", "503"))
@@ -136,9 +138,9 @@ class Handler(BaseHTTPRequestHandler):
         if got is None:
             return self.answer(404, b"no such object")
         data, etag = got
-        no_etag = STATE.get("no_etag", False)
+        mode = STATE.get("mode", "all")
         want = self.headers.get("If-Match")
-        if not no_etag and want is not None and want != etag and want != "*":
+        if mode == "all" and want is not None and want != etag and want != "*":
             return self.answer(412, b"precondition failed")
         fault = None if head or rng is None else take_fault(url.path)
         if fault and fault["kind"] == "status":
@@ -166,12 +168,13 @@ class Handler(BaseHTTPRequestHandler):
         body = b"" if head else data.read(start, end)
         self.send_response(status)
         self.send_header("Content-Length", str(end - start))
-        if no_etag:
+        if mode == "all" or (mode == "head_etag" and head):
+            self.send_header("ETag", etag)
+        if mode == "all":
+            self.send_header("Last-Modified", formatdate(STARTED, usegmt=True))
+        elif mode != "none":
             gen = STATE["gen"].get(url.path, 0)
             self.send_header("Last-Modified", formatdate(STARTED + gen, usegmt=True))
-        else:
-            self.send_header("ETag", etag)
-            self.send_header("Last-Modified", formatdate(STARTED, usegmt=True))
         self.send_header("Accept-Ranges", "bytes")
         if status == 206:
             self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end - 1, size))
