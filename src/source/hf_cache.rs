@@ -67,13 +67,19 @@ pub fn commit(cache: &Path, repo: &str, revision: &str) -> Option<String> {
     if is_commit(revision) && dir.join("snapshots").join(revision).is_dir() {
         return Some(revision.to_string());
     }
-    let c = std::fs::read_to_string(dir.join("refs").join(plain(revision)?)).ok()?;
+    let c = super::read_small(&dir.join("refs").join(plain(revision)?), 1024).ok()?;
+    let c = String::from_utf8_lossy(&c);
     let c = c.trim();
     (is_commit(c) && dir.join("snapshots").join(c).is_dir()).then(|| c.to_string())
 }
 
+/// Most files listed of one snapshot (a repo on the Hub has far fewer).
+const MAX_FILES: usize = 100_000;
+
 /// The files of the snapshot of `repo` at `commit`, with their sizes,
-/// sorted: what the cache holds of that commit.
+/// sorted: what the cache holds of that commit. `huggingface_hub` makes
+/// its folders as folders and its files as links to blobs: a link to a
+/// folder is not followed (it could loop).
 pub fn files(cache: &Path, repo: &str, commit: &str) -> Vec<(String, Option<u64>)> {
     let Some(c) = plain(commit) else {
         return Vec::new();
@@ -86,11 +92,16 @@ pub fn files(cache: &Path, repo: &str, commit: &str) -> Vec<(String, Option<u64>
             continue;
         };
         for e in entries.flatten() {
+            if out.len() >= MAX_FILES {
+                break;
+            }
             let name = format!("{rel}{}", e.file_name().to_string_lossy());
-            match std::fs::metadata(e.path()) {
-                Ok(m) if m.is_dir() => todo.push(format!("{name}/")),
-                Ok(m) if m.is_file() => out.push((name, Some(m.len()))),
-                _ => {}
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                todo.push(format!("{name}/"));
+            } else if let Ok(m) = std::fs::metadata(e.path())
+                && m.is_file()
+            {
+                out.push((name, Some(m.len())));
             }
         }
     }
@@ -157,6 +168,23 @@ mod tests {
                 ("sub/x.bin".to_string(), Some(2))
             ]
         );
+    }
+
+    #[test]
+    fn links_to_folders_are_not_followed_and_a_ref_must_be_small_and_regular() {
+        let d = cache();
+        let c = "a".repeat(40);
+        let snap = d.path().join("models--org--repo/snapshots").join(&c);
+        std::os::unix::fs::symlink(".", snap.join("loop")).unwrap();
+        std::os::unix::fs::symlink("..", snap.join("sub/up")).unwrap();
+        let names: Vec<String> = files(d.path(), "org/repo", &c)
+            .into_iter()
+            .map(|f| f.0)
+            .collect();
+        assert_eq!(names, vec!["model.safetensors", "sub/x.bin"]);
+        let refs = d.path().join("models--org--repo/refs");
+        std::os::unix::fs::symlink("/dev/zero", refs.join("zero")).unwrap();
+        assert_eq!(commit(d.path(), "org/repo", "zero"), None);
     }
 
     #[test]

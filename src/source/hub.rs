@@ -164,10 +164,8 @@ impl Hub {
             .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
             .ok_or_else(|| format!("HF_ENDPOINT {ep:?} is not an http(s) URL"))?;
         let token = env("HF_TOKEN").or_else(|| {
-            std::fs::read_to_string(token_file()?)
-                .ok()
-                .map(|t| t.trim().to_string())
-                .filter(|t| !t.is_empty())
+            let t = super::read_small(&token_file()?, 64 << 10).ok()?;
+            Some(String::from_utf8_lossy(&t).trim().to_string()).filter(|t| !t.is_empty())
         });
         let offline = env("HF_HUB_OFFLINE")
             .is_some_and(|v| ["1", "on", "yes", "true"].contains(&v.to_ascii_lowercase().as_str()));
