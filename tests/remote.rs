@@ -808,12 +808,18 @@ fn a_missing_object_refuses_the_mount_in_one_line() {
 }
 
 fn s3_env<'a>(cmd: &'a mut Command, key: &str) -> &'a mut Command {
+    for k in AWS_VARS {
+        cmd.env_remove(k);
+    }
+    // Not this machine's ~/.aws either.
     cmd.env("AWS_ACCESS_KEY_ID", key)
         .env("AWS_SECRET_ACCESS_KEY", "testing")
         .env("AWS_REGION", "us-east-1")
-        .env_remove("AWS_ENDPOINT")
-        .env_remove("AWS_ENDPOINT_URL")
-        .env_remove("AWS_SESSION_TOKEN")
+        .env(
+            "AWS_SHARED_CREDENTIALS_FILE",
+            "/nonexistent/aws/credentials",
+        )
+        .env("AWS_CONFIG_FILE", "/nonexistent/aws/config")
 }
 
 /// Creates `bucket` on `srv` and uploads `files` as (key, path).
@@ -850,6 +856,11 @@ fn upload_to_bucket(py: &Path, srv: &Server, uploads: &[(String, PathBuf)]) {
         std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
         std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
         std::env::set_var("AWS_REGION", "us-east-1");
+        std::env::set_var(
+            "AWS_SHARED_CREDENTIALS_FILE",
+            "/nonexistent/aws/credentials",
+        );
+        std::env::set_var("AWS_CONFIG_FILE", "/nonexistent/aws/config");
     }
 }
 
@@ -937,6 +948,9 @@ fn wrong_credentials_or_a_missing_bucket_refuse_the_mount_in_one_line() {
 /// keys, a region or an endpoint.
 fn with_aws_files(m: &Mount, url: &str, aws: &Path, profile: &str) -> Command {
     let mut cmd = Command::new(support::bin());
+    for k in AWS_VARS {
+        cmd.env_remove(k);
+    }
     cmd.arg(url)
         .arg(&m.mp)
         .arg("--log-file")
@@ -946,20 +960,26 @@ fn with_aws_files(m: &Mount, url: &str, aws: &Path, profile: &str) -> Command {
         .env("AWS_SHARED_CREDENTIALS_FILE", aws.join("credentials"))
         .env("AWS_CONFIG_FILE", aws.join("config"))
         .env("AWS_PROFILE", profile);
-    for k in [
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_REGION",
-        "AWS_DEFAULT_REGION",
-        "AWS_ENDPOINT",
-        "AWS_ENDPOINT_URL",
-        "AWS_DEFAULT_PROFILE",
-    ] {
-        cmd.env_remove(k);
-    }
     cmd
 }
+
+/// The variables that would give an S3 client keys, a region or an
+/// endpoint other than a test's.
+const AWS_VARS: [&str; 13] = [
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_PROFILE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+];
 
 #[test]
 fn s3_keys_region_and_endpoint_come_from_the_aws_cli_files_when_the_environment_has_none() {
@@ -1019,6 +1039,37 @@ fn s3_keys_region_and_endpoint_come_from_the_aws_cli_files_when_the_environment_
     assert!(requests >= 2, "{rec}");
     assert_eq!((signed, region), (requests, requests), "{rec}");
     assert!(!rec.contains("STALE_TOKEN"), "{rec}");
+
+    // Keys exported into the environment, as the refusal below says to do,
+    // with an SSO profile as the default: the environment's keys are used.
+    std::fs::write(
+        aws.join("config"),
+        format!(
+            "[default]\nsso_session = corp\nendpoint_url = {}\n\n\
+             [profile work]\nregion = eu-west-2\nendpoint_url = {}\n\n\
+             [profile roles]\nrole_arn = arn:aws:iam::1:role/r\nsource_profile = work\n",
+            srv.url(""),
+            srv.url("")
+        ),
+    )
+    .unwrap();
+    srv.moto_restart_recording();
+    let mut cmd = with_aws_files(&m, url, &aws, "");
+    cmd.env_remove("AWS_PROFILE")
+        .env("AWS_ACCESS_KEY_ID", "AKIAEXPORTEDKEYS0001")
+        .env("AWS_SECRET_ACCESS_KEY", "exported");
+    let r = support::run_with_timeout(&mut cmd, Duration::from_secs(60));
+    assert!(r.ok(), "{}{}", r.stderr, m.log_text());
+    assert_eq!(std::fs::read(m.mp.join("small")).unwrap(), truth[1].1);
+    m.unmount_ok();
+    let (_, rec) = http(
+        srv.port,
+        "GET",
+        "/moto-api/recorder/download-recording",
+        &[],
+    );
+    let rec = String::from_utf8_lossy(&rec);
+    assert!(rec.contains("Credential=AKIAEXPORTEDKEYS0001/"), "{rec}");
 
     // A profile in neither file, and one whose keys come from a role:
     // refused in one line that names the problem; nothing mounted.

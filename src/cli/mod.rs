@@ -221,7 +221,38 @@ static VIEWS_HELP: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     )
 });
 
+/// The variables that name files the remote sources read (credentials,
+/// tokens, caches), as other tools read them.
+const PATH_VARS: [&str; 7] = [
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "HF_TOKEN_PATH",
+    "XDG_CACHE_HOME",
+];
+
+/// Makes the relative paths of [`PATH_VARS`] absolute, from the directory
+/// the command was run in: the daemon runs from `/` and reads them again.
+fn absolute_path_vars() {
+    for k in PATH_VARS {
+        let Some(v) = std::env::var_os(k).filter(|v| !v.is_empty()) else {
+            continue;
+        };
+        let p = std::path::Path::new(&v);
+        if p.is_relative()
+            && let Ok(abs) = std::path::absolute(p)
+        {
+            // SAFETY: called first thing in `main`, before this process
+            // starts any thread, so nothing reads the environment meanwhile.
+            unsafe { std::env::set_var(k, abs) };
+        }
+    }
+}
+
 pub fn main() -> ExitCode {
+    absolute_path_vars();
     let args: Vec<String> = std::env::args().collect();
     if matches!(
         args.get(1).map(String::as_str),

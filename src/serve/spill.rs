@@ -96,7 +96,7 @@ impl Failure {
             "cannot reserve {len} bytes for a spill file in {}: {e}",
             dir.display()
         );
-        if e.raw_os_error() == Some(libc::ENOSPC) {
+        if no_room(&e) {
             Failure::no_room(why)
         } else {
             Failure::disk(why)
@@ -108,7 +108,7 @@ impl Failure {
     /// reserved), or the disk's fault.
     fn writing(dir: &Path, e: std::io::Error) -> Failure {
         let why = format!("cannot write a spill file in {}: {e}", dir.display());
-        if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+        if no_room(&e) {
             Failure::no_room(why)
         } else {
             Failure::disk(why)
@@ -527,6 +527,12 @@ impl Spill {
         };
         ReadError::new(kind, why)
     }
+}
+
+/// Whether the disk refused for want of room: full (`ENOSPC`) or over a
+/// quota (`EDQUOT`), for a reservation or a write.
+fn no_room(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
 }
 
 /// A byte range of a file, read with pread (no shared offset, no mapping).

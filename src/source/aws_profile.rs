@@ -46,14 +46,47 @@ const ELSEWHERE: [&str; 7] = [
     "login_session",
 ];
 
+/// Which profile: the one `AWS_PROFILE` (or `AWS_DEFAULT_PROFILE`) names,
+/// with that variable's name, else `default`.
+struct Named {
+    profile: String,
+    by: Option<&'static str>,
+}
+
 /// The profile the environment names (`env` looks a variable up), from the
-/// files it names. No files, or no `default` profile in them, is no
-/// settings; a profile named but in neither file, a file that cannot be
-/// read or parsed, or keys from elsewhere, is an error in one line.
-pub fn load(env: &dyn Fn(&str) -> Option<String>) -> Result<Settings, String> {
+/// files it names. `need_keys`: the environment names no keys of its own,
+/// so the profile's are wanted. No files, or no `default` profile in them,
+/// is no settings. Where keys are wanted, a profile named but in neither
+/// file, a file that cannot be read or parsed, and a named profile whose
+/// keys come from elsewhere are errors in one line; otherwise (the
+/// environment has the keys, or the profile is only the default) such a
+/// file or profile is passed over with a log line, so that what worked
+/// without the files still does.
+pub fn load(env: &dyn Fn(&str) -> Option<String>, need_keys: bool) -> Result<Settings, String> {
+    match read(env, need_keys) {
+        Err(why) if !need_keys => {
+            log::warn!("{why}; not used, the environment names the keys");
+            Ok(Settings::default())
+        }
+        r => r,
+    }
+}
+
+fn read(env: &dyn Fn(&str) -> Option<String>, need_keys: bool) -> Result<Settings, String> {
     let var = |k: &str| env(k).filter(|v| !v.is_empty());
-    let named = var("AWS_PROFILE").or_else(|| var("AWS_DEFAULT_PROFILE"));
-    let profile = named.clone().unwrap_or_else(|| "default".into());
+    let named = ["AWS_PROFILE", "AWS_DEFAULT_PROFILE"]
+        .into_iter()
+        .find_map(|k| {
+            var(k).map(|profile| Named {
+                profile,
+                by: Some(k),
+            })
+        })
+        .unwrap_or(Named {
+            profile: "default".into(),
+            by: None,
+        });
+    let profile = &named.profile;
     let home = var("HOME").map(PathBuf::from);
     let file = |var_name: &str, name: &str| {
         var(var_name)
@@ -70,12 +103,12 @@ pub fn load(env: &dyn Fn(&str) -> Option<String>) -> Result<Settings, String> {
     } else {
         &config_names[..1]
     };
-    let from_credentials = section(credentials.as_deref(), std::slice::from_ref(&profile))?;
+    let from_credentials = section(credentials.as_deref(), std::slice::from_ref(profile))?;
     let from_config = section(config.as_deref(), config_names)?;
     if from_credentials.is_none() && from_config.is_none() {
-        return match named {
-            Some(name) => Err(format!(
-                "AWS_PROFILE={name}: no such profile in {} or {}",
+        return match named.by {
+            Some(by) => Err(format!(
+                "{by}={profile}: no such profile in {} or {}",
                 shown(credentials.as_deref()),
                 shown(config.as_deref())
             )),
@@ -92,46 +125,61 @@ pub fn load(env: &dyn Fn(&str) -> Option<String>) -> Result<Settings, String> {
         };
         find(&from_credentials).or_else(|| find(&from_config))
     };
-    settings(&profile, &get)
+    let found = settings(profile, &get);
+    let keys = match found.keys {
+        Ok(k) => k.filter(|_| need_keys),
+        Err(why) if need_keys && named.by.is_some() => return Err(why),
+        Err(why) => {
+            if need_keys {
+                log::warn!("{why}; the bucket is read anonymously");
+            }
+            None
+        }
+    };
+    Ok(Settings {
+        keys,
+        region: found.region,
+        endpoint: found.endpoint,
+    })
+}
+
+/// What one profile says: its keys (or why they cannot be had), region
+/// and endpoint.
+struct Found {
+    keys: Result<Option<Keys>, String>,
+    region: Option<String>,
+    endpoint: Option<String>,
 }
 
 /// The settings of one profile, `get` giving a key's value and the file it
 /// came from.
-fn settings(
-    profile: &str,
-    get: &dyn Fn(&str) -> Option<(PathBuf, String)>,
-) -> Result<Settings, String> {
+fn settings(profile: &str, get: &dyn Fn(&str) -> Option<(PathBuf, String)>) -> Found {
     let value = |k: &str| get(k).map(|(_, v)| v).filter(|v| !v.is_empty());
     let keys = match (get("aws_access_key_id"), value("aws_secret_access_key")) {
-        (Some((_, id)), Some(secret)) if !id.is_empty() => Some(Keys {
+        (Some((_, id)), Some(secret)) if !id.is_empty() => Ok(Some(Keys {
             id,
             secret,
             token: value("aws_session_token"),
-        }),
-        (Some((path, _)), _) => {
-            return Err(format!(
-                "{}: profile {profile} needs both aws_access_key_id and \
-                 aws_secret_access_key",
-                path.display()
-            ));
-        }
-        (None, _) => None,
-    };
-    if keys.is_none()
-        && let Some((path, setting)) = ELSEWHERE.iter().find_map(|k| get(k).map(|(p, _)| (p, *k)))
-    {
-        return Err(format!(
-            "{}: profile {profile} gets its keys through {setting}, which \
-             ztensor-mount does not follow; export them first: eval \
-             \"$(aws configure export-credentials --profile {profile} --format env)\"",
+        })),
+        (Some((path, _)), _) => Err(format!(
+            "{}: profile {profile} needs both aws_access_key_id and aws_secret_access_key",
             path.display()
-        ));
-    }
-    Ok(Settings {
+        )),
+        (None, _) => match ELSEWHERE.iter().find_map(|k| get(k).map(|(p, _)| (p, *k))) {
+            Some((path, setting)) => Err(format!(
+                "{}: profile {profile} gets its keys through {setting}, which \
+                 ztensor-mount does not follow; export them first: eval \
+                 \"$(aws configure export-credentials --profile {profile} --format env)\"",
+                path.display()
+            )),
+            None => Ok(None),
+        },
+    };
+    Found {
         keys,
         region: value("region"),
         endpoint: value("endpoint_url"),
-    })
+    }
 }
 
 fn shown(path: Option<&Path>) -> String {
@@ -163,14 +211,18 @@ fn section(
 
 type Sections = Vec<(String, Vec<(String, String)>)>;
 
-/// The sections of an AWS CLI INI file, each with its `key = value` lines
-/// in order. Indented lines (a nested setting such as `s3 =`'s) and
-/// comments are skipped; anything else that is neither a `[section]` nor a
-/// setting, a section or a key given twice, and a control character (no
-/// HTTP header can carry one) are errors naming their line, as the CLI
-/// refuses such files too.
+/// The sections of an AWS CLI INI file, each with its settings in order,
+/// read as the CLI reads it (Python's `RawConfigParser`): keys are
+/// lower-cased, `=` or `:` ends a key, a section header may be followed by
+/// a comment, and a line indented past the key before it continues that
+/// key's value (a nested setting such as `s3 =`'s, skipped here).
+/// Anything else that is neither a `[section]` nor a setting, a section or
+/// a key given twice, and a control character (no HTTP header can carry
+/// one) are errors naming their line, as the CLI refuses such files too.
 fn parse(text: &str) -> Result<Sections, String> {
     let mut out: Sections = Vec::new();
+    // How far the key of the value being read is indented.
+    let mut key_indent: Option<usize> = None;
     // A byte-order mark, as an editor on Windows may write it.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     for (i, raw) in text.lines().enumerate() {
@@ -178,7 +230,8 @@ fn parse(text: &str) -> Result<Sections, String> {
         if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
             continue;
         }
-        if raw.starts_with([' ', '\t']) && !out.is_empty() {
+        let indent = raw.len() - raw.trim_start().len();
+        if key_indent.is_some_and(|k| indent > k) {
             continue;
         }
         let n = i + 1;
@@ -187,28 +240,31 @@ fn parse(text: &str) -> Result<Sections, String> {
         }
         if let Some(rest) = line.strip_prefix('[') {
             let name = rest
-                .strip_suffix(']')
+                .rsplit_once(']')
+                .map(|(name, _)| name)
                 .ok_or_else(|| format!("line {n}: a section header without its ]"))?;
-            // `[profile  work]` is `[profile work]`, as the CLI reads it.
+            // `[profile  work]` is `[profile work]`, as the CLI splits it.
             let name: Vec<&str> = name.split_whitespace().collect();
             let name = name.join(" ");
             if out.iter().any(|(s, _)| *s == name) {
                 return Err(format!("line {n}: section [{name}] again"));
             }
             out.push((name, Vec::new()));
+            key_indent = None;
             continue;
         }
         let (k, v) = line
-            .split_once('=')
+            .split_once(['=', ':'])
             .ok_or_else(|| format!("line {n}: neither [section] nor key = value"))?;
         let (_, kv) = out
             .last_mut()
             .ok_or_else(|| format!("line {n}: a setting before any [section]"))?;
-        let k = k.trim();
-        if kv.iter().any(|(have, _)| have == k) {
+        let k = k.trim().to_ascii_lowercase();
+        if kv.iter().any(|(have, _)| *have == k) {
             return Err(format!("line {n}: {k} again in its section"));
         }
-        kv.push((k.to_string(), v.trim().to_string()));
+        kv.push((k, v.trim().to_string()));
+        key_indent = Some(indent);
     }
     Ok(out)
 }
@@ -238,7 +294,8 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect();
             env.insert("HOME".into(), self.0.path().display().to_string());
-            load(&|k| env.get(k).cloned())
+            let need_keys = !env.contains_key("ENV_HAS_KEYS");
+            load(&|k| env.get(k).cloned(), need_keys)
         }
     }
 
@@ -272,7 +329,7 @@ mod tests {
     }
 
     #[test]
-    fn a_byte_order_mark_crlf_and_spaces_in_headers_are_read_as_the_cli_reads_them() {
+    fn a_byte_order_mark_crlf_and_spaces_in_headers_are_read() {
         let h = Home::new(
             "\u{feff}[ default ]\r\naws_access_key_id\t= K\r\naws_secret_access_key = S\r\n",
             "[profile   w]\r\nregion = r\r\n",
@@ -280,6 +337,18 @@ mod tests {
         assert_eq!(h.load(&[]).unwrap().keys, keys("K", "S", None));
         let w = h.load(&[("AWS_PROFILE", "w")]).unwrap();
         assert_eq!((w.keys, w.region.as_deref()), (None, Some("r")));
+    }
+
+    #[test]
+    fn keys_in_any_case_colons_indented_settings_and_header_comments_are_read_as_the_cli_does() {
+        let h = Home::new(
+            "[default] ; mine\n  AWS_Access_Key_ID: K\n  aws_secret_access_key = S\n\
+             \t    continued = not a key\n",
+            "[default]\ns3 =\n  region = nested, not the profile's\nregion = r\n",
+        );
+        let d = h.load(&[]).unwrap();
+        assert_eq!(d.keys, keys("K", "S", None));
+        assert_eq!(d.region.as_deref(), Some("r"));
     }
 
     #[test]
@@ -391,6 +460,34 @@ mod tests {
             .unwrap();
         let e = h.load(&[]).unwrap_err();
         assert!(e.contains("larger than"), "{e}");
+    }
+
+    #[test]
+    fn with_keys_in_the_environment_a_profile_it_cannot_use_is_passed_over() {
+        let h = Home::new(
+            "[half]\naws_access_key_id = A\n",
+            "[default]\nsso_session = corp\nregion = r\n[profile sso]\nsso_session = corp\n",
+        );
+        let env_keys = ("ENV_HAS_KEYS", "1");
+        // The default profile's region is still read; its keys are not wanted.
+        let d = h.load(&[env_keys]).unwrap();
+        assert_eq!((d.keys, d.region.as_deref()), (None, Some("r")));
+        for p in ["sso", "half"] {
+            assert_eq!(h.load(&[env_keys, ("AWS_PROFILE", p)]).unwrap().keys, None);
+        }
+        // Not even a file it cannot parse refuses the mount then.
+        let bad = Home::new("junk\n", "");
+        assert_eq!(bad.load(&[env_keys]).unwrap(), Settings::default());
+        // Without keys in the environment: the default profile's SSO is
+        // passed over (a public bucket, read anonymously); a named one's
+        // is refused.
+        assert_eq!(h.load(&[]).unwrap().keys, None);
+        assert!(h.load(&[("AWS_PROFILE", "sso")]).is_err());
+        let e = h.load(&[("AWS_DEFAULT_PROFILE", "nope")]).unwrap_err();
+        assert!(
+            e.starts_with("AWS_DEFAULT_PROFILE=nope: no such profile"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -93,7 +93,12 @@ pub fn files(cache: &Path, repo: &str, commit: &str) -> Vec<(String, Option<u64>
         };
         for e in entries.flatten() {
             if out.len() >= MAX_FILES {
-                break;
+                log::warn!(
+                    "{}: more than {MAX_FILES} files; the rest are not listed",
+                    root.display()
+                );
+                out.sort();
+                return out;
             }
             let name = format!("{rel}{}", e.file_name().to_string_lossy());
             if e.file_type().is_ok_and(|t| t.is_dir()) {

@@ -588,14 +588,15 @@ impl Repo {
         match self.files.get(path) {
             Some(Some(listed)) if *listed == size => Some(found),
             listed => {
+                let listed = match listed {
+                    Some(Some(n)) => format!("the Hub lists {n}"),
+                    _ => "the Hub lists no size for it".into(),
+                };
                 log::warn!(
-                    "hf://{}@{}/{path}: {} holds {size} bytes, the Hub lists {}; fetched instead",
+                    "hf://{}@{}/{path}: {} holds {size} bytes, {listed}; fetched instead",
                     self.repo,
                     self.commit,
                     found.display(),
-                    listed
-                        .and_then(|l| l.map(|n| n.to_string()))
-                        .unwrap_or_else(|| "no size".into())
                 );
                 None
             }
@@ -1086,13 +1087,17 @@ struct CachedSiblings {
 
 impl super::Siblings for CachedSiblings {
     fn sibling(&self, name: &str) -> Result<MappedFile> {
-        let label = self.repo.label(&self.url);
-        let url = self
-            .url
-            .join(name)
-            .map_err(|e| fail(&label, format!("sibling {name:?}: {e}")))?;
-        open_file(&self.repo, url)
+        sibling(&self.repo, &self.url, name)
     }
+}
+
+/// Opens the file `name` beside the one at resolve URL `url` of `repo`:
+/// from `huggingface_hub`'s cache where it is, else fetched.
+pub(super) fn sibling(repo: &Arc<Repo>, url: &url::Url, name: &str) -> Result<MappedFile> {
+    let url = url
+        .join(name)
+        .map_err(|e| fail(&repo.label(url), format!("sibling {name:?}: {e}")))?;
+    open_file(repo, url)
 }
 
 /// Opens `arg` (`hf://ORG/REPO[@REVISION][/PATH]`): resolves the revision

@@ -322,14 +322,15 @@ fn s3_builder(
     endpoint: Option<&str>,
 ) -> std::result::Result<object_store::aws::AmazonS3Builder, String> {
     use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-    let files = super::aws_profile::load(&|k| std::env::var(k).ok())?;
-    let env_keys = ["AWS_ACCESS_KEY_ID", "AWS_WEB_IDENTITY_TOKEN_FILE"]
-        .iter()
-        .chain(&[
-            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-        ])
-        .any(|k| env_set(k));
+    let env_keys = [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    ]
+    .iter()
+    .any(|k| env_set(k));
+    let files = super::aws_profile::load(&|k| std::env::var(k).ok(), !env_keys)?;
     let mut b = AmazonS3Builder::new();
     for (k, v) in std::env::vars_os() {
         let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
@@ -823,8 +824,7 @@ impl Cache {
 fn write_bitmap(path: &Path, block: u64, size: u64, words: &[u64]) -> std::io::Result<File> {
     // A new file renamed into place: a mount still holding the old one
     // (its cache file deleted since) saves its blocks there, not here.
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = tempfile::NamedTempFile::new_in(dir)?;
+    let tmp = super::shared::new_beside(path)?;
     let mut head = Vec::with_capacity(BITMAP_HEADER as usize);
     head.extend_from_slice(BITMAP_MAGIC);
     head.extend_from_slice(&block.to_le_bytes());
@@ -1421,14 +1421,14 @@ impl Backing for Object {
     }
 
     fn sibling(&self, name: &str) -> Result<MappedFile> {
+        if let Some(repo) = &self.client.hub {
+            return super::hub::sibling(repo, &self.url, name);
+        }
         let url = self
             .url
             .join(name)
             .map_err(|e| fail(&self.label, format!("sibling {name:?}: {e}")))?;
-        match &self.client.hub {
-            Some(repo) => super::hub::open_file(repo, url),
-            None => open_with(self.client.clone(), url),
-        }
+        open_with(self.client.clone(), url)
     }
 }
 

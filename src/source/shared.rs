@@ -131,11 +131,36 @@ impl Live {
     }
 }
 
+/// A new file in `path`'s directory, to be renamed onto `path`, with the
+/// mode a file made by `open` gets (0666 less the umask), not the 0600 of
+/// a temporary file: the mounts of other users with access to the cache
+/// directory share it.
+pub(super) fn new_beside(path: &Path) -> io::Result<tempfile::NamedTempFile> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = tempfile::NamedTempFile::new_in(dir)?;
+    let mode = 0o666 & !umask();
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(mode))?;
+    Ok(tmp)
+}
+
+/// This process's umask, from `/proc/self/status` (reading it with
+/// umask(2) would change it meanwhile); 022 where it cannot be read.
+fn umask() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("Umask:"))?;
+            u32::from_str_radix(line["Umask:".len()..].trim(), 8).ok()
+        })
+        .unwrap_or(0o022)
+}
+
 /// A new live bitmap file of `len` bytes starting with `header`, renamed
 /// onto `path`.
 fn fresh(path: &Path, header: &[u8], len: u64) -> io::Result<File> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = tempfile::NamedTempFile::new_in(dir)?;
+    let tmp = new_beside(path)?;
     tmp.as_file().set_len(len)?;
     tmp.as_file().write_all_at(header, 0)?;
     tmp.persist(path).map_err(|e| e.error)
