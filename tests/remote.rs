@@ -153,16 +153,22 @@ impl Server {
 
     /// The S3 requests moto recorded since the recorder was (re)started.
     fn moto_requests(&self) -> usize {
+        self.moto_recording()
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .count()
+    }
+
+    /// The requests moto recorded since the recording started, one JSON
+    /// line each (headers included).
+    fn moto_recording(&self) -> String {
         let (_, body) = http(
             self.port,
             "GET",
             "/moto-api/recorder/download-recording",
             &[],
         );
-        String::from_utf8_lossy(&body)
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .count()
+        String::from_utf8_lossy(&body).into_owned()
     }
 
     fn moto_restart_recording(&self) {
@@ -1026,14 +1032,8 @@ fn s3_keys_region_and_endpoint_come_from_the_aws_cli_files_when_the_environment_
     m.unmount_ok();
     // Every request the mount made was signed with the work profile's key,
     // for its region, and went to its endpoint (moto got them all).
-    let (_, rec) = http(
-        srv.port,
-        "GET",
-        "/moto-api/recorder/download-recording",
-        &[],
-    );
-    let rec = String::from_utf8_lossy(&rec);
-    let requests = rec.lines().filter(|l| !l.trim().is_empty()).count();
+    let rec = srv.moto_recording();
+    let requests = srv.moto_requests();
     let signed = rec.matches("Credential=AKIAWORKPROFILE00001/").count();
     let region = rec.matches("/eu-west-2/s3/aws4_request").count();
     assert!(requests >= 2, "{rec}");
@@ -1062,13 +1062,7 @@ fn s3_keys_region_and_endpoint_come_from_the_aws_cli_files_when_the_environment_
     assert!(r.ok(), "{}{}", r.stderr, m.log_text());
     assert_eq!(std::fs::read(m.mp.join("small")).unwrap(), truth[1].1);
     m.unmount_ok();
-    let (_, rec) = http(
-        srv.port,
-        "GET",
-        "/moto-api/recorder/download-recording",
-        &[],
-    );
-    let rec = String::from_utf8_lossy(&rec);
+    let rec = srv.moto_recording();
     assert!(rec.contains("Credential=AKIAEXPORTEDKEYS0001/"), "{rec}");
 
     // A profile in neither file, and one whose keys come from a role:
