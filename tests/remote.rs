@@ -1539,7 +1539,14 @@ fn gs_and_az_objects_mount_from_local_emulators() {
         return;
     };
     let endpoint = gcs.url("");
+    // A credentials variable set to nothing counts as unset: read
+    // anonymously, as without it.
+    // SAFETY: the tests of this file run one at a time (serial); no other
+    // reads these.
+    unsafe { std::env::set_var("GOOGLE_APPLICATION_CREDENTIALS", "") };
     check(&|k| format!("gs://bkt/m/{k}"), &["--endpoint", &endpoint]);
+    // SAFETY: as above.
+    unsafe { std::env::remove_var("GOOGLE_APPLICATION_CREDENTIALS") };
     drop(gcs);
 
     // Azure: uploaded with the Azure SDK, read with the emulator's
@@ -1566,12 +1573,15 @@ fn gs_and_az_objects_mount_from_local_emulators() {
     unsafe {
         std::env::set_var("AZURE_STORAGE_USE_EMULATOR", "true");
         std::env::set_var("AZURITE_BLOB_STORAGE_URL", blob_url.trim_end_matches('/'));
+        // Set to nothing: unset, so the emulator's well-known key is used.
+        std::env::set_var("AZURE_STORAGE_ACCOUNT_KEY", "");
     }
     check(&|k| format!("az://ctr/m/{k}"), &[]);
     // SAFETY: as above.
     unsafe {
         std::env::remove_var("AZURE_STORAGE_USE_EMULATOR");
         std::env::remove_var("AZURITE_BLOB_STORAGE_URL");
+        std::env::remove_var("AZURE_STORAGE_ACCOUNT_KEY");
     }
 }
 

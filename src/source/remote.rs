@@ -174,11 +174,30 @@ struct Client {
     hub: Option<Arc<super::hub::Repo>>,
 }
 
-fn env_has(prefixes: &[&str]) -> bool {
-    std::env::vars_os().any(|(k, _)| {
-        let k = k.to_string_lossy();
-        prefixes.iter().any(|p| k.starts_with(p))
-    })
+/// The environment's variables whose names start with `prefix`, as
+/// `object_store`'s `from_env` reads them, but an empty one left out (it
+/// counts as unset) and one holding a control character refused (no
+/// HTTP header can carry it; the signer would panic on it).
+fn env_vars(prefix: &str) -> std::result::Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for (k, v) in std::env::vars_os() {
+        let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
+            continue;
+        };
+        if !k.starts_with(prefix) || v.is_empty() {
+            continue;
+        }
+        if v.chars().any(|c| c.is_control() && c != '\t') {
+            return Err(format!("{k} holds a control character"));
+        }
+        out.push((k.to_string(), v.to_string()));
+    }
+    Ok(out)
+}
+
+/// Whether any of the environment variables `names` is set to something.
+fn any_set(names: &[&str]) -> bool {
+    names.iter().any(|k| env_set(k))
 }
 
 impl Client {
@@ -248,7 +267,14 @@ impl Client {
                     .map_err(one_line)?,
             ),
             "gs" => {
-                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+                let mut b = GoogleCloudStorageBuilder::new();
+                for (k, v) in env_vars("GOOGLE_")? {
+                    if let Ok(key) = k.to_ascii_lowercase().parse::<GoogleConfigKey>() {
+                        b = b.with_config(key, v);
+                    }
+                }
+                let mut b = b
                     .with_url(url)
                     .with_client_options(client)
                     .with_retry(retry);
@@ -256,7 +282,12 @@ impl Client {
                 if let Some(e) = &o.endpoint {
                     b = b.with_base_url(e.trim_end_matches('/'));
                 }
-                if !env_has(&["GOOGLE_SERVICE_ACCOUNT", "GOOGLE_APPLICATION_CREDENTIALS"]) {
+                if !any_set(&[
+                    "GOOGLE_SERVICE_ACCOUNT",
+                    "GOOGLE_SERVICE_ACCOUNT_PATH",
+                    "GOOGLE_SERVICE_ACCOUNT_KEY",
+                    "GOOGLE_APPLICATION_CREDENTIALS",
+                ]) {
                     b = b.with_skip_signature(true);
                 }
                 Arc::new(b.build().map_err(one_line)?)
@@ -273,18 +304,28 @@ impl Client {
                 )
             }
             _ => {
-                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
+                use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+                let mut b = MicrosoftAzureBuilder::new();
+                for (k, v) in env_vars("AZURE_")? {
+                    if let Ok(key) = k.to_ascii_lowercase().parse::<AzureConfigKey>() {
+                        b = b.with_config(key, v);
+                    }
+                }
+                let mut b = b
                     .with_url(url)
                     .with_client_options(client)
                     .with_retry(retry);
                 if let Some(e) = &o.endpoint {
                     b = b.with_endpoint(e.clone()).with_allow_http(true);
                 }
-                if !env_has(&[
+                if !any_set(&[
                     "AZURE_STORAGE_ACCOUNT_KEY",
                     "AZURE_STORAGE_ACCESS_KEY",
-                    "AZURE_STORAGE_SAS",
+                    "AZURE_STORAGE_MASTER_KEY",
+                    "AZURE_STORAGE_SAS_KEY",
+                    "AZURE_STORAGE_SAS_TOKEN",
                     "AZURE_STORAGE_TOKEN",
+                    "AZURE_STORAGE_CLIENT_SECRET",
                     "AZURE_CLIENT_SECRET",
                     "AZURE_STORAGE_USE_EMULATOR",
                 ]) {
@@ -322,27 +363,19 @@ fn s3_builder(
     endpoint: Option<&str>,
 ) -> std::result::Result<object_store::aws::AmazonS3Builder, String> {
     use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-    let env_keys = [
+    let env_keys = any_set(&[
         "AWS_ACCESS_KEY_ID",
         "AWS_WEB_IDENTITY_TOKEN_FILE",
         "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
         "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    ]
-    .iter()
-    .any(|k| env_set(k));
+    ]);
     let files = super::aws_profile::load(&|k| std::env::var(k).ok(), !env_keys)?;
     let mut b = AmazonS3Builder::new();
-    for (k, v) in std::env::vars_os() {
-        let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
-            continue;
-        };
-        if !k.starts_with("AWS_") || v.is_empty() || (!env_keys && AWS_KEYS.contains(&k)) {
+    for (k, v) in env_vars("AWS_")? {
+        if !env_keys && AWS_KEYS.contains(&k.as_str()) {
             continue;
         }
         if let Ok(key) = k.to_ascii_lowercase().parse::<AmazonS3ConfigKey>() {
-            if v.chars().any(|c| c.is_control() && c != '\t') {
-                return Err(format!("{k} holds a control character"));
-            }
             b = b.with_config(key, v);
         }
     }
@@ -357,14 +390,11 @@ fn s3_builder(
         None => b = b.with_skip_signature(true),
     }
     if let Some(r) = files.region
-        && !env_set("AWS_REGION")
-        && !env_set("AWS_DEFAULT_REGION")
+        && !any_set(&["AWS_REGION", "AWS_DEFAULT_REGION"])
     {
         b = b.with_region(r);
     }
-    let env_endpoint = ["AWS_ENDPOINT", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"]
-        .iter()
-        .any(|k| env_set(k));
+    let env_endpoint = any_set(&["AWS_ENDPOINT", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"]);
     let endpoint = endpoint
         .map(str::to_string)
         .or(files.endpoint.filter(|_| !env_endpoint));
