@@ -20,12 +20,18 @@ pub fn dir() -> Option<PathBuf> {
     if let Some(d) = env("HF_HUB_CACHE").or_else(|| env("HUGGINGFACE_HUB_CACHE")) {
         return Some(d);
     }
-    let home = env("HF_HOME").or_else(|| {
+    Some(home(&env)?.join("hub"))
+}
+
+/// `huggingface_hub`'s home (its cache and token are in it): `HF_HOME`,
+/// else `${XDG_CACHE_HOME:-~/.cache}/huggingface`; `env` looks a variable
+/// up as a path, `None` where it is unset.
+pub fn home(env: &dyn Fn(&str) -> Option<PathBuf>) -> Option<PathBuf> {
+    env("HF_HOME").or_else(|| {
         env("XDG_CACHE_HOME")
             .or_else(|| env("HOME").map(|h| h.join(".cache")))
             .map(|c| c.join("huggingface"))
-    })?;
-    Some(home.join("hub"))
+    })
 }
 
 /// The folder of `repo` (`ORG/REPO`, `datasets/ORG/REPO`, `spaces/…`):

@@ -147,12 +147,7 @@ fn token_file() -> Option<PathBuf> {
     if let Some(p) = env("HF_TOKEN_PATH") {
         return Some(PathBuf::from(p));
     }
-    let home = env("HF_HOME").map(PathBuf::from).or_else(|| {
-        env("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| env("HOME").map(|h| Path::new(&h).join(".cache")))
-            .map(|c| c.join("huggingface"))
-    })?;
+    let home = hf_cache::home(&|k| env(k).map(PathBuf::from))?;
     Some(home.join("token"))
 }
 

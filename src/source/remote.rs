@@ -174,30 +174,38 @@ struct Client {
     hub: Option<Arc<super::hub::Repo>>,
 }
 
-/// The environment's variables whose names start with `prefix`, as
+/// The settings a store's builder takes from the environment's variables
+/// whose names start with `prefix` (but those in `skip`), as
 /// `object_store`'s `from_env` reads them, but an empty one left out (it
-/// counts as unset) and one holding a control character refused (no
-/// HTTP header can carry it; the signer would panic on it).
-fn env_vars(prefix: &str) -> std::result::Result<Vec<(String, String)>, String> {
+/// counts as unset) and one holding a control character refused (no HTTP
+/// header can carry it; the signer would panic on it).
+fn env_config<K: std::str::FromStr>(
+    prefix: &str,
+    skip: &[&str],
+) -> std::result::Result<Vec<(K, String)>, String> {
     let mut out = Vec::new();
     for (k, v) in std::env::vars_os() {
         let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
             continue;
         };
-        if !k.starts_with(prefix) || v.is_empty() {
+        if !k.starts_with(prefix) || v.is_empty() || skip.contains(&k) {
             continue;
         }
         if v.chars().any(|c| c.is_control() && c != '\t') {
             return Err(format!("{k} holds a control character"));
         }
-        out.push((k.to_string(), v.to_string()));
+        if let Ok(key) = k.to_ascii_lowercase().parse::<K>() {
+            out.push((key, v.to_string()));
+        }
     }
     Ok(out)
 }
 
 /// Whether any of the environment variables `names` is set to something.
 fn any_set(names: &[&str]) -> bool {
-    names.iter().any(|k| env_set(k))
+    names
+        .iter()
+        .any(|k| std::env::var_os(k).is_some_and(|v| !v.is_empty()))
 }
 
 impl Client {
@@ -267,14 +275,12 @@ impl Client {
                     .map_err(one_line)?,
             ),
             "gs" => {
-                use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
-                let mut b = GoogleCloudStorageBuilder::new();
-                for (k, v) in env_vars("GOOGLE_")? {
-                    if let Ok(key) = k.to_ascii_lowercase().parse::<GoogleConfigKey>() {
-                        b = b.with_config(key, v);
-                    }
-                }
-                let mut b = b
+                let mut b = env_config("GOOGLE_", &[])?
+                    .into_iter()
+                    .fold(
+                        object_store::gcp::GoogleCloudStorageBuilder::new(),
+                        |b, (k, v)| b.with_config(k, v),
+                    )
                     .with_url(url)
                     .with_client_options(client)
                     .with_retry(retry);
@@ -304,14 +310,12 @@ impl Client {
                 )
             }
             _ => {
-                use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
-                let mut b = MicrosoftAzureBuilder::new();
-                for (k, v) in env_vars("AZURE_")? {
-                    if let Ok(key) = k.to_ascii_lowercase().parse::<AzureConfigKey>() {
-                        b = b.with_config(key, v);
-                    }
-                }
-                let mut b = b
+                let mut b = env_config("AZURE_", &[])?
+                    .into_iter()
+                    .fold(
+                        object_store::azure::MicrosoftAzureBuilder::new(),
+                        |b, (k, v)| b.with_config(k, v),
+                    )
                     .with_url(url)
                     .with_client_options(client)
                     .with_retry(retry);
@@ -337,11 +341,6 @@ impl Client {
     }
 }
 
-/// Whether the environment variable `name` is set to something.
-fn env_set(name: &str) -> bool {
-    std::env::var_os(name).is_some_and(|v| !v.is_empty())
-}
-
 /// The variables that give an S3 client its keys.
 const AWS_KEYS: [&str; 4] = [
     "AWS_ACCESS_KEY_ID",
@@ -362,7 +361,7 @@ const AWS_KEYS: [&str; 4] = [
 fn s3_builder(
     endpoint: Option<&str>,
 ) -> std::result::Result<object_store::aws::AmazonS3Builder, String> {
-    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+    use object_store::aws::AmazonS3Builder;
     let env_keys = any_set(&[
         "AWS_ACCESS_KEY_ID",
         "AWS_WEB_IDENTITY_TOKEN_FILE",
@@ -370,15 +369,10 @@ fn s3_builder(
         "AWS_CONTAINER_CREDENTIALS_FULL_URI",
     ]);
     let files = super::aws_profile::load(&|k| std::env::var(k).ok(), !env_keys)?;
-    let mut b = AmazonS3Builder::new();
-    for (k, v) in env_vars("AWS_")? {
-        if !env_keys && AWS_KEYS.contains(&k.as_str()) {
-            continue;
-        }
-        if let Ok(key) = k.to_ascii_lowercase().parse::<AmazonS3ConfigKey>() {
-            b = b.with_config(key, v);
-        }
-    }
+    let skip: &[&str] = if env_keys { &[] } else { &AWS_KEYS };
+    let mut b = env_config("AWS_", skip)?
+        .into_iter()
+        .fold(AmazonS3Builder::new(), |b, (k, v)| b.with_config(k, v));
     match files.keys {
         _ if env_keys => {}
         Some(k) => {
