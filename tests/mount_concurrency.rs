@@ -847,14 +847,25 @@ fn a_whole_blob_is_served_early_only_when_it_cannot_fail_later() {
     }
     assert_eq!(small.stats()["spilled_tensors"], 1, "{}", small.stats());
     // The failed spill gave its disk back: its file (unlinked, still open
-    // in the daemon) is empty.
-    let fds = std::fs::read_dir(format!("/proc/{}/fd", small.pid.unwrap())).unwrap();
-    let spills: Vec<u64> = fds
-        .flatten()
-        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|p| p.starts_with(&spill_dir)))
-        .map(|e| std::fs::metadata(e.path()).unwrap().len())
-        .collect();
-    assert_eq!(spills, [0], "sizes of the spill files the daemon holds");
+    // in the daemon) is empty. The open's backing file, which its failed
+    // reads never wrote, goes at the RELEASE, which the kernel sends after
+    // close(2) has returned: waited for.
+    let pid = small.pid.unwrap();
+    let held = || -> Vec<u64> {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            return Vec::new();
+        };
+        fds.flatten()
+            .filter(|e| std::fs::read_link(e.path()).is_ok_and(|p| p.starts_with(&spill_dir)))
+            .filter_map(|e| std::fs::metadata(e.path()).ok().map(|m| m.len()))
+            .collect()
+    };
+    support::wait_until(Duration::from_secs(10), || held() == [0]);
+    assert_eq!(
+        held(),
+        [0],
+        "sizes of the files the daemon holds in the spill dir"
+    );
     drop(small);
 
     m.mount(&zt, &["--cache-size", "64M"]);
