@@ -820,8 +820,11 @@ fn an_open_while_its_backing_file_is_filled_reads_what_the_first_read_wrote() {
     // waits for the filler: read from what the first read wrote, not
     // decoded again (its frames left the cache behind the reader).
     assert!(m.read("z") == z, "first read");
+    // Each of its 16 frames at least once: a busy machine may decode a
+    // frame again, when the filler's units crowd it out of the 8 MiB
+    // cache before the reader gets to it.
     let decoded = m.stat_u64("decompressions");
-    assert_eq!(decoded, 16, "{}", m.stats());
+    assert!(decoded >= 16, "{}", m.stats());
     assert!(m.read("z") == z, "second read");
     assert_eq!(m.stat_u64("decompressions"), decoded, "{}", m.stats());
     m.settled();
