@@ -46,6 +46,13 @@ const ELSEWHERE: [&str; 7] = [
     "login_session",
 ];
 
+/// Settings by which the AWS CLI gets keys before it looks at a profile's
+/// static keys at all (botocore's chain: assume-role, SSO, then static
+/// keys in the credentials file, `credential_process`, static keys in the
+/// config file). Static keys beside them are the role's source, not the
+/// identity the CLI would use.
+const BEFORE_KEYS: [&str; 3] = ["role_arn", "sso_session", "sso_start_url"];
+
 /// Which profile: the one `AWS_PROFILE` (or `AWS_DEFAULT_PROFILE`) names,
 /// with that variable's name, else `default`.
 struct Named {
@@ -125,7 +132,7 @@ fn read(env: &dyn Fn(&str) -> Option<String>, need_keys: bool) -> Result<Setting
         };
         find(&from_credentials).or_else(|| find(&from_config))
     };
-    let found = settings(profile, &get);
+    let found = settings(profile, &get, credentials.as_deref());
     let keys = match found.keys {
         Ok(k) => k.filter(|_| need_keys),
         Err(why) if need_keys && named.by.is_some() => return Err(why),
@@ -152,10 +159,31 @@ struct Found {
 }
 
 /// The settings of one profile, `get` giving a key's value and the file it
-/// came from.
-fn settings(profile: &str, get: &dyn Fn(&str) -> Option<(PathBuf, String)>) -> Found {
+/// came from; `credentials`, the credentials file. Its keys are those the
+/// AWS CLI would use, or why they cannot be had here (see [`BEFORE_KEYS`]).
+fn settings(
+    profile: &str,
+    get: &dyn Fn(&str) -> Option<(PathBuf, String)>,
+    credentials: Option<&Path>,
+) -> Found {
     let value = |k: &str| get(k).map(|(_, v)| v).filter(|v| !v.is_empty());
+    let first = |names: &[&'static str]| names.iter().find_map(|k| get(k).map(|(p, _)| (p, *k)));
+    let elsewhere = |(path, setting): (PathBuf, &str)| {
+        Err(format!(
+            "{}: profile {profile} gets its keys through {setting}, which ztensor-mount does \
+             not follow; export them first: eval \
+             \"$(aws configure export-credentials --profile {profile} --format env)\"",
+            path.display()
+        ))
+    };
     let keys = match (get("aws_access_key_id"), value("aws_secret_access_key")) {
+        _ if let Some(found) = first(&BEFORE_KEYS) => elsewhere(found),
+        (Some((path, _)), _)
+            if Some(path.as_path()) != credentials
+                && let Some(found) = first(&["credential_process"]) =>
+        {
+            elsewhere(found)
+        }
         (Some((_, id)), Some(secret)) if !id.is_empty() => Ok(Some(Keys {
             id,
             secret,
@@ -165,15 +193,7 @@ fn settings(profile: &str, get: &dyn Fn(&str) -> Option<(PathBuf, String)>) -> F
             "{}: profile {profile} needs both aws_access_key_id and aws_secret_access_key",
             path.display()
         )),
-        (None, _) => match ELSEWHERE.iter().find_map(|k| get(k).map(|(p, _)| (p, *k))) {
-            Some((path, setting)) => Err(format!(
-                "{}: profile {profile} gets its keys through {setting}, which \
-                 ztensor-mount does not follow; export them first: eval \
-                 \"$(aws configure export-credentials --profile {profile} --format env)\"",
-                path.display()
-            )),
-            None => Ok(None),
-        },
+        (None, _) => first(&ELSEWHERE).map_or(Ok(None), elsewhere),
     };
     Found {
         keys,
@@ -418,6 +438,29 @@ mod tests {
         );
         let e = h.load(&[("AWS_PROFILE", "proc")]).unwrap_err();
         assert!(e.contains("through credential_process"), "{e}");
+        // Static keys beside a role or SSO are not what the CLI would use;
+        // nor are keys in the config file beside a credential_process.
+        let both = Home::new(
+            "[role]\naws_access_key_id = A\naws_secret_access_key = S\n\
+             [procd]\naws_access_key_id = A\naws_secret_access_key = S\n",
+            "[profile role]\nrole_arn = arn:aws:iam::1:role/r\n\
+             [profile ssokeys]\nsso_start_url = https://x\naws_access_key_id = A\n\
+             aws_secret_access_key = S\n\
+             [profile procc]\ncredential_process = /bin/k\naws_access_key_id = A\n\
+             aws_secret_access_key = S\n\
+             [profile procd]\ncredential_process = /bin/k\n",
+        );
+        for (profile, setting) in [
+            ("role", "role_arn"),
+            ("ssokeys", "sso_start_url"),
+            ("procc", "credential_process"),
+        ] {
+            let e = both.load(&[("AWS_PROFILE", profile)]).unwrap_err();
+            let want = format!(".aws/config: profile {profile} gets its keys through {setting}");
+            assert!(e.contains(&want), "{e}");
+        }
+        let s = both.load(&[("AWS_PROFILE", "procd")]).unwrap();
+        assert_eq!(s.keys, keys("A", "S", None));
         let e = h.load(&[("AWS_PROFILE", "half")]).unwrap_err();
         assert!(
             e.contains(".aws/credentials: profile half needs both aws_access_key_id and aws_secret_access_key"),
