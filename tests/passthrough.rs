@@ -785,6 +785,46 @@ fn a_first_read_writes_its_backing_file_through_and_decodes_each_frame_once() {
 }
 
 #[test]
+fn backing_files_stay_within_the_descriptors_the_daemon_may_hold() {
+    // 100 zstd tensors, each worth a backing file, read twice by a daemon
+    // allowed 64 descriptors (soft and hard): at most 32 backing files at
+    // once, the least recently opened idle one giving way; every byte
+    // right, and no read or backing file short of a descriptor.
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("many.zt");
+    let names: Vec<String> = (0..100).map(|i| format!("t{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let tensors = write_zstd(&src, &names, 16 << 10);
+    let r = m.run_under(&["prlimit", "--nofile=64:64"], &src, &[]);
+    assert!(r.ok(), "{}{}", r.stderr, m.log_text());
+    let pid = m.pid.unwrap();
+    for (name, want) in &tensors[..100] {
+        assert!(m.read(name) == *want, "{name}");
+    }
+    m.settled();
+    // The last 20 read are backed still; the first ones gave way, and are
+    // served (and backed anew) when read again.
+    for (name, want) in tensors[80..100].iter().chain(&tensors[..20]) {
+        assert!(m.read(name) == *want, "again: {name}");
+    }
+    m.settled();
+    let st = m.stats();
+    assert_eq!(st["passthrough_opens"], 20, "{st}");
+    assert_eq!(st["backing_files"], 120, "{st}");
+    assert!(st["backing_evictions"].as_u64().unwrap() >= 88, "{st}");
+    let held = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    assert!(held <= 32 + 16, "{held} descriptors held: {st}");
+    let log = m.log_text();
+    assert!(!log.contains("Too many open files"), "{log}");
+    m.unmount_ok();
+}
+
+#[test]
 fn an_open_while_its_backing_file_is_filled_reads_what_the_first_read_wrote() {
     let _s = support::serial();
     let Some(mut m) = Mount::scratch() else {

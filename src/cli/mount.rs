@@ -522,6 +522,33 @@ fn tune_malloc(remote: bool) {
     }
 }
 
+/// How many descriptors the daemon may hold, its soft limit first raised
+/// to the hard one (as a daemon holding a file per backed tensor should:
+/// the soft limit is often 1024 where the hard one is far higher). Half
+/// goes to backing files, the rest stays for sources, spills and sockets.
+fn descriptors() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the one struct we pass it.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads the one struct we pass it; raising the
+        // soft limit up to the hard one needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim = raised;
+        }
+    }
+    usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX)
+}
+
 /// The filesystem's options, from the command line's.
 fn fs_options(s: &Settings) -> FsOptions {
     FsOptions {
@@ -540,6 +567,7 @@ fn fs_options(s: &Settings) -> FsOptions {
             limit: s
                 .decoded_cache_size
                 .unwrap_or_else(|| spill::free_bytes(&s.cache_dir).unwrap_or(0) / 2),
+            max_files: descriptors() / 2,
         },
     }
 }

@@ -56,6 +56,9 @@ pub struct BackingOptions {
     pub dir: PathBuf,
     /// Most bytes the filled files may hold together (`--decoded-cache-size`).
     pub limit: u64,
+    /// Most backing files at once, of every kind: each holds a descriptor,
+    /// and the daemon must keep some for its sources, spills and sockets.
+    pub max_files: usize,
 }
 
 impl BackingOptions {
@@ -65,6 +68,7 @@ impl BackingOptions {
             enabled: false,
             dir: std::env::temp_dir(),
             limit: 0,
+            max_files: 0,
         }
     }
 }
@@ -497,7 +501,7 @@ impl Backings {
         if let Some(Slot::Ready(b)) = lock(&self.inner).slots.get(key) {
             return Some(b.clone());
         }
-        if !self.may_clone(off) {
+        if !self.may_clone(off) || !self.make_room(&mut lock(&self.inner), 0) {
             return None;
         }
         let made = tempfile::tempfile_in(&self.opts.dir)
@@ -835,11 +839,23 @@ impl Backings {
         }
     }
 
-    /// Frees filled files no open holds, least recently opened first, until
-    /// `len` more bytes fit. False when they cannot.
+    /// Frees backing files no open holds, least recently opened first,
+    /// until one more file, of `len` more filled bytes, fits: filled files
+    /// for the bytes, filled or cloned ones for the count. False when they
+    /// cannot.
     fn make_room(&self, inner: &mut Inner, len: u64) -> bool {
         while inner.filled + len > self.opts.limit {
-            if !self.evict_one(inner) {
+            if !self.evict_one(inner, false) {
+                return false;
+            }
+        }
+        while inner.slots.len() >= self.opts.max_files {
+            if !self.evict_one(inner, true) {
+                log::debug!(
+                    "{} backing files, all open: no more (at most {}); served by the daemon",
+                    inner.slots.len(),
+                    self.opts.max_files
+                );
                 return false;
             }
         }
@@ -849,28 +865,35 @@ impl Backings {
     /// Frees the least recently opened filled file no open holds, for a
     /// spill that needs its disk. False when there is none.
     pub fn drop_idle(&self) -> bool {
-        self.evict_one(&mut lock(&self.inner))
+        self.evict_one(&mut lock(&self.inner), false)
     }
 
-    fn evict_one(&self, inner: &mut Inner) -> bool {
+    /// Frees the least recently opened filled file no open holds (or
+    /// cloned one too, where `clones`: they free a descriptor, not disk).
+    fn evict_one(&self, inner: &mut Inner, clones: bool) -> bool {
         let victim = inner
             .slots
             .iter()
             .filter_map(|(key, s)| match s {
-                Slot::Ready(b) if b.origin == Origin::Filled && b.opens.load(Relaxed) == 0 => {
-                    Some((key, b.used.load(Relaxed), b.len))
+                Slot::Ready(b)
+                    if (b.origin == Origin::Filled || clones && b.origin == Origin::Cloned)
+                        && b.opens.load(Relaxed) == 0 =>
+                {
+                    Some((key, b.used.load(Relaxed), b))
                 }
                 _ => None,
             })
             .min_by_key(|&(_, used, _)| used)
-            .map(|(key, _, len)| (key.clone(), len));
-        let Some((key, freed)) = victim else {
+            .map(|(key, _, b)| (key.clone(), b.origin, b.len));
+        let Some((key, origin, len)) = victim else {
             return false;
         };
         inner.slots.remove(&key);
-        inner.filled -= freed;
+        if origin == Origin::Filled {
+            inner.filled -= len;
+        }
         Stats::add(&self.stats.backing_evictions, 1);
-        log::debug!("dropped the {freed}-byte backing file of {key:?} to make room");
+        log::debug!("dropped the {len}-byte backing file of {key:?} to make room");
         true
     }
 
@@ -1164,6 +1187,7 @@ mod tests {
             enabled: true,
             dir: dir.path().to_path_buf(),
             limit: u64::MAX,
+            max_files: 16,
         };
         let b = Backings::new(opts, Arc::new(Stats::default()));
         let key = |tensor| Content::Part { tensor, part: 0 };
@@ -1171,6 +1195,32 @@ mod tests {
         assert!(b.reserve(&key(1), len).is_none());
         // Half as much fits beside it.
         assert!(b.reserve(&key(2), len / 3).is_some());
+    }
+
+    #[test]
+    fn past_the_most_files_the_least_recently_opened_idle_one_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = BackingOptions {
+            enabled: true,
+            dir: dir.path().to_path_buf(),
+            limit: u64::MAX,
+            max_files: 2,
+        };
+        let b = Backings::new(opts, Arc::new(Stats::default()));
+        let key = |tensor| Content::Part { tensor, part: 0 };
+        for t in 0..2 {
+            let f = b.reserve(&key(t), 10).unwrap();
+            b.publish(key(t), f, None, 10);
+        }
+        // Tensor 1 held open, tensor 0 idle: 0 makes room for 2.
+        let one = b.ready(&key(1)).unwrap();
+        b.opened(&one);
+        assert!(b.reserve(&key(2), 10).is_some());
+        assert!(b.ready(&key(0)).is_none());
+        assert_eq!(b.stats.backing_evictions.load(Relaxed), 1);
+        // Tensor 1 open, 2 being filled: nothing can go, no file for 3.
+        assert!(b.reserve(&key(3), 10).is_none());
+        assert!(b.ready(&key(1)).is_some());
     }
 
     #[test]

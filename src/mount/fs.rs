@@ -1421,6 +1421,7 @@ mod passthrough_tests {
                 enabled: true,
                 dir: dir.to_path_buf(),
                 limit,
+                max_files: 1000,
             },
         };
         TensorFs::new(catalog, files, opts).unwrap()

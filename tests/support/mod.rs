@@ -299,7 +299,20 @@ impl Mount {
 
     /// Runs the binary as `ztensor-mount FILE MP --log-file LOG ARGS...`.
     pub fn run(&mut self, file: &Path, args: &[&str]) -> Run {
-        let mut cmd = Command::new(bin());
+        self.run_under(&[], file, args)
+    }
+
+    /// [`Mount::run`] under `wrapper`, a command that runs the rest of its
+    /// command line (e.g. `prlimit --nofile=64`).
+    pub fn run_under(&mut self, wrapper: &[&str], file: &Path, args: &[&str]) -> Run {
+        let mut cmd = match wrapper.split_first() {
+            Some((program, wrapper_args)) => {
+                let mut c = Command::new(program);
+                c.args(wrapper_args).arg(bin());
+                c
+            }
+            None => Command::new(bin()),
+        };
         cmd.arg(file)
             .arg(&self.mp)
             .arg("--log-file")
