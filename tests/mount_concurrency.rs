@@ -686,6 +686,53 @@ fn finished_spills_nobody_reads_make_room_for_new_ones() {
 }
 
 #[test]
+fn spills_stay_within_the_descriptors_the_daemon_may_hold() {
+    // 40 single-frame tensors of 3 MiB, each spilled (a 4 MiB cache), read
+    // twice in order by a daemon allowed 128 descriptors: at most 16
+    // spills at once (a quarter of what is left past its own 64), finished
+    // ones no reader holds giving way, so every read is right however many
+    // tensors have spilled.
+    let ts: Vec<T> = (0..40)
+        .map(|i| T {
+            name: format!("t{i}"),
+            dtype: DType::Float32,
+            le: compressible(200 + i, 3 * MIB),
+            opts: zstd(0, Endian::Little),
+        })
+        .collect();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let zt = m.scratch_path("test.zt");
+    write(&zt, &ts);
+    let r = m.run_under(
+        &["prlimit", "--nofile=128:128"],
+        &zt,
+        &["--cache-size", "4M"],
+    );
+    assert!(r.ok(), "{}{}", r.stderr, m.log_text());
+    for round in 0..2 {
+        for t in &ts {
+            let got = std::fs::read(m.path(&t.name));
+            assert!(
+                got.as_ref().is_ok_and(|g| *g == t.le),
+                "round {round}, {}: {:?}; log:\n{}",
+                t.name,
+                got.err(),
+                m.log_text()
+            );
+        }
+    }
+    let st = m.stats();
+    assert_eq!(st["errors"], 0, "{st}");
+    assert!(st["spilled_tensors"].as_u64().unwrap() >= 40, "{st}");
+    let log = m.log_text();
+    assert!(!log.contains("Too many open files"), "{log}");
+    assert!(log.contains("dropped its spill"), "{log}");
+    m.unmount_ok();
+}
+
+#[test]
 fn a_big_single_frame_is_served_while_it_decodes() {
     // 24 MiB in one zstd frame (no frame table to jump with): decoded once,
     // front to back, on its own thread while readers take what is there.

@@ -27,6 +27,8 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
 }
 
 pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
+    // Before any source is opened: a sharded set holds its shards open.
+    open_file_limit();
     if s.foreground {
         logging::to_stderr(s.debug);
     } else {
@@ -522,11 +524,31 @@ fn tune_malloc(remote: bool) {
     }
 }
 
+/// Descriptors kept for the daemon's own use (the FUSE device, sources,
+/// a remote object's cache files and sockets, the log) before any go to
+/// backing files and spills.
+const OWN_FILES: usize = 64;
+
+/// Backing files at most at once: half of the descriptors past
+/// [`OWN_FILES`] (spills get half as many; see `TensorFs::new`). Says so
+/// at mount when the limit leaves few.
+fn backing_files_max() -> usize {
+    let limit = open_file_limit();
+    let max = limit.saturating_sub(OWN_FILES) / 2;
+    if max < 64 {
+        log::warn!(
+            "the open-file limit is {limit}: at most {max} backing files and {} spills at once \
+             (raise it with ulimit -n for more)",
+            (max / 2).max(1)
+        );
+    }
+    max
+}
+
 /// How many descriptors the daemon may hold, its soft limit first raised
 /// to the hard one (as a daemon holding a file per backed tensor should:
-/// the soft limit is often 1024 where the hard one is far higher). Half
-/// goes to backing files, the rest stays for sources, spills and sockets.
-fn descriptors() -> usize {
+/// the soft limit is often 1024 where the hard one is far higher).
+fn open_file_limit() -> usize {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -567,7 +589,7 @@ fn fs_options(s: &Settings) -> FsOptions {
             limit: s
                 .decoded_cache_size
                 .unwrap_or_else(|| spill::free_bytes(&s.cache_dir).unwrap_or(0) / 2),
-            max_files: descriptors() / 2,
+            max_files: backing_files_max(),
         },
     }
 }

@@ -68,7 +68,8 @@ impl BackingOptions {
             enabled: false,
             dir: std::env::temp_dir(),
             limit: 0,
-            max_files: 0,
+            // No bound from here on the daemon's other files (spills).
+            max_files: usize::MAX,
         }
     }
 }
@@ -419,6 +420,9 @@ pub struct Backings {
     /// Set once `--cache-dir` could not clone a range of the source
     /// (another filesystem, or one without reflink): not tried again.
     no_clones: std::sync::atomic::AtomicBool,
+    /// Set once a backing file could not be created: later failures are
+    /// logged at debug level (a full table of descriptors fails every open).
+    create_failed: std::sync::atomic::AtomicBool,
     /// `--cache-dir`'s block size, which a cloned range must start on.
     block: std::sync::OnceLock<u64>,
     inner: Mutex<Inner>,
@@ -444,6 +448,7 @@ impl Backings {
             behind_hook: Behind::default(),
             queue: Mutex::default(),
             no_clones: std::sync::atomic::AtomicBool::new(false),
+            create_failed: std::sync::atomic::AtomicBool::new(false),
             block: std::sync::OnceLock::new(),
             inner: Mutex::default(),
             published: Condvar::new(),
@@ -782,8 +787,15 @@ impl Backings {
         match made {
             Ok(f) => Some(f),
             Err(e) => {
-                log::warn!(
-                    "cannot create a backing file in {}: {e}",
+                let level = if self.create_failed.swap(true, Relaxed) {
+                    log::Level::Debug
+                } else {
+                    log::Level::Warn
+                };
+                log::log!(
+                    level,
+                    "cannot create a backing file in {}: {e} (the file is served by the daemon; \
+                     later failures are logged at debug level)",
                     self.opts.dir.display()
                 );
                 self.forget(key, len);

@@ -211,6 +211,8 @@ impl TensorFs {
         let sizes = (0..tree.main_len()).map(|_| OnceLock::new()).collect();
         let stats = Arc::new(Stats::default());
         let data = Data::new(catalog, files, opts.data, stats.clone())?;
+        // Spills take a descriptor each too: half as many as backing files.
+        data.set_max_spills(opts.backing.max_files / 2);
         let backings = Arc::new(Backings::new(opts.backing, stats));
         // A spill that does not fit may take the disk of filled backing
         // files no open holds: both live in `--cache-dir`.

@@ -154,6 +154,9 @@ pub struct Data {
     /// backing file no open holds) when a spill does not fit; true when it
     /// freed something.
     free_disk: OnceLock<FreeDisk>,
+    /// Most spills held at once: each holds a descriptor (see
+    /// [`Data::set_max_spills`]).
+    max_spills: AtomicUsize,
     /// Whole units served while they decode go into unlinked files under
     /// `--cache-dir` rather than memory: set while the kernel takes backing
     /// files, so that such a file can then back its tensor's file as it is.
@@ -202,6 +205,7 @@ impl Data {
             decoders: AtomicUsize::new(0),
             max_decoders: workers,
             free_disk: OnceLock::new(),
+            max_spills: AtomicUsize::new(usize::MAX),
             units_in_files: AtomicBool::new(false),
         }))
     }
@@ -1189,6 +1193,7 @@ impl Data {
         *slot = None;
         let decoded = b.decoded_len;
         let dir = &self.opts.cache_dir;
+        self.descriptor_for_spill(bi);
         self.room_for_spill(bi, dir, decoded);
         self.ensure_blob(s, bi)?;
         let (blob, name, stats) = (b.clone(), p.name, self.stats.clone());
@@ -1243,6 +1248,7 @@ impl Data {
         *slot = None;
         let decoded = self.blob(bi).decoded_len;
         let dir = &self.opts.cache_dir;
+        self.descriptor_for_spill(bi);
         self.room_for_spill(bi, dir, decoded);
         self.ensure_blob(s, bi)?;
         let span = self.span(s, bi);
@@ -1370,6 +1376,13 @@ impl Data {
         let _ = self.free_disk.set(free);
     }
 
+    /// Sets the most spills held at once (unbounded until set): each holds
+    /// a descriptor, and a daemon at its limit of open files could make no
+    /// spill, open no socket and hand the kernel no backing file.
+    pub fn set_max_spills(&self, n: usize) {
+        self.max_spills.store(n.max(1), Relaxed);
+    }
+
     /// Exposed bytes `covered` (from, to) of part `pi` of tensor `ti` are
     /// kept elsewhere now (a backing file), and a read just wrote `touched`
     /// of them: the few frames right behind `touched` that lie wholly in
@@ -1470,11 +1483,45 @@ impl Data {
         if decoded > (free.saturating_add(freeable) / 4).saturating_mul(3) {
             return;
         }
+        self.drop_spills_until(keep, || spill::room(dir, decoded).is_ok());
+    }
+
+    /// Below the most spills held at once before blob `keep` makes one:
+    /// finished spills no reader holds go, then idle backing files (one
+    /// may hold a spill) and the spills they let go of.
+    fn descriptor_for_spill(&self, keep: usize) {
+        let max = self.max_spills.load(Relaxed);
+        let fewer = || self.spills_held() < max;
+        if fewer() || self.drop_spills_until(keep, fewer) {
+            return;
+        }
+        while let Some(free) = self.free_disk.get()
+            && free()
+        {
+            if self.drop_spills_until(keep, fewer) {
+                return;
+            }
+        }
+    }
+
+    /// Spills held now; a slot another thread holds counts as one.
+    fn spills_held(&self) -> usize {
+        self.states
+            .made()
+            .filter(|(_, st)| st.spill.try_lock().map_or(true, |s| s.is_some()))
+            .count()
+    }
+
+    /// Drops finished spills that no reader holds, but blob `keep`'s,
+    /// until `done`; whether it is. Other tensors' slots are only tried,
+    /// never waited on: their holders may be waiting for `keep`'s.
+    fn drop_spills_until(&self, keep: usize, done: impl Fn() -> bool) -> bool {
         for (i, state) in self.states.made() {
             let Ok(mut slot) = state.spill.try_lock() else {
                 continue;
             };
-            if slot.as_ref().is_some_and(|s| idle(i, s)) {
+            let idle = |s: &Arc<Spill>| i != keep && Arc::strong_count(s) == 1 && s.complete();
+            if slot.as_ref().is_some_and(idle) {
                 let idle = slot.take();
                 drop(slot);
                 drop(idle);
@@ -1483,11 +1530,12 @@ impl Data {
                     self.catalog.label,
                     self.blob(i).label
                 );
-                if spill::room(dir, decoded).is_ok() {
-                    return;
+                if done() {
+                    return true;
                 }
             }
         }
+        done()
     }
 }
 
