@@ -112,12 +112,35 @@ impl Drop for Inside {
     }
 }
 
+/// Whether `r` is fuser's error for a reply to a request the kernel had
+/// already dropped (its reader interrupted, or the mount detached while it
+/// was served): no error of the daemon's, so logged at debug level.
+fn dropped_reply(r: &Record) -> bool {
+    r.level() == log::Level::Error
+        && r.target().starts_with("fuser")
+        && r.args()
+            .to_string()
+            .starts_with("Failed to send FUSE reply: No such file")
+}
+
 impl Log for Relay {
     fn enabled(&self, m: &Metadata) -> bool {
         m.level() <= log::max_level()
     }
     fn log(&self, r: &Record) {
         if !self.enabled(r.metadata()) {
+            return;
+        }
+        if dropped_reply(r) {
+            if log::Level::Debug <= log::max_level() {
+                self.log(
+                    &Record::builder()
+                        .level(log::Level::Debug)
+                        .args(*r.args())
+                        .target(r.target())
+                        .build(),
+                );
+            }
             return;
         }
         let Some(_inside) = Inside::enter() else {
@@ -358,5 +381,41 @@ mod tests {
         assert_eq!(to.1.load(Relaxed), 1);
         relay.log(&line);
         assert_eq!(to.1.load(Relaxed), 2);
+    }
+
+    #[test]
+    fn fusers_error_for_a_dropped_request_is_not_an_error() {
+        struct Levels(std::sync::Mutex<Vec<log::Level>>);
+        impl Log for &'static Levels {
+            fn enabled(&self, _: &Metadata) -> bool {
+                true
+            }
+            fn log(&self, r: &Record) {
+                self.0.lock().unwrap().push(r.level());
+            }
+            fn flush(&self) {}
+        }
+        log::set_max_level(LevelFilter::Error);
+        let seen: &'static Levels = Box::leak(Box::new(Levels(Default::default())));
+        let relay = Relay {
+            state: std::sync::Mutex::new(Relayed::To(Box::new(seen))),
+        };
+        let fuser = |msg: std::fmt::Arguments| {
+            relay.log(
+                &Record::builder()
+                    .level(log::Level::Error)
+                    .target("fuser::reply")
+                    .args(msg)
+                    .build(),
+            )
+        };
+        fuser(format_args!(
+            "Failed to send FUSE reply: No such file or directory (os error 2)"
+        ));
+        assert!(seen.0.lock().unwrap().is_empty());
+        fuser(format_args!(
+            "Failed to send FUSE reply: Bad file descriptor (os error 9)"
+        ));
+        assert_eq!(*seen.0.lock().unwrap(), [log::Level::Error]);
     }
 }
