@@ -688,10 +688,10 @@ fn finished_spills_nobody_reads_make_room_for_new_ones() {
 #[test]
 fn spills_stay_within_the_descriptors_the_daemon_may_hold() {
     // 40 single-frame tensors of 3 MiB, each spilled (a 4 MiB cache), read
-    // twice in order by a daemon allowed 128 descriptors: at most 16
-    // spills at once (a quarter of what is left past its own 64), finished
-    // ones no reader holds giving way, so every read is right however many
-    // tensors have spilled.
+    // twice in order by a daemon allowed 128 descriptors: at most a quarter
+    // of what is left past those open at mount and 64 more as spills at
+    // once (about 13), finished ones no reader holds giving way, so every
+    // read is right however many tensors have spilled.
     let ts: Vec<T> = (0..40)
         .map(|i| T {
             name: format!("t{i}"),

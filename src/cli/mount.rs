@@ -494,6 +494,7 @@ fn filesystem(opened: Opened, s: &Settings) -> Result<(TensorFs, std::time::Syst
     let fs = TensorFs::new(opened.catalog, opened.sources, fs_options(s));
     prefault.stop();
     let fs = fs.map_err(|e| format!("{label}: {e}"))?;
+    fs.limit_files(backing_files_max());
     log::debug!(
         "{label}: tree and views laid out in {:?}",
         started.elapsed()
@@ -524,21 +525,23 @@ fn tune_malloc(remote: bool) {
     }
 }
 
-/// Descriptors kept for the daemon's own use (the FUSE device, sources,
-/// a remote object's cache files and sockets, the log) before any go to
-/// backing files and spills.
+/// Descriptors kept for the daemon's later use (the FUSE device, a remote
+/// object's sockets, the log), besides those open once the filesystem is
+/// made (its sources: a sharded set holds each shard open), before any go
+/// to backing files and spills.
 const OWN_FILES: usize = 64;
 
-/// Backing files at most at once: half of the descriptors past
-/// [`OWN_FILES`] (spills get half as many; see `TensorFs::new`). Says so
-/// at mount when the limit leaves few.
+/// Backing files at most at once: half of the descriptors past those open
+/// now and [`OWN_FILES`] (spills get half as many; see
+/// `TensorFs::limit_files`). Says so at mount when the limit leaves few.
 fn backing_files_max() -> usize {
     let limit = open_file_limit();
-    let max = limit.saturating_sub(OWN_FILES) / 2;
+    let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    let max = limit.saturating_sub(open + OWN_FILES) / 2;
     if max < 64 {
         log::warn!(
-            "the open-file limit is {limit}: at most {max} backing files and {} spills at once \
-             (raise it with ulimit -n for more)",
+            "the open-file limit is {limit}, {open} open: backing files at most {max} at once, \
+             spills at most {} (raise the limit with ulimit -n for more)",
             (max / 2).max(1)
         );
     }
@@ -589,7 +592,6 @@ fn fs_options(s: &Settings) -> FsOptions {
             limit: s
                 .decoded_cache_size
                 .unwrap_or_else(|| spill::free_bytes(&s.cache_dir).unwrap_or(0) / 2),
-            max_files: backing_files_max(),
         },
     }
 }

@@ -56,9 +56,6 @@ pub struct BackingOptions {
     pub dir: PathBuf,
     /// Most bytes the filled files may hold together (`--decoded-cache-size`).
     pub limit: u64,
-    /// Most backing files at once, of every kind: each holds a descriptor,
-    /// and the daemon must keep some for its sources, spills and sockets.
-    pub max_files: usize,
 }
 
 impl BackingOptions {
@@ -68,8 +65,6 @@ impl BackingOptions {
             enabled: false,
             dir: std::env::temp_dir(),
             limit: 0,
-            // No bound from here on the daemon's other files (spills).
-            max_files: usize::MAX,
         }
     }
 }
@@ -420,6 +415,9 @@ pub struct Backings {
     /// Set once `--cache-dir` could not clone a range of the source
     /// (another filesystem, or one without reflink): not tried again.
     no_clones: std::sync::atomic::AtomicBool,
+    /// Most backing files at once, of every kind (see
+    /// [`Backings::set_max_files`]).
+    max_files: AtomicUsize,
     /// Set once a backing file could not be created: later failures are
     /// logged at debug level (a full table of descriptors fails every open).
     create_failed: std::sync::atomic::AtomicBool,
@@ -448,6 +446,7 @@ impl Backings {
             behind_hook: Behind::default(),
             queue: Mutex::default(),
             no_clones: std::sync::atomic::AtomicBool::new(false),
+            max_files: AtomicUsize::new(usize::MAX),
             create_failed: std::sync::atomic::AtomicBool::new(false),
             block: std::sync::OnceLock::new(),
             inner: Mutex::default(),
@@ -455,6 +454,13 @@ impl Backings {
             clock: AtomicU64::new(0),
             stats,
         }
+    }
+
+    /// Sets the most backing files at once, of every kind (unbounded until
+    /// set): each holds a descriptor, and the daemon must keep some for
+    /// its sources, spills and sockets.
+    pub fn set_max_files(&self, n: usize) {
+        self.max_files.store(n, Relaxed);
     }
 
     /// Where to say that a backing file is complete (set once).
@@ -861,12 +867,12 @@ impl Backings {
                 return false;
             }
         }
-        while inner.slots.len() >= self.opts.max_files {
+        let max = self.max_files.load(Relaxed);
+        while inner.slots.len() >= max {
             if !self.evict_one(inner, true) {
                 log::debug!(
-                    "{} backing files, all open: no more (at most {}); served by the daemon",
+                    "{} backing files, all open: no more (at most {max}); served by the daemon",
                     inner.slots.len(),
-                    self.opts.max_files
                 );
                 return false;
             }
@@ -1199,7 +1205,6 @@ mod tests {
             enabled: true,
             dir: dir.path().to_path_buf(),
             limit: u64::MAX,
-            max_files: 16,
         };
         let b = Backings::new(opts, Arc::new(Stats::default()));
         let key = |tensor| Content::Part { tensor, part: 0 };
@@ -1216,9 +1221,9 @@ mod tests {
             enabled: true,
             dir: dir.path().to_path_buf(),
             limit: u64::MAX,
-            max_files: 2,
         };
         let b = Backings::new(opts, Arc::new(Stats::default()));
+        b.set_max_files(2);
         let key = |tensor| Content::Part { tensor, part: 0 };
         for t in 0..2 {
             let f = b.reserve(&key(t), 10).unwrap();

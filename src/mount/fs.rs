@@ -211,8 +211,6 @@ impl TensorFs {
         let sizes = (0..tree.main_len()).map(|_| OnceLock::new()).collect();
         let stats = Arc::new(Stats::default());
         let data = Data::new(catalog, files, opts.data, stats.clone())?;
-        // Spills take a descriptor each too: half as many as backing files.
-        data.set_max_spills(opts.backing.max_files / 2);
         let backings = Arc::new(Backings::new(opts.backing, stats));
         // A spill that does not fit may take the disk of filled backing
         // files no open holds: both live in `--cache-dir`.
@@ -584,6 +582,13 @@ impl TensorFs {
 
     /// The kernel takes backing files (or, with `false`, refused one: from
     /// now on every open is served by the daemon).
+    /// Sets the most backing files at once, and half as many spills (each
+    /// holds a descriptor; unbounded until set).
+    pub fn limit_files(&self, backing_files: usize) {
+        self.backings.set_max_files(backing_files);
+        self.data.set_max_spills(backing_files / 2);
+    }
+
     pub fn set_passthrough(&self, on: bool) {
         self.passthrough
             .store(on && self.backings.enabled(), Relaxed);
@@ -1423,7 +1428,6 @@ mod passthrough_tests {
                 enabled: true,
                 dir: dir.to_path_buf(),
                 limit,
-                max_files: 1000,
             },
         };
         TensorFs::new(catalog, files, opts).unwrap()
