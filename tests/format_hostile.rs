@@ -766,6 +766,42 @@ fn a_gguf_split_file_that_cannot_be_read_is_listed() {
     m.unmount_ok();
 }
 
+#[test]
+fn a_sharded_set_past_the_open_file_limit_is_refused_naming_the_limit() {
+    // 40 shards, each held open (twice) while mounted, under a limit of 48
+    // descriptors: refused in one line that says which limit to raise.
+    let Some(mut m) = support::Mount::scratch() else {
+        return;
+    };
+    let dir = m.scratch_path("set");
+    std::fs::create_dir(&dir).unwrap();
+    let mut map = serde_json::Map::new();
+    for i in 0..40 {
+        let name = format!("model-{i:05}-of-00040.safetensors");
+        let header =
+            format!("{{\"t{i}\":{{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}}}");
+        std::fs::write(dir.join(&name), st(&header, &[i as u8])).unwrap();
+        map.insert(format!("t{i}"), name.into());
+    }
+    let index = dir.join("model.safetensors.index.json");
+    std::fs::write(&index, serde_json::json!({ "weight_map": map }).to_string()).unwrap();
+    let r = m.run_under(&["prlimit", "--nofile=48:48"], &index, &[]);
+    assert!(!r.ok(), "mounted: {}", m.log_text());
+    let err = r.stderr.trim_end();
+    assert!(
+        err.ends_with(
+            "Too many open files (os error 24) (this process may hold 48 open files: raise the \
+             limit with ulimit -n)"
+        ),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    // With room for them all, it mounts.
+    m.mount(&index, &[]);
+    assert_eq!(m.read("t39"), [39]);
+    m.unmount_ok();
+}
+
 /// A safetensors shard of `n` one-byte tensors `t{i}` (value i % 256),
 /// and an index putting all of them in it.
 fn one_shard_of(dir: &std::path::Path, n: usize) -> std::path::PathBuf {

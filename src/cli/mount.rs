@@ -22,7 +22,18 @@ use crate::serve::data::{DataOptions, PROGRESSIVE_MIN};
 use crate::serve::spill;
 
 fn fail(msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("ztensor-mount: {msg}");
+    let msg = msg.to_string();
+    // Out of descriptors (EMFILE), most likely a sharded set of many shards
+    // under a low limit: say which limit.
+    let hint = if msg.ends_with("(os error 24)") {
+        format!(
+            " (this process may hold {} open files: raise the limit with ulimit -n)",
+            open_file_limit()
+        )
+    } else {
+        String::new()
+    };
+    eprintln!("ztensor-mount: {msg}{hint}");
     ExitCode::from(1)
 }
 
