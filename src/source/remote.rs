@@ -1127,10 +1127,8 @@ impl Object {
         let rt = match runtime() {
             Ok(rt) => rt,
             Err(e) => {
-                let why = FetchError::failed(format!(
-                    "{}: cannot start the I/O runtime: {e}",
-                    self.label
-                ));
+                // Its readers add the label (see `Object::ensure_once`).
+                let why = FetchError::failed(format!("cannot start the I/O runtime: {e}"));
                 let mut map = self.flights.lock().unwrap_or_else(|p| p.into_inner());
                 for b in run {
                     map.remove(&b);
