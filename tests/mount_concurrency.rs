@@ -46,6 +46,36 @@ fn write(path: &std::path::Path, ts: &[T]) {
     w.finish().unwrap();
 }
 
+/// `n` float32 tensors `t0`, `t1`... of `len` compressible bytes (seeds
+/// from `seed` on), each stored as one zstd frame.
+fn one_frame_tensors(n: u64, seed: u64, len: usize) -> Vec<T> {
+    (0..n)
+        .map(|i| T {
+            name: format!("t{i}"),
+            dtype: DType::Float32,
+            le: compressible(seed + i, len),
+            opts: zstd(0, Endian::Little),
+        })
+        .collect()
+}
+
+/// Reads each tensor of `ts` whole through `m`, `rounds` times over, each
+/// against the bytes it must hold.
+fn read_all_right(m: &Mount, ts: &[T], rounds: usize) {
+    for round in 0..rounds {
+        for t in ts {
+            let got = std::fs::read(m.path(&t.name));
+            assert!(
+                got.as_ref().is_ok_and(|g| *g == t.le),
+                "round {round}, {}: {:?}; log:\n{}",
+                t.name,
+                got.err(),
+                m.log_text()
+            );
+        }
+    }
+}
+
 /// Starts `readers` threads; reader `i` reads `rounds` random ranges of up
 /// to `max_len` bytes of `files[i % files.len()]` (seeded with `seed + i`)
 /// and checks each against the bytes that file must hold. Returns how many
@@ -617,14 +647,7 @@ fn finished_spills_nobody_reads_make_room_for_new_ones() {
     // spills: each spill may take 3/4 of what is free, so kept for good
     // they would run the directory out of room by the third; idle ones go
     // instead, and every tensor reads right, twice.
-    let mut ts: Vec<T> = (0..5)
-        .map(|i| T {
-            name: format!("t{i}"),
-            dtype: DType::Float32,
-            le: compressible(60 + i, 3 * MIB),
-            opts: zstd(0, Endian::Little),
-        })
-        .collect();
+    let mut ts = one_frame_tensors(5, 60, 3 * MIB);
     // Too big for the directory even empty: it takes no spill from others.
     ts.push(T {
         name: "huge".into(),
@@ -659,18 +682,7 @@ fn finished_spills_nobody_reads_make_room_for_new_ones() {
         ],
     );
     let (huge, ts) = ts.split_last().unwrap();
-    for round in 0..2 {
-        for t in ts {
-            let got = std::fs::read(m.path(&t.name));
-            assert!(
-                got.as_ref().is_ok_and(|g| *g == t.le),
-                "round {round}, {}: {:?}; log:\n{}",
-                t.name,
-                got.err(),
-                m.log_text()
-            );
-        }
-    }
+    read_all_right(&m, ts, 2);
     let drops = || m.log_text().matches("dropped its spill").count();
     let before = drops();
     assert!(before > 0, "{}", m.log_text());
@@ -692,14 +704,7 @@ fn spills_stay_within_the_descriptors_the_daemon_may_hold() {
     // of what is left past those open at mount and 64 more as spills at
     // once (about 13), finished ones no reader holds giving way, so every
     // read is right however many tensors have spilled.
-    let ts: Vec<T> = (0..40)
-        .map(|i| T {
-            name: format!("t{i}"),
-            dtype: DType::Float32,
-            le: compressible(200 + i, 3 * MIB),
-            opts: zstd(0, Endian::Little),
-        })
-        .collect();
+    let ts = one_frame_tensors(40, 200, 3 * MIB);
     let Some(mut m) = Mount::scratch() else {
         return;
     };
@@ -711,18 +716,7 @@ fn spills_stay_within_the_descriptors_the_daemon_may_hold() {
         &["--cache-size", "4M"],
     );
     assert!(r.ok(), "{}{}", r.stderr, m.log_text());
-    for round in 0..2 {
-        for t in &ts {
-            let got = std::fs::read(m.path(&t.name));
-            assert!(
-                got.as_ref().is_ok_and(|g| *g == t.le),
-                "round {round}, {}: {:?}; log:\n{}",
-                t.name,
-                got.err(),
-                m.log_text()
-            );
-        }
-    }
+    read_all_right(&m, &ts, 2);
     let st = m.stats();
     assert_eq!(st["errors"], 0, "{st}");
     assert!(st["spilled_tensors"].as_u64().unwrap() >= 40, "{st}");
