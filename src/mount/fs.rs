@@ -580,8 +580,6 @@ impl TensorFs {
         }
     }
 
-    /// The kernel takes backing files (or, with `false`, refused one: from
-    /// now on every open is served by the daemon).
     /// Sets the most backing files at once, and half as many spills (each
     /// holds a descriptor; unbounded until set).
     pub fn limit_files(&self, backing_files: usize) {
@@ -589,6 +587,8 @@ impl TensorFs {
         self.data.set_max_spills(backing_files / 2);
     }
 
+    /// The kernel takes backing files (or, with `false`, refused one: from
+    /// now on every open is served by the daemon).
     pub fn set_passthrough(&self, on: bool) {
         self.passthrough
             .store(on && self.backings.enabled(), Relaxed);

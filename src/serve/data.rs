@@ -1487,20 +1487,13 @@ impl Data {
     }
 
     /// Below the most spills held at once before blob `keep` makes one:
-    /// finished spills no reader holds go, then idle backing files (one
-    /// may hold a spill) and the spills they let go of.
+    /// finished spills no reader holds go. (One a backing file holds goes
+    /// once that file does, which the backing files' own bound sees to.)
     fn descriptor_for_spill(&self, keep: usize) {
         let max = self.max_spills.load(Relaxed);
         let fewer = || self.spills_held() < max;
-        if fewer() || self.drop_spills_until(keep, fewer) {
-            return;
-        }
-        while let Some(free) = self.free_disk.get()
-            && free()
-        {
-            if self.drop_spills_until(keep, fewer) {
-                return;
-            }
+        if !fewer() {
+            self.drop_spills_until(keep, fewer);
         }
     }
 
