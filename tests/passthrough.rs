@@ -802,10 +802,13 @@ fn backing_files_stay_within_the_descriptors_the_daemon_may_hold() {
     let r = m.run_under(&["prlimit", "--nofile=128:128"], &src, &[]);
     assert!(r.ok(), "{}{}", r.stderr, m.log_text());
     let pid = m.pid.unwrap();
+    // Each backing file published before the next read: the least
+    // recently opened is then the least recently read (the filler may
+    // otherwise publish them out of order on a busy machine).
     for (name, want) in &tensors[..100] {
         assert!(m.read(name) == *want, "{name}");
+        m.settled();
     }
-    m.settled();
     // The last 20 read are backed still; the first ones gave way, and are
     // served (and backed anew) when read again.
     for (name, want) in tensors[80..100].iter().chain(&tensors[..20]) {
