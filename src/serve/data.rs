@@ -106,6 +106,10 @@ struct BlobState {
     /// Not a `OnceLock`: a spill that could not start or failed for want
     /// of disk is tried again by the next read.
     spill: Mutex<Option<Arc<Spill>>>,
+    /// A spill of it has been logged at info level: later ones (made
+    /// again after a drop) are logged at debug level, so that a small
+    /// cache or descriptor limit does not flood the log.
+    spilled: AtomicBool,
     /// The frame most recently read, to tell sequential readers.
     last_frame: AtomicUsize,
     /// The furthest frame queued for read-ahead.
@@ -352,6 +356,18 @@ impl Data {
         let b = &self.catalog.blobs[bi];
         why.into()
             .context(format_args!("{}: {}", self.catalog.label, b.label))
+    }
+
+    /// Logs that blob `bi` starts a spill: at info level the first time,
+    /// at debug level when it is spilled again after its spill was dropped.
+    fn log_spill(&self, bi: usize, why: String) {
+        let again = self.states[bi].spilled.swap(true, Relaxed);
+        let level = if again {
+            log::Level::Debug
+        } else {
+            log::Level::Info
+        };
+        log::log!(level, "{}", self.fail(bi, why));
     }
 
     fn blob(&self, bi: usize) -> &Blob {
@@ -1222,17 +1238,13 @@ impl Data {
         );
         let spill =
             Spill::produce(run, decoded, dir, &self.stats).map_err(|why| self.fail(bi, why))?;
-        log::info!(
-            "{}",
-            self.fail(
-                bi,
-                format!(
-                    "its {decoded} bytes, made by the {} reader, exceed half the cache; spilling \
-                     to {}",
-                    p.name,
-                    dir.display()
-                )
-            )
+        self.log_spill(
+            bi,
+            format!(
+                "its {decoded} bytes, made by the {} reader, exceed half the cache; spilling to {}",
+                p.name,
+                dir.display()
+            ),
         );
         *slot = Some(spill.clone());
         Ok(Some(spill))
@@ -1255,15 +1267,12 @@ impl Data {
         let early = self.trusted_early(bi, span.bytes(), one_frame);
         let spill = Spill::start(&span, &s.guard, decoded, dir, early, &self.stats)
             .map_err(|why| self.fail(bi, why))?;
-        log::info!(
-            "{}",
-            self.fail(
-                bi,
-                format!(
-                    "{decoded} decoded bytes exceed half the cache; spilling to {}",
-                    dir.display()
-                )
-            )
+        self.log_spill(
+            bi,
+            format!(
+                "{decoded} decoded bytes exceed half the cache; spilling to {}",
+                dir.display()
+            ),
         );
         *slot = Some(spill.clone());
         Ok(spill)
@@ -1518,7 +1527,8 @@ impl Data {
                 let idle = slot.take();
                 drop(slot);
                 drop(idle);
-                log::info!(
+                Stats::add(&self.stats.spill_evictions, 1);
+                log::debug!(
                     "{}: {}: dropped its spill to make room for another",
                     self.catalog.label,
                     self.blob(i).label

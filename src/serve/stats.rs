@@ -17,6 +17,8 @@ pub struct Stats {
     pub checksum_failures: AtomicU64,
     pub spilled_tensors: AtomicU64,
     pub spilled_bytes: AtomicU64,
+    /// Finished spills dropped to make room (disk or descriptors) for others.
+    pub spill_evictions: AtomicU64,
     /// Opens answered with a backing file: the kernel reads those itself,
     /// and `reads` does not count their reads.
     pub passthrough_opens: AtomicU64,
@@ -71,6 +73,7 @@ impl Stats {
             "checksum_failures": self.checksum_failures.load(Relaxed),
             "spilled_tensors": self.spilled_tensors.load(Relaxed),
             "spilled_bytes": self.spilled_bytes.load(Relaxed),
+            "spill_evictions": self.spill_evictions.load(Relaxed),
             "passthrough": self.passthrough.load(Relaxed) == 1,
             "passthrough_opens": self.passthrough_opens.load(Relaxed),
             "fuse_opens": self.fuse_opens.load(Relaxed),
