@@ -543,6 +543,11 @@ impl Backings {
         if let Some(Slot::Ready(other)) = inner.slots.get(key) {
             return Some(other.clone());
         }
+        // And clones of other keys may have taken the room found above
+        // while the lock was not held: the count is checked again.
+        if !self.make_room(&mut inner, 0) {
+            return None;
+        }
         inner.slots.insert(key.clone(), Slot::Ready(b.clone()));
         Stats::add(&self.stats.backing_clones, 1);
         Some(b)
