@@ -1238,6 +1238,103 @@ fn bytes_asked(log: &[(String, String, Option<String>)]) -> u64 {
 /// HTTP with 64 KiB blocks: the mount equals the local file's, opening
 /// takes a handful of requests, and (where the format has an index) not
 /// the whole file; a missing shard fails only its tensor.
+/// Bytes of the cache file changed since they were fetched (here by
+/// another program writing into it between two mounts) fail their block's
+/// CRC-32C at the next mount's first use: that block is fetched again and
+/// the read gets the object's bytes, never the changed ones. The view
+/// passed through to the cache file is checked at its first open.
+#[test]
+fn a_cache_block_changed_on_disk_is_fetched_again_never_served() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let files = m.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    let script = r#"
+import sys, numpy as np, safetensors.numpy as st
+rng = np.random.default_rng(5)
+st.save_file({"w": rng.standard_normal((3000, 1000)).astype("<f4")},
+             sys.argv[1] + "/model.safetensors")
+"#;
+    run_inline(&py, script, &files);
+    let want = std::fs::read(files.join("model.safetensors")).unwrap();
+    let srv = Server::range(&py, &files);
+    let cache = m.scratch_path("cache");
+    let url = srv.url("/model.safetensors");
+    let view = ".safetensors/model.safetensors";
+    let opts = ["-o", "remote_read_ahead=0,block_size=1M"];
+    mount_remote(&mut m, &url, &cache, &opts);
+    assert!(m.read(view) == want, "first read");
+    m.unmount_ok();
+    // One byte of the third block changed in the cache file, and one of
+    // the fifth.
+    let data = std::fs::read_dir(cache.join("ztensor-remote"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "data"))
+        .expect("a cache file");
+    let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
+    for at in [2 * MIB as u64 + 12_345, 4 * MIB as u64 + 7] {
+        use std::os::unix::fs::FileExt;
+        let mut b = [0u8; 1];
+        std::fs::File::open(&data)
+            .unwrap()
+            .read_exact_at(&mut b, at)
+            .unwrap();
+        f.write_all_at(&[b[0] ^ 0x10], at).unwrap();
+    }
+    drop(f);
+    // The view's first open checks every block: the two go, the daemon
+    // serves it, fetching them again; then the kernel reads it.
+    mount_remote(&mut m, &url, &cache, &opts);
+    assert!(m.read(view) == want, "after the change");
+    let st = m.stats();
+    assert_eq!(st["remote_bad_blocks"], 2, "{st}");
+    assert_eq!(st["remote_requests"], 2, "{st}");
+    assert_eq!(st["remote_fetched_bytes"], 2 * MIB, "{st}");
+    assert_eq!(st["passthrough_opens"], 0, "{st}");
+    let log = m.log_text();
+    assert_eq!(
+        log.matches("differ from those fetched (CRC-32C); fetching them again")
+            .count(),
+        2,
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("bytes {}..{}", 2 * MIB, 3 * MIB)),
+        "{log}"
+    );
+    assert!(m.read(view) == want, "second read");
+    assert_eq!(m.stat_u64("passthrough_opens"), 1, "{}", m.stats());
+    m.unmount_ok();
+    // The tensor's own file, in a mount that reads it before any view is
+    // opened: a changed byte is found by the read's own check.
+    let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        let mut b = [0u8; 1];
+        let at = 5 * MIB as u64;
+        std::fs::File::open(&data)
+            .unwrap()
+            .read_exact_at(&mut b, at)
+            .unwrap();
+        f.write_all_at(&[!b[0]], at).unwrap();
+    }
+    drop(f);
+    mount_remote(&mut m, &url, &cache, &opts);
+    let header = want.len() - 3000 * 1000 * 4;
+    assert!(m.read("w") == want[header..], "the tensor after the change");
+    assert_eq!(m.stat_u64("remote_bad_blocks"), 1, "{}", m.stats());
+    assert_eq!(
+        m.stat_u64("remote_fetched_bytes"),
+        MIB as u64,
+        "{}",
+        m.stats()
+    );
+    m.unmount_ok();
+}
+
 #[test]
 fn every_format_and_sharded_set_mounts_over_http_as_the_local_file_does() {
     let _s = support::serial();

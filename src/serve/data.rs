@@ -246,7 +246,13 @@ impl Data {
         match s.file.backing() {
             None => Some(&*s.file),
             Some(b) => {
-                let whole = b.broken().is_none() && b.present(0, s.file.len()) == s.file.len();
+                let len = s.file.len();
+                // Checked at the first open after a remount: the kernel
+                // reads no byte of it that has not passed its check.
+                if b.broken().is_none() && b.present(0, len) < len {
+                    b.check_present();
+                }
+                let whole = b.broken().is_none() && b.present(0, len) == len;
                 whole.then_some(&*s.file)
             }
         }

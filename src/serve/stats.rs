@@ -86,6 +86,7 @@ impl Stats {
             "remote_fetched_bytes": remote.fetched_bytes,
             "remote_cached_bytes": remote.cached_bytes,
             "remote_object_bytes": remote.object_bytes,
+            "remote_bad_blocks": remote.bad_blocks,
         });
         for (k, n) in more {
             v[*k] = json!(n);

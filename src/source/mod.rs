@@ -14,6 +14,7 @@ pub mod hub;
 mod local;
 pub mod remote;
 mod shared;
+mod sums;
 
 pub use error::{FetchError, FetchKind};
 pub use local::{MappedFile, Span, page_size};
@@ -26,9 +27,13 @@ pub trait Backing: Send + Sync {
     /// present in the mapping, or says why it cannot. `index` asks for as
     /// few requests as possible (a format's index) rather than parallel ones.
     fn ensure(&self, ranges: &[(u64, u64)], index: bool) -> Result<(), FetchError>;
-    /// How many bytes from `off` on are present already (at most `len`),
-    /// without fetching any.
+    /// How many bytes from `off` on are present already and checked (at
+    /// most `len`), without fetching any.
     fn present(&self, off: u64, len: u64) -> u64;
+    /// Checks every byte present that has not been checked yet, so that
+    /// [`Backing::present`] counts it (what fails is fetched again when
+    /// read).
+    fn check_present(&self);
     /// Why the bytes can no longer be served, once known; its kind says
     /// whether that is because the object changed (rather than, say, a
     /// server that cannot serve it).

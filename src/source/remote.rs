@@ -32,6 +32,7 @@ use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 
 use super::error::{FetchError, FetchKind};
 use super::shared::Live;
+use super::sums::{Summing, Sums};
 use super::{Backing, MappedFile};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -475,6 +476,7 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         );
     }
     let cache = Cache::open(opts, &label, pin.as_deref(), meta.size)?;
+    let words = cache.present.len();
     let present = match cache.live {
         Some(live) => Bits::Shared(live),
         None => Bits::Own(cache.present.iter().map(|&w| AtomicU64::new(w)).collect()),
@@ -493,6 +495,9 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         file: cache.file.try_clone().ok(),
         present,
         bitmap: cache.bitmap.map(Mutex::new),
+        sums: cache.sums,
+        checked: (0..words).map(|_| AtomicU64::new(0)).collect(),
+        path: cache.path.clone(),
         flights: Mutex::new(HashMap::new()),
         broken: OnceLock::new(),
         next_seq: AtomicU64::new(u64::MAX),
@@ -650,6 +655,7 @@ struct Cache {
     present: Vec<u64>,
     bitmap: Option<File>,
     live: Option<Live>,
+    sums: Sums,
 }
 
 const BITMAP_MAGIC: &[u8; 8] = b"ZTRBLK1\n";
@@ -661,13 +667,15 @@ const BITMAP_HEADER: u64 = 24;
 const SETUP_WAIT: Duration = Duration::from_secs(10);
 
 /// An object's cache files: `NAME.data` (the bytes), `NAME.blocks` (the
-/// durable bitmap), `NAME.live` (the bitmap every mount of it shares).
+/// durable bitmap), `NAME.live` (the bitmap every mount of it shares),
+/// `NAME.sums` (each block's CRC-32C, see [`Sums`]).
 struct Names {
     dir: PathBuf,
     name: String,
     data: PathBuf,
     blocks: PathBuf,
     live: PathBuf,
+    sums: PathBuf,
 }
 
 fn flock(f: &File, op: libc::c_int) -> bool {
@@ -696,11 +704,12 @@ impl Cache {
             data: dir.join(format!("{name}.data")),
             blocks: dir.join(format!("{name}.blocks")),
             live: dir.join(format!("{name}.live")),
+            sums: dir.join(format!("{name}.sums")),
             dir,
             name,
         };
         if pin.is_empty() {
-            return Self::private(label, size, words, &n, "nothing names its bytes");
+            return Self::private(opts, label, (size, words), &n, "nothing names its bytes");
         }
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -720,19 +729,31 @@ impl Cache {
         let until = Instant::now() + SETUP_WAIT;
         while !flock(&file, libc::LOCK_SH | libc::LOCK_NB) {
             if Instant::now() >= until {
-                return Self::private(label, size, words, &n, "another mount holds it alone");
+                return Self::private(
+                    opts,
+                    label,
+                    (size, words),
+                    &n,
+                    "another mount holds it alone",
+                );
             }
             std::thread::sleep(Duration::from_millis(10));
         }
         match Self::join(opts, size, words, &n, file) {
             Ok(c) => Ok(c),
-            Err(e) => Self::private(label, size, words, &n, &e.to_string()),
+            Err(e) => Self::private(opts, label, (size, words), &n, &e.to_string()),
         }
     }
 
     /// A cache file of this mount's own (not kept), for when the shared
     /// one cannot be used.
-    fn private(label: &str, size: u64, words: usize, n: &Names, why: &str) -> Result<Cache> {
+    fn private(
+        opts: &Options,
+        label: &str,
+        (size, words): (u64, usize),
+        n: &Names,
+        why: &str,
+    ) -> Result<Cache> {
         let io = |what: &str, e: std::io::Error| fail(label, format!("cache: {what}: {e}"));
         log::info!(
             "{label}: cannot share its cache file with another mount ({why}); using a private one"
@@ -746,6 +767,7 @@ impl Cache {
             present: vec![0; words],
             bitmap: None,
             live: None,
+            sums: Sums::own(size.div_ceil(opts.block_size)),
         })
     }
 
@@ -767,12 +789,14 @@ impl Cache {
             .read(true)
             .write(true)
             .open(&n.blocks)?;
+        let sums = Sums::join(&n.sums, size.div_ceil(opts.block_size))?;
         Ok(Cache {
             path: n.data.clone(),
             file,
             present,
             bitmap: Some(bitmap),
             live: Some(live),
+            sums,
         })
     }
 
@@ -800,6 +824,7 @@ impl Cache {
         let from_live = kept.is_some();
         let saved =
             kept.or_else(|| load_bitmap(&n.blocks, opts.block_size, size, words).filter(|_| sized));
+        let kept = saved.is_some();
         let present = match saved {
             Some(mut bits) => {
                 let dropped = drop_holes(&file, &mut bits, opts.block_size, size);
@@ -829,6 +854,8 @@ impl Cache {
             file.sync_data()
                 .map_err(|e| io("syncing the cache file", e))?;
         }
+        let sums = Sums::first(&n.sums, size.div_ceil(opts.block_size), kept)
+            .map_err(|e| io("writing the block sums", e))?;
         let bitmap = write_bitmap(&n.blocks, opts.block_size, size, &present)
             .map_err(|e| io("writing the block bitmap", e))?;
         // Setup done: other mounts may join.
@@ -839,6 +866,7 @@ impl Cache {
             present,
             bitmap: Some(bitmap),
             live,
+            sums,
         })
     }
 }
@@ -921,6 +949,7 @@ fn evict(dir: &Path, budget: u64, keep: &str) {
         }
         let _ = std::fs::remove_file(p.with_extension("blocks"));
         let _ = std::fs::remove_file(p.with_extension("live"));
+        let _ = std::fs::remove_file(p.with_extension("sums"));
         if std::fs::remove_file(&p).is_ok() {
             log::info!(
                 "remote cache: removed {} ({bytes} bytes) to stay within the disk cache size",
@@ -1011,6 +1040,14 @@ pub struct Object {
     present: Bits,
     /// The saved bitmap (none for a private cache file).
     bitmap: Option<Mutex<File>>,
+    /// Each block's CRC-32C as fetched (shared like `present`).
+    sums: Sums,
+    /// The blocks this process fetched, or found to match their sums:
+    /// only those are read (a block present but not checked is checked
+    /// first, and fetched again if it fails).
+    checked: Vec<AtomicU64>,
+    /// The cache file's path, for messages.
+    path: PathBuf,
     flights: Mutex<HashMap<u64, Arc<Flight>>>,
     /// Why the object's bytes can no longer be served (its kind says
     /// whether because it changed).
@@ -1054,9 +1091,50 @@ impl Object {
         self.dirty.fetch_add(n, Relaxed);
     }
 
-    /// Block `b`'s bytes are all in the cache file: marks it present and
-    /// lets its readers go on, while the rest of its request is under way.
-    fn arrived(&self, b: u64) {
+    /// Whether block `b` is present and may be read: this process fetched
+    /// it or has checked it against its sum. A block present that fails
+    /// its check is marked missing (for every mount of the cache file),
+    /// to be fetched again.
+    fn usable(&self, b: u64) -> bool {
+        if !self.has(b) {
+            return false;
+        }
+        let bit = 1u64 << (b % 64);
+        let Some(checked) = self.checked.get((b / 64) as usize) else {
+            return false;
+        };
+        if checked.load(Acquire) & bit != 0 {
+            return true;
+        }
+        let (start, end) = (b * self.block, ((b + 1) * self.block).min(self.size));
+        let why = match (&self.file, self.sums.get(b)) {
+            (Some(f), Some(sum)) => match super::sums::holds(f, b, self.block, self.size, sum) {
+                Ok(true) => {
+                    checked.fetch_or(bit, Release);
+                    return true;
+                }
+                Ok(false) => "its bytes differ from those fetched (CRC-32C)".to_string(),
+                Err(e) => format!("cannot read it: {e}"),
+            },
+            _ => "no file or sum to check it against".to_string(),
+        };
+        log::warn!(
+            "{}: bytes {start}..{end} of the cache file {}: {why}; fetching them again",
+            self.label,
+            self.path.display()
+        );
+        BAD_BLOCKS.fetch_add(1, Relaxed);
+        if let Some(w) = self.present.get((b / 64) as usize) {
+            w.fetch_and(!bit, Release);
+        }
+        false
+    }
+
+    /// Block `b`'s bytes are all in the cache file, summing to `sum`:
+    /// marks it present and lets its readers go on, while the rest of its
+    /// request is under way.
+    fn arrived(&self, b: u64, sum: u32) {
+        self.fetched(b, sum);
         self.mark(b..b + 1);
         if self.commit_due()
             && let Some(me) = self.me.upgrade()
@@ -1070,6 +1148,15 @@ impl Object {
             .remove(&b);
         if let Some(f) = f {
             f.finish(Ok(()));
+        }
+    }
+
+    /// Records the sum of block `b`, just written by this process, before
+    /// it is marked present.
+    fn fetched(&self, b: u64, sum: u32) {
+        self.sums.set(b, sum);
+        if let Some(w) = self.checked.get((b / 64) as usize) {
+            w.fetch_or(1 << (b % 64), Release);
         }
     }
 
@@ -1095,7 +1182,12 @@ impl Object {
         let dirty = self.dirty.load(Acquire);
         let words: Vec<u64> = self.present.iter().map(|w| w.load(Acquire)).collect();
         let bits = bm.lock().unwrap_or_else(|p| p.into_inner());
-        match commit(&Files { data, bits: &bits }, &words) {
+        let files = Files {
+            data,
+            sums: &self.sums,
+            bits: &bits,
+        };
+        match commit(&files, &words) {
             Ok(()) => {
                 self.dirty.fetch_sub(dirty, Relaxed);
             }
@@ -1253,7 +1345,7 @@ impl Object {
         // body cut short leaves no block believed that it did not fill.
         let mut body = got.into_stream();
         let mut at = start;
-        let mut next = blocks.start;
+        let mut sum = Summing::new(blocks.start, self.block, self.size);
         while let Some(piece) = body.next().await {
             let piece = piece.map_err(|e| refused(&e).context(&what))?;
             if at + piece.len() as u64 > end {
@@ -1265,12 +1357,9 @@ impl Object {
             file.write_all_at(&piece, at).map_err(|e| {
                 FetchError::write(&e, format!("{what}: cannot write the cache file: {e}"))
             })?;
+            sum.feed(at, &piece, |b, crc| self.arrived(b, crc));
             at += piece.len() as u64;
             FETCHED.fetch_add(piece.len() as u64, Relaxed);
-            while next < blocks.end && ((next + 1) * self.block).min(self.size) <= at {
-                self.arrived(next);
-                next += 1;
-            }
         }
         if at != end {
             return Err(FetchError::failed(format!(
@@ -1367,6 +1456,8 @@ impl Object {
         })?;
         let mut body = got.into_stream();
         let mut at = 0u64;
+        // Marked present at the end, all at once (see `fetch_whole`).
+        let mut sum = Summing::new(0, self.block, self.size);
         while let Some(piece) = body.next().await {
             let piece = piece.map_err(|e| refused(&e).context(&what))?;
             if at + piece.len() as u64 > self.size {
@@ -1375,6 +1466,7 @@ impl Object {
             file.write_all_at(&piece, at).map_err(|e| {
                 FetchError::write(&e, format!("{what}: cannot write the cache file: {e}"))
             })?;
+            sum.feed(at, &piece, |b, crc| self.fetched(b, crc));
             at += piece.len() as u64;
             FETCHED.fetch_add(piece.len() as u64, Relaxed);
         }
@@ -1435,7 +1527,24 @@ impl Backing for Object {
     }
 
     fn present(&self, off: u64, len: u64) -> u64 {
-        present_run(|b| self.has(b), self.block, self.size, off, len)
+        let checked = |b: u64| {
+            self.checked
+                .get((b / 64) as usize)
+                .is_some_and(|w| w.load(Acquire) & (1 << (b % 64)) != 0)
+        };
+        present_run(
+            |b| self.has(b) && checked(b),
+            self.block,
+            self.size,
+            off,
+            len,
+        )
+    }
+
+    fn check_present(&self) {
+        for b in 0..self.blocks() {
+            self.usable(b);
+        }
     }
 
     fn broken(&self) -> Option<FetchError> {
@@ -1536,7 +1645,7 @@ impl Object {
                 self.advise(last + 1..until);
             }
         }
-        wanted.retain(|&b| !self.has(b));
+        wanted.retain(|&b| !self.usable(b));
         if wanted.is_empty() && ahead.is_empty() {
             return Ok(());
         }
@@ -1548,7 +1657,7 @@ impl Object {
             for (list, mine, wait) in [(&wanted, &mut led, true), (&ahead, &mut led_ahead, false)] {
                 for &b in list {
                     // Fetched while we looked.
-                    if self.has(b) {
+                    if self.usable(b) {
                         continue;
                     }
                     match map.get(&b) {
@@ -1615,6 +1724,8 @@ impl Drop for Object {
 /// GET requests sent, and bytes written into cache files, by this process.
 static REQUESTS: AtomicU64 = AtomicU64::new(0);
 static FETCHED: AtomicU64 = AtomicU64::new(0);
+/// Blocks of cache files that failed their check, by this process.
+static BAD_BLOCKS: AtomicU64 = AtomicU64::new(0);
 
 /// What the remote objects of this process have fetched and hold, for
 /// `.ztensor/stats`.
@@ -1628,6 +1739,9 @@ pub struct Counters {
     pub cached_bytes: u64,
     /// Total size of the objects open now.
     pub object_bytes: u64,
+    /// Blocks of cache files that failed their check and were fetched
+    /// again.
+    pub bad_blocks: u64,
 }
 
 pub fn counters() -> Counters {
@@ -1638,6 +1752,7 @@ pub fn counters() -> Counters {
     let mut c = Counters {
         requests: REQUESTS.load(Relaxed),
         fetched_bytes: FETCHED.load(Relaxed),
+        bad_blocks: BAD_BLOCKS.load(Relaxed),
         ..Counters::default()
     };
     for o in live {
@@ -1675,7 +1790,7 @@ const COMMIT_EVERY: Duration = Duration::from_secs(5);
 
 /// What a commit does to the disk, in order.
 trait Disk {
-    /// The cache file's bytes, to the disk.
+    /// The cache file's bytes and their sums, to the disk.
     fn sync_data(&self) -> std::io::Result<()>;
     /// The bitmap's words, written.
     fn write_bits(&self, bytes: &[u8]) -> std::io::Result<()>;
@@ -1685,12 +1800,14 @@ trait Disk {
 
 struct Files<'a> {
     data: &'a File,
+    sums: &'a Sums,
     bits: &'a File,
 }
 
 impl Disk for Files<'_> {
     fn sync_data(&self) -> std::io::Result<()> {
-        self.data.sync_data()
+        self.data.sync_data()?;
+        self.sums.sync()
     }
 
     fn write_bits(&self, bytes: &[u8]) -> std::io::Result<()> {

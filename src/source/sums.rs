@@ -1,0 +1,241 @@
+//! A CRC-32C of each block of a remote object's cache file, so that bytes
+//! changed on disk since they were fetched (a flipped bit, another
+//! program writing into the file) are fetched again, never served.
+//!
+//! The sums live in `NAME.sums` beside the cache file, 4 bytes per block,
+//! mapped `MAP_SHARED` by every mount of the object (a block's sum is
+//! stored before its bit in the live bitmap is set, so a process that
+//! sees the bit sees the sum), and synced with the cache file before the
+//! saved bitmap claims the block. A sum that was lost (a crash of the
+//! machine, a file from before sums) fails its block's check: the block
+//! is fetched again, which costs a request, never a wrong byte.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The sums of one cache file's blocks: this process's own (a private
+/// cache file), or those every mount of the file shares.
+pub enum Sums {
+    Own(Vec<AtomicU32>),
+    Shared {
+        map: memmap2::MmapMut,
+        file: File,
+        blocks: usize,
+    },
+}
+
+impl Sums {
+    /// Sums of a private cache file, all unknown.
+    pub fn own(blocks: u64) -> Sums {
+        Sums::Own((0..blocks).map(|_| AtomicU32::new(0)).collect())
+    }
+
+    /// The first mount of the cache file (alone): a new sums file put in
+    /// place of the old one (a mount still mapping that one goes on with
+    /// it, as with the bitmaps), holding the old sums when `keep` (the
+    /// blocks present are believed) and the old file has this layout.
+    pub fn first(path: &Path, blocks: u64, keep: bool) -> io::Result<Sums> {
+        let len = blocks * 4;
+        let old = keep
+            .then(|| std::fs::read(path).ok())
+            .flatten()
+            .filter(|b| b.len() as u64 == len);
+        let tmp = super::shared::new_beside(path)?;
+        tmp.as_file().set_len(len)?;
+        if let Some(b) = old {
+            tmp.as_file().write_all_at(&b, 0)?;
+        }
+        let file = tmp.persist(path).map_err(|e| e.error)?;
+        Self::map(file, blocks)
+    }
+
+    /// A mount joining those that have the cache file open: their sums.
+    pub fn join(path: &Path, blocks: u64) -> io::Result<Sums> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
+        if file.metadata()?.len() != blocks * 4 {
+            return Err(io::Error::other("the block sums file has another size"));
+        }
+        Self::map(file, blocks)
+    }
+
+    fn map(file: File, blocks: u64) -> io::Result<Sums> {
+        let blocks = usize::try_from(blocks).map_err(io::Error::other)?;
+        if blocks == 0 {
+            return Ok(Sums::Own(Vec::new()));
+        }
+        // SAFETY: the file is sized to `blocks * 4` bytes before any
+        // process maps it and never resized in place (a mount alone puts a
+        // new file in its place instead); its words are only changed
+        // through atomics (see `Deref`).
+        let map = unsafe { memmap2::MmapOptions::new().map_mut(&file)? };
+        Ok(Sums::Shared { map, file, blocks })
+    }
+
+    /// Block `b`'s sum, as stored before its bit was set.
+    pub fn get(&self, b: u64) -> Option<u32> {
+        Some(self.slot(b)?.load(Ordering::Acquire))
+    }
+
+    /// Stores block `b`'s sum; before its bit is set.
+    pub fn set(&self, b: u64, sum: u32) {
+        if let Some(s) = self.slot(b) {
+            s.store(sum, Ordering::Release);
+        }
+    }
+
+    fn slot(&self, b: u64) -> Option<&AtomicU32> {
+        let words: &[AtomicU32] = match self {
+            Sums::Own(v) => v,
+            Sums::Shared { map, blocks, .. } => {
+                debug_assert!(map.len() >= blocks * 4);
+                // SAFETY: the mapping holds `blocks * 4` bytes (checked at
+                // open), page-aligned, so aligned for AtomicU32, which has
+                // u32's layout; they live as long as `map`; every process
+                // changes them only through atomics.
+                unsafe { std::slice::from_raw_parts(map.as_ptr().cast::<AtomicU32>(), *blocks) }
+            }
+        };
+        words.get(usize::try_from(b).ok()?)
+    }
+
+    /// The sums to the disk (before a saved bitmap claims their blocks).
+    pub fn sync(&self) -> io::Result<()> {
+        match self {
+            Sums::Own(_) => Ok(()),
+            Sums::Shared { file, .. } => file.sync_data(),
+        }
+    }
+}
+
+/// The running sum of the block a body is being written into: the pieces
+/// of a body come in order, and may end anywhere in a block.
+pub struct Summing {
+    block: u64,
+    size: u64,
+    next: u64,
+    crc: u32,
+}
+
+impl Summing {
+    /// For a body starting at block `first` of an object of `size` bytes
+    /// in blocks of `block`.
+    pub fn new(first: u64, block: u64, size: u64) -> Summing {
+        Summing {
+            block,
+            size,
+            next: first,
+            crc: 0,
+        }
+    }
+
+    /// Adds `piece`, written at `at`, and calls `done(b, sum)` for each
+    /// block it completes, in order.
+    pub fn feed(&mut self, mut at: u64, mut piece: &[u8], mut done: impl FnMut(u64, u32)) {
+        while !piece.is_empty() {
+            let end = ((self.next + 1) * self.block).min(self.size);
+            let take =
+                usize::try_from(end.saturating_sub(at)).map_or(piece.len(), |n| n.min(piece.len()));
+            if take == 0 {
+                // Past the object's end: the caller refuses that body.
+                return;
+            }
+            self.crc = crc32c::crc32c_append(self.crc, &piece[..take]);
+            at += take as u64;
+            piece = &piece[take..];
+            if at == end {
+                done(self.next, self.crc);
+                self.next += 1;
+                self.crc = 0;
+            }
+        }
+    }
+}
+
+/// Whether block `b` of `file` (blocks of `block`, an object of `size`
+/// bytes) sums to `want`; an error reading it is a failed check.
+pub fn holds(file: &File, b: u64, block: u64, size: u64, want: u32) -> io::Result<bool> {
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    const PIECE: usize = 256 << 10;
+    let (start, end) = (b * block, ((b + 1) * block).min(size));
+    BUF.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        buf.resize(PIECE, 0);
+        let mut crc = 0u32;
+        let mut at = start;
+        while at < end {
+            let n = usize::try_from(end - at).map_or(PIECE, |n| n.min(PIECE));
+            file.read_exact_at(&mut buf[..n], at)?;
+            crc = crc32c::crc32c_append(crc, &buf[..n]);
+            at += n as u64;
+        }
+        Ok(crc == want)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_cut_anywhere_give_each_block_its_sum() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + i / 13) as u8).collect();
+        let (block, size) = (4096u64, data.len() as u64);
+        let want: Vec<(u64, u32)> = data
+            .chunks(block as usize)
+            .enumerate()
+            .map(|(i, c)| (i as u64, crc32c::crc32c(c)))
+            .collect();
+        for cut in [1usize, 100, 4095, 4096, 4097, 10_000] {
+            let mut s = Summing::new(0, block, size);
+            let mut got = Vec::new();
+            let mut at = 0;
+            for piece in data.chunks(cut) {
+                s.feed(at, piece, |b, sum| got.push((b, sum)));
+                at += piece.len() as u64;
+            }
+            assert_eq!(got, want, "pieces of {cut}");
+        }
+        // A body starting at block 1.
+        let mut s = Summing::new(1, block, size);
+        let mut got = Vec::new();
+        s.feed(block, &data[block as usize..], |b, sum| got.push((b, sum)));
+        assert_eq!(got, want[1..]);
+    }
+
+    #[test]
+    fn a_block_changed_on_disk_fails_its_check() {
+        let f = tempfile::tempfile().unwrap();
+        let data = vec![7u8; 10_000];
+        f.write_all_at(&data, 0).unwrap();
+        let sum = crc32c::crc32c(&data[4096..8192]);
+        assert!(holds(&f, 1, 4096, 10_000, sum).unwrap());
+        f.write_all_at(&[8], 5000).unwrap();
+        assert!(!holds(&f, 1, 4096, 10_000, sum).unwrap());
+        // The short last block.
+        let last = crc32c::crc32c(&data[8192..]);
+        assert!(holds(&f, 2, 4096, 10_000, last).unwrap());
+    }
+
+    #[test]
+    fn shared_sums_are_seen_by_a_joining_mapping_and_kept_by_the_next_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.sums");
+        let a = Sums::first(&p, 3, false).unwrap();
+        a.set(1, 0xdead_beef);
+        let b = Sums::join(&p, 3).unwrap();
+        assert_eq!(b.get(1), Some(0xdead_beef));
+        assert!(Sums::join(&p, 4).is_err(), "another layout is refused");
+        drop((a, b));
+        assert_eq!(Sums::first(&p, 3, true).unwrap().get(1), Some(0xdead_beef));
+        assert_eq!(Sums::first(&p, 3, false).unwrap().get(1), Some(0));
+        assert_eq!(Sums::own(2).get(2), None);
+    }
+}
