@@ -98,6 +98,11 @@ fn h5py_files_read_the_same_through_the_data_layer() {
         let t = cat.get("layout/contiguous").unwrap();
         assert_eq!(t.meta.to_map()["attributes"]["units"], "m/s", "{file}");
         assert_eq!(t.meta.to_map()["attributes"]["count"], 7, "{file}");
+        let bytes = |h: &str| serde_json::json!({ "$bytes": h });
+        let map = t.meta.to_map();
+        let attrs = &map["attributes"];
+        assert_eq!(attrs["bytes"], bytes("ff0061"), "{file}");
+        assert_eq!(attrs["latin"], bytes("636166e9"), "{file}");
         assert_eq!(cat.get("be/i4").unwrap().dtype, ">i4");
         assert_eq!(
             cat.get("layout/gzip_shuffle").unwrap().encoding,

@@ -122,6 +122,15 @@ def write(path, libver):
             exp[name] = entry(a, layout)
         f["layout/contiguous"].attrs["units"] = "m/s"
         f["layout/contiguous"].attrs["count"] = np.uint16(7)
+        # Byte strings that are not UTF-8 (one with a NUL inside).
+        f["layout/contiguous"].attrs["bytes"] = np.bytes_(b"\xff\x00a")
+        f["layout/contiguous"].attrs["latin"] = np.bytes_(b"caf\xe9")
+        # Links not followed (no tensor each): soft links, in the root and
+        # in a group (symbol-table entries of cache type 2 under the
+        # default libver), and an external link.
+        f["soft_link"] = h5py.SoftLink("/layout/contiguous")
+        f["layout/soft_link"] = h5py.SoftLink("/layout/contiguous")
+        f["external_link"] = h5py.ExternalLink("other.h5", "/y")
     return exp
 
 

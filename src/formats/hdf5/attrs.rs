@@ -65,7 +65,7 @@ fn attribute(f: &H5, body: &[u8]) -> Option<(String, Json)> {
     for v in data.chunks_exact(each) {
         let j = match (&elem, class) {
             (Ok(e), _) => number(e, v)?,
-            (Err(_), 3) => Json::String(text(v)),
+            (Err(_), 3) => text(dt, v),
             (Err(_), 9) if dt.get(1).is_some_and(|b| b & 0x0f == 1) => vlen_string(f, v)?,
             _ => return None,
         };
@@ -79,9 +79,24 @@ fn attribute(f: &H5, body: &[u8]) -> Option<(String, Json)> {
     Some((name, value))
 }
 
-fn text(b: &[u8]) -> String {
-    let end = b.iter().position(|&x| x == 0).unwrap_or(b.len());
-    String::from_utf8_lossy(&b[..end]).trim_end().to_string()
+/// A fixed-length string of datatype `dt`, without its padding (the
+/// datatype's: null-terminated, null-padded or space-padded): text, or
+/// `{"$bytes": hex}` where it is not UTF-8, as h5py gives such bytes.
+fn text(dt: &[u8], b: &[u8]) -> Json {
+    let pad = dt.get(1).map_or(0, |x| x & 0x0f);
+    let s = match pad {
+        0 => &b[..b.iter().position(|&x| x == 0).unwrap_or(b.len())],
+        2 => b.trim_ascii_end(),
+        _ => &b[..b.iter().rposition(|&x| x != 0).map_or(0, |i| i + 1)],
+    };
+    utf8_or_bytes(s)
+}
+
+fn utf8_or_bytes(s: &[u8]) -> Json {
+    match std::str::from_utf8(s) {
+        Ok(t) => Json::String(t.to_string()),
+        Err(_) => crate::formats::cbor_json::bytes(s),
+    }
 }
 
 fn number(e: &Elem, v: &[u8]) -> Option<Json> {
@@ -152,7 +167,7 @@ fn vlen_string(f: &H5, v: &[u8]) -> Option<Json> {
         let obj = g.bytes(padded, "").ok()?;
         if u32::from(i) == index {
             let s = obj.get(..usize::try_from(len.min(n)).ok()?)?;
-            return Some(Json::String(String::from_utf8_lossy(s).into_owned()));
+            return Some(utf8_or_bytes(s));
         }
     }
     None

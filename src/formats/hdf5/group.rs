@@ -226,7 +226,13 @@ impl<'a> Walk<'a> {
             for _ in 0..n {
                 let off = c.addr("symbol entry").map_err(err)?;
                 let addr = c.addr("symbol entry").map_err(err)?;
-                c.skip(24, "symbol entry").map_err(err)?;
+                let cache_type = c.u32("symbol entry").map_err(err)?;
+                c.skip(20, "symbol entry").map_err(err)?;
+                // Cache type 2: a soft link (its target path in the heap,
+                // its address undefined), not followed.
+                if cache_type == 2 {
+                    continue;
+                }
                 let name = heap_name(names, off).map_err(err)?;
                 out.push((name, addr));
             }
