@@ -24,8 +24,8 @@ const WRITE: &str = r#"
 import io, os, sys, zipfile
 import numpy as np
 d = sys.argv[1]
-def npy(descr, shape, data):
-    h = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape)
+def npy(descr, shape, data, fortran=False):
+    h = "{'descr': '%s', 'fortran_order': %s, 'shape': %s, }" % (descr, fortran, shape)
     h = h + " " * (63 - (10 + len(h)) % 64) + "\n"
     return b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h.encode() + data
 with zipfile.ZipFile(os.path.join(d, "types.npz"), "w") as z:
@@ -44,6 +44,24 @@ with zipfile.ZipFile(os.path.join(d, "types.npz"), "w") as z:
     buf = io.BytesIO()
     np.save(buf, np.arange(6, dtype="<i2").reshape(2, 3).T)
     z.writestr("fortran.npy", buf.getvalue())
+    # Headers other writers give: descrs numpy.dtype reads (no byte
+    # order, character codes, a name), and Fortran order where it is C
+    # order's bytes.
+    z.writestr("bare_f4.npy", npy("f4", "(2,)", np.array([0.5, 1.5], "<f4").tobytes()))
+    z.writestr("char_bool.npy", npy("?", "(2,)", bytes([0, 1])))
+    z.writestr("char_h.npy", npy("h", "(2,)", np.array([-3, 4], "<i2").tobytes()))
+    z.writestr("char_be_q.npy", npy(">q", "(1,)", np.array([-5], ">i8").tobytes()))
+    z.writestr("char_F.npy", npy("F", "(1,)", np.array([1 + 2j], "<c8").tobytes()))
+    z.writestr("name_f4.npy", npy("float32", "(1,)", np.array([2.5], "<f4").tobytes()))
+    row = np.array([1, 2, 3], "<i2").tobytes()
+    z.writestr("fortran_1d.npy", npy("<i2", "(3,)", row, True))
+    z.writestr("fortran_row.npy", npy("<i2", "(1, 3)", row, True))
+with np.load(os.path.join(d, "types.npz")) as f:
+    want = {"bare_f4": [0.5, 1.5], "char_bool": [False, True], "char_h": [-3, 4],
+            "char_be_q": [-5], "char_F": [1 + 2j], "name_f4": [2.5],
+            "fortran_1d": [1, 2, 3], "fortran_row": [[1, 2, 3]]}
+    for k, v in want.items():
+        assert f[k].tolist() == v, (k, f[k])
 np.savez_compressed(os.path.join(d, "big.npz"), big=np.arange(int(sys.argv[2]), dtype="<u4"))
 print("OK")
 "#;
@@ -76,6 +94,19 @@ fn every_one_byte_descr_and_big_endian_members_read() {
     assert_eq!(m.read("be_i4"), i32s(&[1, -2, 3]));
     let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     assert_eq!(m.read("deflated_f4"), f32s(&[0.5, 1.5]));
+    assert_eq!(m.read("bare_f4"), f32s(&[0.5, 1.5]));
+    assert_eq!(m.read("char_bool"), [0, 1]);
+    assert_eq!(m.read("char_h"), [253, 255, 4, 0]);
+    assert_eq!(m.read("char_be_q"), (-5i64).to_le_bytes());
+    assert_eq!(m.read("char_F"), f32s(&[1.0, 2.0]));
+    assert_eq!(m.read("name_f4"), f32s(&[2.5]));
+    assert_eq!(m.read("fortran_1d"), [1, 0, 2, 0, 3, 0]);
+    assert_eq!(m.read("fortran_row"), [1, 0, 2, 0, 3, 0]);
+    assert_eq!(m.json("char_F.json")["dtype"], "complex64");
+    assert_eq!(
+        m.json("fortran_row.json")["shape"],
+        serde_json::json!([1, 3])
+    );
     assert_eq!(m.json("lt_u1.json")["dtype"], "uint8");
     assert_eq!(m.json("be_i4.json")["format_dtype"], ">i4");
     for (name, why) in [("str", "has no element type"), ("fortran", "Fortran")] {

@@ -263,30 +263,33 @@ impl Lit<'_> {
 }
 
 /// Our element type and byte order for a numpy `descr`, or why there is
-/// none. A one-byte type has no byte order (`<u1`, `|u1`, `=u1`, `>u1` are
-/// one type); `=` is taken as little-endian, as on every machine numpy
-/// writes files on.
+/// none. numpy reads a `descr` string as `numpy.dtype` does: a type code
+/// (`<f4`), a one-letter character code (`f`, `?`, `>q`) or a name
+/// (`float32`), with or without a byte order; none (or `=`) is the
+/// machine's, little-endian on every machine this runs on (and numpy's
+/// `l` and `p` are 8 bytes there, as on Linux). A one-byte type has no
+/// byte order (`<u1`, `|u1`, `=u1`, `>u1` are one type).
 fn element_type(descr: &str) -> std::result::Result<(DType, Endian), String> {
     let none = || format!("numpy dtype {descr:?} has no element type here: listed, not served");
     let (order, code) = match descr.as_bytes().first() {
         Some(b'<' | b'>' | b'|' | b'=') => (descr.as_bytes()[0], &descr[1..]),
-        _ => (b'|', descr),
+        _ => (b'=', descr),
     };
     let d = match code {
-        "b1" => DType::Bool,
-        "i1" => DType::Int8,
-        "u1" => DType::Uint8,
-        "i2" => DType::Int16,
-        "u2" => DType::Uint16,
-        "i4" => DType::Int32,
-        "u4" => DType::Uint32,
-        "i8" => DType::Int64,
-        "u8" => DType::Uint64,
-        "f2" => DType::Float16,
-        "f4" => DType::Float32,
-        "f8" => DType::Float64,
-        "c8" => DType::Complex64,
-        "c16" => DType::Complex128,
+        "b1" | "?" | "bool" => DType::Bool,
+        "i1" | "b" | "int8" => DType::Int8,
+        "u1" | "B" | "uint8" => DType::Uint8,
+        "i2" | "h" | "int16" => DType::Int16,
+        "u2" | "H" | "uint16" => DType::Uint16,
+        "i4" | "i" | "int32" => DType::Int32,
+        "u4" | "I" | "uint32" => DType::Uint32,
+        "i8" | "l" | "q" | "p" | "int64" => DType::Int64,
+        "u8" | "L" | "Q" | "P" | "uint64" => DType::Uint64,
+        "f2" | "e" | "float16" => DType::Float16,
+        "f4" | "f" | "float32" => DType::Float32,
+        "f8" | "d" | "float64" => DType::Float64,
+        "c8" | "F" | "complex64" => DType::Complex64,
+        "c16" | "D" | "complex128" => DType::Complex128,
         _ => return Err(none()),
     };
     let endian = match order {
@@ -502,9 +505,13 @@ fn add_array(
             format!("its member of {} bytes is shorter than its header", m.size),
         )
     })?;
+    // Fortran order differs from C order only where two dimensions hold
+    // more than one element each (and there are elements at all).
+    let transposed =
+        h.fortran && !h.shape.contains(&0) && h.shape.iter().filter(|&&n| n > 1).count() > 1;
     let parts = match element_type(&h.descr) {
-        _ if h.fortran => Err("stored in Fortran (column) order, which would be served \
-                               transposed: listed, not served"
+        _ if transposed => Err("stored in Fortran (column) order, which would be served \
+                                transposed: listed, not served"
             .to_string()),
         Err(why) => Err(why),
         Ok((d, order)) => {
