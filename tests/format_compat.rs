@@ -98,6 +98,34 @@ fn check_mount(path: &Path, want: &Json) -> Option<Json> {
         );
         let sidecar = m.json(&format!("{rel}.json"));
         assert_eq!(sidecar["numpy_dtype"], side["numpy_dtype"], "{name}");
+        // `np.fromfile(path, numpy_dtype).reshape(shape)` holds for every
+        // file; a quantized tensor's logical shape is apart, and it is in
+        // no view (its file holds blocks, not elements).
+        assert_eq!(sidecar["shape"], w["shape"], "{name}");
+        let elems: u64 = w["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap())
+            .product();
+        let width: u64 = sidecar["numpy_dtype"].as_str().unwrap()[2..]
+            .parse()
+            .unwrap();
+        assert_eq!(elems * width, bytes.len() as u64, "{name}: {sidecar}");
+        if let Some(ls) = w.get("logical_shape") {
+            assert_eq!(sidecar["logical_shape"], *ls, "{name}");
+            assert_eq!(sidecar.get("views"), None, "{name}: {sidecar}");
+            let view = m.read(".safetensors/model.safetensors");
+            let n = u64::from_le_bytes(view[..8].try_into().unwrap()) as usize;
+            let header: Json = serde_json::from_slice(&view[8..8 + n]).unwrap();
+            assert_eq!(header.get(name.as_str()), None, "{name}: {header}");
+            let omitted = header["__metadata__"]["ztensor_mount.omitted"]
+                .as_str()
+                .unwrap();
+            assert!(omitted.contains(name.as_str()), "{name}: {omitted}");
+        } else {
+            assert_eq!(sidecar.get("logical_shape"), None, "{name}");
+        }
     }
     m.unmount_ok();
     Some(index)

@@ -211,6 +211,16 @@ pub struct Tensor {
 }
 
 impl Tensor {
+    /// Its one file's part, when the file holds its elements in its own
+    /// shape: not a directory of parts, and not a file of other units
+    /// (quantized blocks, packed nibbles) whose shape differs.
+    pub fn plain_file(&self) -> Option<&Part> {
+        match &self.parts {
+            Ok(ps) if !self.directory && ps.len() == 1 && ps[0].shape == self.shape => ps.first(),
+            _ => None,
+        }
+    }
+
     /// A tensor of dense layout shown as one file (not a directory of
     /// parts): what most formats hold.
     pub fn dense(

@@ -290,13 +290,7 @@ fn tensor_of(
     let (zd, logical) = first.unwrap_or((ZDType::U8, None));
     let layout = t.layout().to_string();
     let dtype_name = format_dtype(&layout, zd, logical.as_deref());
-    gguf_meta(
-        &mut meta,
-        &layout,
-        &dtype_name,
-        t.shape(),
-        entry_attrs.as_ref(),
-    );
+    gguf_meta(&mut meta, &layout, &dtype_name, entry_attrs.as_ref());
     if let Some(l) = &logical {
         meta.insert("logical_type".into(), l.clone().into());
     }
@@ -484,17 +478,17 @@ fn our_dtype(d: ZDType, logical: Option<&str>) -> (DType, Option<&'static str>) 
 
 /// The GGUF sidecar: the ggml type and, for block-quantized tensors, what
 /// a block is.
-fn gguf_meta(meta: &mut JsonMap, layout: &str, dtype: &str, shape: &[u64], attrs: Option<&Json>) {
+fn gguf_meta(meta: &mut JsonMap, layout: &str, dtype: &str, attrs: Option<&Json>) {
     meta.insert("ggml_type".into(), dtype.into());
     if layout != "dense" {
-        meta.insert("shape".into(), shape.into());
         let get = |k: &str| attrs.and_then(|a| a.get(k)).cloned().unwrap_or(Json::Null);
         meta.insert("block_elements".into(), get("elems_per_block"));
         meta.insert("block_bytes".into(), get("block_bytes"));
         meta.insert(
             "note".into(),
             "the file holds the tensor's quantized blocks as stored (ggml row order, \
-             block_elements per block_bytes); nothing is dequantized"
+             block_elements per block_bytes; logical_shape gives the elements); nothing is \
+             dequantized"
                 .into(),
         );
     }

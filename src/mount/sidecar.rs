@@ -23,7 +23,12 @@ pub struct TensorSidecar<'a> {
     /// The format's own name for the type, where it differs.
     #[serde(skip_serializing_if = "Option::is_none")]
     format_dtype: Option<&'a str>,
+    /// The file's shape, in elements of `numpy_dtype` for one file.
     shape: &'a [u64],
+    /// The tensor's shape, where its one file holds other units (quantized
+    /// blocks, packed nibbles) and so has another.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logical_shape: Option<&'a [u64]>,
     supported: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     unsupported_reason: Option<&'a str>,
@@ -75,6 +80,7 @@ pub fn tensor_sidecar<'a>(
     let parts = t.parts.as_ref().ok();
     let file = parts.filter(|_| !t.directory).and_then(|ps| ps.first());
     let dtype = file.map_or(t.dtype.as_str(), |p| p.dtype.name());
+    let shape = file.map_or(&t.shape[..], |p| &p.shape[..]);
     TensorSidecar {
         name: &t.name,
         path: (!path.is_empty()).then_some(path),
@@ -82,7 +88,8 @@ pub fn tensor_sidecar<'a>(
         format: &c.format,
         dtype,
         format_dtype: (dtype != t.dtype).then_some(t.dtype.as_str()),
-        shape: &t.shape,
+        shape,
+        logical_shape: (shape != t.shape).then_some(&t.shape[..]),
         supported: parts.is_some(),
         unsupported_reason: t.parts.as_ref().err().map(String::as_str),
         nbytes: t.nbytes(),

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 use super::{Composed, Entry, FileId, Made, Registration, Source, View};
-use crate::catalog::{Catalog, Codec, DType, Endian, Json, PartMap};
+use crate::catalog::{Catalog, Codec, DType, Endian, Json, Part, PartMap};
 
 pub const VIEW: Registration = Registration {
     name: "safetensors",
@@ -91,6 +91,10 @@ pub fn dtype_name(d: DType) -> Option<&'static str> {
         DType::Float64 => "F64",
         DType::Float8E4M3Fn => "F8_E4M3",
         DType::Float8E5M2 => "F8_E5M2",
+        DType::Float8E8M0Fnu => "F8_E8M0",
+        DType::Complex64 => "C64",
+        // Packed two to a byte, low nibble first; the shape in elements.
+        DType::Float4E2M1FnX2 => "F4",
         _ => return None,
     })
 }
@@ -132,13 +136,22 @@ impl Layout {
         let mut omitted = Vec::new();
         let mut at = 0u64;
         for (ti, t) in c.tensors.iter().enumerate() {
-            let part = match &t.parts {
-                Ok(ps) if !t.directory && ps.len() == 1 => &ps[0],
-                Ok(_) => {
-                    omitted.push((t.name.clone(), "not one dense array".into()));
+            // A packed f4 file is safetensors' F4 as it is, its shape the
+            // tensor's in elements.
+            let packed = |p: &&Part| p.dtype == DType::Float4E2M1FnX2 && !t.directory;
+            let f4 = t
+                .parts
+                .as_ref()
+                .ok()
+                .and_then(|ps| ps.first().filter(packed));
+            let part = match (&t.parts, t.plain_file().or(f4)) {
+                (Ok(_), Some(p)) => p,
+                (Ok(_), None) => {
+                    let why = format!("not one dense array (layout {})", t.layout);
+                    omitted.push((t.name.clone(), why));
                     continue;
                 }
-                Err(why) => {
+                (Err(why), _) => {
                     omitted.push((t.name.clone(), format!("unsupported: {why}")));
                     continue;
                 }
@@ -162,7 +175,7 @@ impl Layout {
                 continue;
             }
             let end = at.checked_add(part.nbytes).ok_or("offsets overflow")?;
-            write_entry(&mut text, &t.name, dtype, &part.shape, at, end);
+            write_entry(&mut text, &t.name, dtype, &t.shape, at, end);
             entries.push(Entry {
                 start: at,
                 len: part.nbytes,

@@ -155,9 +155,9 @@ impl Tree {
             b.reserve(dir, top);
         }
         for (ti, t) in c.tensors.iter().enumerate() {
-            let Ok(parts) = &t.parts else { continue };
+            let Some(part) = t.plain_file() else { continue };
             let file = self.placements.get(ti).map_or(0, |p| p.file);
-            if t.directory || parts.len() != 1 || file == 0 {
+            if file == 0 {
                 continue;
             }
             let path = self.path(file);
@@ -166,7 +166,7 @@ impl Tree {
                 continue;
             };
             for &(top, id, view) in &mirrored {
-                let placed = view.tensor_files(ti, &parts[0], leaf);
+                let placed = view.tensor_files(ti, part, leaf);
                 if placed.is_empty() {
                     continue;
                 }
