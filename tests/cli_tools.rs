@@ -448,3 +448,40 @@ fn cat_into_a_pipe_its_reader_closes_ends_quietly_by_sigpipe() {
     );
     assert!(said.is_empty(), "said: {said}");
 }
+
+#[test]
+fn cat_finds_a_tensor_by_the_name_info_prints() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("names.safetensors");
+    let mut header = r#"{"nul\u0000x":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"nl\nname":{"dtype":"U8","shape":[1],"data_offsets":[2,3]}}"#.to_string();
+    while !header.len().is_multiple_of(8) {
+        header.push(' ');
+    }
+    let mut f = (header.len() as u64).to_le_bytes().to_vec();
+    f.extend_from_slice(header.as_bytes());
+    f.extend_from_slice(&[7, 8, 9]);
+    std::fs::write(&p, f).unwrap();
+    // A NUL no argument can hold, and a newline, as `info` prints them.
+    let info = Command::new(bin()).arg("info").arg(&p).output().unwrap();
+    let listed = String::from_utf8_lossy(&info.stdout);
+    assert!(
+        listed.contains("nul%00x") && listed.contains("nl%0Aname"),
+        "{listed}"
+    );
+    assert_eq!(cat(&p, "nul%00x"), [7, 8]);
+    assert_eq!(cat(&p, "nl%0Aname"), [9]);
+    assert_eq!(cat(&p, "nl\nname"), [9]);
+    let out = Command::new(bin())
+        .arg("cat")
+        .arg(&p)
+        .arg("nope")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("no tensor named \"nope\" (`ztensor-mount info "),
+        "{err}"
+    );
+}

@@ -44,12 +44,11 @@ fn cat(
     let opened = formats::open_arg(&path.to_string_lossy(), Limits::default(), remote)
         .map_err(|e| e.to_string())?;
     let label = opened.catalog.label.clone();
-    let ti = opened
-        .catalog
-        .tensors
-        .iter()
-        .position(|t| t.name == name)
-        .ok_or_else(|| format!("{label}: no tensor named {name:?}"))?;
+    let ti = find(&opened.catalog, name).ok_or_else(|| {
+        format!("{label}: no tensor named {name:?} (`ztensor-mount info {label}` lists them)")
+    })?;
+    let name = opened.catalog.tensors[ti].name.clone();
+    let name = name.as_str();
     let t = &opened.catalog.tensors[ti];
     let parts = t
         .parts
@@ -98,6 +97,14 @@ fn cat(
         off += chunk.len() as u64;
     }
     out.flush().or_else(|e| stdout_failed(e, &label, name))
+}
+
+/// Tensor `name`: by its name in the file, else by the name as `info`
+/// prints it (control characters as `%0A`, a NUL as `%00`), so that a name
+/// no command line can hold is reached.
+fn find(c: &crate::catalog::Catalog, name: &str) -> Option<usize> {
+    let by = |f: &dyn Fn(&str) -> bool| c.tensors.iter().position(|t| f(&t.name));
+    by(&|n| n == name).or_else(|| by(&|n| crate::mount::tree::printable(n) == name))
 }
 
 /// A failed write to stdout: a closed pipe (`| head`) is the reader's
