@@ -1240,7 +1240,7 @@ fn bytes_asked(log: &[(String, String, Option<String>)]) -> u64 {
 /// the whole file; a missing shard fails only its tensor.
 /// Bytes of the cache file changed since they were fetched (here by
 /// another program writing into it between two mounts) fail their block's
-/// CRC-32C at the next mount's first use: that block is fetched again and
+/// XXH3-64 at the next mount's first use: that block is fetched again and
 /// the read gets the object's bytes, never the changed ones. The view
 /// passed through to the cache file is checked at its first open.
 #[test]
@@ -1296,7 +1296,7 @@ st.save_file({"w": rng.standard_normal((3000, 1000)).astype("<f4")},
     assert_eq!(st["passthrough_opens"], 0, "{st}");
     let log = m.log_text();
     assert_eq!(
-        log.matches("differ from those fetched (CRC-32C); fetching them again")
+        log.matches("differ from those fetched (XXH3); fetching them again")
             .count(),
         2,
         "{log}"
@@ -1332,6 +1332,21 @@ st.save_file({"w": rng.standard_normal((3000, 1000)).astype("<f4")},
         "{}",
         m.stats()
     );
+    m.unmount_ok();
+    // A cache file without its sums (an older version's): its blocks are
+    // not believed, one line says so, and all are fetched again.
+    std::fs::remove_file(data.with_extension("sums")).unwrap();
+    mount_remote(&mut m, &url, &cache, &opts);
+    assert!(m.read(view) == want, "without sums");
+    assert_eq!(m.stat_u64("remote_bad_blocks"), 0, "{}", m.stats());
+    assert_eq!(
+        m.stat_u64("remote_fetched_bytes"),
+        want.len() as u64,
+        "{}",
+        m.stats()
+    );
+    let log = m.log_text();
+    assert_eq!(log.matches("has no block sums").count(), 1, "{log}");
     m.unmount_ok();
 }
 

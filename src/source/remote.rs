@@ -21,8 +21,8 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -97,6 +97,9 @@ pub const DEFAULT_READ_AHEAD: u64 = 8;
 const MAX_REQUESTS: usize = 12;
 /// A multi-block range is fetched as at most this many parallel requests.
 const PARALLEL: u64 = 4;
+/// Threads checking a cache file's blocks at once (see
+/// [`Backing::check_present`]).
+const CHECKERS: usize = 4;
 
 const SCHEMES: &[&str] = &[
     "s3", "s3a", "gs", "az", "adl", "azure", "abfs", "abfss", "http", "https",
@@ -668,7 +671,7 @@ const SETUP_WAIT: Duration = Duration::from_secs(10);
 
 /// An object's cache files: `NAME.data` (the bytes), `NAME.blocks` (the
 /// durable bitmap), `NAME.live` (the bitmap every mount of it shares),
-/// `NAME.sums` (each block's CRC-32C, see [`Sums`]).
+/// `NAME.sums` (each block's XXH3-64, see [`Sums`]).
 struct Names {
     dir: PathBuf,
     name: String,
@@ -824,7 +827,19 @@ impl Cache {
         let from_live = kept.is_some();
         let saved =
             kept.or_else(|| load_bitmap(&n.blocks, opts.block_size, size, words).filter(|_| sized));
-        let kept = saved.is_some();
+        let blocks = size.div_ceil(opts.block_size);
+        let sums = Sums::saved(&n.sums, blocks);
+        let saved = match (saved, &sums) {
+            (Some(bits), None) if bits.iter().any(|&w| w != 0) => {
+                log::info!(
+                    "{label}: the cache file has no block sums (written by an older version): \
+                     its blocks will be fetched again"
+                );
+                None
+            }
+            (saved, _) => saved,
+        };
+        let kept_sums = saved.as_ref().and(sums);
         let present = match saved {
             Some(mut bits) => {
                 let dropped = drop_holes(&file, &mut bits, opts.block_size, size);
@@ -854,8 +869,8 @@ impl Cache {
             file.sync_data()
                 .map_err(|e| io("syncing the cache file", e))?;
         }
-        let sums = Sums::first(&n.sums, size.div_ceil(opts.block_size), kept)
-            .map_err(|e| io("writing the block sums", e))?;
+        let sums =
+            Sums::first(&n.sums, blocks, kept_sums).map_err(|e| io("writing the block sums", e))?;
         let bitmap = write_bitmap(&n.blocks, opts.block_size, size, &present)
             .map_err(|e| io("writing the block bitmap", e))?;
         // Setup done: other mounts may join.
@@ -1040,7 +1055,7 @@ pub struct Object {
     present: Bits,
     /// The saved bitmap (none for a private cache file).
     bitmap: Option<Mutex<File>>,
-    /// Each block's CRC-32C as fetched (shared like `present`).
+    /// Each block's XXH3-64 as fetched (shared like `present`).
     sums: Sums,
     /// The blocks this process fetched, or found to match their sums:
     /// only those are read (a block present but not checked is checked
@@ -1091,6 +1106,26 @@ impl Object {
         self.dirty.fetch_add(n, Relaxed);
     }
 
+    /// Asks the kernel to read block `b` of the cache file into the page
+    /// cache (a hint: nothing waits for it).
+    fn advise_block(&self, b: u64) {
+        let Some(f) = &self.file else { return };
+        let at = b * self.block;
+        let len = ((b + 1) * self.block).min(self.size).saturating_sub(at);
+        if let (Ok(at), Ok(len)) = (libc::off_t::try_from(at), libc::off_t::try_from(len)) {
+            // SAFETY: posix_fadvise on our own descriptor; a hint, its
+            // failure changes nothing.
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), at, len, libc::POSIX_FADV_WILLNEED) };
+        }
+    }
+
+    /// Whether this process fetched block `b` or has checked it.
+    fn checked(&self, b: u64) -> bool {
+        self.checked
+            .get((b / 64) as usize)
+            .is_some_and(|w| w.load(Acquire) & (1 << (b % 64)) != 0)
+    }
+
     /// Whether block `b` is present and may be read: this process fetched
     /// it or has checked it against its sum. A block present that fails
     /// its check is marked missing (for every mount of the cache file),
@@ -1113,7 +1148,7 @@ impl Object {
                     checked.fetch_or(bit, Release);
                     return true;
                 }
-                Ok(false) => "its bytes differ from those fetched (CRC-32C)".to_string(),
+                Ok(false) => "its bytes differ from those fetched (XXH3)".to_string(),
                 Err(e) => format!("cannot read it: {e}"),
             },
             _ => "no file or sum to check it against".to_string(),
@@ -1130,10 +1165,10 @@ impl Object {
         false
     }
 
-    /// Block `b`'s bytes are all in the cache file, summing to `sum`:
+    /// Block `b`'s bytes are all in the cache file, hashing to `sum`:
     /// marks it present and lets its readers go on, while the rest of its
     /// request is under way.
-    fn arrived(&self, b: u64, sum: u32) {
+    fn arrived(&self, b: u64, sum: u64) {
         self.fetched(b, sum);
         self.mark(b..b + 1);
         if self.commit_due()
@@ -1153,7 +1188,7 @@ impl Object {
 
     /// Records the sum of block `b`, just written by this process, before
     /// it is marked present.
-    fn fetched(&self, b: u64, sum: u32) {
+    fn fetched(&self, b: u64, sum: u64) {
         self.sums.set(b, sum);
         if let Some(w) = self.checked.get((b / 64) as usize) {
             w.fetch_or(1 << (b % 64), Release);
@@ -1527,24 +1562,33 @@ impl Backing for Object {
     }
 
     fn present(&self, off: u64, len: u64) -> u64 {
-        let checked = |b: u64| {
-            self.checked
-                .get((b / 64) as usize)
-                .is_some_and(|w| w.load(Acquire) & (1 << (b % 64)) != 0)
-        };
-        present_run(
-            |b| self.has(b) && checked(b),
-            self.block,
-            self.size,
-            off,
-            len,
-        )
+        let usable = |b| self.has(b) && self.checked(b);
+        present_run(usable, self.block, self.size, off, len)
     }
 
     fn check_present(&self) {
-        for b in 0..self.blocks() {
-            self.usable(b);
-        }
+        let todo: Vec<u64> = (0..self.blocks())
+            .filter(|&b| self.has(b) && !self.checked(b))
+            .collect();
+        // A remount's first open of the view waits for this, and the cache
+        // file's pages are likely gone: the disk is the bound. One thread
+        // asks the kernel for the blocks ahead (as `warm` does for a file
+        // passed through), and several check them as they come.
+        let next = AtomicUsize::new(0);
+        let work = || {
+            while let Some(&b) = todo.get(next.fetch_add(1, Relaxed)) {
+                self.usable(b);
+            }
+        };
+        std::thread::scope(|s| {
+            if !todo.is_empty() {
+                s.spawn(|| todo.iter().for_each(|&b| self.advise_block(b)));
+            }
+            for _ in 1..CHECKERS.min(todo.len()) {
+                s.spawn(work);
+            }
+            work();
+        });
     }
 
     fn broken(&self) -> Option<FetchError> {

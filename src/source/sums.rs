@@ -1,8 +1,10 @@
-//! A CRC-32C of each block of a remote object's cache file, so that bytes
-//! changed on disk since they were fetched (a flipped bit, another
-//! program writing into the file) are fetched again, never served.
+//! An XXH3-64 sum of each block of a remote object's cache file, so that
+//! bytes changed on disk since they were fetched (a flipped bit, another
+//! program writing into the file) are fetched again, never served. XXH3
+//! rather than CRC-32C: it costs half the CPU per byte here (0.12 against
+//! 0.22 s a GiB), on a path where the CPU is the bound.
 //!
-//! The sums live in `NAME.sums` beside the cache file, 4 bytes per block,
+//! The sums live in `NAME.sums` beside the cache file, 8 bytes per block,
 //! mapped `MAP_SHARED` by every mount of the object (a block's sum is
 //! stored before its bit in the live bitmap is set, so a process that
 //! sees the bit sees the sum), and synced with the cache file before the
@@ -14,12 +16,14 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use xxhash_rust::xxh3::Xxh3;
 
 /// The sums of one cache file's blocks: this process's own (a private
 /// cache file), or those every mount of the file shares.
 pub enum Sums {
-    Own(Vec<AtomicU32>),
+    Own(Vec<AtomicU64>),
     Shared {
         map: memmap2::MmapMut,
         file: File,
@@ -30,22 +34,24 @@ pub enum Sums {
 impl Sums {
     /// Sums of a private cache file, all unknown.
     pub fn own(blocks: u64) -> Sums {
-        Sums::Own((0..blocks).map(|_| AtomicU32::new(0)).collect())
+        Sums::Own((0..blocks).map(|_| AtomicU64::new(0)).collect())
+    }
+
+    /// The sums the file at `path` holds, when it has this layout.
+    pub fn saved(path: &Path, blocks: u64) -> Option<Vec<u8>> {
+        std::fs::read(path)
+            .ok()
+            .filter(|b| b.len() as u64 == blocks * 8)
     }
 
     /// The first mount of the cache file (alone): a new sums file put in
     /// place of the old one (a mount still mapping that one goes on with
-    /// it, as with the bitmaps), holding the old sums when `keep` (the
-    /// blocks present are believed) and the old file has this layout.
-    pub fn first(path: &Path, blocks: u64, keep: bool) -> io::Result<Sums> {
-        let len = blocks * 4;
-        let old = keep
-            .then(|| std::fs::read(path).ok())
-            .flatten()
-            .filter(|b| b.len() as u64 == len);
+    /// it, as with the bitmaps), holding `kept` (the old file's
+    /// [`Sums::saved`], when the blocks present are believed).
+    pub fn first(path: &Path, blocks: u64, kept: Option<Vec<u8>>) -> io::Result<Sums> {
         let tmp = super::shared::new_beside(path)?;
-        tmp.as_file().set_len(len)?;
-        if let Some(b) = old {
+        tmp.as_file().set_len(blocks * 8)?;
+        if let Some(b) = kept {
             tmp.as_file().write_all_at(&b, 0)?;
         }
         let file = tmp.persist(path).map_err(|e| e.error)?;
@@ -58,7 +64,7 @@ impl Sums {
             .read(true)
             .write(true)
             .open(path)?;
-        if file.metadata()?.len() != blocks * 4 {
+        if file.metadata()?.len() != blocks * 8 {
             return Err(io::Error::other("the block sums file has another size"));
         }
         Self::map(file, blocks)
@@ -69,7 +75,7 @@ impl Sums {
         if blocks == 0 {
             return Ok(Sums::Own(Vec::new()));
         }
-        // SAFETY: the file is sized to `blocks * 4` bytes before any
+        // SAFETY: the file is sized to `blocks * 8` bytes before any
         // process maps it and never resized in place (a mount alone puts a
         // new file in its place instead); its words are only changed
         // through atomics (see `Deref`).
@@ -78,27 +84,27 @@ impl Sums {
     }
 
     /// Block `b`'s sum, as stored before its bit was set.
-    pub fn get(&self, b: u64) -> Option<u32> {
+    pub fn get(&self, b: u64) -> Option<u64> {
         Some(self.slot(b)?.load(Ordering::Acquire))
     }
 
     /// Stores block `b`'s sum; before its bit is set.
-    pub fn set(&self, b: u64, sum: u32) {
+    pub fn set(&self, b: u64, sum: u64) {
         if let Some(s) = self.slot(b) {
             s.store(sum, Ordering::Release);
         }
     }
 
-    fn slot(&self, b: u64) -> Option<&AtomicU32> {
-        let words: &[AtomicU32] = match self {
+    fn slot(&self, b: u64) -> Option<&AtomicU64> {
+        let words: &[AtomicU64] = match self {
             Sums::Own(v) => v,
             Sums::Shared { map, blocks, .. } => {
-                debug_assert!(map.len() >= blocks * 4);
-                // SAFETY: the mapping holds `blocks * 4` bytes (checked at
-                // open), page-aligned, so aligned for AtomicU32, which has
-                // u32's layout; they live as long as `map`; every process
+                debug_assert!(map.len() >= blocks * 8);
+                // SAFETY: the mapping holds `blocks * 8` bytes (checked at
+                // open), page-aligned, so aligned for AtomicU64, which has
+                // u64's layout; they live as long as `map`; every process
                 // changes them only through atomics.
-                unsafe { std::slice::from_raw_parts(map.as_ptr().cast::<AtomicU32>(), *blocks) }
+                unsafe { std::slice::from_raw_parts(map.as_ptr().cast::<AtomicU64>(), *blocks) }
             }
         };
         words.get(usize::try_from(b).ok()?)
@@ -119,7 +125,7 @@ pub struct Summing {
     block: u64,
     size: u64,
     next: u64,
-    crc: u32,
+    hash: Xxh3,
 }
 
 impl Summing {
@@ -130,13 +136,13 @@ impl Summing {
             block,
             size,
             next: first,
-            crc: 0,
+            hash: Xxh3::new(),
         }
     }
 
     /// Adds `piece`, written at `at`, and calls `done(b, sum)` for each
     /// block it completes, in order.
-    pub fn feed(&mut self, mut at: u64, mut piece: &[u8], mut done: impl FnMut(u64, u32)) {
+    pub fn feed(&mut self, mut at: u64, mut piece: &[u8], mut done: impl FnMut(u64, u64)) {
         while !piece.is_empty() {
             let end = ((self.next + 1) * self.block).min(self.size);
             let take =
@@ -145,13 +151,13 @@ impl Summing {
                 // Past the object's end: the caller refuses that body.
                 return;
             }
-            self.crc = crc32c::crc32c_append(self.crc, &piece[..take]);
+            self.hash.update(&piece[..take]);
             at += take as u64;
             piece = &piece[take..];
             if at == end {
-                done(self.next, self.crc);
+                done(self.next, self.hash.digest());
                 self.next += 1;
-                self.crc = 0;
+                self.hash.reset();
             }
         }
     }
@@ -159,7 +165,7 @@ impl Summing {
 
 /// Whether block `b` of `file` (blocks of `block`, an object of `size`
 /// bytes) sums to `want`; an error reading it is a failed check.
-pub fn holds(file: &File, b: u64, block: u64, size: u64, want: u32) -> io::Result<bool> {
+pub fn holds(file: &File, b: u64, block: u64, size: u64, want: u64) -> io::Result<bool> {
     thread_local! {
         static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
@@ -168,15 +174,15 @@ pub fn holds(file: &File, b: u64, block: u64, size: u64, want: u32) -> io::Resul
     BUF.with(|buf| {
         let mut buf = buf.borrow_mut();
         buf.resize(PIECE, 0);
-        let mut crc = 0u32;
+        let mut hash = Xxh3::new();
         let mut at = start;
         while at < end {
             let n = usize::try_from(end - at).map_or(PIECE, |n| n.min(PIECE));
             file.read_exact_at(&mut buf[..n], at)?;
-            crc = crc32c::crc32c_append(crc, &buf[..n]);
+            hash.update(&buf[..n]);
             at += n as u64;
         }
-        Ok(crc == want)
+        Ok(hash.digest() == want)
     })
 }
 
@@ -188,10 +194,10 @@ mod tests {
     fn pieces_cut_anywhere_give_each_block_its_sum() {
         let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + i / 13) as u8).collect();
         let (block, size) = (4096u64, data.len() as u64);
-        let want: Vec<(u64, u32)> = data
+        let want: Vec<(u64, u64)> = data
             .chunks(block as usize)
             .enumerate()
-            .map(|(i, c)| (i as u64, crc32c::crc32c(c)))
+            .map(|(i, c)| (i as u64, xxhash_rust::xxh3::xxh3_64(c)))
             .collect();
         for cut in [1usize, 100, 4095, 4096, 4097, 10_000] {
             let mut s = Summing::new(0, block, size);
@@ -215,12 +221,12 @@ mod tests {
         let f = tempfile::tempfile().unwrap();
         let data = vec![7u8; 10_000];
         f.write_all_at(&data, 0).unwrap();
-        let sum = crc32c::crc32c(&data[4096..8192]);
+        let sum = xxhash_rust::xxh3::xxh3_64(&data[4096..8192]);
         assert!(holds(&f, 1, 4096, 10_000, sum).unwrap());
         f.write_all_at(&[8], 5000).unwrap();
         assert!(!holds(&f, 1, 4096, 10_000, sum).unwrap());
         // The short last block.
-        let last = crc32c::crc32c(&data[8192..]);
+        let last = xxhash_rust::xxh3::xxh3_64(&data[8192..]);
         assert!(holds(&f, 2, 4096, 10_000, last).unwrap());
     }
 
@@ -228,14 +234,19 @@ mod tests {
     fn shared_sums_are_seen_by_a_joining_mapping_and_kept_by_the_next_first() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("x.sums");
-        let a = Sums::first(&p, 3, false).unwrap();
-        a.set(1, 0xdead_beef);
+        let a = Sums::first(&p, 3, None).unwrap();
+        a.set(1, 0xdead_beef_0000_0001);
         let b = Sums::join(&p, 3).unwrap();
-        assert_eq!(b.get(1), Some(0xdead_beef));
+        assert_eq!(b.get(1), Some(0xdead_beef_0000_0001));
         assert!(Sums::join(&p, 4).is_err(), "another layout is refused");
         drop((a, b));
-        assert_eq!(Sums::first(&p, 3, true).unwrap().get(1), Some(0xdead_beef));
-        assert_eq!(Sums::first(&p, 3, false).unwrap().get(1), Some(0));
+        assert_eq!(Sums::saved(&p, 4), None, "another layout");
+        let kept = Sums::saved(&p, 3);
+        assert_eq!(
+            Sums::first(&p, 3, kept).unwrap().get(1),
+            Some(0xdead_beef_0000_0001)
+        );
+        assert_eq!(Sums::first(&p, 3, None).unwrap().get(1), Some(0));
         assert_eq!(Sums::own(2).get(2), None);
     }
 }
