@@ -1406,6 +1406,7 @@ mod passthrough_tests {
             checks,
             ..catalog.blobs[0].clone()
         };
+        catalog.tensors[0].shape = vec![n];
         catalog.tensors[0].parts = Ok(vec![Part::dense(
             DType::Uint8,
             vec![n],
