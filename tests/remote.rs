@@ -1166,6 +1166,18 @@ dt.save(out + "/model.deathtensors",
     }
 }
 
+/// `model.safetensors` written by `script` (given the directory) into a
+/// scratch directory served by the Range server: its bytes, the server and
+/// a cache directory.
+fn served_safetensors(py: &Path, m: &Mount, script: &str) -> (Vec<u8>, Server, PathBuf) {
+    let files = m.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    run_inline(py, script, &files);
+    let want = std::fs::read(files.join("model.safetensors")).unwrap();
+    let srv = Server::range(py, &files);
+    (want, srv, m.scratch_path("cache"))
+}
+
 /// The `model.safetensors` view of a remote safetensors file is that file:
 /// the daemon serves it (fetching) until its cache file holds every block,
 /// then the kernel reads it from the cache file, in this mount and the
@@ -1175,8 +1187,6 @@ fn the_view_of_a_remote_safetensors_file_is_its_cache_file_once_whole() {
     let _s = support::serial();
     let Some(py) = python() else { return };
     let Some(mut m) = scratch_mount() else { return };
-    let files = m.scratch_path("files");
-    std::fs::create_dir(&files).unwrap();
     let script = r#"
 import sys, numpy as np, safetensors.numpy as st
 rng = np.random.default_rng(3)
@@ -1184,10 +1194,7 @@ st.save_file({"w": rng.standard_normal((6000, 1000)).astype("<f4"),
               "b": np.arange(9, dtype="<i8")}, sys.argv[1] + "/model.safetensors",
              metadata={"k": "v"})
 "#;
-    run_inline(&py, script, &files);
-    let want = std::fs::read(files.join("model.safetensors")).unwrap();
-    let srv = Server::range(&py, &files);
-    let cache = m.scratch_path("cache");
+    let (want, srv, cache) = served_safetensors(&py, &m, script);
     let url = srv.url("/model.safetensors");
     let view = ".safetensors/model.safetensors";
     let no_read_ahead = ["-o", "remote_read_ahead=0"];
@@ -1234,10 +1241,6 @@ fn bytes_asked(log: &[(String, String, Option<String>)]) -> u64 {
         .sum()
 }
 
-/// Each format `ztensor-compat` reads, and each kind of sharded set, over
-/// HTTP with 64 KiB blocks: the mount equals the local file's, opening
-/// takes a handful of requests, and (where the format has an index) not
-/// the whole file; a missing shard fails only its tensor.
 /// Bytes of the cache file changed since they were fetched (here by
 /// another program writing into it between two mounts) fail their block's
 /// XXH3-64 at the next mount's first use: that block is fetched again and
@@ -1248,18 +1251,13 @@ fn a_cache_block_changed_on_disk_is_fetched_again_never_served() {
     let _s = support::serial();
     let Some(py) = python() else { return };
     let Some(mut m) = scratch_mount() else { return };
-    let files = m.scratch_path("files");
-    std::fs::create_dir(&files).unwrap();
     let script = r#"
 import sys, numpy as np, safetensors.numpy as st
 rng = np.random.default_rng(5)
 st.save_file({"w": rng.standard_normal((3000, 1000)).astype("<f4")},
              sys.argv[1] + "/model.safetensors")
 "#;
-    run_inline(&py, script, &files);
-    let want = std::fs::read(files.join("model.safetensors")).unwrap();
-    let srv = Server::range(&py, &files);
-    let cache = m.scratch_path("cache");
+    let (want, srv, cache) = served_safetensors(&py, &m, script);
     let url = srv.url("/model.safetensors");
     let view = ".safetensors/model.safetensors";
     let opts = ["-o", "remote_read_ahead=0,block_size=1M"];
@@ -1350,6 +1348,10 @@ st.save_file({"w": rng.standard_normal((3000, 1000)).astype("<f4")},
     m.unmount_ok();
 }
 
+/// Each format `ztensor-compat` reads, and each kind of sharded set, over
+/// HTTP with 64 KiB blocks: the mount equals the local file's, opening
+/// takes a handful of requests, and (where the format has an index) not
+/// the whole file; a missing shard fails only its tensor.
 #[test]
 fn every_format_and_sharded_set_mounts_over_http_as_the_local_file_does() {
     let _s = support::serial();
