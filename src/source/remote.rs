@@ -1134,18 +1134,14 @@ impl Object {
         if !self.has(b) {
             return false;
         }
-        let bit = 1u64 << (b % 64);
-        let Some(checked) = self.checked.get((b / 64) as usize) else {
-            return false;
-        };
-        if checked.load(Acquire) & bit != 0 {
+        if self.checked(b) {
             return true;
         }
         let (start, end) = (b * self.block, ((b + 1) * self.block).min(self.size));
         let why = match (&self.file, self.sums.get(b)) {
             (Some(f), Some(sum)) => match super::sums::holds(f, b, self.block, self.size, sum) {
                 Ok(true) => {
-                    checked.fetch_or(bit, Release);
+                    self.set_checked(b);
                     return true;
                 }
                 Ok(false) => "its bytes differ from those fetched (XXH3)".to_string(),
@@ -1160,9 +1156,15 @@ impl Object {
         );
         BAD_BLOCKS.fetch_add(1, Relaxed);
         if let Some(w) = self.present.get((b / 64) as usize) {
-            w.fetch_and(!bit, Release);
+            w.fetch_and(!(1 << (b % 64)), Release);
         }
         false
+    }
+
+    fn set_checked(&self, b: u64) {
+        if let Some(w) = self.checked.get((b / 64) as usize) {
+            w.fetch_or(1 << (b % 64), Release);
+        }
     }
 
     /// Block `b`'s bytes are all in the cache file, hashing to `sum`:
@@ -1190,9 +1192,7 @@ impl Object {
     /// it is marked present.
     fn fetched(&self, b: u64, sum: u64) {
         self.sums.set(b, sum);
-        if let Some(w) = self.checked.get((b / 64) as usize) {
-            w.fetch_or(1 << (b % 64), Release);
-        }
+        self.set_checked(b);
     }
 
     /// Whether enough was fetched, or long enough ago, to commit.
