@@ -133,7 +133,21 @@ impl Guard {
                     let why = String::from(broken);
                     return Err(self.broken.get_or_init(|| (why, changed)).0.clone());
                 }
-                None => Ok(self.orig),
+                // Its times move with every block fetched; its size, set
+                // at open, never does: another program cut or grew it,
+                // and what the mapping shows of it can no longer be told.
+                None => match stamp(&self.file) {
+                    Ok(now) if now.len != self.orig.len => {
+                        let why = format!(
+                            "{}: its cache file changed size since mount ({} -> {} bytes), by \
+                             another program; refusing to serve its bytes until it is mounted \
+                             again",
+                            self.label, self.orig.len, now.len
+                        );
+                        return Err(self.fail(why, false));
+                    }
+                    _ => Ok(self.orig),
+                },
             },
             None => stamp(&self.file),
         };
@@ -168,16 +182,20 @@ impl Guard {
             ),
             Ok(_) => return Ok(()),
         };
-        // Logged inside the init, so the reason is in the log before any
-        // reader (this one or one waiting here) can return EIO.
-        Err(self
-            .broken
+        Err(self.fail(why, changed))
+    }
+
+    /// Fails the file for good with `why` (logged inside the init, so the
+    /// reason is in the log before any reader, this one or one waiting
+    /// here, can return EIO); the first reason stays.
+    fn fail(&self, why: String, changed: bool) -> String {
+        self.broken
             .get_or_init(|| {
                 log::error!("{why}");
                 (why, changed)
             })
             .0
-            .clone())
+            .clone()
     }
 }
 

@@ -499,6 +499,7 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         present,
         bitmap: cache.bitmap.map(Mutex::new),
         sums: cache.sums,
+        key_sum: cache.key,
         checked: (0..words).map(|_| AtomicU64::new(0)).collect(),
         path: cache.path.clone(),
         flights: Mutex::new(HashMap::new()),
@@ -659,6 +660,8 @@ struct Cache {
     bitmap: Option<File>,
     live: Option<Live>,
     sums: Sums,
+    /// What its name is made from, as a number: seeds its blocks' sums.
+    key: u64,
 }
 
 const BITMAP_MAGIC: &[u8; 8] = b"ZTRBLK1\n";
@@ -673,6 +676,8 @@ const SETUP_WAIT: Duration = Duration::from_secs(10);
 /// durable bitmap), `NAME.live` (the bitmap every mount of it shares),
 /// `NAME.sums` (each block's XXH3-64, see [`Sums`]).
 struct Names {
+    /// What the name is made from, as a number.
+    key: u64,
     dir: PathBuf,
     name: String,
     data: PathBuf,
@@ -699,11 +704,10 @@ impl Cache {
         let io = |what: &str, e: std::io::Error| fail(label, format!("cache: {what}: {e}"));
         std::fs::create_dir_all(&dir).map_err(|e| io(&format!("{}", dir.display()), e))?;
         let pin = pin.unwrap_or_default();
-        let name = {
-            let h = xxhash_rust::xxh3::xxh3_128(format!("{label}\0{pin}\0{size}").as_bytes());
-            format!("{h:032x}")
-        };
+        let h = xxhash_rust::xxh3::xxh3_128(format!("{label}\0{pin}\0{size}").as_bytes());
+        let name = format!("{h:032x}");
         let n = Names {
+            key: h as u64,
             data: dir.join(format!("{name}.data")),
             blocks: dir.join(format!("{name}.blocks")),
             live: dir.join(format!("{name}.live")),
@@ -721,6 +725,12 @@ impl Cache {
             .truncate(false)
             .open(&n.data)
             .map_err(|e| io(&n.data.display().to_string(), e))?;
+        if !file.metadata().is_ok_and(|m| m.is_file()) {
+            return Err(fail(
+                label,
+                format!("cache: {} is not a regular file", n.data.display()),
+            ));
+        }
         if flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
             let c = Self::first(opts, label, size, words, &n, file)?;
             evict(&n.dir, opts.disk_cache_size, &n.name);
@@ -771,6 +781,7 @@ impl Cache {
             bitmap: None,
             live: None,
             sums: Sums::own(size.div_ceil(opts.block_size)),
+            key: n.key,
         })
     }
 
@@ -800,6 +811,7 @@ impl Cache {
             bitmap: Some(bitmap),
             live: Some(live),
             sums,
+            key: n.key,
         })
     }
 
@@ -832,8 +844,8 @@ impl Cache {
         let saved = match (saved, &sums) {
             (Some(bits), None) if bits.iter().any(|&w| w != 0) => {
                 log::info!(
-                    "{label}: the cache file has no block sums (written by an older version): \
-                     its blocks will be fetched again"
+                    "{label}: the cache file's block sums are missing or not of its size \
+                     (written by an older version, or damaged): its blocks will be fetched again"
                 );
                 None
             }
@@ -854,12 +866,12 @@ impl Cache {
             None => {
                 // Stale or new: start empty.
                 file.set_len(0)
-                    .map_err(|e| io("clearing the cache file", e))?;
+                    .map_err(|e| io(&format!("clearing {}", n.data.display()), e))?;
                 vec![0; words]
             }
         };
         file.set_len(size)
-            .map_err(|e| io("sizing the cache file", e))?;
+            .map_err(|e| io(&format!("sizing {}", n.data.display()), e))?;
         if let Some(l) = &live {
             l.store(&present);
         }
@@ -867,12 +879,12 @@ impl Cache {
         // durable bitmap claims them only once they are.
         if from_live {
             file.sync_data()
-                .map_err(|e| io("syncing the cache file", e))?;
+                .map_err(|e| io(&format!("syncing {}", n.data.display()), e))?;
         }
-        let sums =
-            Sums::first(&n.sums, blocks, kept_sums).map_err(|e| io("writing the block sums", e))?;
+        let sums = Sums::first(&n.sums, blocks, kept_sums)
+            .map_err(|e| io(&n.sums.display().to_string(), e))?;
         let bitmap = write_bitmap(&n.blocks, opts.block_size, size, &present)
-            .map_err(|e| io("writing the block bitmap", e))?;
+            .map_err(|e| io(&n.blocks.display().to_string(), e))?;
         // Setup done: other mounts may join.
         flock(&file, libc::LOCK_SH);
         Ok(Cache {
@@ -882,6 +894,7 @@ impl Cache {
             bitmap: Some(bitmap),
             live,
             sums,
+            key: n.key,
         })
     }
 }
@@ -905,7 +918,7 @@ fn write_bitmap(path: &Path, block: u64, size: u64, words: &[u64]) -> std::io::R
 }
 
 fn load_bitmap(path: &Path, block: u64, size: u64, words: usize) -> Option<Vec<u64>> {
-    let b = std::fs::read(path).ok()?;
+    let b = super::shared::read_exact_file(path, BITMAP_HEADER + words as u64 * 8)?;
     let head = b.get(..BITMAP_HEADER as usize)?;
     if &head[..8] != BITMAP_MAGIC
         || head[8..16] != block.to_le_bytes()
@@ -1055,8 +1068,10 @@ pub struct Object {
     present: Bits,
     /// The saved bitmap (none for a private cache file).
     bitmap: Option<Mutex<File>>,
-    /// Each block's XXH3-64 as fetched (shared like `present`).
+    /// Each block's XXH3-64 as fetched (shared like `present`), seeded
+    /// with its number and `key_sum` (the cache file's name).
     sums: Sums,
+    key_sum: u64,
     /// The blocks this process fetched, or found to match their sums:
     /// only those are read (a block present but not checked is checked
     /// first, and fetched again if it fails).
@@ -1139,14 +1154,16 @@ impl Object {
         }
         let (start, end) = (b * self.block, ((b + 1) * self.block).min(self.size));
         let why = match (&self.file, self.sums.get(b)) {
-            (Some(f), Some(sum)) => match super::sums::holds(f, b, self.block, self.size, sum) {
-                Ok(true) => {
-                    self.set_checked(b);
-                    return true;
+            (Some(f), Some(sum)) => {
+                match super::sums::holds(f, self.key_sum, (b, self.block, self.size), sum) {
+                    Ok(true) => {
+                        self.set_checked(b);
+                        return true;
+                    }
+                    Ok(false) => "its bytes do not match their sum as fetched (XXH3)".to_string(),
+                    Err(e) => format!("cannot read it: {e}"),
                 }
-                Ok(false) => "its bytes differ from those fetched (XXH3)".to_string(),
-                Err(e) => format!("cannot read it: {e}"),
-            },
+            }
             _ => "no file or sum to check it against".to_string(),
         };
         log::warn!(
@@ -1380,7 +1397,7 @@ impl Object {
         // body cut short leaves no block believed that it did not fill.
         let mut body = got.into_stream();
         let mut at = start;
-        let mut sum = Summing::new(blocks.start, self.block, self.size);
+        let mut sum = Summing::new(self.key_sum, blocks.start, self.block, self.size);
         while let Some(piece) = body.next().await {
             let piece = piece.map_err(|e| refused(&e).context(&what))?;
             if at + piece.len() as u64 > end {
@@ -1492,7 +1509,7 @@ impl Object {
         let mut body = got.into_stream();
         let mut at = 0u64;
         // Marked present at the end, all at once (see `fetch_whole`).
-        let mut sum = Summing::new(0, self.block, self.size);
+        let mut sum = Summing::new(self.key_sum, 0, self.block, self.size);
         while let Some(piece) = body.next().await {
             let piece = piece.map_err(|e| refused(&e).context(&what))?;
             if at + piece.len() as u64 > self.size {

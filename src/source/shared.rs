@@ -131,6 +131,25 @@ impl Live {
     }
 }
 
+/// The bytes of the regular file at `path` when it holds exactly `len`:
+/// opened without following a link and without blocking (a FIFO put in
+/// its place), and never read past `len` (a huge or endless file).
+pub(super) fn read_exact_file(path: &Path, len: u64) -> Option<Vec<u8>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let m = f.metadata().ok()?;
+    if !m.is_file() || m.len() != len {
+        return None;
+    }
+    let mut b = vec![0u8; usize::try_from(len).ok()?];
+    f.read_exact_at(&mut b, 0).ok()?;
+    Some(b)
+}
+
 /// A new file in `path`'s directory, to be renamed onto `path`, with the
 /// mode a file made by `open` gets (0666 less the umask), not the 0600 of
 /// a temporary file: the mounts of other users with access to the cache

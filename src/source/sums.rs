@@ -10,7 +10,11 @@
 //! sees the bit sees the sum), and synced with the cache file before the
 //! saved bitmap claims the block. A sum that was lost (a crash of the
 //! machine, a file from before sums) fails its block's check: the block
-//! is fetched again, which costs a request, never a wrong byte.
+//! is fetched again, which costs a request, never a wrong byte. Each sum
+//! is seeded with the block's number and the cache file's name, so that it
+//! holds for those bytes in that place of that object's file only: blocks
+//! swapped together with their sums, or another object's files copied
+//! under this name, fail too.
 
 use std::fs::File;
 use std::io;
@@ -39,9 +43,7 @@ impl Sums {
 
     /// The sums the file at `path` holds, when it has this layout.
     pub fn saved(path: &Path, blocks: u64) -> Option<Vec<u8>> {
-        std::fs::read(path)
-            .ok()
-            .filter(|b| b.len() as u64 == blocks * 8)
+        super::shared::read_exact_file(path, blocks.checked_mul(8)?)
     }
 
     /// The first mount of the cache file (alone): a new sums file put in
@@ -64,8 +66,12 @@ impl Sums {
             .read(true)
             .write(true)
             .open(path)?;
-        if file.metadata()?.len() != blocks * 8 {
-            return Err(io::Error::other("the block sums file has another size"));
+        let m = file.metadata()?;
+        if !m.is_file() || m.len() != blocks * 8 {
+            return Err(io::Error::other(format!(
+                "{} is not a block sums file of this size",
+                path.display()
+            )));
         }
         Self::map(file, blocks)
     }
@@ -119,9 +125,15 @@ impl Sums {
     }
 }
 
+/// The hasher of block `b` of the cache file named by `key`.
+fn hasher(key: u64, b: u64) -> Xxh3 {
+    Xxh3::with_seed(key ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
 /// The running sum of the block a body is being written into: the pieces
 /// of a body come in order, and may end anywhere in a block.
 pub struct Summing {
+    key: u64,
     block: u64,
     size: u64,
     next: u64,
@@ -130,13 +142,14 @@ pub struct Summing {
 
 impl Summing {
     /// For a body starting at block `first` of an object of `size` bytes
-    /// in blocks of `block`.
-    pub fn new(first: u64, block: u64, size: u64) -> Summing {
+    /// in blocks of `block`, in the cache file named by `key`.
+    pub fn new(key: u64, first: u64, block: u64, size: u64) -> Summing {
         Summing {
+            key,
             block,
             size,
             next: first,
-            hash: Xxh3::new(),
+            hash: hasher(key, first),
         }
     }
 
@@ -157,15 +170,21 @@ impl Summing {
             if at == end {
                 done(self.next, self.hash.digest());
                 self.next += 1;
-                self.hash.reset();
+                self.hash = hasher(self.key, self.next);
             }
         }
     }
 }
 
-/// Whether block `b` of `file` (blocks of `block`, an object of `size`
-/// bytes) sums to `want`; an error reading it is a failed check.
-pub fn holds(file: &File, b: u64, block: u64, size: u64, want: u64) -> io::Result<bool> {
+/// Whether block `b` of `file` (the cache file named by `key`, blocks of
+/// `block`, an object of `size` bytes) sums to `want`; an error reading
+/// it is a failed check.
+pub fn holds(
+    file: &File,
+    key: u64,
+    (b, block, size): (u64, u64, u64),
+    want: u64,
+) -> io::Result<bool> {
     thread_local! {
         static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
@@ -174,7 +193,7 @@ pub fn holds(file: &File, b: u64, block: u64, size: u64, want: u64) -> io::Resul
     BUF.with(|buf| {
         let mut buf = buf.borrow_mut();
         buf.resize(PIECE, 0);
-        let mut hash = Xxh3::new();
+        let mut hash = hasher(key, b);
         let mut at = start;
         while at < end {
             let n = usize::try_from(end - at).map_or(PIECE, |n| n.min(PIECE));
@@ -194,13 +213,16 @@ mod tests {
     fn pieces_cut_anywhere_give_each_block_its_sum() {
         let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + i / 13) as u8).collect();
         let (block, size) = (4096u64, data.len() as u64);
+        let sum = |b: u64, c: &[u8]| {
+            xxhash_rust::xxh3::xxh3_64_with_seed(c, 7 ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        };
         let want: Vec<(u64, u64)> = data
             .chunks(block as usize)
             .enumerate()
-            .map(|(i, c)| (i as u64, xxhash_rust::xxh3::xxh3_64(c)))
+            .map(|(i, c)| (i as u64, sum(i as u64, c)))
             .collect();
         for cut in [1usize, 100, 4095, 4096, 4097, 10_000] {
-            let mut s = Summing::new(0, block, size);
+            let mut s = Summing::new(7, 0, block, size);
             let mut got = Vec::new();
             let mut at = 0;
             for piece in data.chunks(cut) {
@@ -210,24 +232,28 @@ mod tests {
             assert_eq!(got, want, "pieces of {cut}");
         }
         // A body starting at block 1.
-        let mut s = Summing::new(1, block, size);
+        let mut s = Summing::new(7, 1, block, size);
         let mut got = Vec::new();
         s.feed(block, &data[block as usize..], |b, sum| got.push((b, sum)));
         assert_eq!(got, want[1..]);
     }
 
     #[test]
-    fn a_block_changed_on_disk_fails_its_check() {
+    fn a_block_changed_on_disk_or_in_another_place_fails_its_check() {
         let f = tempfile::tempfile().unwrap();
         let data = vec![7u8; 10_000];
         f.write_all_at(&data, 0).unwrap();
-        let sum = xxhash_rust::xxh3::xxh3_64(&data[4096..8192]);
-        assert!(holds(&f, 1, 4096, 10_000, sum).unwrap());
+        // The sums of a body written whole, in the file named 7.
+        let mut sums = Vec::new();
+        Summing::new(7, 0, 4096, 10_000).feed(0, &data, |_, s| sums.push(s));
+        assert!(holds(&f, 7, (1, 4096, 10_000), sums[1]).unwrap());
+        // The same bytes in another block, or in another object's file.
+        assert!(!holds(&f, 7, (0, 4096, 10_000), sums[1]).unwrap());
+        assert!(!holds(&f, 8, (1, 4096, 10_000), sums[1]).unwrap());
         f.write_all_at(&[8], 5000).unwrap();
-        assert!(!holds(&f, 1, 4096, 10_000, sum).unwrap());
+        assert!(!holds(&f, 7, (1, 4096, 10_000), sums[1]).unwrap());
         // The short last block.
-        let last = xxhash_rust::xxh3::xxh3_64(&data[8192..]);
-        assert!(holds(&f, 2, 4096, 10_000, last).unwrap());
+        assert!(holds(&f, 7, (2, 4096, 10_000), sums[2]).unwrap());
     }
 
     #[test]
