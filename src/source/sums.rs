@@ -8,9 +8,10 @@
 //! mapped `MAP_SHARED` by every mount of the object (a block's sum is
 //! stored before its bit in the live bitmap is set, so a process that
 //! sees the bit sees the sum), and synced with the cache file before the
-//! saved bitmap claims the block. A sum that was lost (a crash of the
-//! machine, a file from before sums) fails its block's check: the block
-//! is fetched again, which costs a request, never a wrong byte. Each sum
+//! saved bitmap claims the block. A sum that was lost fails its block's
+//! check: the block is fetched again, which costs a request, never a wrong
+//! byte (a sums file missing or of another size is not believed at all:
+//! see `Cache::first` in remote.rs). Each sum
 //! is seeded with the block's number and the cache file's name, so that it
 //! holds for those bytes in that place of that object's file only: blocks
 //! swapped together with their sums, or another object's files copied
