@@ -1166,6 +1166,29 @@ dt.save(out + "/model.deathtensors",
     }
 }
 
+/// The cache file (`NAME.data`) of the one object cached under `cache`.
+fn cache_data_file(cache: &Path) -> PathBuf {
+    std::fs::read_dir(cache.join("ztensor-remote"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "data"))
+        .expect("a cache file")
+}
+
+/// Byte `at` of `file` made `how(byte)`, as another program would write it.
+fn change_byte(file: &Path, at: u64, how: impl Fn(u8) -> u8) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[how(b[0])], at).unwrap();
+}
+
 /// `model.safetensors` written by `script` (given the directory) into a
 /// scratch directory served by the Range server: its bytes, the server and
 /// a cache directory.
@@ -1266,23 +1289,10 @@ st.save_file({"w": rng.standard_normal((3000, 1000)).astype("<f4")},
     m.unmount_ok();
     // One byte of the third block changed in the cache file, and one of
     // the fifth.
-    let data = std::fs::read_dir(cache.join("ztensor-remote"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "data"))
-        .expect("a cache file");
-    let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
+    let data = cache_data_file(&cache);
     for at in [2 * MIB as u64 + 12_345, 4 * MIB as u64 + 7] {
-        use std::os::unix::fs::FileExt;
-        let mut b = [0u8; 1];
-        std::fs::File::open(&data)
-            .unwrap()
-            .read_exact_at(&mut b, at)
-            .unwrap();
-        f.write_all_at(&[b[0] ^ 0x10], at).unwrap();
+        change_byte(&data, at, |b| b ^ 0x10);
     }
-    drop(f);
     // The view's first open checks every block: the two go, the daemon
     // serves it, fetching them again; then the kernel reads it.
     mount_remote(&mut m, &url, &cache, &opts);
@@ -1308,18 +1318,7 @@ st.save_file({"w": rng.standard_normal((3000, 1000)).astype("<f4")},
     m.unmount_ok();
     // The tensor's own file, in a mount that reads it before any view is
     // opened: a changed byte is found by the read's own check.
-    let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
-    {
-        use std::os::unix::fs::FileExt;
-        let mut b = [0u8; 1];
-        let at = 5 * MIB as u64;
-        std::fs::File::open(&data)
-            .unwrap()
-            .read_exact_at(&mut b, at)
-            .unwrap();
-        f.write_all_at(&[!b[0]], at).unwrap();
-    }
-    drop(f);
+    change_byte(&data, 5 * MIB as u64, |b| !b);
     mount_remote(&mut m, &url, &cache, &opts);
     let header = want.len() - 3000 * 1000 * 4;
     assert!(m.read("w") == want[header..], "the tensor after the change");
@@ -1372,12 +1371,7 @@ st.save_file({"a": rng.standard_normal((500, 1000)).astype("<f4"),
     mount_remote(&mut m, &url, &cache, &opts);
     assert!(m.read(view) == want, "first read");
     m.unmount_ok();
-    let data = std::fs::read_dir(cache.join("ztensor-remote"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "data"))
-        .expect("a cache file");
+    let data = cache_data_file(&cache);
     let mkfifo = |p: &Path| {
         let _ = std::fs::remove_file(p);
         let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
