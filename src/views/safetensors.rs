@@ -276,7 +276,7 @@ impl Layout {
                 return None;
             };
             let same = dtype == dtype_name(part.dtype)?
-                && *shape == part.shape
+                && *shape == t.shape
                 && to.checked_sub(*from) == Some(part.nbytes)
                 && base.checked_add(*from) == Some(blob.offset);
             if !stored_as_shown || !same {
