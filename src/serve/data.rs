@@ -19,7 +19,7 @@ use super::lazy_table::LazyTable;
 use super::prefetch::Prefetcher;
 use super::spill::{self, Spill};
 use super::stats::Stats;
-use super::window::{self, MapWindow, Touched};
+use super::window::{self, MapPool, MapWindow, Touched};
 use crate::catalog::{
     Blob, Catalog, Check, Codec, FrameTable, Part, PartMap, Producer, Tensor, expose,
 };
@@ -188,9 +188,12 @@ impl Data {
         stats: Arc<Stats>,
     ) -> std::io::Result<Arc<Data>> {
         let catalog = catalog.into();
+        // One budget of mapped pages for every file: a set of many shards
+        // keeps what one file does mapped.
+        let pool = MapPool::new(window::BUDGET);
         let files = files
             .into_iter()
-            .map(|f| f.map(serve_file).transpose())
+            .map(|f| f.map(|f| serve_file(f, &pool)).transpose())
             .collect::<std::io::Result<Vec<_>>>()?;
         let states = LazyTable::new(catalog.blobs.len());
         let logged = LazyTable::new(catalog.tensors.len());
@@ -1625,8 +1628,8 @@ fn frame_at(frames: &[Frame], at: u64) -> usize {
         .min(frames.len().saturating_sub(1))
 }
 
-/// A source file ready to serve: its window and guard.
-fn serve_file(f: MappedFile) -> std::io::Result<Served> {
+/// A source file ready to serve: its window (in `pool`) and guard.
+fn serve_file(f: MappedFile, pool: &Arc<MapPool<MappedFile>>) -> std::io::Result<Served> {
     let bytes = f.bytes();
     let guard = Guard::new(
         f.label(),
@@ -1641,7 +1644,7 @@ fn serve_file(f: MappedFile) -> std::io::Result<Served> {
     };
     let file = Arc::new(f);
     Ok(Served {
-        window: MapWindow::new(file.clone(), window::BUDGET),
+        window: pool.window(file.clone()),
         file,
         guard: Arc::new(guard),
         checked: OnceLock::new(),

@@ -1,15 +1,21 @@
-//! Which pages of the `.zt` mapping the daemon keeps mapped while it serves
-//! raw tensors. A raw reply is written to the kernel straight from the
-//! mapping, so its pages are mapped (page faults) before they are sent, and
-//! must be let go of (a page-table walk and a TLB flush) once readers are
-//! past them, or the daemon's RSS would grow to the size of the file.
+//! Which pages of the source files' mappings the daemon keeps mapped while
+//! it serves raw tensors. A raw reply is written to the kernel straight
+//! from a mapping, so its pages are mapped (page faults) before they are
+//! sent, and must be let go of (a page-table walk and a TLB flush) once
+//! readers are past them, or the daemon's RSS would grow to the size of
+//! the files.
 //!
 //! On the thread that serves the reply, both cost a third of a raw
 //! sequential read on the project's VM (BENCHMARKS.md), so both happen on a
-//! thread of the window's own: the next chunks ahead of a streaming reader
+//! thread of the pool's own: the next chunks ahead of a streaming reader
 //! are faulted in before it asks for them, and the least recently served
 //! chunks past a fixed budget are let go of (their pages stay in the page
 //! cache; a later read maps them again).
+//!
+//! One [`MapPool`] serves every source file of a mount (each a
+//! [`MapWindow`]): one budget and one helper thread however many shards a
+//! set has, so a set of 160 shards read through keeps what one file does
+//! mapped, not 160 times that.
 //!
 //! What is mapped never escapes the count, whatever the timing: a reply's
 //! chunks are counted after it was sent (so a chunk let go of while the
@@ -28,12 +34,14 @@ use crate::source::MappedFile;
 
 /// The unit of accounting: mapped pages are counted (and let go of) per
 /// 2 MiB of address space, aligned as page tables are: a page fault maps
-/// its neighbours too ("fault-around"), but never across such a boundary,
-/// so no page is mapped outside the chunks that were counted.
+/// its neighbours too ("fault-around"), but never across such a boundary
+/// nor outside its own mapping, so no page is mapped outside the chunks
+/// that were counted.
 pub const CHUNK: usize = 2 << 20;
-/// Default budget: at most this much of the mapping is counted as mapped
-/// for raw replies; the helper may still be letting go of one batch past
-/// it (a quarter of it); what replies in flight map is counted once sent.
+/// Default budget: at most this much of a mount's mappings is counted as
+/// mapped for raw replies; the helper may still be letting go of one batch
+/// past it (a quarter of it); what replies in flight map is counted once
+/// sent.
 pub const BUDGET: usize = 32 << 20;
 /// How far ahead of a streaming reader the helper faults pages in, and
 /// how many chunks one reply may ask for (a reader moves half a chunk per
@@ -50,7 +58,7 @@ pub const STREAMING: usize = 128 << 10;
 /// serving thread lets go itself.
 const QUEUE: usize = 8;
 
-/// What the window does to the mapping: the `.zt`'s, or a test's record.
+/// What a window does to its mapping: a source file's, or a test's record.
 pub trait Pages: Send + Sync + 'static {
     /// Address and length of the mapping.
     fn map_base(&self) -> usize;
@@ -87,19 +95,25 @@ impl Pages for MappedFile {
     }
 }
 
-enum Job {
-    /// Fault in offsets `.2..3`, which lie in chunks `.0..=.1`.
-    Populate(usize, usize, usize, usize),
+/// A chunk as counted: its number (by address) and the base address of
+/// the mapping it was mapped in. Two mappings may share a chunk of address
+/// space (one ends and the next begins inside it); each counts its own
+/// part, and letting go of one leaves the other's pages alone.
+type Key = (usize, usize);
+
+enum Job<P> {
+    /// Fault in offsets `.3..4` of the mapping, which lie in chunks
+    /// `.1..=.2`.
+    Populate(Arc<P>, usize, usize, usize, usize),
     /// Let go of these chunks.
-    Release(Vec<usize>),
+    Release(Vec<(Key, Arc<P>)>),
 }
 
-/// What the window and its helper share.
+/// What the pool and its helper share.
 struct Shared<P: Pages> {
-    pages: Arc<P>,
-    /// Chunks counted as mapped, least recently served first (numbered by
-    /// address, not by file offset).
-    counted: Mutex<LruCache<usize, ()>>,
+    /// Chunks counted as mapped, least recently served first, with the
+    /// mapping each is in (held until the chunk is let go of).
+    counted: Mutex<LruCache<Key, Arc<P>>>,
     /// Jobs sent and not yet done (for tests to wait on).
     pending: AtomicUsize,
     /// A release batch is queued or being done.
@@ -110,24 +124,24 @@ struct Shared<P: Pages> {
 }
 
 impl<P: Pages> Shared<P> {
-    fn counted(&self) -> MutexGuard<'_, LruCache<usize, ()>> {
+    fn counted(&self) -> MutexGuard<'_, LruCache<Key, Arc<P>>> {
         self.counted.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Lets go of chunk `c` (its part of the mapping).
-    fn release(&self, c: usize) {
-        let base = self.pages.map_base();
-        let from = (c * CHUNK).max(base);
-        let to = ((c + 1) * CHUNK).min(base + self.pages.map_len());
-        if from < to {
-            self.pages.release(from - base, to - from);
+    fn release_all(&self, gone: Vec<(Key, Arc<P>)>) {
+        for ((c, _), pages) in gone {
+            release(&*pages, c);
         }
     }
+}
 
-    fn release_all(&self, gone: Vec<usize>) {
-        for c in gone {
-            self.release(c);
-        }
+/// Lets go of chunk `c`: the part of `pages`' mapping inside it.
+fn release<P: Pages>(pages: &P, c: usize) {
+    let base = pages.map_base();
+    let from = (c * CHUNK).max(base);
+    let to = ((c + 1) * CHUNK).min(base + pages.map_len());
+    if from < to {
+        pages.release(from - base, to - from);
     }
 }
 
@@ -135,24 +149,23 @@ impl<P: Pages> Shared<P> {
 #[derive(Default)]
 pub struct Touched(Vec<usize>);
 
-pub struct MapWindow<P: Pages> {
+/// The budget and helper thread the windows of one mount share.
+pub struct MapPool<P: Pages> {
     shared: Arc<Shared<P>>,
-    base: usize,
     /// In chunks: past `budget`, the least recently served are let go of
     /// down to `low` at once (a job per 8 MiB streamed, not one per reply).
     budget: usize,
     low: usize,
-    jobs: SyncSender<Job>,
+    jobs: SyncSender<Job<P>>,
 }
 
-impl<P: Pages> MapWindow<P> {
-    /// A window of at most `budget` bytes (rounded up to whole chunks)
-    /// with its helper thread, which ends when the window is dropped.
-    pub fn new(pages: Arc<P>, budget: usize) -> MapWindow<P> {
+impl<P: Pages> MapPool<P> {
+    /// A pool of at most `budget` bytes (rounded up to whole chunks) with
+    /// its helper thread, which ends when the pool and its windows are
+    /// dropped.
+    pub fn new(budget: usize) -> Arc<MapPool<P>> {
         let (jobs, rx) = sync_channel(QUEUE);
-        let base = pages.map_base();
         let shared = Arc::new(Shared {
-            pages,
             counted: Mutex::new(LruCache::unbounded()),
             pending: AtomicUsize::new(0),
             releasing: AtomicBool::new(false),
@@ -170,13 +183,87 @@ impl<P: Pages> MapWindow<P> {
             );
         }
         let budget = budget.div_ceil(CHUNK).max(2);
-        MapWindow {
+        Arc::new(MapPool {
             shared,
-            base,
             budget,
             low: budget * 3 / 4,
             jobs,
+        })
+    }
+
+    /// The window of one mapping, counted in this pool.
+    pub fn window(self: &Arc<Self>, pages: Arc<P>) -> MapWindow<P> {
+        MapWindow {
+            pool: self.clone(),
+            base: pages.map_base(),
+            pages,
         }
+    }
+
+    /// Past the budget, takes the least recently served chunks out of the
+    /// count and hands them to the helper; returns those the caller must
+    /// let go of itself.
+    #[must_use]
+    fn make_room(&self, counted: &mut LruCache<Key, Arc<P>>) -> Vec<(Key, Arc<P>)> {
+        if counted.len() <= self.budget {
+            return Vec::new();
+        }
+        let mut gone = Vec::with_capacity(counted.len() - self.low);
+        while counted.len() > self.low {
+            match counted.pop_lru() {
+                Some(c) => gone.push(c),
+                None => break,
+            }
+        }
+        // One batch at a time is the helper's; past that the caller lets
+        // go itself, so what waits to be let go of stays under a budget.
+        if self.shared.releasing.swap(true, Relaxed) {
+            return gone;
+        }
+        match self.send(Job::Release(gone)) {
+            Ok(()) => Vec::new(),
+            Err(e) => {
+                self.shared.releasing.store(false, Relaxed);
+                let (TrySendError::Full(job) | TrySendError::Disconnected(job)) = e;
+                match job {
+                    Job::Release(gone) => gone,
+                    Job::Populate(..) => Vec::new(),
+                }
+            }
+        }
+    }
+
+    fn send(&self, job: Job<P>) -> Result<(), TrySendError<Job<P>>> {
+        self.shared.pending.fetch_add(1, AcqRel);
+        let r = self.jobs.try_send(job);
+        if r.is_err() {
+            self.shared.pending.fetch_sub(1, AcqRel);
+        }
+        r
+    }
+
+    /// Chunks counted as mapped now, in every window.
+    pub fn chunks(&self) -> usize {
+        self.shared.counted().len()
+    }
+}
+
+/// What of one mapping replies keep mapped, counted in its pool.
+pub struct MapWindow<P: Pages> {
+    pool: Arc<MapPool<P>>,
+    pages: Arc<P>,
+    base: usize,
+}
+
+impl<P: Pages> MapWindow<P> {
+    /// A window of its own pool of at most `budget` bytes.
+    #[cfg(test)]
+    pub fn new(pages: Arc<P>, budget: usize) -> MapWindow<P> {
+        MapPool::new(budget).window(pages)
+    }
+
+    fn key(&self, c: usize) -> Key {
+        (c, self.base)
     }
 
     /// Before a reply of `len` bytes at `off` of the mapping: if it
@@ -184,25 +271,29 @@ impl<P: Pages> MapWindow<P> {
     /// asks for the next chunks of its tensor (which ends at `limit`) to be
     /// faulted in.
     pub fn ahead(&self, off: usize, len: usize, limit: usize) {
-        let limit = self.base + limit.min(self.shared.pages.map_len());
+        let pool = &self.pool;
+        let limit = self.base + limit.min(self.pages.map_len());
         let (start, end) = (self.base + off, (self.base + off).saturating_add(len));
-        if len < STREAMING || end >= limit || !self.shared.can_populate.load(Relaxed) {
+        if len < STREAMING || end >= limit || !pool.shared.can_populate.load(Relaxed) {
             return;
         }
         let to = end.saturating_add(AHEAD).next_multiple_of(CHUNK).min(limit);
-        let counted = self.shared.counted();
+        let counted = pool.shared.counted();
         // Long random reads are not streams: their pages are not asked for.
-        if !counted.contains(&(start / CHUNK)) {
+        if !counted.contains(&self.key(start / CHUNK)) {
             return;
         }
         // Chunks counted are mapped, or were asked for already.
-        let Some(first) = (end / CHUNK..=(to - 1) / CHUNK).find(|c| !counted.contains(c)) else {
+        let Some(first) =
+            (end / CHUNK..=(to - 1) / CHUNK).find(|&c| !counted.contains(&self.key(c)))
+        else {
             return;
         };
         let last = ((to - 1) / CHUNK).min(first + AHEAD_PER_REPLY - 1);
         let from = end.max(first * CHUNK) - self.base;
         let to = to.min((last + 1) * CHUNK) - self.base;
-        if self.send(Job::Populate(first, last, from, to)).is_ok() {
+        let job = Job::Populate(self.pages.clone(), first, last, from, to);
+        if pool.send(job).is_ok() {
             self.count(counted, first..=last);
         }
     }
@@ -215,7 +306,10 @@ impl<P: Pages> MapWindow<P> {
             return;
         }
         let at = self.base + off;
-        self.count(self.shared.counted(), at / CHUNK..=(at + len - 1) / CHUNK);
+        self.count(
+            self.pool.shared.counted(),
+            at / CHUNK..=(at + len - 1) / CHUNK,
+        );
     }
 
     /// Notes that a copy read `len` bytes at `off` of the mapping; the
@@ -242,7 +336,7 @@ impl<P: Pages> MapWindow<P> {
         }
         touched.0.sort_unstable();
         touched.0.dedup();
-        self.count(self.shared.counted(), touched.0);
+        self.count(self.pool.shared.counted(), touched.0);
     }
 
     /// [`MapWindow::served`] of a slice of the mapping.
@@ -258,79 +352,46 @@ impl<P: Pages> MapWindow<P> {
     /// is let go of here, once the lock is let go.
     fn count(
         &self,
-        mut counted: MutexGuard<'_, LruCache<usize, ()>>,
+        mut counted: MutexGuard<'_, LruCache<Key, Arc<P>>>,
         chunks: impl IntoIterator<Item = usize>,
     ) {
         for c in chunks {
-            counted.push(c, ());
+            // An update keeps the mapping already held: no reference count
+            // touched for a chunk served again.
+            if counted.get(&self.key(c)).is_none() {
+                counted.push(self.key(c), self.pages.clone());
+            }
         }
-        let gone = self.make_room(&mut counted);
+        let gone = self.pool.make_room(&mut counted);
         drop(counted);
-        self.shared.release_all(gone);
+        self.pool.shared.release_all(gone);
     }
 
-    /// Past the budget, takes the least recently served chunks out of the
-    /// count and hands them to the helper; returns those the caller must
-    /// let go of itself.
-    #[must_use]
-    fn make_room(&self, counted: &mut LruCache<usize, ()>) -> Vec<usize> {
-        if counted.len() <= self.budget {
-            return Vec::new();
-        }
-        let mut gone = Vec::with_capacity(counted.len() - self.low);
-        while counted.len() > self.low {
-            match counted.pop_lru() {
-                Some((c, ())) => gone.push(c),
-                None => break,
-            }
-        }
-        // One batch at a time is the helper's; past that the caller lets
-        // go itself, so what waits to be let go of stays under a budget.
-        if self.shared.releasing.swap(true, Relaxed) {
-            return gone;
-        }
-        match self.send(Job::Release(gone)) {
-            Ok(()) => Vec::new(),
-            Err(e) => {
-                self.shared.releasing.store(false, Relaxed);
-                let (TrySendError::Full(job) | TrySendError::Disconnected(job)) = e;
-                match job {
-                    Job::Release(gone) => gone,
-                    Job::Populate(..) => Vec::new(),
-                }
-            }
-        }
-    }
-
-    fn send(&self, job: Job) -> Result<(), TrySendError<Job>> {
-        self.shared.pending.fetch_add(1, AcqRel);
-        let r = self.jobs.try_send(job);
-        if r.is_err() {
-            self.shared.pending.fetch_sub(1, AcqRel);
-        }
-        r
-    }
-
-    /// Chunks counted as mapped now.
+    /// Chunks counted as mapped now, in every window of its pool.
     pub fn chunks(&self) -> usize {
-        self.shared.counted().len()
+        self.pool.chunks()
     }
 }
 
-fn helper<P: Pages>(shared: &Shared<P>, jobs: Receiver<Job>) {
+fn helper<P: Pages>(shared: &Shared<P>, jobs: Receiver<Job<P>>) {
     while let Ok(job) = jobs.recv() {
         match job {
-            Job::Populate(first, last, from, to) => {
-                if !shared.pages.populate(from, to - from) {
+            Job::Populate(pages, first, last, from, to) => {
+                if !pages.populate(from, to - from) {
                     shared.can_populate.store(false, Relaxed);
                 }
                 // Let go of what was no longer counted by the time it was
                 // mapped: nothing mapped escapes the count.
+                let base = pages.map_base();
                 let gone: Vec<usize> = {
                     let counted = shared.counted();
-                    (first..=last).filter(|c| !counted.contains(c)).collect()
+                    (first..=last)
+                        .filter(|&c| !counted.contains(&(c, base)))
+                        .collect()
                 };
-                shared.release_all(gone);
+                for c in gone {
+                    release(&*pages, c);
+                }
             }
             Job::Release(gone) => {
                 shared.release_all(gone);
@@ -343,8 +404,14 @@ fn helper<P: Pages>(shared: &Shared<P>, jobs: Receiver<Job>) {
 
 #[cfg(test)]
 impl<P: Pages> MapWindow<P> {
+    /// The chunks counted for this window's mapping.
     fn counted_set(&self) -> std::collections::BTreeSet<usize> {
-        self.shared.counted().iter().map(|(c, ())| *c).collect()
+        let counted = self.pool.shared.counted();
+        counted
+            .iter()
+            .filter(|((_, base), _)| *base == self.base)
+            .map(|((c, _), _)| *c)
+            .collect()
     }
 }
 
@@ -436,20 +503,17 @@ mod tests {
     }
 
     /// Waits until the helper has done every job, then checks that nothing
-    /// mapped escaped the count.
+    /// mapped escaped the count, and that the pool is within its budget.
     fn settle(w: &MapWindow<Record>, rec: &Record) {
+        let shared = &w.pool.shared;
         let t = Instant::now();
-        while w.shared.pending.load(Acquire) > 0 && t.elapsed() < Duration::from_secs(5) {
+        while shared.pending.load(Acquire) > 0 && t.elapsed() < Duration::from_secs(5) {
             std::thread::sleep(Duration::from_millis(1));
         }
         let (mapped, counted) = (rec.mapped(), w.counted_set());
         let escaped: Vec<_> = mapped.difference(&counted).collect();
         assert!(escaped.is_empty(), "mapped but not counted: {escaped:?}");
-        assert!(
-            counted.len() <= w.budget,
-            "{} chunks counted",
-            counted.len()
-        );
+        assert!(w.chunks() <= w.pool.budget, "{} chunks counted", w.chunks());
         assert_eq!(
             rec.bad.lock().unwrap().len(),
             0,
@@ -594,5 +658,53 @@ mod tests {
             w.served(off, n);
         }
         settle(&w, &rec);
+    }
+
+    #[test]
+    fn the_windows_of_one_pool_share_its_budget() {
+        // 24 files (a sharded set), each streamed through: what stays
+        // mapped is one budget in all, not one per file.
+        let pool = MapPool::new(BUDGET);
+        let len = 8 << 20;
+        let recs: Vec<_> = (0..24)
+            .map(|i| Record::at((i * 64 + 1) << 20, len, true))
+            .collect();
+        let windows: Vec<_> = recs.iter().map(|r| pool.window(r.clone())).collect();
+        for (w, rec) in windows.iter().zip(&recs) {
+            for off in (0..len).step_by(1 << 20) {
+                reply(w, rec, off, 1 << 20, len);
+            }
+        }
+        for (w, rec) in windows.iter().zip(&recs) {
+            settle(w, rec);
+        }
+        let mapped: usize = recs.iter().map(|r| r.mapped().len()).sum();
+        assert!(mapped <= BUDGET / CHUNK, "{mapped} chunks mapped");
+        // The last file streamed is what stays mapped.
+        assert!(!recs[23].mapped().is_empty());
+        assert!(recs[0].mapped().is_empty());
+    }
+
+    #[test]
+    fn mappings_that_share_a_chunk_count_their_own_parts() {
+        // The kernel places mappings side by side: one ends and the next
+        // begins inside chunk 2 (4-6 MiB). Each counts and lets go of its
+        // own part, so neither's pages escape the count.
+        let pool = MapPool::new(8 << 20);
+        let a = Record::at(0, (5 << 20) + (512 << 10), true);
+        let b = Record::at(a.len, 32 << 20, true);
+        let (wa, wb) = (pool.window(a.clone()), pool.window(b.clone()));
+        for round in 0..4 {
+            for off in (0..a.len).step_by(256 << 10) {
+                let n = (256 << 10).min(a.len - off);
+                reply(&wa, &a, off, n, a.len);
+            }
+            let start = round * (8 << 20);
+            for off in (start..start + (8 << 20)).step_by(1 << 20) {
+                reply(&wb, &b, off, 1 << 20, b.len);
+            }
+        }
+        settle(&wa, &a);
+        settle(&wb, &b);
     }
 }
