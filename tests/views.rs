@@ -150,6 +150,48 @@ fn a_v2_file_opens_through_every_view() {
     );
 }
 
+/// numpy reads up to 64 dimensions, zarr-python and TensorStore up to 32.
+/// A tensor of more gets no view that its reader would only refuse, and
+/// its sidecar names only the views it has; those open. (The safetensors
+/// view, off here, has no such limit.)
+#[test]
+fn a_tensor_of_more_dimensions_than_a_reader_opens_gets_no_view_for_it() {
+    let Some(py) = python() else { return };
+    let ranks = [32, 33, 64, 65];
+    let Some(m) = Mount::with(&["--xattrs", "--views", "npy,zarr"], |p| {
+        let mut w = Writer::create(p).unwrap();
+        for r in ranks {
+            let mut shape = vec![1u64; r];
+            shape[r - 1] = 3;
+            w.add(
+                &format!("r{r}"),
+                DType::Uint8,
+                &shape,
+                &[r as u8, 1, 2],
+                &Options::default(),
+            )
+            .unwrap();
+        }
+        w.finish().unwrap();
+    }) else {
+        return;
+    };
+    for r in ranks {
+        let side = m.json(&format!("r{r}.json"));
+        // A tensor in no view has no "views".
+        let views = side["views"].as_object().cloned().unwrap_or_default();
+        assert_eq!(views.contains_key("npy"), r <= 64, "r{r}: {views:?}");
+        assert_eq!(views.contains_key("zarr"), r <= 32, "r{r}: {views:?}");
+        assert_eq!(m.path(&format!(".npy/r{r}.npy")).exists(), r <= 64, "r{r}");
+        assert_eq!(m.path(&format!(".zarr/r{r}")).exists(), r <= 32, "r{r}");
+    }
+    check(
+        &py,
+        &m,
+        json!({"npy": 3, "zarr": 1, "tensorstore": 1, "xattr": 3}),
+    );
+}
+
 #[test]
 fn views_can_be_turned_off() {
     let Some(m) = Mount::with(&["--views", "npy"], write_model) else {

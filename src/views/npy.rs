@@ -25,7 +25,7 @@ struct Npy;
 
 impl View for Npy {
     fn tensor_files(&self, ti: usize, part: &Part, leaf: &str) -> Vec<Placed> {
-        if descr(part.dtype).is_none() {
+        if descr(part.dtype).is_none() || part.shape.len() > MAX_DIMS {
             return Vec::new();
         }
         let file = FileId {
@@ -58,6 +58,9 @@ impl View for Npy {
 }
 
 const MAGIC: &[u8] = b"\x93NUMPY";
+/// The most dimensions numpy reads (`NPY_MAXDIMS` since numpy 2.0; 1.x
+/// stops at 32): a tensor of more gets no `.npy` that would only fail.
+pub const MAX_DIMS: usize = 64;
 const ALIGN: usize = 64;
 
 /// numpy's type string for the exposed bytes, where one is honest. numpy
@@ -76,13 +79,6 @@ pub fn descr(d: DType) -> Option<&'static str> {
         DType::Float4E2M1FnX2 => None,
         other => Some(other.numpy()),
     }
-}
-
-/// Why a part of type `d` has no `.npy`, when it has none.
-pub fn missing_reason(d: DType) -> Option<&'static str> {
-    descr(d)
-        .is_none()
-        .then_some("numpy has no element for packed 4-bit pairs")
 }
 
 /// The header for `part` (little-endian C-order elements), or `None` when

@@ -34,7 +34,7 @@ struct Zarr;
 
 impl View for Zarr {
     fn tensor_files(&self, ti: usize, part: &Part, leaf: &str) -> Vec<Placed> {
-        if data_type(part.dtype).is_none() {
+        if data_type(part.dtype).is_none() || part.shape.len() > MAX_RANK {
             return Vec::new();
         }
         let array = FileId {
@@ -72,6 +72,11 @@ impl View for Zarr {
         }
     }
 }
+
+/// The highest rank the readers open: TensorStore's limit, and where
+/// zarr-python's indexing stops too. A tensor of higher rank gets no
+/// array that would only fail.
+pub const MAX_RANK: usize = 32;
 
 /// The zarr v3 `data_type` of `d`, where a reader has one.
 pub fn data_type(d: DType) -> Option<&'static str> {

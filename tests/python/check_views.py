@@ -28,7 +28,13 @@ def same(a, b, what):
     assert a.tobytes() == b.tobytes(), f"{what}: bytes differ"
 
 
-dense = [t for t in index["tensors"] if t.get("supported") and "numpy_dtype" in t]
+# numpy holds at most 64 dimensions: a tensor of more is checked by the
+# caller (it has no .npy or .zarr view).
+dense = [
+    t
+    for t in index["tensors"]
+    if t.get("supported") and "numpy_dtype" in t and len(t["shape"]) <= 64
+]
 for t in dense:
     views = t.get("views", {})
     want = raw(t)
