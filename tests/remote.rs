@@ -813,6 +813,40 @@ fn a_missing_object_refuses_the_mount_in_one_line() {
     assert!(!m.is_mounted());
 }
 
+/// A server that gives an object's size as more than any cache tracks
+/// (2^56 bytes) is refused in one line, before anything is sized by it:
+/// no allocation of that size (it aborted the mount), no file of it.
+#[test]
+fn a_size_past_what_the_cache_tracks_refuses_the_mount_in_one_line() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let (_, srv, cache) = served_model(&py, &m);
+    std::fs::create_dir(&cache).unwrap();
+    srv.control("/__claim?path=/model.zt&size=72057594037927936");
+    let r = m.run(
+        Path::new(&srv.url("/model.zt")),
+        &["--cache-dir", cache.to_str().unwrap()],
+    );
+    assert_eq!(r.status.code(), Some(1), "{}", r.stderr);
+    assert_eq!(
+        r.stderr.trim(),
+        format!(
+            "ztensor-mount: {}: the server gives its size as 72057594037927936 bytes: more \
+             than the cache tracks (4194304 blocks of 4194304 bytes, 17592186044416 bytes; a \
+             larger -o block_size tracks more)",
+            srv.url("/model.zt")
+        )
+    );
+    assert!(!m.is_mounted());
+    let largest = walk(&cache)
+        .iter()
+        .map(|p| std::fs::metadata(p).map_or(0, |md| md.len()))
+        .max()
+        .unwrap_or(0);
+    assert!(largest < 1 << 20, "a cache file of {largest} bytes");
+}
+
 fn s3_env<'a>(cmd: &'a mut Command, key: &str) -> &'a mut Command {
     for k in AWS_VARS {
         cmd.env_remove(k);

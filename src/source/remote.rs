@@ -664,6 +664,12 @@ struct Cache {
     key: u64,
 }
 
+/// The most blocks an object's cache tracks: its table (a sum of 8 bytes
+/// and two bits a block, in memory or mapped) stays within 34 MiB, and a
+/// size a server made up is refused before anything is sized by it. With
+/// the default 4 MiB block that is 16 TiB, past any file of weights.
+const MAX_BLOCKS: u64 = 1 << 22;
+
 const BITMAP_MAGIC: &[u8; 8] = b"ZTRBLK1\n";
 /// Magic, block size, object size.
 const BITMAP_HEADER: u64 = 24;
@@ -699,7 +705,20 @@ impl Cache {
     /// `pin` names the object's bytes (`None`: nothing does, so its file
     /// is private and not kept).
     fn open(opts: &Options, label: &str, pin: Option<&str>, size: u64) -> Result<Cache> {
-        let words = size.div_ceil(opts.block_size).div_ceil(64) as usize;
+        let blocks = size.div_ceil(opts.block_size);
+        if blocks > MAX_BLOCKS {
+            return Err(fail(
+                label,
+                format!(
+                    "the server gives its size as {size} bytes: more than the cache tracks \
+                     ({MAX_BLOCKS} blocks of {} bytes, {} bytes; a larger -o block_size \
+                     tracks more)",
+                    opts.block_size,
+                    MAX_BLOCKS.saturating_mul(opts.block_size)
+                ),
+            ));
+        }
+        let words = blocks.div_ceil(64) as usize;
         let dir = opts.cache_dir.join("ztensor-remote");
         let io = |what: &str, e: std::io::Error| fail(label, format!("cache: {what}: {e}"));
         std::fs::create_dir_all(&dir).map_err(|e| io(&format!("{}", dir.display()), e))?;

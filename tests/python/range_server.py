@@ -17,6 +17,8 @@ exits when stdin closes (or it is killed). Control requests (not counted):
         drop    send the headers and half the body, then close the connection
         status  answer S (500, 503) instead
         stall   wait T seconds before answering (past the client's timeout)
+    GET /__claim?path=/x&size=N
+        HEAD answers for /x give its size as N bytes (a server that lies)
     GET /__replace?path=/x&from=/y
         the object /x now has the bytes of /y, and a new ETag
     GET /__mode?m=M
@@ -102,6 +104,8 @@ class Handler(BaseHTTPRequestHandler):
                 STATE["faults"] = []
             elif url.path == "/__mode":
                 STATE["mode"] = q["m"]
+            elif url.path == "/__claim":
+                STATE.setdefault("claims", {})[q["path"]] = int(q["size"])
             elif url.path == "/__fault":
                 f = {"kind": q["kind"], "count": int(q.get("count", "1"))}
                 f["status"] = int(q.get("status", "503"))
@@ -167,7 +171,8 @@ class Handler(BaseHTTPRequestHandler):
             status = 206
         body = b"" if head else data.read(start, end)
         self.send_response(status)
-        self.send_header("Content-Length", str(end - start))
+        claimed = STATE.get("claims", {}).get(url.path) if head else None
+        self.send_header("Content-Length", str(end - start if claimed is None else claimed))
         if mode == "all" or (mode == "head_etag" and head):
             self.send_header("ETag", etag)
         if mode == "all":
