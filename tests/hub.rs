@@ -707,6 +707,40 @@ fn rate_limits_5xx_and_a_stall_recover_a_lasting_429_fails_the_read_and_a_lastin
     m.unmount_ok();
 }
 
+/// A CDN answer whose body is cut short is asked for again, from the
+/// first block it did not fill (the HTTP stores' client resumes a body
+/// itself; the Hub's requests are the mount's own). A request that keeps
+/// failing is logged without the signed URL's query, which would hand the
+/// file to whoever reads the log.
+#[test]
+fn a_cdn_body_cut_short_is_asked_for_again_and_no_signature_reaches_the_log() {
+    let (_s, mut m, repos, hub) = setup();
+    let cache = m.scratch_path("cache");
+    hf_mount(&mut m, &hub.endpoint(), "hf://org/single", &cache, &[]);
+    hub.control("/__fault?kind=drop&count=2&on=cdn");
+    assert_tensors(&m, &repos.c1);
+    let log = m.log_text();
+    assert_eq!(log.matches("; asking again").count(), 2, "{log}");
+    assert!(!log.contains("ERROR"), "{log}");
+    // A CDN that stops answering: ETIMEDOUT, and a log line naming the
+    // URL without its query.
+    let cache2 = m.scratch_path("cache2");
+    m.unmount_ok();
+    hf_mount(&mut m, &hub.endpoint(), "hf://org/single", &cache2, &[]);
+    hub.control("/__fault?kind=stall&secs=10&count=1000&on=cdn");
+    let f = std::fs::File::open(m.path("embed")).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let e = f.read_exact_at(&mut buf, 700_000).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ETIMEDOUT), "{e}");
+    drop(f);
+    let log = m.log_text();
+    assert!(log.contains("ERROR"), "{log}");
+    assert!(log.contains("/__cdn/"), "the URL is named: {log}");
+    assert!(!log.contains("sig="), "{log}");
+    hub.control("/__reset");
+    m.unmount_ok();
+}
+
 #[test]
 fn a_branch_that_moves_while_mounted_leaves_the_mount_on_its_commit() {
     let _s = support::serial();

@@ -288,7 +288,7 @@ fn one_line_err(e: &reqwest::Error) -> String {
     if e.is_timeout() {
         s = format!("no answer in time ({s})");
     }
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
+    remote::without_queries(&s.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
 fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {

@@ -111,13 +111,44 @@ pub fn is_url(arg: &str) -> bool {
         .is_some_and(|(s, _)| SCHEMES.contains(&s.to_ascii_lowercase().as_str()))
 }
 
+/// `text` with the query of each URL in it replaced by `?…`. The HTTP
+/// client names the URL a request failed on, and a CDN's URL carries its
+/// signature in the query: a log line must not hand out the file (a gated
+/// repo's included) to whoever reads the log.
+pub(super) fn without_queries(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = ["http://", "https://"]
+        .iter()
+        .filter_map(|p| rest.find(p))
+        .min()
+    {
+        let end = rest[i..]
+            .find(|c: char| c.is_whitespace() || matches!(c, ')' | '"' | '\'' | '>' | ','))
+            .map_or(rest.len(), |e| i + e);
+        let url = &rest[i..end];
+        out.push_str(&rest[..i]);
+        match url.find('?') {
+            Some(q) => {
+                out.push_str(&url[..q]);
+                out.push_str("?…");
+            }
+            None => out.push_str(url),
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 fn fail(label: &str, why: impl std::fmt::Display) -> Error {
     Error::new(ErrorKind::Io, label, None, one_line(why))
 }
 
-/// An error from a client or server as one line.
+/// An error from a client or server as one line, with the query of any
+/// URL in it left out (see [`without_queries`]).
 fn one_line(why: impl std::fmt::Display) -> String {
-    let s = why.to_string();
+    let s = without_queries(&why.to_string());
     let s: Vec<&str> = s.split_whitespace().collect();
     let mut s = s.join(" ");
     if s.len() > 400 {
@@ -1367,7 +1398,42 @@ impl Object {
         (self.fetch(first..last + 1).await, held)
     }
 
+    /// Fetches `blocks` into the cache file. object_store's own stores
+    /// resume a body cut short themselves, within `--remote-retries`; the
+    /// Hub's does not, so for it a body that fails (reset, cut, stalled)
+    /// is asked for again here, from the first block it did not fill, with
+    /// the same backoff as its requests.
     async fn fetch(&self, blocks: Range<u64>) -> std::result::Result<(), FetchError> {
+        let tries = match self.client.hub {
+            Some(_) => self.client.opts.retries + 1,
+            None => 1,
+        };
+        let (mut from, mut attempt) = (blocks.start, 0);
+        loop {
+            attempt += 1;
+            let mut in_body = false;
+            match self.fetch_once(from..blocks.end, &mut in_body).await {
+                Err(e) if in_body && attempt < tries && e.kind != FetchKind::NoSpace => {
+                    log::info!("{}: {}; asking again", self.label, e.message());
+                    let wait = Duration::from_millis(100 << (attempt - 1).min(6));
+                    tokio::time::sleep(wait.min(Duration::from_secs(5))).await;
+                    match (from..blocks.end).find(|&b| !self.has(b)) {
+                        Some(b) => from = b,
+                        None => return Ok(()),
+                    }
+                }
+                done => return done,
+            }
+        }
+    }
+
+    /// One GET of `blocks`; `in_body` is set once its answer was taken and
+    /// its body is being read.
+    async fn fetch_once(
+        &self,
+        blocks: Range<u64>,
+        in_body: &mut bool,
+    ) -> std::result::Result<(), FetchError> {
         let start = blocks.start * self.block;
         let end = (blocks.end * self.block).min(self.size);
         let what = format!("bytes {start}..{end}");
@@ -1415,6 +1481,7 @@ impl Object {
         // (its readers go on then, before the rest of the request), so a
         // body cut short leaves no block believed that it did not fill.
         let mut body = got.into_stream();
+        *in_body = true;
         let mut at = start;
         let mut sum = Summing::new(self.key_sum, blocks.start, self.block, self.size);
         while let Some(piece) = body.next().await {
@@ -1961,6 +2028,19 @@ fn drop_holes(file: &File, present: &mut [u64], block: u64, size: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn urls_in_messages_lose_their_query() {
+        assert_eq!(
+            without_queries(
+                "error sending request for url (https://cdn.example/x/y?Expires=1&Signature=S&Key-Pair-Id=K): \
+                 timed out; see http://a/b?c, https://d/e"
+            ),
+            "error sending request for url (https://cdn.example/x/y?…): timed out; see \
+             http://a/b?…, https://d/e"
+        );
+        assert_eq!(without_queries("no URL?here"), "no URL?here");
+    }
     use super::*;
     use std::cell::RefCell;
 

@@ -40,6 +40,7 @@ Control requests (not counted):
         the next N requests to the CDN (GET) or the Hub (API, resolve) fail:
         status  answer S (429, 500, 503) instead (429 with Retry-After: 0)
         stall   wait T seconds, then answer
+        drop    (CDN) send the headers and half the body, then close
     GET /__expire   every signed URL issued so far is expired (403)
     GET /__move?repo=ORG/NAME&ref=REF&to=SHA   a branch now points elsewhere
 """
@@ -129,13 +130,14 @@ class Handler(BaseHTTPRequestHandler):
                     break
         if fault and fault["kind"] == "stall":
             time.sleep(fault["secs"])
-        elif fault:
+        elif fault and fault["kind"] != "drop":
             hdrs = {"Retry-After": "0"} if fault["status"] == 429 else {}
             return self.error(fault["status"], "", "injected", hdrs)
         if cdn:
             if host != "localhost":
                 return self.error(404, "", "the CDN is at localhost")
-            return self.serve_cdn(url.path[len("/__cdn/"):], q)
+            cut = fault is not None and fault["kind"] == "drop"
+            return self.serve_cdn(url.path[len("/__cdn/"):], q, cut)
         parts = [unquote(p) for p in url.path.split("/")[1:]]
         if parts[0] == "api" and len(parts) >= 6 and parts[1] in KINDS and parts[4] == "revision":
             return self.api(KINDS[parts[1]], "/".join(parts[2:4]), "/".join(parts[5:]), "blobs" in q)
@@ -296,7 +298,7 @@ class Handler(BaseHTTPRequestHandler):
         )
         self.send(302, b"", h)
 
-    def serve_cdn(self, sha, q):
+    def serve_cdn(self, sha, q, cut=False):
         try:
             sig = int(q.get("sig", ["0"])[0])
         except ValueError:
@@ -335,7 +337,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         with open(local, "rb") as f:
             f.seek(start)
-            left = end - start
+            left = (end - start) // 2 if cut else end - start
             while left > 0:
                 b = f.read(min(left, 1 << 20))
                 if not b:
@@ -347,6 +349,12 @@ class Handler(BaseHTTPRequestHandler):
                 left -= len(b)
                 with LOCK:
                     STATE["bytes"] += len(b)
+        if cut:
+            self.close_connection = True
+            try:
+                self.connection.shutdown(2)
+            except OSError:
+                pass
 
 
 if __name__ == "__main__":
