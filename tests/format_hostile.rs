@@ -664,6 +664,16 @@ fn shard_index_cannot_escape_its_directory() {
     std::fs::write(&ix, r#"{"weight_map":{"a":"../etc/passwd"}}"#).unwrap();
     let e = formats::open(&ix, Limits::default()).err().unwrap();
     assert!(e.to_string().contains("not a file beside the index"), "{e}");
+    // A control character: a URL parser drops a newline, so over HTTP
+    // `m\n.safetensors` would be another file; named escaped.
+    std::fs::write(&ix, r#"{"weight_map":{"a":"m\n\u001b.safetensors"}}"#).unwrap();
+    let e = formats::open(&ix, Limits::default()).err().unwrap();
+    assert!(
+        e.to_string().ends_with(
+            r#"weight_map["a"] names "m\n\u{1b}.safetensors", not a file beside the index"#
+        ),
+        "{e}"
+    );
 }
 
 /// GGUF split file `i` of `n`: one F32 [4] tensor `t{i}` of the value `i`.

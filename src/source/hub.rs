@@ -80,6 +80,13 @@ fn valid_name(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
+/// Whether `p` names a file of a repo as itself: no empty, `.` or `..`
+/// segment, no control character. A URL parser resolves dot segments and
+/// drops tabs and newlines, so such a name would fetch another file.
+fn plain_path(p: &str) -> bool {
+    !p.chars().any(char::is_control) && p.split('/').all(|s| !s.is_empty() && s != "." && s != "..")
+}
+
 /// Parses `arg`; `revision` is `--revision`, which must agree with an
 /// `@REVISION` in the URL.
 fn parse(arg: &str, revision: Option<&str>) -> std::result::Result<Spec, String> {
@@ -116,7 +123,7 @@ fn parse(arg: &str, revision: Option<&str>) -> std::result::Result<Spec, String>
         _ => "main".to_string(),
     };
     if let Some(p) = path
-        && p.split('/').any(|s| s.is_empty() || s == "." || s == "..")
+        && !plain_path(p)
     {
         return Err(format!("{USAGE}: {p:?} is not a file's path in a repo"));
     }
@@ -353,18 +360,28 @@ fn parse_info(v: &Value) -> std::result::Result<RepoInfo, Fail> {
         .filter(|s| s.len() >= 7 && s.chars().all(|c| c.is_ascii_hexdigit()))
         .ok_or("the Hub's answer names no commit (\"sha\")")?
         .to_string();
-    let files = v["siblings"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|s| {
-                    let name = s["rfilename"].as_str()?.to_string();
-                    let size = s["lfs"]["size"].as_u64().or_else(|| s["size"].as_u64());
-                    Some((name, size))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut files: Vec<(String, Option<u64>)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut odd = Vec::new();
+    for s in v["siblings"].as_array().map_or(&[][..], |a| a.as_slice()) {
+        let Some(name) = s["rfilename"].as_str() else {
+            continue;
+        };
+        if !plain_path(name) || !seen.insert(name) {
+            odd.push(name);
+            continue;
+        }
+        let size = s["lfs"]["size"].as_u64().or_else(|| s["size"].as_u64());
+        files.push((name.to_string(), size));
+    }
+    if let Some(first) = odd.first() {
+        log::warn!(
+            "the Hub lists {} file name(s) that are not a file's path once (a control \
+             character, an empty, . or .. segment, or a name listed twice), left out: \
+             first {first:?}",
+            odd.len()
+        );
+    }
     Ok(RepoInfo { commit, files })
 }
 
@@ -1202,6 +1219,8 @@ mod tests {
             "hf://o/r@",
             "hf://o/r/../x",
             "hf://o/r//x",
+            "hf://o/r/m\n.safetensors",
+            "hf://o/r/\x1b[31mm.safetensors",
         ] {
             assert!(p(bad).is_err(), "{bad}");
         }
@@ -1214,6 +1233,27 @@ mod tests {
             commit: "abc1234".into(),
             files: files.iter().map(|f| (f.to_string(), None)).collect(),
         }
+    }
+
+    #[test]
+    fn names_the_hub_lists_that_are_not_a_files_path_once_are_left_out() {
+        let v = serde_json::json!({"sha": "abc1234", "siblings": [
+            {"rfilename": "model.safetensors", "size": 8},
+            {"rfilename": "model\n.safetensors"},
+            {"rfilename": "a/../../secret/model.safetensors"},
+            {"rfilename": "\u{1b}]0;title\u{7}x.gguf"},
+            {"rfilename": "sub//x.gguf"},
+            {"rfilename": "model.safetensors", "size": 9},
+            {"rfilename": "sub/x.gguf"},
+        ]});
+        let files = parse_info(&v).unwrap().files;
+        assert_eq!(
+            files,
+            [
+                ("model.safetensors".to_string(), Some(8)),
+                ("sub/x.gguf".to_string(), None)
+            ]
+        );
     }
 
     #[test]
