@@ -741,6 +741,38 @@ fn a_cdn_body_cut_short_is_asked_for_again_and_no_signature_reaches_the_log() {
     m.unmount_ok();
 }
 
+/// The bytes come from the CDN: once it answers under another ETag than
+/// it first gave (its object replaced, a URL resolved again to other
+/// bytes), the file's reads fail with ESTALE and one log line, never a
+/// mix of the two.
+#[test]
+fn a_file_whose_cdn_etag_changes_while_mounted_gives_estale_never_mixed_bytes() {
+    let (_s, mut m, repos, hub) = setup();
+    let cache = m.scratch_path("cache");
+    hf_mount(&mut m, &hub.endpoint(), "hf://org/single", &cache, &[]);
+    let (name, want) = &repos.c1[0];
+    let f = std::fs::File::open(m.path(name)).unwrap();
+    let mut first = vec![0u8; 4096];
+    f.read_exact_at(&mut first, 0).unwrap();
+    assert_eq!(first, want[..4096]);
+    hub.control("/__cdn_etag?value=%22other%22");
+    let mut buf = vec![0u8; 4096];
+    // In a block no read has fetched yet, past the read-ahead of the
+    // first read (8 blocks of 64 KiB).
+    let e = f.read_exact_at(&mut buf, 1_200_000).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+    drop(f);
+    let log = m.log_text();
+    assert_eq!(
+        log.matches("the CDN now gives ETag \"other\" where it gave")
+            .count(),
+        1,
+        "{log}"
+    );
+    hub.control("/__reset");
+    m.unmount_ok();
+}
+
 #[test]
 fn a_branch_that_moves_while_mounted_leaves_the_mount_on_its_commit() {
     let _s = support::serial();

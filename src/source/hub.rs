@@ -621,6 +621,7 @@ impl Repo {
             repo: self.clone(),
             client: http_client(&self.opts)?,
             resolving: tokio::sync::Mutex::new(()),
+            cdn_etags: Mutex::default(),
         }))
     }
 }
@@ -641,6 +642,11 @@ struct HubStore {
     /// Held while a file is resolved again: the requests that found its
     /// signed URL expired together make one resolve, not one each.
     resolving: tokio::sync::Mutex<()>,
+    /// The ETag the CDN first gave for each file's bytes. The Hub's
+    /// `X-Linked-Etag` names the file, but the bytes come from the CDN: an
+    /// answer under another ETag (a signed URL resolved again to other
+    /// bytes, an object replaced there) is not mixed with those fetched.
+    cdn_etags: Mutex<HashMap<String, String>>,
 }
 
 impl std::fmt::Display for HubStore {
@@ -818,6 +824,21 @@ impl HubStore {
         )))
     }
 
+    /// Pins the CDN's ETag for `key`'s file at its first answer; a later
+    /// answer under another is the file changed there.
+    fn same_cdn_etag(&self, key: &Key, etag: &str) -> object_store::Result<()> {
+        let path = self.path(key)?;
+        let mut pinned = self.cdn_etags.lock().unwrap_or_else(|p| p.into_inner());
+        let first = pinned.entry(path).or_insert_with(|| etag.to_string());
+        if first != etag {
+            return Err(store_error(Failure::new(
+                FetchKind::Changed,
+                format!("the CDN now gives ETag {etag} where it gave {first}"),
+            )));
+        }
+        Ok(())
+    }
+
     fn answer(
         &self,
         key: &Key,
@@ -844,6 +865,9 @@ impl HubStore {
             }
         };
         let (bytes, total) = got;
+        if let Some(etag) = header(r.headers(), "etag") {
+            self.same_cdn_etag(key, etag)?;
+        }
         let mut meta = self.meta(key, file);
         // A size that differs is the caller's to see (it refuses the bytes).
         meta.size = total;

@@ -1631,9 +1631,14 @@ impl Object {
         if meta.size == self.size && !moved {
             return Ok(());
         }
+        let etag = meta.e_tag.as_deref().unwrap_or("none");
+        let modified = match meta.last_modified.timestamp() {
+            0 => String::new(),
+            _ => format!(", last modified {}", meta.last_modified),
+        };
         Err(self.changed(&format!(
-            "the server now says {} bytes, ETag {:?}, last modified {}",
-            meta.size, meta.e_tag, meta.last_modified
+            "the server now says {} bytes, ETag {etag}{modified}",
+            meta.size
         )))
     }
 

@@ -43,6 +43,8 @@ Control requests (not counted):
         drop    (CDN) send the headers and half the body, then close
     GET /__expire   every signed URL issued so far is expired (403)
     GET /__move?repo=ORG/NAME&ref=REF&to=SHA   a branch now points elsewhere
+    GET /__cdn_etag?value=V   the CDN gives ETag V for every file (its
+                    object there replaced; the Hub's X-Linked-Etag stays)
 """
 
 import hashlib
@@ -164,7 +166,7 @@ class Handler(BaseHTTPRequestHandler):
                     }
                 ).encode()
             elif path == "/__reset":
-                STATE.update(hub=0, cdn=0, bytes=0, auth=0, log=[], faults=[])
+                STATE.update(hub=0, cdn=0, bytes=0, auth=0, log=[], faults=[], cdn_etag=None)
                 body = b"ok"
             elif path == "/__fault":
                 STATE["faults"].append(
@@ -179,6 +181,9 @@ class Handler(BaseHTTPRequestHandler):
                 body = b"ok"
             elif path == "/__expire":
                 STATE["expired"] = STATE["sig"]
+                body = b"ok"
+            elif path == "/__cdn_etag":
+                STATE["cdn_etag"] = one("value")
                 body = b"ok"
             elif path == "/__move":
                 CONFIG["repos"][one("repo")]["refs"][one("ref")] = one("to")
@@ -328,7 +333,7 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(LATENCY)
         self.send_response(status)
         self.send_header("Content-Length", str(end - start))
-        self.send_header("ETag", '"cdn-%s"' % sha[:16])
+        self.send_header("ETag", STATE.get("cdn_etag") or '"cdn-%s"' % sha[:16])
         self.send_header("Accept-Ranges", "bytes")
         if status == 206:
             self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end - 1, size))
