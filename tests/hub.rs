@@ -549,12 +549,14 @@ fn a_gated_repo_needs_a_token_from_hf_token_or_the_token_file() {
         "ztensor-mount: hf://org/gated@main: the repo is gated, and the token's account has \
          not been granted access (accept its conditions on the Hub)"
     );
+    // Pasted with its newline and spaces, as huggingface_hub takes it.
+    let pasted = format!(" {TOKEN}\n");
     hf_mount(
         &mut m,
         &ep,
         "hf://org/gated",
         &cache,
-        &[("HF_TOKEN", TOKEN)],
+        &[("HF_TOKEN", &pasted)],
     );
     assert_tensors(&m, &repos.c1);
     m.unmount_ok();
@@ -684,7 +686,7 @@ fn rate_limits_5xx_and_a_stall_recover_a_lasting_429_fails_the_read_and_a_lastin
     drop(f);
     let log = m.log_text();
     assert!(
-        log.contains("rate limited by the Hub (429) after 4 tries; try again later"),
+        log.contains("rate limited by the CDN (localhost) (429) after 4 tries; try again later"),
         "{log}"
     );
     hub.control("/__reset");

@@ -165,10 +165,15 @@ impl Hub {
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
             .ok_or_else(|| format!("HF_ENDPOINT {ep:?} is not an http(s) URL"))?;
-        let token = env("HF_TOKEN").or_else(|| {
-            let t = super::read_small(&token_file()?, 64 << 10).ok()?;
-            Some(String::from_utf8_lossy(&t).trim().to_string()).filter(|t| !t.is_empty())
-        });
+        // Trimmed, as huggingface_hub does: a token pasted with its newline
+        // is not a header value.
+        let token = env("HF_TOKEN")
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+            .or_else(|| {
+                let t = super::read_small(&token_file()?, 64 << 10).ok()?;
+                Some(String::from_utf8_lossy(&t).trim().to_string()).filter(|t| !t.is_empty())
+            });
         let offline = env("HF_HUB_OFFLINE")
             .is_some_and(|v| ["1", "on", "yes", "true"].contains(&v.to_ascii_lowercase().as_str()));
         Ok(Hub {
@@ -235,7 +240,7 @@ impl From<Failure> for String {
 /// the caller's to read.
 async fn send(
     opts: &Options,
-    what: &str,
+    (what, who): (&str, &str),
     make: impl Fn() -> reqwest::RequestBuilder,
 ) -> std::result::Result<reqwest::Response, Failure> {
     let mut last = String::new();
@@ -251,15 +256,20 @@ async fn send(
             Ok(r) if r.status() == StatusCode::TOO_MANY_REQUESTS => {
                 limited += 1;
                 if limited == 1 {
-                    log::warn!("{what}: rate limited by the Hub (429); backing off");
+                    log::warn!("{what}: rate limited by {who} (429); backing off");
                 }
-                last = "rate limited by the Hub (429)".into();
+                last = format!("rate limited by {who} (429)");
             }
             Ok(r) if r.status().is_server_error() => {
-                last = format!("the server answered {}", r.status());
+                last = format!("{who} answered {}", r.status());
                 late = false;
             }
             Ok(r) => return Ok(r),
+            // A request that cannot be made (a redirect to another scheme)
+            // fails the same way every time.
+            Err(e) if e.is_builder() => {
+                return Err(Failure::new(FetchKind::Failed, one_line_err(&e)));
+            }
             Err(e) => {
                 last = one_line_err(&e);
                 late = e.is_timeout();
@@ -272,8 +282,12 @@ async fn send(
         FetchKind::Failed
     };
     let msg = if limited > 0 {
+        let hint = match who {
+            "the Hub" => " (a token raises the Hub's limits)",
+            _ => "",
+        };
         format!(
-            "{last} after {} tries; try again later (a token raises the Hub's limits)",
+            "{last} after {} tries; try again later{hint}",
             opts.retries + 1
         )
     } else {
@@ -392,7 +406,7 @@ async fn fetch_info(hub: &Hub, spec: &Spec, opts: &Options) -> std::result::Resu
     let (org, name) = repo.split_once('/').unwrap_or((repo, ""));
     let mut url = hub.url(["api", kind, org, name, "revision", &spec.revision]);
     url.set_query(Some("blobs=true"));
-    let r = send(opts, &spec.repo, || {
+    let r = send(opts, (&spec.repo, "the Hub"), || {
         with_token(hub, client.get(url.clone()))
     })
     .await?;
@@ -712,7 +726,7 @@ impl HubStore {
         }
         let mut url = repo.resolve_url(path);
         for _ in 0..5 {
-            let r = send(&repo.opts, path, || {
+            let r = send(&repo.opts, (path, "the Hub"), || {
                 with_token(&repo.hub, self.client.head(url.clone()))
                     .header("Accept-Encoding", "identity")
             })
@@ -787,7 +801,11 @@ impl HubStore {
                 }
             };
             let on_hub = self.repo.hub.is_hub_host(&at);
-            let r = send(&self.repo.opts, &path, || {
+            let who = match on_hub {
+                true => "the Hub".to_string(),
+                false => format!("the CDN ({})", at.host_str().unwrap_or("?")),
+            };
+            let r = send(&self.repo.opts, (&path, &who), || {
                 let mut b = self.client.get(at.clone());
                 if on_hub {
                     b = with_token(&self.repo.hub, b);
@@ -860,7 +878,14 @@ impl HubStore {
             }
             StatusCode::OK => (0..file.size, file.size),
             s => {
-                let why = refusal(&self.repo.hub, s, r.headers(), "at that commit");
+                // The Hub's error codes are the Hub's; a CDN's answer is
+                // named as the CDN's.
+                let why = match r.url().host_str() {
+                    Some(host) if !self.repo.hub.is_hub_host(r.url()) => {
+                        format!("the CDN ({host}) answered {s}")
+                    }
+                    _ => refusal(&self.repo.hub, s, r.headers(), "at that commit"),
+                };
                 return Err(store_error(Failure::new(refusal_kind(s, r.headers()), why)));
             }
         };
