@@ -812,6 +812,35 @@ fn a_sharded_set_past_the_open_file_limit_is_refused_naming_the_limit() {
     m.unmount_ok();
 }
 
+/// An index naming more shard files than one mount serves (1023 beside
+/// it) is refused in one line before any shard is opened: none of these
+/// exist, and a hostile index of thousands over HTTP held a descriptor and
+/// memory for each and took minutes to open.
+#[test]
+fn an_index_of_more_shards_than_a_mount_serves_is_refused_before_opening_any() {
+    let dir = tempfile::tempdir().unwrap();
+    let ix = dir.path().join("model.safetensors.index.json");
+    let index = |n: usize| {
+        let map: serde_json::Map<String, serde_json::Value> = (0..n)
+            .map(|i| (format!("t{i}"), format!("s{i}.safetensors").into()))
+            .collect();
+        std::fs::write(&ix, serde_json::json!({ "weight_map": map }).to_string()).unwrap();
+    };
+    index(1024);
+    let e = formats::open(&ix, Limits::default()).err().unwrap();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "{}: it names 1024 shard files: more than 1023, the most one mount serves",
+            ix.display()
+        )
+    );
+    // At the limit, it opens: each missing shard's tensors are listed.
+    index(1023);
+    let o = formats::open(&ix, Limits::default()).unwrap();
+    assert_eq!(o.catalog.tensors.len(), 1023);
+}
+
 /// A safetensors shard of `n` one-byte tensors `t{i}` (value i % 256),
 /// and an index putting all of them in it.
 fn one_shard_of(dir: &std::path::Path, n: usize) -> std::path::PathBuf {

@@ -22,6 +22,12 @@ pub use meta::Meta;
 pub type Json = serde_json::Value;
 pub type JsonMap = serde_json::Map<String, Json>;
 
+/// The most source files one catalog names (the opened file and its
+/// shards): a mount holds each open and mapped, and watches each mapping
+/// for a file cut short under it (`serve::guard`), which has a place for
+/// this many. A set naming more is refused before any shard is opened.
+pub const MAX_SOURCES: usize = 1024;
+
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
     /// The format and version, as users name it (`"zTensor v0.1.0"`).

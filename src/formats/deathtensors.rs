@@ -598,6 +598,7 @@ pub fn open(src: MappedFile, limits: Limits) -> Result<Opened> {
         });
     }
     let shards = shard_list(&src, &p)?;
+    super::shard_set::check_count(src.label(), shards.len())?;
     let mut set = Set::new(FORMAT, src.label(), Duplicates::Refuse);
     *set.attributes() = string_map(&p.global);
     let dir = src

@@ -31,6 +31,23 @@ use crate::catalog::{Catalog, JsonMap, SourceRef, Tensor};
 use crate::error::{Error, ErrorKind, Result};
 use crate::source::MappedFile;
 
+/// Refuses a set whose index names `shards` files, beside the file
+/// opened, past [`crate::catalog::MAX_SOURCES`]: before any is opened (a
+/// hostile index of thousands of shards held a descriptor and memory for
+/// each, and took minutes over HTTP).
+pub fn check_count(label: &str, shards: usize) -> Result<()> {
+    let most = crate::catalog::MAX_SOURCES - 1;
+    if shards > most {
+        return Err(Error::new(
+            ErrorKind::Index,
+            label,
+            None,
+            format!("it names {shards} shard files: more than {most}, the most one mount serves"),
+        ));
+    }
+    Ok(())
+}
+
 /// What a name held by two shards does to the set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Duplicates {

@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::shard_set::{Duplicates, Set, ShardResult};
+use super::shard_set::{self, Duplicates, Set, ShardResult};
 use super::{Limits, Opened, gguf, safetensors};
 use crate::catalog::{Catalog, Json, cost};
 use crate::error::{Error, ErrorKind, Result};
@@ -146,6 +146,7 @@ pub fn open_hf_index(index: MappedFile, limits: Limits) -> Result<Opened> {
             }
         }
     }
+    shard_set::check_count(&label, shards.len())?;
     let mut set = Set::new("safetensors (sharded)", &label, Duplicates::List);
     if let Some(meta) = json.get("metadata") {
         set.attributes().insert("metadata".into(), meta.clone());
@@ -212,9 +213,12 @@ pub fn open_gguf_split(first: Catalog, src: MappedFile, limits: Limits) -> Resul
              so its siblings cannot be named"
         )));
     };
-    if count > 10_000 {
-        return Err(bad(format!("split.count {count} is implausible")));
-    }
+    shard_set::check_count(
+        &label,
+        usize::try_from(count)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(1),
+    )?;
     let dir = src.path().parent().unwrap_or(Path::new(".")).to_path_buf();
     let mut set = Set::new("GGUF (split)", &label, Duplicates::List);
     *set.attributes() = first.attributes.clone();

@@ -225,8 +225,9 @@ impl Mapping {
     }
 }
 
-/// Most served files mapped at once (a model's shards each take one).
-pub const MAX_FILES: usize = 1024;
+/// Most served files mapped at once (a model's shards each take one):
+/// as many as a catalog names.
+pub const MAX_FILES: usize = crate::catalog::MAX_SOURCES;
 static FILES: [Mapping; MAX_FILES] = [const { Mapping::free() }; MAX_FILES];
 
 /// Most writable mappings of our own scratch files watched at once.

@@ -40,6 +40,7 @@ pub fn project(root: MappedFile, manifest: Option<Manifest>) -> Result<Opened> {
         b.maps.push(Some(root));
         return Ok(b.finish());
     };
+    shard_set::check_count(root.label(), manifest.shards.len())?;
     b.open_shards(&root, &manifest);
     b.maps.insert(0, Some(root));
     if let Some(attrs) = &manifest.attributes
