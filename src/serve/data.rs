@@ -420,7 +420,8 @@ impl Data {
             .ensure(off, len)
             .map_err(|why| match s.guard.verdict() {
                 Err(changed) => changed,
-                Ok(()) => self.fail(bi, why),
+                // `fail` names the catalog: a single file's name once.
+                Ok(()) => self.fail(bi, why.without_context(&self.catalog.label)),
             })
     }
 

@@ -63,6 +63,19 @@ impl FetchError {
         self.msg = format!("{prefix}: {}", self.msg);
         self
     }
+
+    /// Without a leading `prefix: `: a name the caller's own context
+    /// gives already (a single file's, which is its catalog's).
+    pub fn without_context(mut self, prefix: &str) -> FetchError {
+        if let Some(rest) = self
+            .msg
+            .strip_prefix(prefix)
+            .and_then(|r| r.strip_prefix(": "))
+        {
+            self.msg = rest.to_string();
+        }
+        self
+    }
 }
 
 impl fmt::Display for FetchError {
@@ -101,5 +114,21 @@ mod tests {
         assert_eq!(e.kind, FetchKind::Changed);
         assert_eq!(e.to_string(), "bytes 0..4: ETag moved");
         assert_eq!(String::from(e), "bytes 0..4: ETag moved");
+    }
+
+    #[test]
+    fn a_name_given_already_is_left_out_once() {
+        let e = FetchError::failed("bytes 0..4: cut").context("hf://o/r@c/m.safetensors");
+        assert_eq!(
+            e.clone()
+                .without_context("hf://o/r@c/m.safetensors")
+                .to_string(),
+            "bytes 0..4: cut"
+        );
+        assert_eq!(
+            e.without_context("hf://o/r@c/other.safetensors")
+                .to_string(),
+            "hf://o/r@c/m.safetensors: bytes 0..4: cut"
+        );
     }
 }
