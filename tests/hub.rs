@@ -686,7 +686,7 @@ fn rate_limits_5xx_and_a_stall_recover_a_lasting_429_fails_the_read_and_a_lastin
     drop(f);
     let log = m.log_text();
     assert!(
-        log.contains("rate limited by the CDN (localhost) (429) after 4 tries; try again later"),
+        log.contains("rate limited by the CDN at localhost (429) after 4 tries; try again later"),
         "{log}"
     );
     hub.control("/__reset");

@@ -212,10 +212,16 @@ fn raw_reads_of_many_shards_keep_one_budget_mapped() {
     std::fs::write(&index, serde_json::json!({ "weight_map": map }).to_string()).unwrap();
     m.mount(&index, &[]);
     let pid = m.pid.expect("daemon pid");
-    let threads = status_kib(pid, "Threads:");
     read_all_within_the_mapping_budget(&m, tensors);
-    // No thread per shard.
-    assert!(threads < 24, "{threads} threads for 24 shards");
+    // One mapping helper for the mount, not one per shard.
+    let helpers = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter(|t| {
+            let comm = t.as_ref().unwrap().path().join("comm");
+            std::fs::read_to_string(comm).is_ok_and(|c| c.trim() == "zt-map")
+        })
+        .count();
+    assert_eq!(helpers, 1, "mapping helper threads for 24 shards");
 }
 
 /// A safetensors file of one U8 tensor `name`.

@@ -667,9 +667,7 @@ fn shard_list(src: &MappedFile, p: &Parsed) -> Result<Vec<RawShard>> {
     }
     let mut seen = HashSet::new();
     for s in &shards {
-        let plain =
-            !s.path.is_empty() && s.path != "." && s.path != ".." && !s.path.contains(['/', '\0']);
-        if !plain {
+        if !super::sharded::shard_name_ok(&s.path) {
             return Err(err(format!(
                 "shard path {:?} is not a file name beside the index",
                 s.path

@@ -71,7 +71,7 @@ pub fn open_dir(dir: &Path, limits: Limits) -> Result<Opened> {
 /// A shard file name from an index: a plain name in the index's directory
 /// (no control character: a URL parser drops tabs and newlines, so
 /// `a\n.safetensors` would fetch another file).
-fn shard_name_ok(name: &str) -> bool {
+pub(super) fn shard_name_ok(name: &str) -> bool {
     !name.is_empty()
         && name != "."
         && name != ".."

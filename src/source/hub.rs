@@ -238,9 +238,26 @@ impl From<Failure> for String {
 /// A request to the Hub or its CDN, retried with backoff while the answer
 /// is 429 (rate limited), a 5xx, or no answer at all; any other answer is
 /// the caller's to read.
+/// Who a request goes to, as messages name it.
+#[derive(Clone, Copy)]
+enum Who<'a> {
+    Hub,
+    /// A CDN, by its host.
+    Cdn(&'a str),
+}
+
+impl std::fmt::Display for Who<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Who::Hub => f.write_str("the Hub"),
+            Who::Cdn(host) => write!(f, "the CDN at {host}"),
+        }
+    }
+}
+
 async fn send(
     opts: &Options,
-    (what, who): (&str, &str),
+    (what, who): (&str, Who<'_>),
     make: impl Fn() -> reqwest::RequestBuilder,
 ) -> std::result::Result<reqwest::Response, Failure> {
     let mut last = String::new();
@@ -283,8 +300,8 @@ async fn send(
     };
     let msg = if limited > 0 {
         let hint = match who {
-            "the Hub" => " (a token raises the Hub's limits)",
-            _ => "",
+            Who::Hub => " (a token raises the Hub's limits)",
+            Who::Cdn(_) => "",
         };
         format!(
             "{last} after {} tries; try again later{hint}",
@@ -390,8 +407,8 @@ fn parse_info(v: &Value) -> std::result::Result<RepoInfo, Fail> {
     }
     if let Some(first) = odd.first() {
         log::warn!(
-            "the Hub lists {} file name(s) that are not a file's path once (a control \
-             character, an empty, . or .. segment, or a name listed twice), left out: \
+            "the Hub lists {} file name(s) that are not a file's path (a control \
+             character, an empty, . or .. segment) or repeat an earlier one, left out: \
              first {first:?}",
             odd.len()
         );
@@ -406,7 +423,7 @@ async fn fetch_info(hub: &Hub, spec: &Spec, opts: &Options) -> std::result::Resu
     let (org, name) = repo.split_once('/').unwrap_or((repo, ""));
     let mut url = hub.url(["api", kind, org, name, "revision", &spec.revision]);
     url.set_query(Some("blobs=true"));
-    let r = send(opts, (&spec.repo, "the Hub"), || {
+    let r = send(opts, (&spec.repo, Who::Hub), || {
         with_token(hub, client.get(url.clone()))
     })
     .await?;
@@ -656,11 +673,15 @@ struct HubStore {
     /// Held while a file is resolved again: the requests that found its
     /// signed URL expired together make one resolve, not one each.
     resolving: tokio::sync::Mutex<()>,
-    /// The ETag the CDN first gave for each file's bytes. The Hub's
+    /// For each file, the CDN URL its bytes now come from (without its
+    /// query) and the ETag the CDN first gave there. The Hub's
     /// `X-Linked-Etag` names the file, but the bytes come from the CDN: an
-    /// answer under another ETag (a signed URL resolved again to other
-    /// bytes, an object replaced there) is not mixed with those fetched.
-    cdn_etags: Mutex<HashMap<String, String>>,
+    /// answer there under another ETag (its object replaced) is not mixed
+    /// with those fetched. A file resolved again to another place starts
+    /// a new pin: an ETag is a validator of the server that gives it, and
+    /// another CDN (a region, the Xet bridge) may give the same bytes
+    /// another; the Hub's `X-Linked-Etag` is compared then.
+    cdn_etags: Mutex<HashMap<String, (String, String)>>,
 }
 
 impl std::fmt::Display for HubStore {
@@ -726,7 +747,7 @@ impl HubStore {
         }
         let mut url = repo.resolve_url(path);
         for _ in 0..5 {
-            let r = send(&repo.opts, (path, "the Hub"), || {
+            let r = send(&repo.opts, (path, Who::Hub), || {
                 with_token(&repo.hub, self.client.head(url.clone()))
                     .header("Accept-Encoding", "identity")
             })
@@ -802,10 +823,10 @@ impl HubStore {
             };
             let on_hub = self.repo.hub.is_hub_host(&at);
             let who = match on_hub {
-                true => "the Hub".to_string(),
-                false => format!("the CDN ({})", at.host_str().unwrap_or("?")),
+                true => Who::Hub,
+                false => Who::Cdn(at.host_str().unwrap_or("?")),
             };
-            let r = send(&self.repo.opts, (&path, &who), || {
+            let r = send(&self.repo.opts, (&path, who), || {
                 let mut b = self.client.get(at.clone());
                 if on_hub {
                     b = with_token(&self.repo.hub, b);
@@ -842,13 +863,20 @@ impl HubStore {
         )))
     }
 
-    /// Pins the CDN's ETag for `key`'s file at its first answer; a later
-    /// answer under another is the file changed there.
-    fn same_cdn_etag(&self, key: &Key, etag: &str) -> object_store::Result<()> {
+    /// Pins the CDN's ETag for `key`'s file at its first answer from the
+    /// place `at`; a later answer there under another is the file changed.
+    fn same_cdn_etag(&self, key: &Key, at: &url::Url, etag: &str) -> object_store::Result<()> {
         let path = self.path(key)?;
+        let mut place = at.clone();
+        place.set_query(None);
         let mut pinned = self.cdn_etags.lock().unwrap_or_else(|p| p.into_inner());
-        let first = pinned.entry(path).or_insert_with(|| etag.to_string());
-        if first != etag {
+        let (pin_place, first) = pinned
+            .entry(path)
+            .or_insert_with(|| (place.to_string(), etag.to_string()));
+        if *pin_place != place.as_str() {
+            *pin_place = place.to_string();
+            *first = etag.to_string();
+        } else if first != etag {
             return Err(store_error(Failure::new(
                 FetchKind::Changed,
                 format!("the CDN now gives ETag {etag} where it gave {first}"),
@@ -882,7 +910,7 @@ impl HubStore {
                 // named as the CDN's.
                 let why = match r.url().host_str() {
                     Some(host) if !self.repo.hub.is_hub_host(r.url()) => {
-                        format!("the CDN ({host}) answered {s}")
+                        format!("{} answered {s}", Who::Cdn(host))
                     }
                     _ => refusal(&self.repo.hub, s, r.headers(), "at that commit"),
                 };
@@ -891,7 +919,7 @@ impl HubStore {
         };
         let (bytes, total) = got;
         if let Some(etag) = header(r.headers(), "etag") {
-            self.same_cdn_etag(key, etag)?;
+            self.same_cdn_etag(key, r.url(), etag)?;
         }
         let mut meta = self.meta(key, file);
         // A size that differs is the caller's to see (it refuses the bytes).
@@ -1155,9 +1183,8 @@ impl super::Siblings for CachedSiblings {
 /// Opens the file `name` beside the one at resolve URL `url` of `repo`:
 /// from `huggingface_hub`'s cache where it is, else fetched.
 pub(super) fn sibling(repo: &Arc<Repo>, url: &url::Url, name: &str) -> Result<MappedFile> {
-    let url = url
-        .join(name)
-        .map_err(|e| fail(&repo.label(url), format!("sibling {name:?}: {e}")))?;
+    let url = remote::sibling_url(url, name)
+        .ok_or_else(|| fail(&repo.label(url), format!("sibling {name:?}: not beside it")))?;
     open_file(repo, url)
 }
 

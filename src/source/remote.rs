@@ -124,7 +124,7 @@ pub(super) fn without_queries(text: &str) -> String {
         .min()
     {
         let end = rest[i..]
-            .find(|c: char| c.is_whitespace() || matches!(c, ')' | '"' | '\'' | '>' | ','))
+            .find(|c: char| c.is_whitespace() || matches!(c, ')' | '"' | '\'' | '>'))
             .map_or(rest.len(), |e| i + e);
         let url = &rest[i..end];
         out.push_str(&rest[..i]);
@@ -1707,12 +1707,22 @@ impl Backing for Object {
         if let Some(repo) = &self.client.hub {
             return super::hub::sibling(repo, &self.url, name);
         }
-        let url = self
-            .url
-            .join(name)
-            .map_err(|e| fail(&self.label, format!("sibling {name:?}: {e}")))?;
+        let url = sibling_url(&self.url, name)
+            .ok_or_else(|| fail(&self.label, format!("sibling {name:?}: not beside it")))?;
         open_with(self.client.clone(), url)
     }
+}
+
+/// The URL of the file `name` beside the one at `url`: its last segment
+/// replaced by `name` as one segment, percent-encoded. (`Url::join` would
+/// read a `?` or `#` in a name as a query or fragment, and `%2e%2e` as
+/// `..`: another file.)
+pub(super) fn sibling_url(url: &url::Url, name: &str) -> Option<url::Url> {
+    let mut u = url.clone();
+    u.set_query(None);
+    u.set_fragment(None);
+    u.path_segments_mut().ok()?.pop().push(name);
+    Some(u)
 }
 
 /// Why an `ensure` failed: a request it started, or one it joined.
@@ -2033,21 +2043,30 @@ fn drop_holes(file: &File, present: &mut [u64], block: u64, size: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use std::cell::RefCell;
 
     #[test]
     fn urls_in_messages_lose_their_query() {
         assert_eq!(
             without_queries(
-                "error sending request for url (https://cdn.example/x/y?Expires=1&Signature=S&Key-Pair-Id=K): \
-                 timed out; see http://a/b?c, https://d/e"
+                "error sending request for url (https://cdn.example/x/y?Expires=1&Signature=S,T): \
+                 timed out; see http://a/b?c https://d/e"
             ),
             "error sending request for url (https://cdn.example/x/y?…): timed out; see \
-             http://a/b?…, https://d/e"
+             http://a/b?… https://d/e"
         );
         assert_eq!(without_queries("no URL?here"), "no URL?here");
     }
-    use super::*;
-    use std::cell::RefCell;
+
+    #[test]
+    fn a_sibling_is_one_segment_beside_the_file() {
+        let u = url::Url::parse("https://h/a/b/model.safetensors.index.json?x=1").unwrap();
+        let s = |n: &str| sibling_url(&u, n).unwrap().to_string();
+        assert_eq!(s("m-1.safetensors"), "https://h/a/b/m-1.safetensors");
+        assert_eq!(s("m?x#y"), "https://h/a/b/m%3Fx%23y");
+        assert_eq!(s("%2e%2e"), "https://h/a/b/%252e%252e");
+    }
 
     /// Records what a commit does, failing the step named.
     struct Recorder {
