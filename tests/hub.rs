@@ -651,6 +651,16 @@ fn a_signed_url_that_expires_mid_read_is_resolved_again() {
     m.unmount_ok();
 }
 
+/// Reads 4 KiB of `embed` at `at`, which must fail with `errno`; the
+/// mount's log after.
+fn failed_read_log(m: &Mount, at: u64, errno: i32) -> String {
+    let f = std::fs::File::open(m.path("embed")).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let e = f.read_exact_at(&mut buf, at).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(errno), "{e}");
+    m.log_text()
+}
+
 #[test]
 fn rate_limits_5xx_and_a_stall_recover_a_lasting_429_fails_the_read_and_a_lasting_403_is_eacces() {
     let (_s, mut m, repos, hub) = setup();
@@ -679,12 +689,7 @@ fn rate_limits_5xx_and_a_stall_recover_a_lasting_429_fails_the_read_and_a_lastin
     let cache2 = m.scratch_path("cache2");
     hf_mount(&mut m, &hub.endpoint(), "hf://org/single", &cache2, &[]);
     hub.control("/__fault?kind=status&status=429&count=1000&on=cdn");
-    let f = std::fs::File::open(m.path("embed")).unwrap();
-    let mut buf = vec![0u8; 4096];
-    let e = f.read_exact_at(&mut buf, 700_000).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
-    drop(f);
-    let log = m.log_text();
+    let log = failed_read_log(&m, 700_000, libc::EIO);
     assert!(
         log.contains("rate limited by the CDN at localhost (429) after 4 tries; try again later"),
         "{log}"
@@ -696,11 +701,7 @@ fn rate_limits_5xx_and_a_stall_recover_a_lasting_429_fails_the_read_and_a_lastin
     let cache3 = m.scratch_path("cache3");
     hf_mount(&mut m, &hub.endpoint(), "hf://org/single", &cache3, &[]);
     hub.control("/__fault?kind=status&status=403&count=1000&on=cdn");
-    let f = std::fs::File::open(m.path("embed")).unwrap();
-    let e = f.read_exact_at(&mut buf, 700_000).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
-    drop(f);
-    let log = m.log_text();
+    let log = failed_read_log(&m, 700_000, libc::EACCES);
     assert!(
         log.contains("model.safetensors: the CDN refused its freshly signed URL three times"),
         "{log}"
@@ -730,12 +731,7 @@ fn a_cdn_body_cut_short_is_asked_for_again_and_no_signature_reaches_the_log() {
     m.unmount_ok();
     hf_mount(&mut m, &hub.endpoint(), "hf://org/single", &cache2, &[]);
     hub.control("/__fault?kind=stall&secs=10&count=1000&on=cdn");
-    let f = std::fs::File::open(m.path("embed")).unwrap();
-    let mut buf = vec![0u8; 4096];
-    let e = f.read_exact_at(&mut buf, 700_000).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(libc::ETIMEDOUT), "{e}");
-    drop(f);
-    let log = m.log_text();
+    let log = failed_read_log(&m, 700_000, libc::ETIMEDOUT);
     assert!(log.contains("ERROR"), "{log}");
     assert!(log.contains("/__cdn/"), "the URL is named: {log}");
     assert!(!log.contains("sig="), "{log}");
@@ -743,9 +739,9 @@ fn a_cdn_body_cut_short_is_asked_for_again_and_no_signature_reaches_the_log() {
     m.unmount_ok();
 }
 
-/// The bytes come from the CDN: once it answers under another ETag than
-/// it first gave (its object replaced, a URL resolved again to other
-/// bytes), the file's reads fail with ESTALE and one log line, never a
+/// The bytes come from the CDN: once it answers, at the place a resolve
+/// pointed to, under another ETag than it first gave there (its object
+/// replaced), the file's reads fail with ESTALE and one log line, never a
 /// mix of the two.
 #[test]
 fn a_file_whose_cdn_etag_changes_while_mounted_gives_estale_never_mixed_bytes() {
@@ -753,18 +749,16 @@ fn a_file_whose_cdn_etag_changes_while_mounted_gives_estale_never_mixed_bytes() 
     let cache = m.scratch_path("cache");
     hf_mount(&mut m, &hub.endpoint(), "hf://org/single", &cache, &[]);
     let (name, want) = &repos.c1[0];
+    assert_eq!(name, "embed");
     let f = std::fs::File::open(m.path(name)).unwrap();
     let mut first = vec![0u8; 4096];
     f.read_exact_at(&mut first, 0).unwrap();
     assert_eq!(first, want[..4096]);
     hub.control("/__cdn_etag?value=%22other%22");
-    let mut buf = vec![0u8; 4096];
     // In a block no read has fetched yet, past the read-ahead of the
     // first read (8 blocks of 64 KiB).
-    let e = f.read_exact_at(&mut buf, 1_200_000).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+    let log = failed_read_log(&m, 1_200_000, libc::ESTALE);
     drop(f);
-    let log = m.log_text();
     assert_eq!(
         log.matches("the CDN now gives ETag \"other\" where it gave")
             .count(),
