@@ -607,12 +607,15 @@ pub fn open(src: MappedFile, limits: Limits) -> Result<Opened> {
         .map(Path::to_path_buf)
         .unwrap_or_default();
     set.add_index(catalog_of(src.path(), src.label(), p, None), src);
-    for s in shards {
-        let shard = open_shard(set.first_file(), &s, limits).map(|(file, parsed)| {
+    let index = set.first_file();
+    let opened = super::shard_set::open_each(&shards, |s| {
+        open_shard(index, s, limits).map(|(file, parsed)| {
             let c = catalog_of(file.path(), file.label(), parsed, Some(&s.path));
             file.release(file.bytes());
             (c, file)
-        });
+        })
+    });
+    for (s, shard) in shards.iter().zip(opened) {
         set.add(&dir.join(&s.path), shard, Some(&s.tensors));
     }
     set.finish()

@@ -159,10 +159,11 @@ pub fn open_hf_index(index: MappedFile, limits: Limits) -> Result<Opened> {
             .collect::<Vec<_>>()
             .into(),
     );
-    for (file, wanted) in &shards {
-        let path = dir.join(file);
-        let shard = open_shard(&index, file, Shard::Safetensors, limits);
-        set.add(&path, shard, Some(wanted));
+    let opened = shard_set::open_each(&shards, |(file, _)| {
+        open_shard(&index, file, Shard::Safetensors, limits)
+    });
+    for ((file, wanted), shard) in shards.iter().zip(opened) {
+        set.add(&dir.join(file), shard, Some(wanted));
     }
     set.finish()
 }
@@ -225,8 +226,8 @@ pub fn open_gguf_split(first: Catalog, src: MappedFile, limits: Limits) -> Resul
     let first_path = src.path().to_path_buf();
     // The others beside the first however it was opened (a file, a
     // remote object).
-    let mut others = Vec::new();
-    for i in 2..=count {
+    let numbers: Vec<u64> = (2..=count).collect();
+    let others = shard_set::open_each(&numbers, |&i| {
         let name = format!("{stem}-{i:05}-of-{count:05}.gguf");
         let path = dir.join(&name);
         let shard = open_shard(&src, &name, Shard::Gguf, limits).and_then(|(c, s)| {
@@ -243,8 +244,8 @@ pub fn open_gguf_split(first: Catalog, src: MappedFile, limits: Limits) -> Resul
                 ))
             }
         });
-        others.push((path, shard));
-    }
+        (path, shard)
+    });
     set.add(&first_path, Ok((first, src)), None);
     for (path, shard) in others {
         set.add(&path, shard, None);
