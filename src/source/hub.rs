@@ -584,9 +584,38 @@ pub struct Repo {
     files: HashMap<String, Option<u64>>,
     /// `huggingface_hub`'s cache, where a file it downloaded is read from.
     hf_cache: Option<PathBuf>,
+    /// The HTTP client every file of the repo fetches with, and the
+    /// process it was made in (its connections belong to that process's
+    /// runtime): one pool of connections to the Hub and the CDN for all
+    /// the shards of a set, not a client (and a TLS set-up) each.
+    client: Mutex<Option<(u32, reqwest::Client)>>,
+    /// For each file, the CDN URL its bytes now come from (without its
+    /// query) and the ETag the CDN first gave there. The Hub's
+    /// `X-Linked-Etag` names the file, but the bytes come from the CDN: an
+    /// answer there under another ETag (its object replaced) is not mixed
+    /// with those fetched. Kept in the repo, which the daemon inherits at
+    /// its fork: the answers the mount command had are pinned too. A file resolved again to another place starts
+    /// a new pin: an ETag is a validator of the server that gives it, and
+    /// another CDN (a region, the Xet bridge) may give the same bytes
+    /// another; the Hub's `X-Linked-Etag` is compared then.
+    cdn_etags: Mutex<HashMap<String, (String, String)>>,
 }
 
 impl Repo {
+    /// This process's client (see [`Repo::client`]'s field).
+    fn client(&self) -> std::result::Result<reqwest::Client, String> {
+        let mut slot = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        let pid = std::process::id();
+        if let Some((p, c)) = slot.as_ref()
+            && *p == pid
+        {
+            return Ok(c.clone());
+        }
+        let c = http_client(&self.opts)?;
+        *slot = Some((pid, c.clone()));
+        Ok(c)
+    }
+
     /// The path of the file a resolve URL names.
     fn path_of(&self, url: &url::Url) -> Option<String> {
         let base = self
@@ -650,9 +679,8 @@ impl Repo {
     pub fn store(self: &Arc<Self>) -> std::result::Result<Arc<dyn ObjectStore>, String> {
         Ok(Arc::new(HubStore {
             repo: self.clone(),
-            client: http_client(&self.opts)?,
+            client: self.client()?,
             resolving: tokio::sync::Mutex::new(()),
-            cdn_etags: Mutex::default(),
         }))
     }
 }
@@ -673,15 +701,6 @@ struct HubStore {
     /// Held while a file is resolved again: the requests that found its
     /// signed URL expired together make one resolve, not one each.
     resolving: tokio::sync::Mutex<()>,
-    /// For each file, the CDN URL its bytes now come from (without its
-    /// query) and the ETag the CDN first gave there. The Hub's
-    /// `X-Linked-Etag` names the file, but the bytes come from the CDN: an
-    /// answer there under another ETag (its object replaced) is not mixed
-    /// with those fetched. A file resolved again to another place starts
-    /// a new pin: an ETag is a validator of the server that gives it, and
-    /// another CDN (a region, the Xet bridge) may give the same bytes
-    /// another; the Hub's `X-Linked-Etag` is compared then.
-    cdn_etags: Mutex<HashMap<String, (String, String)>>,
 }
 
 impl std::fmt::Display for HubStore {
@@ -869,7 +888,11 @@ impl HubStore {
         let path = self.path(key)?;
         let mut place = at.clone();
         place.set_query(None);
-        let mut pinned = self.cdn_etags.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pinned = self
+            .repo
+            .cdn_etags
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let (pin_place, first) = pinned
             .entry(path)
             .or_insert_with(|| (place.to_string(), etag.to_string()));
@@ -1224,6 +1247,8 @@ pub fn open(arg: &str, opts: &Options) -> Result<(MappedFile, Value)> {
         locations: Mutex::new(HashMap::new()),
         files: info.files.into_iter().collect(),
         hf_cache: hf_cache::dir(),
+        client: Mutex::new(None),
+        cdn_etags: Mutex::default(),
     });
     let url = repo.resolve_url(&path);
     let file = open_file(&repo, url)?;
