@@ -593,16 +593,18 @@ pub struct Repo {
     /// query) and the ETag the CDN first gave there. The Hub's
     /// `X-Linked-Etag` names the file, but the bytes come from the CDN: an
     /// answer there under another ETag (its object replaced) is not mixed
-    /// with those fetched. Kept in the repo, which the daemon inherits at
-    /// its fork: the answers the mount command had are pinned too. A file resolved again to another place starts
+    /// with those fetched. A file resolved again to another place starts
     /// a new pin: an ETag is a validator of the server that gives it, and
     /// another CDN (a region, the Xet bridge) may give the same bytes
-    /// another; the Hub's `X-Linked-Etag` is compared then.
+    /// another; the Hub's `X-Linked-Etag` is compared then. Kept in the
+    /// repo, which the daemon inherits at its fork, so the answers the
+    /// mount command had are pinned too.
     cdn_etags: Mutex<HashMap<String, (String, String)>>,
 }
 
 impl Repo {
-    /// This process's client (see [`Repo::client`]'s field).
+    /// This process's HTTP client for the repo's files, made at its first
+    /// use in the process.
     fn client(&self) -> std::result::Result<reqwest::Client, String> {
         let mut slot = self.client.lock().unwrap_or_else(|p| p.into_inner());
         let pid = std::process::id();
