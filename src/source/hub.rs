@@ -265,9 +265,7 @@ async fn send(
     let mut limited = 0;
     for attempt in 0..=opts.retries {
         if attempt > 0 {
-            let wait =
-                Duration::from_millis(100 << (attempt - 1).min(6)).min(Duration::from_secs(5));
-            tokio::time::sleep(wait).await;
+            tokio::time::sleep(remote::backoff(attempt)).await;
         }
         match make().send().await {
             Ok(r) if r.status() == StatusCode::TOO_MANY_REQUESTS => {
@@ -588,7 +586,7 @@ pub struct Repo {
     /// process it was made in (its connections belong to that process's
     /// runtime): one pool of connections to the Hub and the CDN for all
     /// the shards of a set, not a client (and a TLS set-up) each.
-    client: Mutex<Option<(u32, reqwest::Client)>>,
+    client: super::shared::PerProcess<reqwest::Client>,
     /// For each file, the CDN URL its bytes now come from (without its
     /// query) and the ETag the CDN first gave there. The Hub's
     /// `X-Linked-Etag` names the file, but the bytes come from the CDN: an
@@ -606,16 +604,7 @@ impl Repo {
     /// This process's HTTP client for the repo's files, made at its first
     /// use in the process.
     fn client(&self) -> std::result::Result<reqwest::Client, String> {
-        let mut slot = self.client.lock().unwrap_or_else(|p| p.into_inner());
-        let pid = std::process::id();
-        if let Some((p, c)) = slot.as_ref()
-            && *p == pid
-        {
-            return Ok(c.clone());
-        }
-        let c = http_client(&self.opts)?;
-        *slot = Some((pid, c.clone()));
-        Ok(c)
+        self.client.get(|| http_client(&self.opts))
     }
 
     /// The path of the file a resolve URL names.
@@ -1249,7 +1238,7 @@ pub fn open(arg: &str, opts: &Options) -> Result<(MappedFile, Value)> {
         locations: Mutex::new(HashMap::new()),
         files: info.files.into_iter().collect(),
         hf_cache: hf_cache::dir(),
-        client: Mutex::new(None),
+        client: super::shared::PerProcess::new(),
         cdn_etags: Mutex::default(),
     });
     let url = repo.resolve_url(&path);

@@ -204,7 +204,7 @@ pub(super) fn runtime() -> std::io::Result<tokio::runtime::Handle> {
 struct Client {
     url: url::Url,
     opts: Options,
-    store: Mutex<Option<(u32, Arc<dyn ObjectStore>)>>,
+    store: super::shared::PerProcess<Arc<dyn ObjectStore>>,
     /// For a Hugging Face Hub file: the repo and commit its store reads.
     hub: Option<Arc<super::hub::Repo>>,
 }
@@ -245,19 +245,10 @@ fn any_set(names: &[&str]) -> bool {
 
 impl Client {
     fn store(&self) -> std::result::Result<Arc<dyn ObjectStore>, String> {
-        let mut slot = self.store.lock().unwrap_or_else(|p| p.into_inner());
-        let pid = std::process::id();
-        if let Some((p, s)) = slot.as_ref()
-            && *p == pid
-        {
-            return Ok(s.clone());
-        }
-        let s = match &self.hub {
-            Some(repo) => repo.store()?,
-            None => self.build()?,
-        };
-        *slot = Some((pid, s.clone()));
-        Ok(s)
+        self.store.get(|| match &self.hub {
+            Some(repo) => repo.store(),
+            None => self.build(),
+        })
     }
 
     fn build(&self) -> std::result::Result<Arc<dyn ObjectStore>, String> {
@@ -291,8 +282,8 @@ impl Client {
         }
         let retry = RetryConfig {
             backoff: BackoffConfig {
-                init_backoff: Duration::from_millis(100),
-                max_backoff: Duration::from_secs(5),
+                init_backoff: FIRST_BACKOFF,
+                max_backoff: MAX_BACKOFF,
                 base: 2.0,
             },
             max_retries: o.retries,
@@ -444,13 +435,25 @@ fn key_of(url: &url::Url) -> std::result::Result<Key, String> {
     Key::from_url_path(path).map_err(one_line)
 }
 
+/// The wait before a first retry, doubled for each one after, up to
+/// [`MAX_BACKOFF`]: object_store's clients are given this schedule, and
+/// the requests this module and the Hub's store retry themselves keep it
+/// ([`backoff`]).
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// The wait before retry `n` (1 for the first).
+pub(super) fn backoff(n: usize) -> Duration {
+    (FIRST_BACKOFF * (1 << n.saturating_sub(1).min(6))).min(MAX_BACKOFF)
+}
+
 /// Opens the object at `url`: pins it (HEAD) and maps its cache file.
 pub fn open(url: &str, opts: &Options) -> Result<MappedFile> {
     let parsed = url::Url::parse(url).map_err(|e| fail(url, format!("not a valid URL: {e}")))?;
     let client = Arc::new(Client {
         url: parsed.clone(),
         opts: opts.clone(),
-        store: Mutex::new(None),
+        store: super::shared::PerProcess::new(),
         hub: None,
     });
     open_with(client, parsed)
@@ -466,7 +469,7 @@ pub(super) fn open_hub(
     let client = Arc::new(Client {
         url: url.clone(),
         opts: opts.clone(),
-        store: Mutex::new(None),
+        store: super::shared::PerProcess::new(),
         hub: Some(repo),
     });
     open_with(client, url)
@@ -1415,8 +1418,7 @@ impl Object {
             match self.fetch_once(from..blocks.end, &mut in_body).await {
                 Err(e) if in_body && attempt < tries && e.kind != FetchKind::NoSpace => {
                     log::info!("{}: {}; asking again", self.label, e.message());
-                    let wait = Duration::from_millis(100 << (attempt - 1).min(6));
-                    tokio::time::sleep(wait.min(Duration::from_secs(5))).await;
+                    tokio::time::sleep(backoff(attempt)).await;
                     match (from..blocks.end).find(|&b| !self.has(b)) {
                         Some(b) => from = b,
                         None => return Ok(()),

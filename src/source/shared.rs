@@ -131,6 +131,32 @@ impl Live {
     }
 }
 
+/// A value made once per process and handed out as clones: one made
+/// before a fork is not the child's (its connections belong to the
+/// parent's runtime), so the child makes its own at its first use.
+#[derive(Debug)]
+pub(super) struct PerProcess<T>(std::sync::Mutex<Option<(u32, T)>>);
+
+impl<T: Clone> PerProcess<T> {
+    pub(super) const fn new() -> PerProcess<T> {
+        PerProcess(std::sync::Mutex::new(None))
+    }
+
+    /// This process's value, made by `make` if it has none yet.
+    pub(super) fn get<E>(&self, make: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let pid = std::process::id();
+        if let Some((p, v)) = slot.as_ref()
+            && *p == pid
+        {
+            return Ok(v.clone());
+        }
+        let v = make()?;
+        *slot = Some((pid, v.clone()));
+        Ok(v)
+    }
+}
+
 /// The bytes of the regular file at `path` when it holds exactly `len`:
 /// opened without following a link and without blocking (a FIFO put in
 /// its place), and never read past `len` (a huge or endless file).
