@@ -670,7 +670,7 @@ fn shard_list(src: &MappedFile, p: &Parsed) -> Result<Vec<RawShard>> {
     }
     let mut seen = HashSet::new();
     for s in &shards {
-        if !super::sharded::shard_name_ok(&s.path) {
+        if !super::shard_set::name_ok(&s.path) {
             return Err(err(format!(
                 "shard path {:?} is not a file name beside the index",
                 s.path

@@ -31,6 +31,19 @@ use crate::catalog::{Catalog, JsonMap, SourceRef, Tensor};
 use crate::error::{Error, ErrorKind, Result};
 use crate::source::MappedFile;
 
+/// A shard file name an index gives, for every format's index alike: a
+/// plain name in the index's directory (no control character: a URL
+/// parser drops tabs and newlines, so `a\n.safetensors` would fetch
+/// another file).
+pub fn name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains('/')
+        && !name.contains('\\')
+        && !name.chars().any(char::is_control)
+}
+
 /// Refuses a set whose index names `shards` files, beside the file
 /// opened, past [`crate::catalog::MAX_SOURCES`]: before any is opened (a
 /// hostile index of thousands of shards held a descriptor and memory for

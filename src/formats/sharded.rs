@@ -68,18 +68,6 @@ pub fn open_dir(dir: &Path, limits: Limits) -> Result<Opened> {
     }
 }
 
-/// A shard file name from an index: a plain name in the index's directory
-/// (no control character: a URL parser drops tabs and newlines, so
-/// `a\n.safetensors` would fetch another file).
-pub(super) fn shard_name_ok(name: &str) -> bool {
-    !name.is_empty()
-        && name != "."
-        && name != ".."
-        && !name.contains('/')
-        && !name.contains('\\')
-        && !name.chars().any(char::is_control)
-}
-
 /// The set an HF index names.
 pub fn open_hf_index(index: MappedFile, limits: Limits) -> Result<Opened> {
     let label = index.label().to_string();
@@ -133,7 +121,7 @@ pub fn open_hf_index(index: MappedFile, limits: Limits) -> Result<Opened> {
         let Some(file) = file.as_str() else {
             return Err(bad(format!("weight_map[{tensor:?}] is not a file name")));
         };
-        if !shard_name_ok(file) {
+        if !shard_set::name_ok(file) {
             return Err(bad(format!(
                 "weight_map[{tensor:?}] names {file:?}, not a file beside the index"
             )));
