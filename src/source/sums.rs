@@ -215,7 +215,9 @@ mod tests {
         let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + i / 13) as u8).collect();
         let (block, size) = (4096u64, data.len() as u64);
         let sum = |b: u64, c: &[u8]| {
-            xxhash_rust::xxh3::xxh3_64_with_seed(c, 7 ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            let mut h = hasher(7, b);
+            h.update(c);
+            h.digest()
         };
         let want: Vec<(u64, u64)> = data
             .chunks(block as usize)
