@@ -24,6 +24,10 @@ pub struct MappedFile {
     siblings: Option<std::sync::Arc<dyn super::Siblings>>,
 }
 
+/// The most one page fault maps of a file mapping: a page table's span
+/// on x86-64 and arm64 with 4 KiB pages (see [`MappedFile::release`]).
+const FAULT_SPAN: usize = 2 << 20;
+
 /// The system's page size.
 pub fn page_size() -> usize {
     static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -205,9 +209,14 @@ impl MappedFile {
     }
 
     /// The span of `bytes` if it lies within this mapping, rounded out to
-    /// 64 KiB (within the mapping): a page fault maps up to 64 KiB around
-    /// the page it needs (the kernel's default "fault-around"), so letting
-    /// go of only the pages read would leave their neighbours mapped.
+    /// the 2 MiB a page table spans (within the mapping). A page fault maps
+    /// more than the page it needs: up to 64 KiB around it ("fault-around"),
+    /// and the whole of a large folio of the page cache within that page
+    /// table (ext4 and XFS cache a file in folios of up to 2 MiB). Letting
+    /// go of only the pages read would leave those neighbours mapped; when
+    /// their own range was let go of before (frames decoded out of order),
+    /// they stayed mapped for good (70 MiB past the window's budget in a
+    /// model load by four readers).
     fn pages_of(&self, bytes: &[u8]) -> Option<(usize, usize)> {
         let base = self.map.as_ptr() as usize;
         let (start, end) = (
@@ -217,7 +226,7 @@ impl MappedFile {
         if bytes.is_empty() || start < base || end > base + self.map.len() {
             return None;
         }
-        let unit = page_size().max(64 << 10);
+        let unit = page_size().max(FAULT_SPAN);
         let from = (start & !(unit - 1)).max(base);
         let to = end.next_multiple_of(unit).min(base + self.map.len());
         Some((from, to - from))
