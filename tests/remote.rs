@@ -847,6 +847,112 @@ fn a_size_past_what_the_cache_tracks_refuses_the_mount_in_one_line() {
     assert!(largest < 1 << 20, "a cache file of {largest} bytes");
 }
 
+/// A presigned URL (boto3's, for moto's S3) is fetched with its query,
+/// which is what lets it in: without it the server refuses the object. The
+/// query never reaches a message, the log or the mount table.
+#[test]
+fn a_presigned_s3_url_is_fetched_as_given_and_its_signature_never_shown() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let srv = Server::moto(&py, false);
+    let Some((mut local, mut remote, files)) = local_and_remote() else {
+        return;
+    };
+    let zt = files.join("model.zt");
+    write_model(&zt);
+    s3_put(&py, &srv, "bucket", &[("model.zt", &zt)]);
+    let url = presign(&py, &srv, "bucket", "model.zt");
+    let (plain, query) = url.split_once('?').expect("a query");
+    let sig = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("X-Amz-Signature="))
+        .unwrap_or_else(|| panic!("not a SigV4 presigned URL: {url}"));
+    let cache = remote.scratch_path("cache");
+    std::fs::create_dir(&cache).unwrap();
+    let r = remote.run(Path::new(plain), &["--cache-dir", cache.to_str().unwrap()]);
+    assert!(!r.ok(), "the object is private");
+    assert!(r.stderr.contains("access denied"), "{}", r.stderr);
+    local.mount(&zt, &[]);
+    mount_remote(&mut remote, &url, &cache, &[]);
+    same_tree(&local.mp, &remote.mp);
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let index = std::fs::read_to_string(remote.path(".ztensor/index.json")).unwrap();
+    let log = remote.log_text();
+    assert!(log.contains(&format!("{plain}?…")), "{log}");
+    for (what, text) in [("log", &log), ("mount table", &mounts), ("index", &index)] {
+        assert!(
+            !text.contains(sig),
+            "the signature is in the {what}: {text}"
+        );
+    }
+    remote.unmount_ok();
+    local.unmount_ok();
+}
+
+/// boto3's presigned GET URL (SigV4) for `key` in `bucket` on `srv`.
+fn presign(py: &Path, srv: &Server, bucket: &str, key: &str) -> String {
+    let mut cmd = Command::new(py);
+    cmd.args([
+        "-c",
+        "import boto3, sys\n\
+         from botocore.config import Config\n\
+         s3 = boto3.client('s3', endpoint_url=sys.argv[1], region_name='us-east-1',\n\
+                           config=Config(signature_version='s3v4'))\n\
+         print(s3.generate_presigned_url('get_object', ExpiresIn=3600,\n\
+                                         Params={'Bucket': sys.argv[2], 'Key': sys.argv[3]}))\n",
+        &srv.url(""),
+        bucket,
+        key,
+    ]);
+    let r = support::run_with_timeout(s3_env(&mut cmd, "testing"), Duration::from_secs(60));
+    assert!(r.ok(), "presign: {}", r.stderr);
+    r.stdout.trim().to_string()
+}
+
+/// A URL signed for GET alone (HEAD answers 403, as for S3's presigned
+/// URLs) mounts from a GET of its first byte. Once its signature expires,
+/// a read of bytes not yet cached fails with EACCES and the log says why;
+/// what was read before is still served from the cache.
+#[test]
+fn a_signed_url_mounts_without_head_and_its_expiry_is_eacces_with_a_reason() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let (tensors, srv, cache) = served_model(&py, &m);
+    srv.control("/__sign?path=/model.zt&sig=s3cr3t");
+    mount_remote(&mut m, &srv.url("/model.zt?sig=s3cr3t"), &cache, &[]);
+    let methods: Vec<String> = srv.log().into_iter().map(|(method, ..)| method).collect();
+    assert!(!methods.iter().any(|x| x == "HEAD"), "{methods:?}");
+    assert!(std::fs::read(m.path("small")).unwrap() == tensors[1].1);
+    srv.control("/__sign?path=/model.zt&sig=s3cr3t&expired=1");
+    let e = std::fs::read(m.path("tail")).expect_err("an expired URL");
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
+    assert!(std::fs::read(m.path("small")).unwrap() == tensors[1].1);
+    let log = m.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("ERROR")
+            && l.contains("model.zt?…")
+            && l.contains("its signature may have expired")),
+        "{log}"
+    );
+    assert!(!log.contains("s3cr3t"), "{log}");
+}
+
+/// A server that answers HEAD with 405 is asked for the object's first
+/// byte instead, and serves the mount.
+#[test]
+fn a_server_without_head_is_asked_for_the_first_byte() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let (tensors, srv, cache) = served_model(&py, &m);
+    srv.control("/__nohead");
+    mount_remote(&mut m, &srv.url("/model.zt"), &cache, &[]);
+    for (name, data) in &tensors {
+        assert!(std::fs::read(m.path(name)).unwrap() == *data, "{name}");
+    }
+}
+
 fn s3_env<'a>(cmd: &'a mut Command, key: &str) -> &'a mut Command {
     for k in AWS_VARS {
         cmd.env_remove(k);

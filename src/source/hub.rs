@@ -25,11 +25,8 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
-use futures_util::stream::BoxStream;
 use object_store::path::Path as Key;
 use object_store::{GetOptions, GetRange, GetResult, GetResultPayload, ObjectMeta, ObjectStore};
 use reqwest::StatusCode;
@@ -37,6 +34,7 @@ use reqwest::header::{HeaderMap, LOCATION};
 use serde_json::Value;
 
 use super::hf_cache;
+use super::http::{self, Failure, Who, header, one_line_err, send};
 use super::remote::{self, Options};
 use super::{FetchKind, MappedFile};
 use crate::error::{Error, ErrorKind, Result};
@@ -204,133 +202,6 @@ impl Hub {
 /// repo, revision or file).
 type Fail = String;
 
-/// A failed exchange with the Hub or its CDN: its one line, and its kind
-/// (a reader's errno; `remote.rs` finds it among a store error's causes).
-#[derive(Debug)]
-pub struct Failure {
-    pub kind: FetchKind,
-    msg: String,
-}
-
-impl Failure {
-    pub(super) fn new(kind: FetchKind, msg: impl Into<String>) -> Failure {
-        Failure {
-            kind,
-            msg: msg.into(),
-        }
-    }
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.msg)
-    }
-}
-
-impl std::error::Error for Failure {}
-
-impl From<Failure> for String {
-    fn from(f: Failure) -> String {
-        f.msg
-    }
-}
-
-/// A request to the Hub or its CDN, retried with backoff while the answer
-/// is 429 (rate limited), a 5xx, or no answer at all; any other answer is
-/// the caller's to read.
-/// Who a request goes to, as messages name it.
-#[derive(Clone, Copy)]
-enum Who<'a> {
-    Hub,
-    /// A CDN, by its host.
-    Cdn(&'a str),
-}
-
-impl std::fmt::Display for Who<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Who::Hub => f.write_str("the Hub"),
-            Who::Cdn(host) => write!(f, "the CDN at {host}"),
-        }
-    }
-}
-
-async fn send(
-    opts: &Options,
-    (what, who): (&str, Who<'_>),
-    make: impl Fn() -> reqwest::RequestBuilder,
-) -> std::result::Result<reqwest::Response, Failure> {
-    let mut last = String::new();
-    let mut late = false;
-    let mut limited = 0;
-    for attempt in 0..=opts.retries {
-        if attempt > 0 {
-            tokio::time::sleep(remote::backoff(attempt)).await;
-        }
-        match make().send().await {
-            Ok(r) if r.status() == StatusCode::TOO_MANY_REQUESTS => {
-                limited += 1;
-                if limited == 1 {
-                    log::warn!("{what}: rate limited by {who} (429); backing off");
-                }
-                last = format!("rate limited by {who} (429)");
-            }
-            Ok(r) if r.status().is_server_error() => {
-                last = format!("{who} answered {}", r.status());
-                late = false;
-            }
-            Ok(r) => return Ok(r),
-            // A request that cannot be made (a redirect to another scheme)
-            // fails the same way every time.
-            Err(e) if e.is_builder() => {
-                return Err(Failure::new(FetchKind::Failed, one_line_err(&e)));
-            }
-            Err(e) => {
-                last = one_line_err(&e);
-                late = e.is_timeout();
-            }
-        }
-    }
-    let kind = if late && limited == 0 {
-        FetchKind::TimedOut
-    } else {
-        FetchKind::Failed
-    };
-    let msg = if limited > 0 {
-        let hint = match who {
-            Who::Hub => " (a token raises the Hub's limits)",
-            Who::Cdn(_) => "",
-        };
-        format!(
-            "{last} after {} tries; try again later{hint}",
-            opts.retries + 1
-        )
-    } else {
-        format!("{last} (after {} tries)", opts.retries + 1)
-    };
-    Err(Failure::new(kind, msg))
-}
-
-fn one_line_err(e: &reqwest::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = std::error::Error::source(e);
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s = format!("{s}: {m}");
-        }
-        cur = c.source();
-    }
-    if e.is_timeout() {
-        s = format!("no answer in time ({s})");
-    }
-    remote::without_queries(&s.split_whitespace().collect::<Vec<_>>().join(" "))
-}
-
-fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    h.get(name).and_then(|v| v.to_str().ok())
-}
-
 /// The one line for an answer the Hub gives to say no: its
 /// `X-Error-Code`, else the status.
 fn refusal(hub: &Hub, status: StatusCode, h: &HeaderMap, what: &str) -> String {
@@ -353,26 +224,6 @@ fn refusal(hub: &Hub, status: StatusCode, h: &HeaderMap, what: &str) -> String {
         (_, 403) => "access denied by the Hub (403)".into(),
         _ => format!("the Hub answered {status}"),
     }
-}
-
-/// The client for one process's requests (its connections belong to the
-/// runtime of that process). Redirects are never followed: a CDN URL is
-/// taken from `Location` and asked without the token.
-fn http_client(opts: &Options) -> std::result::Result<reqwest::Client, Fail> {
-    let mut b = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(opts.timeout)
-        .connect_timeout(opts.timeout.min(Duration::from_secs(10)))
-        .user_agent(concat!("ztensor-mount/", env!("CARGO_PKG_VERSION")));
-    if let Some(path) = &opts.ca_file {
-        let pem = std::fs::read(path).map_err(|e| format!("--ca-file {}: {e}", path.display()))?;
-        let certs = reqwest::Certificate::from_pem_bundle(&pem)
-            .map_err(|e| format!("--ca-file {}: not PEM certificates: {e}", path.display()))?;
-        for c in certs {
-            b = b.add_root_certificate(c);
-        }
-    }
-    b.build().map_err(|e| one_line_err(&e))
 }
 
 /// What the Hub says of a revision: its commit and the repo's files.
@@ -416,7 +267,7 @@ fn parse_info(v: &Value) -> std::result::Result<RepoInfo, Fail> {
 
 /// Asks the Hub for `spec`'s revision.
 async fn fetch_info(hub: &Hub, spec: &Spec, opts: &Options) -> std::result::Result<RepoInfo, Fail> {
-    let client = http_client(opts)?;
+    let client = http::client(opts, false)?;
     let (kind, repo) = api_kind(&spec.repo);
     let (org, name) = repo.split_once('/').unwrap_or((repo, ""));
     let mut url = hub.url(["api", kind, org, name, "revision", &spec.revision]);
@@ -604,7 +455,7 @@ impl Repo {
     /// This process's HTTP client for the repo's files, made at its first
     /// use in the process.
     fn client(&self) -> std::result::Result<reqwest::Client, String> {
-        self.client.get(|| http_client(&self.opts))
+        self.client.get(|| http::client(&self.opts, false))
     }
 
     /// The path of the file a resolve URL names.
@@ -668,11 +519,11 @@ impl Repo {
 
     /// The store for this process's requests.
     pub fn store(self: &Arc<Self>) -> std::result::Result<Arc<dyn ObjectStore>, String> {
-        Ok(Arc::new(HubStore {
+        Ok(Arc::new(http::ReadOnly(HubStore {
             repo: self.clone(),
             client: self.client()?,
             resolving: tokio::sync::Mutex::new(()),
-        }))
+        })))
     }
 }
 
@@ -709,10 +560,7 @@ fn generic(msg: impl Into<String>) -> object_store::Error {
 
 /// A failure as the store's error; its kind goes with it.
 fn store_error(f: Failure) -> object_store::Error {
-    object_store::Error::Generic {
-        store: STORE,
-        source: Box::new(f),
-    }
+    http::store_error(STORE, f)
 }
 
 /// The kind of a refusal: credentials the Hub or the CDN will not take.
@@ -910,7 +758,7 @@ impl HubStore {
         let got = match status {
             StatusCode::PARTIAL_CONTENT => {
                 let cr = header(r.headers(), "content-range").unwrap_or("");
-                parse_content_range(cr)
+                http::parse_content_range(cr)
                     .ok_or_else(|| generic(format!("a 206 with Content-Range {cr:?}")))?
             }
             StatusCode::OK if range.is_some() => {
@@ -938,25 +786,8 @@ impl HubStore {
         let mut meta = self.meta(key, file);
         // A size that differs is the caller's to see (it refuses the bytes).
         meta.size = total;
-        let stream: BoxStream<'static, object_store::Result<Bytes>> =
-            Box::pin(futures_util::stream::unfold(Some(r), |r| async move {
-                let mut r = r?;
-                match r.chunk().await {
-                    Ok(Some(b)) => Some((Ok(b), Some(r))),
-                    Ok(None) => None,
-                    Err(e) => {
-                        let kind = if e.is_timeout() {
-                            FetchKind::TimedOut
-                        } else {
-                            FetchKind::Failed
-                        };
-                        let f = Failure::new(kind, one_line_err(&e));
-                        Some((Err(store_error(f)), None))
-                    }
-                }
-            }));
         Ok(GetResult {
-            payload: GetResultPayload::Stream(stream),
+            payload: GetResultPayload::Stream(http::body(STORE, r)),
             meta,
             range: bytes,
             attributes: Default::default(),
@@ -1010,39 +841,9 @@ fn resolved(
     Ok((at, Resolved { size, etag }))
 }
 
-/// `bytes A-B/TOTAL` as (A..B+1, TOTAL).
-fn parse_content_range(s: &str) -> Option<(Range<u64>, u64)> {
-    let (range, total) = s.strip_prefix("bytes ")?.split_once('/')?;
-    let (a, b) = range.split_once('-')?;
-    let (a, b, total): (u64, u64, u64) = (a.parse().ok()?, b.parse().ok()?, total.parse().ok()?);
-    (a <= b && b < total).then_some((a..b + 1, total))
-}
-
-fn not_offered(op: &str) -> object_store::Error {
-    object_store::Error::NotImplemented {
-        operation: op.into(),
-        implementer: STORE.into(),
-    }
-}
-
 #[async_trait]
-impl ObjectStore for HubStore {
-    async fn put_opts(
-        &self,
-        _: &Key,
-        _: object_store::PutPayload,
-        _: object_store::PutOptions,
-    ) -> object_store::Result<object_store::PutResult> {
-        Err(not_offered("put"))
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        _: &Key,
-        _: object_store::PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
-        Err(not_offered("put_multipart"))
-    }
+impl http::Reader for HubStore {
+    const NAME: &'static str = STORE;
 
     async fn get_opts(&self, key: &Key, o: GetOptions) -> object_store::Result<GetResult> {
         if o.head {
@@ -1061,40 +862,14 @@ impl ObjectStore for HubStore {
         let range = match o.range {
             Some(GetRange::Bounded(r)) => Some(r),
             None => None,
-            Some(_) => return Err(not_offered("get with an open range")),
+            Some(_) => {
+                return Err(object_store::Error::NotImplemented {
+                    operation: "get with an open range".into(),
+                    implementer: STORE.into(),
+                });
+            }
         };
         self.get(key, range).await
-    }
-
-    fn delete_stream(
-        &self,
-        _: BoxStream<'static, object_store::Result<Key>>,
-    ) -> BoxStream<'static, object_store::Result<Key>> {
-        Box::pin(futures_util::stream::once(async {
-            Err(not_offered("delete"))
-        }))
-    }
-
-    fn list(&self, _: Option<&Key>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        Box::pin(futures_util::stream::once(async {
-            Err(not_offered("list"))
-        }))
-    }
-
-    async fn list_with_delimiter(
-        &self,
-        _: Option<&Key>,
-    ) -> object_store::Result<object_store::ListResult> {
-        Err(not_offered("list"))
-    }
-
-    async fn copy_opts(
-        &self,
-        _: &Key,
-        _: &Key,
-        _: object_store::CopyOptions,
-    ) -> object_store::Result<()> {
-        Err(not_offered("copy"))
     }
 }
 
@@ -1373,13 +1148,5 @@ mod tests {
              hf://o/r@main/m.Q8.gguf"
         );
         assert!(c(&["README.md"]).unwrap_err().contains("no weights file"));
-    }
-
-    #[test]
-    fn content_ranges_parse() {
-        assert_eq!(parse_content_range("bytes 0-9/100"), Some((0..10, 100)));
-        assert_eq!(parse_content_range("bytes 5-4/100"), None);
-        assert_eq!(parse_content_range("bytes 0-100/100"), None);
-        assert_eq!(parse_content_range("bytes */100"), None);
     }
 }

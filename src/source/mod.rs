@@ -10,10 +10,12 @@
 mod aws_profile;
 mod error;
 mod hf_cache;
+mod http;
 pub mod hub;
 mod local;
 pub mod remote;
 mod shared;
+mod signed_url;
 mod sums;
 
 pub use error::{FetchError, FetchKind};

@@ -324,6 +324,9 @@ impl Client {
                 }
                 Arc::new(b.build().map_err(one_line)?)
             }
+            "http" | "https" if super::signed_url::is_signed(&self.url) => Arc::new(
+                super::http::ReadOnly(super::signed_url::SignedUrl::new(self.url.clone(), o)?),
+            ),
             "http" | "https" => {
                 let base = &self.url[..url::Position::BeforePath];
                 Arc::new(
@@ -449,7 +452,8 @@ pub(super) fn backoff(n: usize) -> Duration {
 
 /// Opens the object at `url`: pins it (HEAD) and maps its cache file.
 pub fn open(url: &str, opts: &Options) -> Result<MappedFile> {
-    let parsed = url::Url::parse(url).map_err(|e| fail(url, format!("not a valid URL: {e}")))?;
+    let parsed = url::Url::parse(url)
+        .map_err(|e| fail(&without_queries(url), format!("not a valid URL: {e}")))?;
     let client = Arc::new(Client {
         url: parsed.clone(),
         opts: opts.clone(),
@@ -476,9 +480,10 @@ pub(super) fn open_hub(
 }
 
 fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
+    // A signed URL's query is its key: never in a log line or a message.
     let label = match &client.hub {
         Some(repo) => repo.label(&url),
-        None => url.to_string(),
+        None => without_queries(url.as_str()),
     };
     let opts = &client.opts;
     if opts.block_size == 0 || !opts.block_size.is_multiple_of(super::page_size() as u64) {
@@ -495,7 +500,13 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
     let store = client.store().map_err(|e| fail(&label, e))?;
     let meta = {
         let key = key.clone();
-        rt.block_on(async move { store.head(&key).await })
+        rt.block_on(async move {
+            match store.head(&key).await {
+                // A web server without HEAD: its first byte says the same.
+                Err(e) if head_not_allowed(&e) => first_byte(&*store, &key).await,
+                other => other,
+            }
+        })
     }
     .map_err(|e| fail(&label, describe(&e)))?;
     // What names this object's bytes: its ETag, its version, else its
@@ -564,6 +575,36 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
     MappedFile::with_backing(Path::new(&label), label.clone(), cache.file, obj)
 }
 
+/// Whether a HEAD failed for want of the method (405), which object_store
+/// reports as no such object. Its status is only in the words of a cause
+/// (the error type that holds it is private to object_store).
+fn head_not_allowed(e: &object_store::Error) -> bool {
+    let object_store::Error::NotFound { source, .. } = e else {
+        return false;
+    };
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
+    while let Some(err) = cur {
+        if err.to_string().contains("status code: 405") {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// What a HEAD would say of the object at `key`, from a GET of its first
+/// byte: its size (from Content-Range) and validators.
+async fn first_byte(
+    store: &dyn ObjectStore,
+    key: &Key,
+) -> std::result::Result<object_store::ObjectMeta, object_store::Error> {
+    let opts = GetOptions {
+        range: Some(GetRange::Bounded(0..1)),
+        ..Default::default()
+    };
+    store.get_opts(key, opts).await.map(|got| got.meta)
+}
+
 /// A failed GET as a fetch error: its kind from what the store said (its
 /// variant, or the kind a cause carries: the HTTP client's timeout, the
 /// Hub's own failures), its line from [`describe`].
@@ -590,7 +631,7 @@ fn cause_kind(e: &(dyn std::error::Error + 'static)) -> Option<FetchKind> {
         {
             return Some(FetchKind::TimedOut);
         }
-        if let Some(f) = err.downcast_ref::<super::hub::Failure>() {
+        if let Some(f) = err.downcast_ref::<super::http::Failure>() {
             return Some(f.kind);
         }
         cur = err.source();
@@ -605,7 +646,7 @@ fn describe(e: &object_store::Error) -> String {
     }
     match e {
         // The Hub's store says what happened in its own words.
-        object_store::Error::Generic { store, source } if *store == super::hub::STORE => {
+        object_store::Error::Generic { source, .. } if source.is::<super::http::Failure>() => {
             one_line(source)
         }
         object_store::Error::NotFound { .. } => "no such object (or bucket)".into(),
@@ -2102,7 +2143,7 @@ mod tests {
     fn a_get_error_keeps_the_kind_its_store_gave_it_and_its_words() {
         let hub = |kind| object_store::Error::Generic {
             store: super::super::hub::STORE,
-            source: Box::new(super::super::hub::Failure::new(kind, "no answer in time")),
+            source: Box::new(super::super::http::Failure::new(kind, "no answer in time")),
         };
         let e = refused(&hub(FetchKind::TimedOut));
         assert_eq!(e.kind, FetchKind::TimedOut);

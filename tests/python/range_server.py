@@ -21,6 +21,13 @@ exits when stdin closes (or it is killed). Control requests (not counted):
         HEAD answers for /x give its size as N bytes (a server that lies)
     GET /__replace?path=/x&from=/y
         the object /x now has the bytes of /y, and a new ETag
+    GET /__sign?path=/x&sig=S[&expired=1]
+        /x is served only to a GET whose query has sig=S, as an S3
+        presigned URL is (403 otherwise); HEAD of it answers 403 (the URL
+        is signed for GET alone); with expired=1 every request for it
+        answers 403, as S3 does once a presigned URL's time is past
+    GET /__nohead
+        every HEAD answers 405 (a server that does not offer HEAD)
     GET /__mode?m=M
         from now on, the validators sent (If-Match is then ignored):
         no_etag    no ETag (nginx's `etag off`): an object is known by its
@@ -46,6 +53,7 @@ LATENCY = float(sys.argv[2]) / 1000 if len(sys.argv) > 2 else 0.0
 LOCK = threading.Lock()
 STATE = {"requests": 0, "log": [], "faults": [], "gen": {}, "data": {}}
 STARTED = time.time()
+S3_ERROR = b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>%s</Code></Error>"
 
 
 class Stored:
@@ -104,6 +112,10 @@ class Handler(BaseHTTPRequestHandler):
                 STATE["faults"] = []
             elif url.path == "/__mode":
                 STATE["mode"] = q["m"]
+            elif url.path == "/__sign":
+                STATE.setdefault("signed", {})[q["path"]] = (q["sig"], q.get("expired") == "1")
+            elif url.path == "/__nohead":
+                STATE["no_head"] = True
             elif url.path == "/__claim":
                 STATE.setdefault("claims", {})[q["path"]] = int(q["size"])
             elif url.path == "/__fault":
@@ -138,6 +150,15 @@ class Handler(BaseHTTPRequestHandler):
         with LOCK:
             STATE["requests"] += 1
             STATE["log"].append(["HEAD" if head else "GET", url.path, rng])
+        if head and STATE.get("no_head"):
+            return self.answer(405, b"method not allowed")
+        signed = STATE.get("signed", {}).get(url.path)
+        if signed is not None:
+            sig, expired = signed
+            if head or parse_qs(url.query).get("sig") != [sig]:
+                return self.answer(403, S3_ERROR % b"SignatureDoesNotMatch")
+            if expired:
+                return self.answer(403, S3_ERROR % b"AccessDenied</Code><Message>Request has expired")
         got = load(url.path)
         if got is None:
             return self.answer(404, b"no such object")

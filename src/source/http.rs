@@ -1,0 +1,313 @@
+//! The HTTP requests this crate makes itself rather than through an
+//! `object_store` client: the Hub's ([`super::hub`]) and those of a URL
+//! asked exactly as given ([`super::signed_url`]), which object_store's
+//! HTTP store cannot make (it builds each URL from a base and a key, and
+//! drops the query). One retry loop, one client set-up, one way to read a
+//! ranged answer, and [`ReadOnly`], which makes a reader an object store.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::stream::BoxStream;
+use object_store::path::Path as Key;
+use object_store::{GetOptions, GetResult, ObjectMeta, ObjectStore};
+use reqwest::StatusCode;
+use reqwest::header::HeaderMap;
+
+use super::FetchKind;
+use super::remote::{self, Options};
+
+/// A failed exchange with the Hub or its CDN: its one line, and its kind
+/// (a reader's errno; `remote.rs` finds it among a store error's causes).
+#[derive(Debug)]
+pub struct Failure {
+    pub kind: FetchKind,
+    msg: String,
+}
+
+impl Failure {
+    pub(super) fn new(kind: FetchKind, msg: impl Into<String>) -> Failure {
+        Failure {
+            kind,
+            msg: msg.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+impl From<Failure> for String {
+    fn from(f: Failure) -> String {
+        f.msg
+    }
+}
+
+/// Who a request goes to, as messages name it.
+#[derive(Clone, Copy)]
+pub(super) enum Who<'a> {
+    Hub,
+    /// A CDN, by its host.
+    Cdn(&'a str),
+    /// The server of a URL given as it is, by its host.
+    Server(&'a str),
+}
+
+impl std::fmt::Display for Who<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Who::Hub => f.write_str("the Hub"),
+            Who::Cdn(host) => write!(f, "the CDN at {host}"),
+            Who::Server(host) => write!(f, "the server at {host}"),
+        }
+    }
+}
+
+/// A request, retried with backoff while the answer is 429 (rate
+/// limited), a 5xx, or no answer at all; any other answer is the caller's
+/// to read. `what` names the file in the log.
+pub(super) async fn send(
+    opts: &Options,
+    (what, who): (&str, Who<'_>),
+    make: impl Fn() -> reqwest::RequestBuilder,
+) -> std::result::Result<reqwest::Response, Failure> {
+    let mut last = String::new();
+    let mut late = false;
+    let mut limited = 0;
+    for attempt in 0..=opts.retries {
+        if attempt > 0 {
+            tokio::time::sleep(remote::backoff(attempt)).await;
+        }
+        match make().send().await {
+            Ok(r) if r.status() == StatusCode::TOO_MANY_REQUESTS => {
+                limited += 1;
+                if limited == 1 {
+                    log::warn!("{what}: rate limited by {who} (429); backing off");
+                }
+                last = format!("rate limited by {who} (429)");
+            }
+            Ok(r) if r.status().is_server_error() => {
+                last = format!("{who} answered {}", r.status());
+                late = false;
+            }
+            Ok(r) => return Ok(r),
+            // A request that cannot be made (a redirect to another scheme)
+            // fails the same way every time.
+            Err(e) if e.is_builder() => {
+                return Err(Failure::new(FetchKind::Failed, one_line_err(&e)));
+            }
+            Err(e) => {
+                last = one_line_err(&e);
+                late = e.is_timeout();
+            }
+        }
+    }
+    let kind = if late && limited == 0 {
+        FetchKind::TimedOut
+    } else {
+        FetchKind::Failed
+    };
+    let msg = if limited > 0 {
+        let hint = match who {
+            Who::Hub => " (a token raises the Hub's limits)",
+            Who::Cdn(_) | Who::Server(_) => "",
+        };
+        format!(
+            "{last} after {} tries; try again later{hint}",
+            opts.retries + 1
+        )
+    } else {
+        format!("{last} (after {} tries)", opts.retries + 1)
+    };
+    Err(Failure::new(kind, msg))
+}
+
+/// A client error as one line, any URL in it without its query.
+pub(super) fn one_line_err(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = std::error::Error::source(e);
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s = format!("{s}: {m}");
+        }
+        cur = c.source();
+    }
+    if e.is_timeout() {
+        s = format!("no answer in time ({s})");
+    }
+    remote::without_queries(&s.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+/// A header's value, if it is text.
+pub(super) fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// An HTTP client for one process's requests (its connections belong to
+/// the runtime of that process). `redirects`: whether it follows them (the
+/// Hub's are read, never followed: a CDN URL is taken from `Location` and
+/// asked without the token).
+pub(super) fn client(opts: &Options, redirects: bool) -> Result<reqwest::Client, String> {
+    let policy = match redirects {
+        true => reqwest::redirect::Policy::limited(5),
+        false => reqwest::redirect::Policy::none(),
+    };
+    let mut b = reqwest::Client::builder()
+        .redirect(policy)
+        .timeout(opts.timeout)
+        .connect_timeout(opts.timeout.min(Duration::from_secs(10)))
+        .user_agent(concat!("ztensor-mount/", env!("CARGO_PKG_VERSION")));
+    if let Some(path) = &opts.ca_file {
+        let pem = std::fs::read(path).map_err(|e| format!("--ca-file {}: {e}", path.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| format!("--ca-file {}: not PEM certificates: {e}", path.display()))?;
+        for c in certs {
+            b = b.add_root_certificate(c);
+        }
+    }
+    b.build().map_err(|e| one_line_err(&e))
+}
+
+/// `bytes A-B/TOTAL` as (A..B+1, TOTAL).
+pub(super) fn parse_content_range(s: &str) -> Option<(Range<u64>, u64)> {
+    let (range, total) = s.strip_prefix("bytes ")?.split_once('/')?;
+    let (a, b) = range.split_once('-')?;
+    let (a, b, total): (u64, u64, u64) = (a.parse().ok()?, b.parse().ok()?, total.parse().ok()?);
+    (a <= b && b < total).then_some((a..b + 1, total))
+}
+
+/// A failure as the error of the store named `store`; its kind goes with
+/// it (`remote.rs` finds it among the error's causes).
+pub(super) fn store_error(store: &'static str, f: Failure) -> object_store::Error {
+    object_store::Error::Generic {
+        store,
+        source: Box::new(f),
+    }
+}
+
+/// The body of an answer as a GET's stream of pieces; a piece that fails
+/// fails the stream with its kind (a timeout is one).
+pub(super) fn body(
+    store: &'static str,
+    r: reqwest::Response,
+) -> BoxStream<'static, object_store::Result<Bytes>> {
+    Box::pin(futures_util::stream::unfold(Some(r), move |r| async move {
+        let mut r = r?;
+        match r.chunk().await {
+            Ok(Some(b)) => Some((Ok(b), Some(r))),
+            Ok(None) => None,
+            Err(e) => {
+                let kind = match e.is_timeout() {
+                    true => FetchKind::TimedOut,
+                    false => FetchKind::Failed,
+                };
+                let f = Failure::new(kind, one_line_err(&e));
+                Some((Err(store_error(store, f)), None))
+            }
+        }
+    }))
+}
+
+/// What a store that only reads does: GETs (and HEADs, as a GET with
+/// `head` set). [`ReadOnly`] makes it an object store.
+#[async_trait]
+pub(super) trait Reader:
+    std::fmt::Display + std::fmt::Debug + Send + Sync + 'static
+{
+    /// The store's name in errors.
+    const NAME: &'static str;
+    async fn get_opts(&self, key: &Key, o: GetOptions) -> object_store::Result<GetResult>;
+}
+
+/// A [`Reader`] as an object store: every other operation is refused.
+#[derive(Debug)]
+pub(super) struct ReadOnly<R>(pub R);
+
+impl<R: Reader> std::fmt::Display for ReadOnly<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+fn not_offered<R: Reader>(op: &str) -> object_store::Error {
+    object_store::Error::NotImplemented {
+        operation: op.into(),
+        implementer: R::NAME.into(),
+    }
+}
+
+#[async_trait]
+impl<R: Reader> ObjectStore for ReadOnly<R> {
+    async fn put_opts(
+        &self,
+        _: &Key,
+        _: object_store::PutPayload,
+        _: object_store::PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        Err(not_offered::<R>("put"))
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        _: &Key,
+        _: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        Err(not_offered::<R>("put_multipart"))
+    }
+
+    async fn get_opts(&self, key: &Key, o: GetOptions) -> object_store::Result<GetResult> {
+        self.0.get_opts(key, o).await
+    }
+
+    fn delete_stream(
+        &self,
+        _: BoxStream<'static, object_store::Result<Key>>,
+    ) -> BoxStream<'static, object_store::Result<Key>> {
+        Box::pin(futures_util::stream::once(async {
+            Err(not_offered::<R>("delete"))
+        }))
+    }
+
+    fn list(&self, _: Option<&Key>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        Box::pin(futures_util::stream::once(async {
+            Err(not_offered::<R>("list"))
+        }))
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        _: Option<&Key>,
+    ) -> object_store::Result<object_store::ListResult> {
+        Err(not_offered::<R>("list"))
+    }
+
+    async fn copy_opts(
+        &self,
+        _: &Key,
+        _: &Key,
+        _: object_store::CopyOptions,
+    ) -> object_store::Result<()> {
+        Err(not_offered::<R>("copy"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_ranges_parse() {
+        assert_eq!(parse_content_range("bytes 0-9/100"), Some((0..10, 100)));
+        assert_eq!(parse_content_range("bytes 5-4/100"), None);
+        assert_eq!(parse_content_range("bytes 0-100/100"), None);
+        assert_eq!(parse_content_range("bytes */100"), None);
+    }
+}
