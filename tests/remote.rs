@@ -938,6 +938,56 @@ fn a_signed_url_mounts_without_head_and_its_expiry_is_eacces_with_a_reason() {
     assert!(!log.contains("s3cr3t"), "{log}");
 }
 
+/// The files beside a signed URL (a set's shards) cannot be fetched with
+/// its signature, which signs one object: the mount says so, and asks the
+/// server nothing for them.
+#[test]
+fn the_shards_beside_a_signed_index_are_refused_naming_why() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let files = m.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    let mut map = serde_json::Map::new();
+    for i in 1..=2 {
+        let file = format!("model-{i:05}-of-00002.safetensors");
+        let header = serde_json::json!({
+            format!("t{i}"): {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}
+        })
+        .to_string();
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend_from_slice(&[i as u8; 4]);
+        std::fs::write(files.join(&file), bytes).unwrap();
+        map.insert(format!("t{i}"), file.into());
+    }
+    let index = serde_json::json!({ "weight_map": map }).to_string();
+    std::fs::write(files.join("model.safetensors.index.json"), index).unwrap();
+    let srv = Server::range(&py, &files);
+    srv.control("/__sign?path=/model.safetensors.index.json&sig=k3y");
+    let cache = m.scratch_path("cache");
+    std::fs::create_dir(&cache).unwrap();
+    let url = srv.url("/model.safetensors.index.json?sig=k3y");
+    mount_remote(&mut m, &url, &cache, &[]);
+    let asked: Vec<String> = srv.log().into_iter().map(|(_, path, _)| path).collect();
+    assert!(
+        asked.iter().all(|p| p == "/model.safetensors.index.json"),
+        "{asked:?}"
+    );
+    let log = m.log_text();
+    for i in 1..=2 {
+        assert!(std::fs::read(m.path(&format!("t{i}"))).is_err(), "t{i}");
+        let line = format!(
+            "tensor \"t{i}\" is listed, not served: shard unusable: {}: a signed URL signs \
+             one object: the files beside it cannot be fetched with it (mount a sharded set \
+             from s3://, gs:// or az:// with credentials)",
+            srv.url(&format!("/model-{i:05}-of-00002.safetensors"))
+        );
+        assert!(log.contains(&line), "{line}\n{log}");
+    }
+    assert!(!log.contains("k3y"), "{log}");
+}
+
 /// A server that answers HEAD with 405 is asked for the object's first
 /// byte instead, and serves the mount.
 #[test]

@@ -12,14 +12,14 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::stream::BoxStream;
 use object_store::path::Path as Key;
-use object_store::{GetOptions, GetResult, ObjectMeta, ObjectStore};
+use object_store::{GetOptions, GetRange, GetResult, GetResultPayload, ObjectMeta, ObjectStore};
 use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 
 use super::FetchKind;
 use super::remote::{self, Options};
 
-/// A failed exchange with the Hub or its CDN: its one line, and its kind
+/// A failed exchange with a server: its one line, and its kind
 /// (a reader's errno; `remote.rs` finds it among a store error's causes).
 #[derive(Debug)]
 pub struct Failure {
@@ -160,8 +160,11 @@ pub(super) fn client(opts: &Options, redirects: bool) -> Result<reqwest::Client,
         true => reqwest::redirect::Policy::limited(5),
         false => reqwest::redirect::Policy::none(),
     };
+    // No Referer: after a redirect it would carry the URL before it, query
+    // (a signature) and all, to the next host.
     let mut b = reqwest::Client::builder()
         .redirect(policy)
+        .referer(false)
         .timeout(opts.timeout)
         .connect_timeout(opts.timeout.min(Duration::from_secs(10)))
         .user_agent(concat!("ztensor-mount/", env!("CARGO_PKG_VERSION")));
@@ -216,15 +219,71 @@ pub(super) fn body(
     }))
 }
 
-/// What a store that only reads does: GETs (and HEADs, as a GET with
-/// `head` set). [`ReadOnly`] makes it an object store.
+/// What a store that only reads does. [`ReadOnly`] makes it an object
+/// store.
 #[async_trait]
 pub(super) trait Reader:
     std::fmt::Display + std::fmt::Debug + Send + Sync + 'static
 {
     /// The store's name in errors.
     const NAME: &'static str;
-    async fn get_opts(&self, key: &Key, o: GetOptions) -> object_store::Result<GetResult>;
+    /// What a HEAD says of the object at `key`.
+    async fn head(&self, key: &Key) -> object_store::Result<ObjectMeta>;
+    /// A GET of `range` of it (all of it if none), `If-Match` if given.
+    async fn get(
+        &self,
+        key: &Key,
+        range: Option<Range<u64>>,
+        if_match: Option<&str>,
+    ) -> object_store::Result<GetResult>;
+}
+
+/// A GET of a non-empty `range`'s `Range` header.
+pub(super) fn range_header(r: &Range<u64>) -> String {
+    format!("bytes={}-{}", r.start, r.end.saturating_sub(1).max(r.start))
+}
+
+/// The bytes a successful answer carries and the object's size: a 206's
+/// from its Content-Range; a 200 to a ranged GET is a server that ignores
+/// Range (NotSupported); a 200 to a whole GET is `whole` bytes. None for
+/// any other status, which the caller words.
+pub(super) fn extent(
+    store: &'static str,
+    r: &reqwest::Response,
+    ranged: bool,
+    whole: Option<u64>,
+) -> Option<object_store::Result<(Range<u64>, u64)>> {
+    let fail = |m: String| store_error(store, Failure::new(FetchKind::Failed, m));
+    Some(match r.status() {
+        StatusCode::PARTIAL_CONTENT => {
+            let cr = header(r.headers(), "content-range").unwrap_or("");
+            parse_content_range(cr).ok_or_else(|| fail(format!("a 206 with Content-Range {cr:?}")))
+        }
+        StatusCode::OK if ranged => Err(object_store::Error::NotSupported {
+            source: "the server ignored the Range request".into(),
+        }),
+        StatusCode::OK => whole
+            .map(|n| (0..n, n))
+            .ok_or_else(|| fail("a 200 without Content-Length".into())),
+        _ => return None,
+    })
+}
+
+/// A GET's answer as object_store gives it: `bytes` of the object whose
+/// `meta` it carries, its body as the stream.
+pub(super) fn get_result(
+    store: &'static str,
+    r: reqwest::Response,
+    meta: ObjectMeta,
+    bytes: Range<u64>,
+) -> GetResult {
+    GetResult {
+        payload: GetResultPayload::Stream(body(store, r)),
+        meta,
+        range: bytes,
+        attributes: Default::default(),
+        extensions: Default::default(),
+    }
 }
 
 /// A [`Reader`] as an object store: every other operation is refused.
@@ -264,7 +323,22 @@ impl<R: Reader> ObjectStore for ReadOnly<R> {
     }
 
     async fn get_opts(&self, key: &Key, o: GetOptions) -> object_store::Result<GetResult> {
-        self.0.get_opts(key, o).await
+        if o.head {
+            let meta = self.0.head(key).await?;
+            return Ok(GetResult {
+                payload: GetResultPayload::Stream(Box::pin(futures_util::stream::empty())),
+                range: 0..meta.size,
+                meta,
+                attributes: Default::default(),
+                extensions: Default::default(),
+            });
+        }
+        let range = match o.range {
+            Some(GetRange::Bounded(r)) => Some(r),
+            None => None,
+            Some(_) => return Err(not_offered::<R>("get with an open range")),
+        };
+        self.0.get(key, range, o.if_match.as_deref()).await
     }
 
     fn delete_stream(

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use object_store::path::Path as Key;
-use object_store::{GetOptions, GetRange, GetResult, GetResultPayload, ObjectMeta, ObjectStore};
+use object_store::{GetResult, ObjectMeta, ObjectStore};
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, LOCATION};
 use serde_json::Value;
@@ -655,7 +655,11 @@ impl HubStore {
 
     /// A GET of `range` (all of it if none) of the file's bytes; a signed
     /// URL that has expired (403 from the CDN) is resolved again.
-    async fn get(&self, key: &Key, range: Option<Range<u64>>) -> object_store::Result<GetResult> {
+    async fn get_range(
+        &self,
+        key: &Key,
+        range: Option<Range<u64>>,
+    ) -> object_store::Result<GetResult> {
         let path = self.path(key)?;
         for _ in 0..3 {
             if self.repo.hub.offline {
@@ -690,10 +694,7 @@ impl HubStore {
                     b = with_token(&self.repo.hub, b);
                 }
                 if let Some(r) = &range {
-                    b = b.header(
-                        "Range",
-                        format!("bytes={}-{}", r.start, r.end.saturating_sub(1)),
-                    );
+                    b = b.header("Range", http::range_header(r));
                 }
                 b
             })
@@ -754,45 +755,26 @@ impl HubStore {
         range: Option<Range<u64>>,
         file: &Resolved,
     ) -> object_store::Result<GetResult> {
-        let status = r.status();
-        let got = match status {
-            StatusCode::PARTIAL_CONTENT => {
-                let cr = header(r.headers(), "content-range").unwrap_or("");
-                http::parse_content_range(cr)
-                    .ok_or_else(|| generic(format!("a 206 with Content-Range {cr:?}")))?
-            }
-            StatusCode::OK if range.is_some() => {
-                return Err(object_store::Error::NotSupported {
-                    source: "the server ignored the Range request".into(),
-                });
-            }
-            StatusCode::OK => (0..file.size, file.size),
-            s => {
-                // The Hub's error codes are the Hub's; a CDN's answer is
-                // named as the CDN's.
-                let why = match r.url().host_str() {
-                    Some(host) if !self.repo.hub.is_hub_host(r.url()) => {
-                        format!("{} answered {s}", Who::Cdn(host))
-                    }
-                    _ => refusal(&self.repo.hub, s, r.headers(), "at that commit"),
-                };
-                return Err(store_error(Failure::new(refusal_kind(s, r.headers()), why)));
-            }
+        let Some(got) = http::extent(STORE, &r, range.is_some(), Some(file.size)) else {
+            // The Hub's error codes are the Hub's; a CDN's answer is named
+            // as the CDN's.
+            let s = r.status();
+            let why = match r.url().host_str() {
+                Some(host) if !self.repo.hub.is_hub_host(r.url()) => {
+                    format!("{} answered {s}", Who::Cdn(host))
+                }
+                _ => refusal(&self.repo.hub, s, r.headers(), "at that commit"),
+            };
+            return Err(store_error(Failure::new(refusal_kind(s, r.headers()), why)));
         };
-        let (bytes, total) = got;
+        let (bytes, total) = got?;
         if let Some(etag) = header(r.headers(), "etag") {
             self.same_cdn_etag(key, r.url(), etag)?;
         }
         let mut meta = self.meta(key, file);
         // A size that differs is the caller's to see (it refuses the bytes).
         meta.size = total;
-        Ok(GetResult {
-            payload: GetResultPayload::Stream(http::body(STORE, r)),
-            meta,
-            range: bytes,
-            attributes: Default::default(),
-            extensions: Default::default(),
-        })
+        Ok(http::get_result(STORE, r, meta, bytes))
     }
 }
 
@@ -845,31 +827,20 @@ fn resolved(
 impl http::Reader for HubStore {
     const NAME: &'static str = STORE;
 
-    async fn get_opts(&self, key: &Key, o: GetOptions) -> object_store::Result<GetResult> {
-        if o.head {
-            let path = self.path(key)?;
-            let r = self.resolve(&path).await?;
-            return Ok(GetResult {
-                payload: GetResultPayload::Stream(Box::pin(futures_util::stream::empty())),
-                meta: self.meta(key, &r),
-                range: 0..r.size,
-                attributes: Default::default(),
-                extensions: Default::default(),
-            });
-        }
-        // The commit pins the bytes: If-Match is not needed (and a CDN's
-        // ETag is not the Hub's).
-        let range = match o.range {
-            Some(GetRange::Bounded(r)) => Some(r),
-            None => None,
-            Some(_) => {
-                return Err(object_store::Error::NotImplemented {
-                    operation: "get with an open range".into(),
-                    implementer: STORE.into(),
-                });
-            }
-        };
-        self.get(key, range).await
+    async fn head(&self, key: &Key) -> object_store::Result<ObjectMeta> {
+        let r = self.resolve(&self.path(key)?).await?;
+        Ok(self.meta(key, &r))
+    }
+
+    /// The commit pins the bytes: If-Match is not needed (and a CDN's ETag
+    /// is not the Hub's).
+    async fn get(
+        &self,
+        key: &Key,
+        range: Option<Range<u64>>,
+        _: Option<&str>,
+    ) -> object_store::Result<GetResult> {
+        self.get_range(key, range).await
     }
 }
 

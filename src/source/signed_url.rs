@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use async_trait::async_trait;
 use object_store::path::Path as Key;
-use object_store::{GetOptions, GetRange, GetResult, GetResultPayload, ObjectMeta};
+use object_store::{GetResult, ObjectMeta};
 use reqwest::StatusCode;
 
 use super::FetchKind;
@@ -27,17 +27,58 @@ pub(super) fn is_signed(url: &url::Url) -> bool {
     matches!(url.scheme(), "http" | "https") && url.query().is_some_and(|q| !q.is_empty())
 }
 
+/// Whether a query parameter is part of a signature rather than of what
+/// names the object: S3's and GCS's (V4 and V2), and an Azure SAS's.
+fn signs(name: &str) -> bool {
+    const SAS: [&str; 15] = [
+        "sv", "ss", "srt", "sp", "se", "st", "spr", "sig", "sr", "si", "skoid", "sktid", "skt",
+        "ske", "sks",
+    ];
+    let lower = name.to_ascii_lowercase();
+    lower.starts_with("x-amz-")
+        || lower.starts_with("x-goog-")
+        || ["awsaccesskeyid", "googleaccessid", "signature", "expires"].contains(&lower.as_str())
+        || SAS.contains(&name)
+}
+
+/// What names the object a signed URL fetches, for its cache file: the
+/// URL without the signature's parameters (which change each time it is
+/// signed again), and with the others (`?id=2` is another object than
+/// `?id=1`), in order.
+pub(super) fn identity(url: &url::Url) -> String {
+    let mut kept: Vec<(String, String)> = url
+        .query_pairs()
+        .filter(|(k, _)| !signs(k))
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    kept.sort();
+    let mut u = url.clone();
+    u.set_query(None);
+    if !kept.is_empty() {
+        u.query_pairs_mut().extend_pairs(kept);
+    }
+    u.to_string()
+}
+
 /// One URL, asked as given (see the module's comment).
-#[derive(Debug)]
 pub(super) struct SignedUrl {
     url: url::Url,
+    /// The key of the one object the URL signs.
+    key: Key,
     client: reqwest::Client,
     opts: Options,
 }
 
+/// Without the query: it is a credential.
 impl std::fmt::Display for SignedUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "SignedUrl({})", without_queries(self.url.as_str()))
+    }
+}
+
+impl std::fmt::Debug for SignedUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
     }
 }
 
@@ -46,9 +87,10 @@ fn fail(kind: FetchKind, msg: impl Into<String>) -> object_store::Error {
 }
 
 impl SignedUrl {
-    pub(super) fn new(url: url::Url, opts: &Options) -> Result<SignedUrl, String> {
+    pub(super) fn new(url: url::Url, key: Key, opts: &Options) -> Result<SignedUrl, String> {
         Ok(SignedUrl {
             url,
+            key,
             client: http::client(opts, true)?,
             opts: opts.clone(),
         })
@@ -58,21 +100,30 @@ impl SignedUrl {
         self.url.host_str().unwrap_or("?")
     }
 
-    /// A GET of `range` (all of it if none), with `If-Match` if given.
-    async fn get(
+    /// A GET of the URL, of `range` if given, with `If-Match` if given.
+    /// Only the object it signs can be asked: the files beside it (a set's
+    /// shards) would need signatures of their own.
+    async fn send(
         &self,
         key: &Key,
-        range: Option<Range<u64>>,
+        range: Option<&Range<u64>>,
         if_match: Option<&str>,
-    ) -> object_store::Result<GetResult> {
+    ) -> object_store::Result<reqwest::Response> {
+        if *key != self.key {
+            return Err(fail(
+                FetchKind::Denied,
+                "a signed URL signs one object: the files beside it cannot be fetched with it \
+                 (mount a sharded set from s3://, gs:// or az:// with credentials)",
+            ));
+        }
         let label = without_queries(self.url.as_str());
-        let r = http::send(&self.opts, (&label, Who::Server(self.host())), || {
+        http::send(&self.opts, (&label, Who::Server(self.host())), || {
             let mut b = self
                 .client
                 .get(self.url.clone())
                 .header("Accept-Encoding", "identity");
-            if let Some(r) = &range {
-                b = b.header("Range", format!("bytes={}-{}", r.start, r.end - 1));
+            if let Some(r) = range {
+                b = b.header("Range", http::range_header(r));
             }
             if let Some(tag) = if_match {
                 b = b.header("If-Match", tag);
@@ -80,107 +131,80 @@ impl SignedUrl {
             b
         })
         .await
-        .map_err(|f| http::store_error(STORE, f))?;
-        let (bytes, size) = self.extent(&r, range.is_some())?;
+        .map_err(|f| http::store_error(STORE, f))
+    }
+
+    /// What an answer says of the object: its size (`size`) and validators.
+    fn meta(&self, key: &Key, r: &reqwest::Response, size: u64) -> ObjectMeta {
         let h = r.headers();
-        let last_modified = header(h, "last-modified")
-            .and_then(|t| chrono::DateTime::parse_from_rfc2822(t).ok())
-            .map(|t| t.to_utc())
-            .unwrap_or(chrono::DateTime::UNIX_EPOCH);
-        let meta = ObjectMeta {
+        ObjectMeta {
             location: key.clone(),
-            last_modified,
+            last_modified: header(h, "last-modified")
+                .and_then(|t| chrono::DateTime::parse_from_rfc2822(t).ok())
+                .map_or(chrono::DateTime::UNIX_EPOCH, |t| t.to_utc()),
             size,
             e_tag: header(h, "etag").map(str::to_string),
             version: None,
-        };
-        Ok(GetResult {
-            payload: GetResultPayload::Stream(http::body(STORE, r)),
-            meta,
-            range: bytes,
-            attributes: Default::default(),
-            extensions: Default::default(),
-        })
-    }
-
-    /// The bytes an answer carries and the object's size, or why there
-    /// are none.
-    fn extent(
-        &self,
-        r: &reqwest::Response,
-        ranged: bool,
-    ) -> object_store::Result<(Range<u64>, u64)> {
-        let status = r.status();
-        let h = r.headers();
-        let length = || header(h, "content-length").and_then(|l| l.parse::<u64>().ok());
-        match status {
-            StatusCode::PARTIAL_CONTENT => {
-                let cr = header(h, "content-range").unwrap_or("");
-                http::parse_content_range(cr).ok_or_else(|| {
-                    fail(
-                        FetchKind::Failed,
-                        format!("a 206 with Content-Range {cr:?}"),
-                    )
-                })
-            }
-            StatusCode::OK if ranged => Err(object_store::Error::NotSupported {
-                source: "the server ignored the Range request".into(),
-            }),
-            StatusCode::OK => length()
-                .map(|n| (0..n, n))
-                .ok_or_else(|| fail(FetchKind::Failed, "a 200 without Content-Length")),
-            // The first byte of an empty object.
-            StatusCode::RANGE_NOT_SATISFIABLE
-                if header(h, "content-range") == Some("bytes */0") =>
-            {
-                Ok((0..0, 0))
-            }
-            StatusCode::PRECONDITION_FAILED => {
-                Err(fail(FetchKind::Changed, "the object changed (412)"))
-            }
-            StatusCode::NOT_FOUND => Err(fail(
-                FetchKind::Changed,
-                format!("{} answered 404: no such object", Who::Server(self.host())),
-            )),
-            StatusCode::FORBIDDEN | StatusCode::UNAUTHORIZED => Err(fail(
-                FetchKind::Denied,
-                format!(
-                    "{} refused the URL ({status}): its signature may have expired; mount a \
-                     freshly signed URL",
-                    Who::Server(self.host())
-                ),
-            )),
-            s => Err(fail(
-                FetchKind::Failed,
-                format!("{} answered {s}", Who::Server(self.host())),
-            )),
         }
     }
+
+    /// Why an answer that carries no bytes carries none.
+    fn refusal(&self, r: &reqwest::Response) -> object_store::Error {
+        let server = Who::Server(self.host());
+        match r.status() {
+            StatusCode::PRECONDITION_FAILED => fail(FetchKind::Changed, "the object changed (412)"),
+            StatusCode::NOT_FOUND => fail(
+                FetchKind::Changed,
+                format!("{server} answered 404: no such object"),
+            ),
+            s @ (StatusCode::FORBIDDEN | StatusCode::UNAUTHORIZED) => fail(
+                FetchKind::Denied,
+                format!(
+                    "{server} refused the URL ({s}): its signature may have expired; mount a \
+                     freshly signed URL"
+                ),
+            ),
+            s => fail(FetchKind::Failed, format!("{server} answered {s}")),
+        }
+    }
+}
+
+fn content_length(r: &reqwest::Response) -> Option<u64> {
+    header(r.headers(), "content-length").and_then(|l| l.parse().ok())
 }
 
 #[async_trait]
 impl http::Reader for SignedUrl {
     const NAME: &'static str = STORE;
 
-    async fn get_opts(&self, key: &Key, o: GetOptions) -> object_store::Result<GetResult> {
-        if o.head {
-            // Signed for GET alone: its first byte says what HEAD would.
-            let mut first = self.get(key, Some(0..1), None).await?;
-            first.payload = GetResultPayload::Stream(Box::pin(futures_util::stream::empty()));
-            first.range = 0..first.meta.size;
-            return Ok(first);
-        }
-        let range = match o.range {
-            Some(GetRange::Bounded(r)) => Some(r),
-            None => None,
-            Some(_) => {
-                return Err(object_store::Error::NotImplemented {
-                    operation: "get with an open range".into(),
-                    implementer: STORE.into(),
-                });
-            }
+    /// Signed for GET alone: the first byte's answer says what HEAD would
+    /// (a 200 from a server that ignores Range, its whole length; a 416
+    /// with `bytes */0`, an empty object).
+    async fn head(&self, key: &Key) -> object_store::Result<ObjectMeta> {
+        let r = self.send(key, Some(&(0..1)), None).await?;
+        let empty = r.status() == StatusCode::RANGE_NOT_SATISFIABLE
+            && header(r.headers(), "content-range") == Some("bytes */0");
+        let size = match http::extent(STORE, &r, false, content_length(&r)) {
+            _ if empty => 0,
+            Some(got) => got?.1,
+            None => return Err(self.refusal(&r)),
         };
-        self.get(key, range, o.if_match.as_deref()).await
+        Ok(self.meta(key, &r, size))
+    }
+
+    async fn get(
+        &self,
+        key: &Key,
+        range: Option<Range<u64>>,
+        if_match: Option<&str>,
+    ) -> object_store::Result<GetResult> {
+        let r = self.send(key, range.as_ref(), if_match).await?;
+        let Some(got) = http::extent(STORE, &r, range.is_some(), content_length(&r)) else {
+            return Err(self.refusal(&r));
+        };
+        let (bytes, size) = got?;
+        let meta = self.meta(key, &r, size);
+        Ok(http::get_result(STORE, r, meta, bytes))
     }
 }
 
@@ -198,5 +222,24 @@ mod tests {
         assert!(!signed("https://example.com/m.zt"));
         assert!(!signed("https://example.com/m.zt?"));
         assert!(!signed("s3://bucket/m.zt?versionId=1"));
+    }
+
+    #[test]
+    fn a_cache_is_named_by_what_names_the_object_not_by_its_signature() {
+        let id = |u: &str| identity(&url::Url::parse(u).unwrap());
+        let s3 = "https://b.s3.amazonaws.com/m.bin?X-Amz-Algorithm=AWS4-HMAC-SHA256&\
+                  X-Amz-Credential=AK%2F20261129%2Fus-east-1%2Fs3%2Faws4_request&\
+                  X-Amz-Date=20261129T024215Z&X-Amz-Expires=3600&X-Amz-SignedHeaders=host&\
+                  X-Amz-Signature=72bc";
+        assert_eq!(id(s3), "https://b.s3.amazonaws.com/m.bin");
+        let sas = "https://a.blob.core.windows.net/c/m.bin?sv=2022-11-02&sr=b&sp=r&\
+                   se=2026-12-01T00%3A00%3A00Z&sig=abc%3D";
+        assert_eq!(id(sas), "https://a.blob.core.windows.net/c/m.bin");
+        assert_eq!(
+            id("http://h/get?sig=1&id=2&a=b"),
+            "http://h/get?a=b&id=2",
+            "the object's own parameters stay, in order"
+        );
+        assert_ne!(id("http://h/get?id=1&sig=x"), id("http://h/get?id=2&sig=x"));
     }
 }
