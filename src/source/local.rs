@@ -24,9 +24,14 @@ pub struct MappedFile {
     siblings: Option<std::sync::Arc<dyn super::Siblings>>,
 }
 
-/// The most one page fault maps of a file mapping: a page table's span
-/// on x86-64 and arm64 with 4 KiB pages (see [`MappedFile::release`]).
-const FAULT_SPAN: usize = 2 << 20;
+/// The most one page fault maps of a file mapping: what one page table
+/// spans, a page's worth of 8-byte entries each mapping a page (2 MiB with
+/// 4 KiB pages; 32 MiB with arm64's 16 KiB ones). See
+/// [`MappedFile::release`].
+fn fault_span() -> usize {
+    let page = page_size();
+    page / 8 * page
+}
 
 /// The system's page size.
 pub fn page_size() -> usize {
@@ -209,7 +214,7 @@ impl MappedFile {
     }
 
     /// The span of `bytes` if it lies within this mapping, rounded out to
-    /// the 2 MiB a page table spans (within the mapping). A page fault maps
+    /// what a page table spans (2 MiB with 4 KiB pages; within the mapping). A page fault maps
     /// more than the page it needs: up to 64 KiB around it ("fault-around"),
     /// and the whole of a large folio of the page cache within that page
     /// table (ext4 and XFS cache a file in folios of up to 2 MiB). Letting
@@ -226,7 +231,7 @@ impl MappedFile {
         if bytes.is_empty() || start < base || end > base + self.map.len() {
             return None;
         }
-        let unit = page_size().max(FAULT_SPAN);
+        let unit = fault_span();
         let from = (start & !(unit - 1)).max(base);
         let to = end.next_multiple_of(unit).min(base + self.map.len());
         Some((from, to - from))
