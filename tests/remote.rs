@@ -938,6 +938,31 @@ fn a_signed_url_mounts_without_head_and_its_expiry_is_eacces_with_a_reason() {
     assert!(!log.contains("s3cr3t"), "{log}");
 }
 
+/// A signed URL that redirects (a store handing the GET to another host)
+/// is followed, and no request carries the URL before it, signature and
+/// all, in a Referer.
+#[test]
+fn a_signed_url_is_followed_through_a_redirect_without_a_referer() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let (tensors, srv, cache) = served_model(&py, &m);
+    let files = m.scratch_path("files");
+    std::fs::copy(files.join("model.zt"), files.join("moved.zt")).unwrap();
+    srv.control("/__sign?path=/moved.zt&sig=b2");
+    let to = format!("http%3A//localhost%3A{}/moved.zt%3Fsig%3Db2", srv.port);
+    srv.control(&format!("/__redirect?path=/model.zt&to={to}"));
+    mount_remote(&mut m, &srv.url("/model.zt?sig=a1"), &cache, &[]);
+    for (name, data) in &tensors {
+        assert!(std::fs::read(m.path(name)).unwrap() == *data, "{name}");
+    }
+    let (_, body) = http(srv.port, "GET", "/__stats", &[]);
+    let stats: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let referers = stats["referers"].as_array().unwrap();
+    assert!(referers.len() > 2, "{stats}");
+    assert!(referers.iter().all(|r| r.is_null()), "{stats}");
+}
+
 /// The files beside a signed URL (a set's shards) cannot be fetched with
 /// its signature, which signs one object: the mount says so, and asks the
 /// server nothing for them.

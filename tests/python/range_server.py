@@ -10,7 +10,8 @@ to first byte would (for the benchmark).
 Listens on 127.0.0.1 and a free port, prints "PORT <n>" on stdout, and
 exits when stdin closes (or it is killed). Control requests (not counted):
 
-    GET /__stats                 {"requests": n, "log": [[method, path, range], ...]}
+    GET /__stats                 {"requests": n, "log": [[method, path, range], ...],
+                                  "referers": [each request's Referer or null, ...]}
     GET /__reset                 zero the counts and clear every fault
     GET /__fault?kind=K&count=N[&status=S][&secs=T][&path=/x]
         the next N data requests (GET with a Range, to path if given) fail:
@@ -26,6 +27,8 @@ exits when stdin closes (or it is killed). Control requests (not counted):
         presigned URL is (403 otherwise); HEAD of it answers 403 (the URL
         is signed for GET alone); with expired=1 every request for it
         answers 403, as S3 does once a presigned URL's time is past
+    GET /__redirect?path=/x&to=URL
+        GETs of /x answer 302 to URL
     GET /__nohead
         every HEAD answers 405 (a server that does not offer HEAD)
     GET /__mode?m=M
@@ -104,16 +107,23 @@ class Handler(BaseHTTPRequestHandler):
         with LOCK:
             if url.path == "/__stats":
                 body = json.dumps(
-                    {"requests": STATE["requests"], "log": STATE["log"]}
+                    {
+                        "requests": STATE["requests"],
+                        "log": STATE["log"],
+                        "referers": STATE.get("referers", []),
+                    }
                 ).encode()
             elif url.path == "/__reset":
                 STATE["requests"] = 0
                 STATE["log"] = []
+                STATE["referers"] = []
                 STATE["faults"] = []
             elif url.path == "/__mode":
                 STATE["mode"] = q["m"]
             elif url.path == "/__sign":
                 STATE.setdefault("signed", {})[q["path"]] = (q["sig"], q.get("expired") == "1")
+            elif url.path == "/__redirect":
+                STATE.setdefault("redirects", {})[q["path"]] = q["to"]
             elif url.path == "/__nohead":
                 STATE["no_head"] = True
             elif url.path == "/__claim":
@@ -150,6 +160,14 @@ class Handler(BaseHTTPRequestHandler):
         with LOCK:
             STATE["requests"] += 1
             STATE["log"].append(["HEAD" if head else "GET", url.path, rng])
+            STATE.setdefault("referers", []).append(self.headers.get("Referer"))
+        to = STATE.get("redirects", {}).get(url.path)
+        if to is not None and not head:
+            self.send_response(302)
+            self.send_header("Location", to)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if head and STATE.get("no_head"):
             return self.answer(405, b"method not allowed")
         signed = STATE.get("signed", {}).get(url.path)
