@@ -1374,7 +1374,6 @@ class Bench:
         # The blocks the mount fetches for the tensor: those covering it.
         ranges = [(a, min(a + block, size)) for a in range(off // block * block, off + n, block)]
         cold, curl, ttfb, curl_small, second, disk, rss = [], [], [], [], [], [], []
-        signed_cold, signed_curl = [], []
         # The same bytes read from the cache file itself: the disk's speed
         # for that file (where its blocks landed), apart from the .zt's.
         cache_disk, view_cache_disk = [], []
@@ -1421,12 +1420,8 @@ class Bench:
             os.link(f.raw, signed_link)
             hub_get(port, "/__sign?path=/raw_signed.zt&sig=bench")  # a control GET
             signed_url = f"http://127.0.0.1:{port}/raw_signed.zt?sig=bench"
-            for _ in range(self.runs):
-                self.hot(f.raw)
-                signed_curl.append(curl_ranges(signed_url, ranges, parallel))
-                with self.mounter.mount(signed_url, fresh(), tag="remote") as m:
-                    self.hot(f.raw)
-                    signed_cold.append(dd(m.mp / t["path"], 0, n))
+            signed_cold, signed_curl = self.cold_against_curl(
+                signed_url, signed_url, ranges, parallel, fresh, t["path"], n, "remote")
             # The safetensors file fetched whole once, then its view read
             # after each remount from the cache file on disk.
             st_url = f"http://127.0.0.1:{port}/model.safetensors"
@@ -1454,14 +1449,10 @@ class Bench:
                 view_cache_disk.append(dd(st_cache_file, 0, st_size))
             self.note(f"remote: safetensors view after remount, {opens} passthrough open(s)")
         shutil.rmtree(st_cache, ignore_errors=True)
-        slow_cold, slow_curl = [], []
         with range_server(served, REMOTE_LATENCY_MS) as port:
             url = f"http://127.0.0.1:{port}/raw.zt"
-            for _ in range(self.runs):
-                slow_curl.append(curl_ranges(url, ranges, parallel))
-                with self.mounter.mount(url, fresh(), tag="remote") as m:
-                    self.hot(f.raw)
-                    slow_cold.append(dd(m.mp / t["path"], 0, n))
+            slow_cold, slow_curl = self.cold_against_curl(
+                url, url, ranges, parallel, fresh, t["path"], n, "remote")
         shutil.rmtree(cache, ignore_errors=True)
         what = f"curl, ranged GETs of one {block // MiB} MiB block, {parallel} at a time"
         self.throughput_row(f"remote seq read, cold (fresh cache), {n / GiB:.2g} GiB over "
@@ -1493,6 +1484,19 @@ class Bench:
                             "landed on this disk), its pages evicted", st_size, view_second,
                             view_cache_disk, 0.8, "dd of the cache file, its pages evicted")
 
+    def cold_against_curl(self, url, curl_url, ranges, parallel, opts, path, n, tag):
+        """self.runs rounds of curl fetching `ranges` of curl_url, then a
+        fresh mount of url (opts() gives its options) read cold: the two
+        lists of seconds. The source's pages are made hot before each."""
+        cold, curl = [], []
+        for _ in range(self.runs):
+            self.hot(self.files.raw)
+            curl.append(curl_ranges(curl_url, ranges, parallel))
+            with self.mounter.mount(url, opts(), tag=tag) as m:
+                self.hot(self.files.raw)
+                cold.append(dd(m.mp / path, 0, n))
+        return cold, curl
+
     def section_hub(self):
         """raw.zt's tensor as hf://bench/raw/raw.zt from the stand-in Hub,
         default blocks and read-ahead: the first sequential read against curl
@@ -1521,15 +1525,10 @@ class Bench:
 
         rows = {}
         for latency in (0, REMOTE_LATENCY_MS):
-            cold, curl = [], []
             with fake_hub(config, latency) as port:
                 signed = hub_get(port, f"/bench/raw/resolve/{commit}/raw.zt")
-                for _ in range(self.runs):
-                    self.hot(f.raw)
-                    curl.append(curl_ranges(signed, ranges, parallel))
-                    with self.mounter.mount(url, fresh(), tag="hub") as m:
-                        self.hot(f.raw)
-                        cold.append(dd(m.mp / t["path"], 0, n))
+                cold, curl = self.cold_against_curl(
+                    url, signed, ranges, parallel, fresh, t["path"], n, "hub")
                 if latency == 0:
                     one, two, sent = cold, [], []
                     for _ in range(self.runs):
