@@ -938,6 +938,39 @@ fn a_signed_url_mounts_without_head_and_its_expiry_is_eacces_with_a_reason() {
     assert!(!log.contains("s3cr3t"), "{log}");
 }
 
+/// A signed URL's object is pinned by the ETag of a GET's answer, so a
+/// later answer without it is another object, whatever its Last-Modified
+/// (a server that drops the ETag and ignores If-Match served a replaced
+/// object's bytes mixed with the first's, and kept them in the cache).
+#[test]
+fn a_signed_url_answer_without_the_pinned_etag_gives_estale_never_mixed_bytes() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let (tensors, srv, cache) = served_model(&py, &m);
+    let files = m.scratch_path("files");
+    srv.control("/__sign?path=/model.zt&sig=e7");
+    srv.control("/__mode?m=drop_etag");
+    mount_remote(&mut m, &srv.url("/model.zt?sig=e7"), &cache, &[]);
+    let mut other = std::fs::read(files.join("model.zt")).unwrap();
+    let n = other.len();
+    other[n / 2] ^= 0xff;
+    std::fs::write(files.join("other.zt"), &other).unwrap();
+    srv.control("/__replace?path=/model.zt&from=/other.zt");
+    let e = match std::fs::read(m.path("tail")) {
+        Ok(b) => panic!("{} bytes of another object served", b.len()),
+        Err(e) => e,
+    };
+    assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+    assert!(
+        std::fs::read(m.path("embed")).is_err(),
+        "nothing more is served"
+    );
+    let log = m.log_text();
+    assert!(log.contains("the object changed since mount"), "{log}");
+    drop(tensors);
+}
+
 /// A signed URL that redirects (a store handing the GET to another host)
 /// is followed, and no request carries the URL before it, signature and
 /// all, in a Referer.

@@ -118,11 +118,9 @@ pub fn is_url(arg: &str) -> bool {
 pub(super) fn without_queries(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
-    while let Some(i) = ["http://", "https://"]
-        .iter()
-        .filter_map(|p| rest.find(p))
-        .min()
-    {
+    // Any scheme: a redirect may point elsewhere than http(s) (the client
+    // then names that URL, query and all, in its error).
+    while let Some(i) = url_start(rest) {
         let end = rest[i..]
             .find(|c: char| c.is_whitespace() || matches!(c, ')' | '"' | '\'' | '>'))
             .map_or(rest.len(), |e| i + e);
@@ -139,6 +137,23 @@ pub(super) fn without_queries(text: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// Where the first URL in `text` starts: the scheme before its first
+/// `://` (letters, digits, `+`, `-`, `.`, starting with a letter).
+fn url_start(text: &str) -> Option<usize> {
+    let mut from = 0;
+    while let Some(k) = text[from..].find("://").map(|k| from + k) {
+        let scheme = text[..k]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+            .map_or(0, |p| p + 1);
+        let first = text[scheme..k].find(|c: char| c.is_ascii_alphabetic());
+        if let Some(f) = first.filter(|_| k > scheme) {
+            return Some(scheme + f);
+        }
+        from = k + 3;
+    }
+    None
 }
 
 fn fail(label: &str, why: impl std::fmt::Display) -> Error {
@@ -502,13 +517,19 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
     let key = key_of(&url).map_err(|e| fail(&label, e))?;
     let rt = runtime().map_err(|e| fail(&label, format!("cannot start the I/O runtime: {e}")))?;
     let store = client.store().map_err(|e| fail(&label, e))?;
-    let meta = {
+    // Whether the pin came from a GET's answer (a signed URL's store asks
+    // no HEAD; a server without HEAD): every GET of this server then
+    // carries what pinned it.
+    let by_get = super::signed_url::is_signed(&url) && client.hub.is_none();
+    let (meta, by_get) = {
         let key = key.clone();
         rt.block_on(async move {
             match store.head(&key).await {
                 // A web server without HEAD: its first byte says the same.
-                Err(e) if head_not_allowed(&e) => first_byte(&*store, &key).await,
-                other => other,
+                Err(e) if head_not_allowed(&e) => {
+                    first_byte(&*store, &key).await.map(|m| (m, true))
+                }
+                other => other.map(|m| (m, by_get)),
             }
         })
     }
@@ -545,6 +566,7 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         key,
         size: meta.size,
         etag: meta.e_tag.clone(),
+        etag_on_gets: by_get && meta.e_tag.is_some(),
         version: meta.version.clone(),
         modified,
         block: opts.block_size,
@@ -1169,6 +1191,10 @@ pub struct Object {
     key: Key,
     size: u64,
     etag: Option<String>,
+    /// The ETag was pinned from a GET's answer: every answer must carry it
+    /// (one without it is not this object; a server whose HEAD alone gives
+    /// an ETag is held to its Last-Modified instead).
+    etag_on_gets: bool,
     version: Option<String>,
     /// Its Last-Modified (seconds) at mount, if the server gave one: what
     /// each answer without an ETag to compare must still say.
@@ -1685,6 +1711,7 @@ impl Object {
     fn same_object(&self, meta: &object_store::ObjectMeta) -> std::result::Result<(), FetchError> {
         let moved = match (&self.etag, &meta.e_tag) {
             (Some(pinned), Some(now)) => pinned != now,
+            (Some(_), None) if self.etag_on_gets => true,
             _ => {
                 let now = meta.last_modified.timestamp();
                 self.modified.is_some_and(|m| now != 0 && m != now)
@@ -2119,6 +2146,11 @@ mod tests {
              http://a/b?… https://d/e"
         );
         assert_eq!(without_queries("no URL?here"), "no URL?here");
+        assert_eq!(
+            without_queries("builder error for url (ftp://h/y?X-Amz-Signature=S): not allowed"),
+            "builder error for url (ftp://h/y?…): not allowed"
+        );
+        assert_eq!(without_queries("a ://b?c"), "a ://b?c");
     }
 
     #[test]

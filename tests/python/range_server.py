@@ -37,6 +37,9 @@ exits when stdin closes (or it is killed). Control requests (not counted):
                    Last-Modified, which a replace moves on by a second
         head_etag  the ETag on HEAD answers only, Last-Modified as no_etag
         none       neither ETag nor Last-Modified
+        drop_etag  the ETag until the object is replaced, none after, and a
+                   Last-Modified a replace does not move (a server that
+                   drops the ETag and ignores If-Match)
 """
 
 import json
@@ -212,9 +215,10 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         claimed = STATE.get("claims", {}).get(url.path) if head else None
         self.send_header("Content-Length", str(end - start if claimed is None else claimed))
-        if mode == "all" or (mode == "head_etag" and head):
+        first = STATE["gen"].get(url.path, 0) == 0
+        if mode == "all" or (mode == "head_etag" and head) or (mode == "drop_etag" and first):
             self.send_header("ETag", etag)
-        if mode == "all":
+        if mode in ("all", "drop_etag"):
             self.send_header("Last-Modified", formatdate(STARTED, usegmt=True))
         elif mode != "none":
             gen = STATE["gen"].get(url.path, 0)
