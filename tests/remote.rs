@@ -877,9 +877,18 @@ fn a_presigned_s3_url_is_fetched_as_given_and_its_signature_never_shown() {
     same_tree(&local.mp, &remote.mp);
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
     let index = std::fs::read_to_string(remote.path(".ztensor/index.json")).unwrap();
+    let pid = remote.pid.expect("daemon pid");
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    assert!(cmdline.contains(&format!("{plain}?")), "{cmdline}");
     let log = remote.log_text();
     assert!(log.contains(&format!("{plain}?…")), "{log}");
-    for (what, text) in [("log", &log), ("mount table", &mounts), ("index", &index)] {
+    for (what, text) in [
+        ("log", &log),
+        ("mount table", &mounts),
+        ("index", &index),
+        ("daemon's command line", &cmdline),
+    ] {
         assert!(
             !text.contains(sig),
             "the signature is in the {what}: {text}"

@@ -2,6 +2,7 @@
 //! and `cat` make and inspect files; `-u MOUNTPOINT` unmounts.
 
 mod cat;
+mod cmdline;
 mod info;
 mod logging;
 mod mount;
@@ -261,6 +262,8 @@ pub fn main() -> ExitCode {
         return tool(ToolCli::parse());
     }
     let cli = MountCli::parse();
+    // Before any thread: the daemon keeps this process's command line.
+    cmdline::hide_url_queries();
     if cli.lazy && !cli.unmount {
         // clap's `requires` counts a flag's default as present.
         eprintln!("ztensor-mount: -z/--lazy goes with -u: ztensor-mount -u -z MOUNTPOINT");
