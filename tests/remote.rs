@@ -548,13 +548,7 @@ fn read_with_fault(fault: &str) -> Option<Outcome> {
     let files = m.scratch_path("files");
     mount_remote(&mut m, &srv.url("/model.zt"), &cache, &[]);
     if fault.starts_with("replace") {
-        // Another object of the same size: a new ETag.
-        let other = files.join("other.zt");
-        let mut b = std::fs::read(files.join("model.zt")).unwrap();
-        let n = b.len();
-        b[n / 2] ^= 0xff;
-        std::fs::write(&other, &b).unwrap();
-        srv.control("/__replace?path=/model.zt&from=/other.zt");
+        replace_with_another(&srv, &files);
     } else {
         srv.control(fault);
     }
@@ -591,6 +585,16 @@ fn read_with_fault(fault: &str) -> Option<Outcome> {
     }
     let log = m.log_text();
     Some((got, tensors[5].1.clone(), log, took))
+}
+
+/// Replaces the served `/model.zt` (in `files`) by another object of the
+/// same size, its middle byte flipped: a new ETag.
+fn replace_with_another(srv: &Server, files: &Path) {
+    let mut b = std::fs::read(files.join("model.zt")).unwrap();
+    let n = b.len();
+    b[n / 2] ^= 0xff;
+    std::fs::write(files.join("other.zt"), &b).unwrap();
+    srv.control("/__replace?path=/model.zt&from=/other.zt");
 }
 
 #[test]
@@ -734,12 +738,7 @@ fn replaced_with_last_modified_only(mode: &str) {
     srv.control(&format!("/__mode?m={mode}"));
     mount_remote(&mut m, &srv.url("/model.zt"), &cache, &[]);
     assert_eq!(std::fs::read(m.path("small")).unwrap(), tensors[1].1);
-    let files = m.scratch_path("files");
-    let mut b = std::fs::read(files.join("model.zt")).unwrap();
-    let n = b.len();
-    b[n / 2] ^= 0xff;
-    std::fs::write(files.join("other.zt"), &b).unwrap();
-    srv.control("/__replace?path=/model.zt&from=/other.zt");
+    replace_with_another(&srv, &m.scratch_path("files"));
     let e = std::fs::read(m.path("tail")).expect_err("a changed object");
     assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
     let log = m.log_text();
@@ -961,11 +960,7 @@ fn a_signed_url_answer_without_the_pinned_etag_gives_estale_never_mixed_bytes() 
     srv.control("/__sign?path=/model.zt&sig=e7");
     srv.control("/__mode?m=drop_etag");
     mount_remote(&mut m, &srv.url("/model.zt?sig=e7"), &cache, &[]);
-    let mut other = std::fs::read(files.join("model.zt")).unwrap();
-    let n = other.len();
-    other[n / 2] ^= 0xff;
-    std::fs::write(files.join("other.zt"), &other).unwrap();
-    srv.control("/__replace?path=/model.zt&from=/other.zt");
+    replace_with_another(&srv, &files);
     let e = match std::fs::read(m.path("tail")) {
         Ok(b) => panic!("{} bytes of another object served", b.len()),
         Err(e) => e,
