@@ -499,7 +499,7 @@ pub(super) fn open_hub(
 }
 
 fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
-    // A signed URL's query is its key: never in a log line or a message.
+    // A signed URL's query is a credential: never in a log line or a message.
     let label = match &client.hub {
         Some(repo) => repo.label(&url),
         None => without_queries(url.as_str()),
