@@ -1074,7 +1074,7 @@ fn on_tmpfs(dir: &std::path::Path) -> bool {
     tmpfs
 }
 
-/// Bytes asked of the disk by one `posix_fadvise(WILLNEED)`.
+/// Most bytes asked of the disk by one `posix_fadvise(WILLNEED)`.
 const WARM_STEP: u64 = 64 << 20;
 
 /// Asks the disk for all of `b`'s bytes, from a thread of its own, so a
@@ -1085,9 +1085,10 @@ fn warm(b: Arc<Backing>) {
         .name("zt-warm".into())
         .spawn(move || {
             let fd = std::os::unix::io::AsRawFd::as_raw_fd(&b.file);
+            let step = readahead_cap(&b.file);
             let mut at = 0;
             while at < b.len && b.opens.load(Relaxed) > 0 {
-                let n = WARM_STEP.min(b.len - at);
+                let n = step.min(b.len - at);
                 // SAFETY: fadvise only reads its integer arguments; `fd`
                 // stays open while `b` is held here.
                 unsafe {
@@ -1096,6 +1097,29 @@ fn warm(b: Arc<Backing>) {
                 at += n;
             }
         });
+}
+
+/// The most bytes of `file` one `posix_fadvise(WILLNEED)` reads: the
+/// kernel cuts each call to the larger of its disk's read-ahead and
+/// largest request (`force_page_cache_ra`), so a longer step would read
+/// its first few MiB only. From sysfs, for a disk or a partition of one;
+/// the kernel's default read-ahead (128 KiB) where sysfs does not say
+/// (btrfs, whose files name no disk).
+fn readahead_cap(file: &File) -> u64 {
+    const DEFAULT: u64 = 128 << 10;
+    let Ok(dev) = file.metadata().map(|m| std::os::unix::fs::MetadataExt::dev(&m)) else {
+        return DEFAULT;
+    };
+    let base = format!("/sys/dev/block/{}:{}", libc::major(dev), libc::minor(dev));
+    let kib = |name: &str| {
+        [format!("{base}/queue/{name}"), format!("{base}/../queue/{name}")]
+            .iter()
+            .find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok())
+    };
+    match kib("read_ahead_kb").max(kib("max_sectors_kb")) {
+        Some(k) => (k << 10).clamp(DEFAULT, WARM_STEP),
+        None => DEFAULT,
+    }
 }
 
 /// One piece of work for a filling worker: bytes `[at, at+len)` of part
