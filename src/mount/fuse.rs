@@ -255,14 +255,15 @@ impl Filesystem for Adapter {
     fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write =
             !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY) || flags.0 & libc::O_TRUNC != 0;
+        // Nothing is ever written: a close needs no FLUSH round trip.
         let flags = |mode| match mode {
             CacheMode::KeepCache => FopenFlags::FOPEN_KEEP_CACHE,
             CacheMode::DirectIo => FopenFlags::FOPEN_DIRECT_IO,
-        };
+        } | FopenFlags::FOPEN_NOFLUSH;
         match self.fs.open(ino(i), write) {
             Ok((fh, Open::Served(mode))) => reply.opened(FileHandle(fh), flags(mode)),
             Ok((fh, Open::Backed(b))) => match self.backing_id(ino(i), fh, b.file(), &reply) {
-                Ok(id) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
+                Ok(id) => reply.opened_passthrough(FileHandle(fh), FopenFlags::FOPEN_NOFLUSH, &id),
                 Err(e) => {
                     let mode = self.fs.refused_backing(fh, &e);
                     reply.opened(FileHandle(fh), flags(mode))
