@@ -24,6 +24,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use super::lock;
 use super::tree::Content;
+use super::warmer::Warmer;
 use crate::serve::data::Data;
 use crate::serve::stats::Stats;
 
@@ -97,6 +98,9 @@ pub struct Backing {
     opens: AtomicUsize,
     /// When it was last opened ([`Backings`]' clock), for eviction.
     used: AtomicU64,
+    /// Every page of it was found in the page cache once (see
+    /// [`Backing::resident`]); set from the start for all but clones.
+    resident: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Backing {
@@ -125,6 +129,90 @@ impl Backing {
     pub fn origin(&self) -> Origin {
         self.origin
     }
+
+    /// Whether the kernel has all of it cached now, or had once. A clone
+    /// shares the source's disk blocks but not its page cache: until its
+    /// own pages are read in, a read of it is a read of the disk, several
+    /// times slower than the daemon serving the source's cached pages.
+    /// Pages dropped later are read back as any file's are.
+    pub fn resident(&self) -> bool {
+        if self.resident.load(Relaxed) {
+            return true;
+        }
+        let all = all_cached(&self.file, self.len);
+        if all {
+            self.resident.store(true, Relaxed);
+        }
+        all
+    }
+
+    /// Asks the disk for `[at, at+n)` of it, without waiting.
+    fn will_need(&self, at: u64, n: u64) {
+        let fd = std::os::unix::io::AsRawFd::as_raw_fd(&self.file);
+        // SAFETY: fadvise only reads its integer arguments; `fd` is open
+        // while `self` is.
+        unsafe {
+            libc::posix_fadvise(fd, at as i64, n as i64, libc::POSIX_FADV_WILLNEED);
+        }
+    }
+
+    /// Reads `[at, at+n)` of a clone (`at` on a page) into the page cache
+    /// and waits for it: asked of the disk in steps it takes whole, then
+    /// one byte of each page read through a mapping. That read is what
+    /// waits for the disk; on a VM it also pays, here, what the first
+    /// touch of a page the disk wrote costs (the hypervisor maps it then):
+    /// without it the first load through fresh clones ran at 0.34x of the
+    /// file, after it at 0.90x (BENCHMARKS.md, "Raw tensors backed by
+    /// clones").
+    pub fn read_in(&self, at: u64, n: u64) {
+        let step = readahead_cap(&self.file);
+        let mut k = 0;
+        while k < n {
+            self.will_need(at + k, step.min(n - k));
+            k += step;
+        }
+        let Ok(len) = usize::try_from(n) else {
+            return;
+        };
+        // SAFETY: a read-only map of a clone: an unlinked file that only
+        // the daemon holds, and never writes or shortens, so no page of
+        // the map can vanish under the reads below; unmapped when dropped.
+        let Ok(map) = (unsafe {
+            memmap2::MmapOptions::new()
+                .offset(at)
+                .len(len)
+                .map(&self.file)
+        }) else {
+            return;
+        };
+        let mut sum = 0u8;
+        for i in (0..len).step_by(crate::source::page_size()) {
+            sum ^= map[i];
+        }
+        std::hint::black_box(sum);
+    }
+}
+
+/// Whether every page of the first `len` bytes of `file` is in the page
+/// cache (`mincore` of a mapping that is never read through).
+fn all_cached(file: &File, len: u64) -> bool {
+    let Ok(n) = usize::try_from(len) else {
+        return false;
+    };
+    if n == 0 {
+        return true;
+    }
+    // SAFETY: a read-only map of a file the daemon made and nobody
+    // writes (an unlinked clone); its bytes are never read through it,
+    // only which pages are cached, and it is unmapped when dropped.
+    let Ok(map) = (unsafe { memmap2::MmapOptions::new().len(n).map(file) }) else {
+        return false;
+    };
+    let mut pages = vec![0u8; n.div_ceil(crate::source::page_size())];
+    // SAFETY: `map` is a live mapping of `n` bytes at a page-aligned
+    // address, and `pages` holds one byte per page of it, as mincore writes.
+    let r = unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, n, pages.as_mut_ptr()) };
+    r == 0 && pages.iter().all(|p| p & 1 != 0)
 }
 
 /// One piece of an exposed file, in order.
@@ -423,6 +511,8 @@ pub struct Backings {
     create_failed: std::sync::atomic::AtomicBool,
     /// `--cache-dir`'s block size, which a cloned range must start on.
     block: std::sync::OnceLock<u64>,
+    /// Reads clones' pages in while the daemon serves no open.
+    warmer: Warmer,
     inner: Mutex<Inner>,
     /// Notified when a slot becomes ready or is forgotten.
     published: Condvar,
@@ -449,6 +539,7 @@ impl Backings {
             max_files: AtomicUsize::new(usize::MAX),
             create_failed: std::sync::atomic::AtomicBool::new(false),
             block: std::sync::OnceLock::new(),
+            warmer: Warmer::default(),
             inner: Mutex::default(),
             published: Condvar::new(),
             clock: AtomicU64::new(0),
@@ -498,6 +589,7 @@ impl Backings {
             origin: Origin::Source,
             opens: AtomicUsize::new(0),
             used: AtomicU64::new(0),
+            resident: std::sync::atomic::AtomicBool::new(true),
         });
         inner.slots.insert(key.clone(), Slot::Ready(b.clone()));
         b
@@ -507,7 +599,9 @@ impl Backings {
     /// clone of that range under `--cache-dir`, when its filesystem shares
     /// blocks with `src`'s and the range starts on a block. Costs no copy
     /// and no disk until the source changes; not counted in the limit.
-    /// `None` where that cannot be (the first refusal turns clones off).
+    /// The clone's pages are read in while the daemon serves no open
+    /// (see [`Warmer`]). `None` where that cannot be (the first
+    /// refusal turns clones off).
     pub fn clone_of(&self, key: &Content, src: &File, off: u64, len: u64) -> Option<Arc<Backing>> {
         if let Some(Slot::Ready(b)) = lock(&self.inner).slots.get(key) {
             return Some(b.clone());
@@ -537,6 +631,7 @@ impl Backings {
             origin: Origin::Cloned,
             opens: AtomicUsize::new(0),
             used: AtomicU64::new(0),
+            resident: std::sync::atomic::AtomicBool::new(false),
         });
         let mut inner = lock(&self.inner);
         // Another open may have cloned it meanwhile: one backing per key.
@@ -549,7 +644,9 @@ impl Backings {
             return None;
         }
         inner.slots.insert(key.clone(), Slot::Ready(b.clone()));
+        drop(inner);
         Stats::add(&self.stats.backing_clones, 1);
+        self.warmer.queue(&b);
         Some(b)
     }
 
@@ -920,6 +1017,18 @@ impl Backings {
         true
     }
 
+    /// Drops the clone that backs files of content `key` (one made from a
+    /// source that changed meanwhile), unless an open holds it.
+    pub fn forget_clone(&self, key: &Content) {
+        let mut inner = lock(&self.inner);
+        if let Some(Slot::Ready(b)) = inner.slots.get(key)
+            && b.origin == Origin::Cloned
+            && b.opens.load(Relaxed) == 0
+        {
+            inner.slots.remove(key);
+        }
+    }
+
     fn forget(&self, key: &Content, len: u64) {
         let mut inner = lock(&self.inner);
         inner.slots.remove(key);
@@ -927,15 +1036,27 @@ impl Backings {
         self.published.notify_all();
     }
 
-    /// An open now served from `b`. The first open of a source's bytes
-    /// (itself, or a clone sharing its blocks) also asks the disk for all
-    /// of them at once (see [`warm`]).
+    /// An open now served from `b`. The first open of the source itself
+    /// also asks the disk for all of it at once (see [`warm`]).
     pub fn opened(&self, b: &Arc<Backing>) {
-        if b.opens.fetch_add(1, Relaxed) == 0 && b.origin != Origin::Filled {
+        // A filled file was written by the daemon, a clone read in by the
+        // warmer before its first open: only the source may be cold.
+        if b.opens.fetch_add(1, Relaxed) == 0 && b.origin == Origin::Source {
             warm(b.clone());
         }
         b.used.store(self.clock.fetch_add(1, Relaxed), Relaxed);
         Stats::add(&self.stats.passthrough_opens, 1);
+    }
+
+    /// The daemon serves opens of `n` inodes now: clones' pages are read
+    /// in only while it serves none.
+    pub fn served_inodes(&self, n: usize) {
+        self.warmer.served(n);
+    }
+
+    /// Clones whose pages are still to be read in.
+    pub fn warming(&self) -> u64 {
+        self.warmer.pending()
     }
 
     /// That open was closed (or never made it to the kernel).
@@ -1004,6 +1125,7 @@ impl Backings {
             origin: Origin::Filled,
             opens: AtomicUsize::new(0),
             used: AtomicU64::new(self.clock.fetch_add(1, Relaxed)),
+            resident: std::sync::atomic::AtomicBool::new(true),
         });
         lock(&self.inner).slots.insert(key, Slot::Ready(b));
         self.published.notify_all();
@@ -1080,20 +1202,16 @@ const WARM_STEP: u64 = 64 << 20;
 /// Asks the disk for all of `b`'s bytes, from a thread of its own, so a
 /// cold load gets deep, parallel reads instead of the kernel's readahead
 /// behind each fault or read alone. Pages already cached cost a lookup.
+/// It stops when no open reads `b` any more.
 fn warm(b: Arc<Backing>) {
     let _ = std::thread::Builder::new()
         .name("zt-warm".into())
         .spawn(move || {
-            let fd = std::os::unix::io::AsRawFd::as_raw_fd(&b.file);
             let step = readahead_cap(&b.file);
             let mut at = 0;
             while at < b.len && b.opens.load(Relaxed) > 0 {
                 let n = step.min(b.len - at);
-                // SAFETY: fadvise only reads its integer arguments; `fd`
-                // stays open while `b` is held here.
-                unsafe {
-                    libc::posix_fadvise(fd, at as i64, n as i64, libc::POSIX_FADV_WILLNEED);
-                }
+                b.will_need(at, n);
                 at += n;
             }
         });
@@ -1107,14 +1225,20 @@ fn warm(b: Arc<Backing>) {
 /// (btrfs, whose files name no disk).
 fn readahead_cap(file: &File) -> u64 {
     const DEFAULT: u64 = 128 << 10;
-    let Ok(dev) = file.metadata().map(|m| std::os::unix::fs::MetadataExt::dev(&m)) else {
+    let Ok(dev) = file
+        .metadata()
+        .map(|m| std::os::unix::fs::MetadataExt::dev(&m))
+    else {
         return DEFAULT;
     };
     let base = format!("/sys/dev/block/{}:{}", libc::major(dev), libc::minor(dev));
     let kib = |name: &str| {
-        [format!("{base}/queue/{name}"), format!("{base}/../queue/{name}")]
-            .iter()
-            .find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok())
+        [
+            format!("{base}/queue/{name}"),
+            format!("{base}/../queue/{name}"),
+        ]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok())
     };
     match kib("read_ahead_kb").max(kib("max_sectors_kb")) {
         Some(k) => (k << 10).clamp(DEFAULT, WARM_STEP),

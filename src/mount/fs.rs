@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use super::backing::{
-    Backing, BackingOptions, Backings, Behind, Fill, Filled, Partial, Segment, Through,
+    Backing, BackingOptions, Backings, Behind, Fill, Filled, Origin, Partial, Segment, Through,
 };
 use super::sidecar;
 use super::tree::{Content, Ino, NodeKind, Tree};
@@ -463,6 +463,7 @@ impl TensorFs {
                 let more = [
                     ("backing_bytes_now", filled),
                     ("backing_filling", filling),
+                    ("backing_warming", self.backings.warming()),
                     ("open_files_served", served),
                     ("open_files_backed", backed),
                 ];
@@ -540,6 +541,7 @@ impl TensorFs {
                 open.partial = self.write_through(ino, c);
                 let mut opens = super::lock(&self.opens);
                 *opens.served.entry(ino).or_default() += 1;
+                self.backings.served_inodes(opens.served.len());
                 opens.by_fh.insert(fh, open);
                 Stats::add(&self.data.stats().fuse_opens, 1);
                 Ok((fh, Open::Served(self.cache_mode(c))))
@@ -707,6 +709,10 @@ impl TensorFs {
             };
             self.backings
                 .close(c, ino, len, fill, &self.data, self.segments(c));
+        } else if let Content::Part { tensor, part } = c
+            && read.saturating_mul(2) >= self.size_of(ino, c)
+        {
+            self.clone_read_tensor(c, *tensor, *part);
         }
     }
 
@@ -740,37 +746,58 @@ impl TensorFs {
         Ok(Some(self.backings.source(c, file, l.size)))
     }
 
-    /// A raw tensor's file backed by a clone of its range of the source,
-    /// where the cache directory allows (see `Backings::clone_of`), once
-    /// the checks a read makes have passed, and the source is still as
-    /// they found it after the clone was made. The errno of a read when
-    /// they fail.
+    /// A raw tensor's file backed by the clone of its range made after
+    /// earlier opens read at least half of it (see [`Self::clone_read_tensor`]), once
+    /// the clone's own pages are cached and the checks a read makes pass.
+    /// Until then the daemon serves the tensor from the source's pages: a
+    /// clone shares the source's disk blocks, not its page cache, and a
+    /// first load read from a fresh clone ran at a quarter of the daemon's
+    /// speed with the source cached, and at half of it with nothing cached
+    /// (BENCHMARKS.md, "Raw tensors backed by clones"). The errno of a
+    /// read when the checks fail.
     fn cloned_backing(
         &self,
         c: &Content,
         ti: usize,
         pi: usize,
     ) -> Result<Option<Arc<Backing>>, Errno> {
-        let Some(p) = self.part(ti, pi) else {
+        let Some(b) = self
+            .backings
+            .ready(c)
+            .filter(|b| b.origin() == Origin::Cloned)
+        else {
             return Ok(None);
+        };
+        self.check_raw(ti, pi)?;
+        Ok(b.resident().then_some(b))
+    }
+
+    /// After the last served open of a raw tensor's file, its opens having
+    /// read at least half of it: a clone of its range, where the cache directory allows (see
+    /// `Backings::clone_of`), its pages asked of the disk for later opens,
+    /// made once the checks a read makes have passed, and kept only if the
+    /// source is still as they found it after the clone was made.
+    fn clone_read_tensor(&self, c: &Content, ti: usize, pi: usize) {
+        let Some(p) = self.part(ti, pi) else {
+            return;
         };
         let b = &self.data.catalog().blobs[p.blob];
         let (Some(f), crate::catalog::PartMap::Contiguous { start }) =
             (self.data.local_file(b.source), &p.map)
         else {
-            return Ok(None);
+            return;
         };
-        if !self.backings.may_clone(b.offset + start) {
-            return Ok(None);
+        if !self.backings.may_clone(b.offset + start) || self.check_raw(ti, pi).is_err() {
+            return;
         }
-        self.check_raw(ti, pi)?;
-        let backing = self
+        if self
             .backings
-            .clone_of(c, f.file(), b.offset + start, p.nbytes);
-        if backing.is_some() {
-            self.check_raw(ti, pi)?;
+            .clone_of(c, f.file(), b.offset + start, p.nbytes)
+            .is_some()
+            && self.check_raw(ti, pi).is_err()
+        {
+            self.backings.forget_clone(c);
         }
-        Ok(backing)
     }
 
     /// Whether part `pi` of tensor `ti` is more than a stored range of a
@@ -859,6 +886,7 @@ impl TensorFs {
                 *n -= 1;
                 if *n == 0 {
                     opens.served.remove(ino);
+                    self.backings.served_inodes(opens.served.len());
                     opens.closing += 1;
                     last = Some(opens.served_bytes.get(ino).copied().unwrap_or(0));
                 }

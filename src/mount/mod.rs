@@ -3,6 +3,7 @@
 //!
 //! `tree` lays out paths, `sidecar` renders the JSON beside each tensor,
 //! `backing` gives the kernel files it reads itself (FUSE passthrough),
+//! `warmer` reads the pages of clones among them in while the mount idles,
 //! `fs` answers filesystem calls without knowing fuser, and `fuse` is the
 //! thin adapter the kernel talks to.
 
@@ -11,5 +12,6 @@ pub mod fs;
 pub mod fuse;
 pub mod sidecar;
 pub mod tree;
+mod warmer;
 
 pub(crate) use crate::serve::lock;

@@ -373,14 +373,17 @@ impl Mount {
             .unwrap_or_else(|| panic!("stats has no number {key:?}"))
     }
 
-    /// Waits until no backing file is being filled and the daemon has heard
-    /// of every close (the kernel says so after `close` returns; an inode
-    /// with a handle the daemon serves is not passed through).
+    /// Waits until no backing file is being filled, no clone's pages are
+    /// being read in, and the daemon has heard of every close (the kernel
+    /// says so after `close` returns; an inode with a handle the daemon
+    /// serves is not passed through).
     pub fn settled(&self) {
         assert!(
             wait_until(Duration::from_secs(30), || {
                 let s = self.stats();
-                s["backing_filling"] == 0 && s["open_files_served"] == 0
+                s["backing_filling"] == 0
+                    && s["open_files_served"] == 0
+                    && s["backing_warming"] == 0
             }),
             "backing files still filling: {}",
             self.stats()
