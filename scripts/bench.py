@@ -34,6 +34,10 @@ Conventions (see BENCHMARKS.md):
   turn (one preadv of the whole tensor each), against the same threads
   reading the file's ranges directly (raw) or running `zstd -d` of each
   blob (compressed).
+- reflink: the v2 raw model on a new XFS (reflink) in an image file under
+  the work dir, loop-mounted with direct I/O, and --cache-dir on it, so
+  that raw tensors can be backed by clones of their ranges; the same
+  readers on that file are the baseline, hot and with its pages dropped.
 """
 
 import argparse
@@ -849,6 +853,32 @@ def memmap_sum(path, offset, n):
     m._mmap.close()
     del m
     return dt, s
+
+
+@contextlib.contextmanager
+def reflink_fs(work, size):
+    """A new XFS with reflink, `size` bytes, in an image file under work,
+    loop-mounted with direct I/O (a read of it is a read of the disk, not
+    of the image's page cache); taken down after, whatever happens."""
+    img, mp = work / "reflink.img", work / "reflink"
+    img.unlink(missing_ok=True)
+    with open(img, "wb") as f:
+        f.truncate(size)
+    try:
+        run(["mkfs.xfs", "-q", "-f", "-m", "reflink=1", img], capture_output=True, text=True)
+        dev = run(["losetup", "--direct-io=on", "-f", "--show", img], capture_output=True,
+                  text=True).stdout.strip()
+        try:
+            mp.mkdir(exist_ok=True)
+            run(["mount", dev, mp], capture_output=True, text=True)
+            try:
+                yield mp
+            finally:
+                subprocess.run(["umount", mp])
+        finally:
+            subprocess.run(["losetup", "-d", dev])
+    finally:
+        img.unlink(missing_ok=True)
 
 
 def pread_loop(path, offsets, base=0):
@@ -2122,14 +2152,16 @@ class Bench:
 
     @staticmethod
     def settled(m):
-        """Waits until the mount fills no backing file and has heard of
-        every close (an inode the daemon still serves is not passed through)."""
+        """Waits until the mount fills no backing file, reads no clone's
+        pages in, and has heard of every close (an inode the daemon still
+        serves is not passed through)."""
         for _ in range(6000):
             s = m.stats()
-            if s.get("backing_filling", 0) == 0 and s.get("open_files_served", 0) == 0:
+            if (s.get("backing_filling", 0) == 0 and s.get("open_files_served", 0) == 0
+                    and s.get("backing_warming", 0) == 0):
                 return s
             time.sleep(0.005)
-        raise BenchError("backing files still filling after 30 s")
+        raise BenchError("backing files still filling (or clones read in) after 30 s")
 
     @staticmethod
     def drop_pages(path):
@@ -2436,6 +2468,105 @@ class Bench:
                      dict(bytes=hwm, rss_anon=anon))
         self.model_bufs = None
 
+    def section_reflink(self):
+        """Raw tensors backed by clones of their ranges (FICLONERANGE): the
+        ztensor 2.x raw model (every tensor on a 4 KiB block) and
+        --cache-dir on one loop-mounted XFS, against the same readers on
+        that file. A clone shares the source's disk blocks, not its page
+        cache: the daemon serves a tensor's first load from the source's
+        pages, makes the clone at its close and reads the clone's pages in
+        while it serves nothing; later opens are passed through."""
+        s = self.more.sizes
+        readers = s["model_readers"]
+        label = "zt v2 raw (ztensor 2.x)"
+        model = self.more.model()[label]
+        info = self.more.info(model)
+        jobs = [(t["name"], t["path"], *blob_range(t), t["nbytes"]) for t in info.values()]
+        total = sum(j[4] for j in jobs)
+        big = max(jobs, key=lambda j: j[4])
+        self.model_bufs = [bytearray(big[4] + 4096) for _ in range(readers)]
+        for b in self.model_bufs:
+            b[:] = b"\1" * len(b)  # faulted in once, outside the timings
+        log(f"reflink: {label} and --cache-dir on a loop-mounted XFS")
+
+        def timed(fn):
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+
+        with reflink_fs(self.work, model.stat().st_size + 512 * MiB) as fs:
+            src = fs / model.name
+            run(["cp", "--reflink=never", model, src])
+            os.sync()
+            cache = fs / "cache"
+            cache.mkdir()
+            opts = ["--cache-dir", cache]
+
+            def direct(job, buf):
+                self.read_into(src, job[2], job[4], buf, shift=job[2] % 4096)
+
+            def through(m):
+                return lambda job, buf: self.read_into(m.mp / job[1], 0, job[4], buf)
+
+            hot_b, cold_b, first, second, cold, settle = [], [], [], [], [], []
+            for i in range(self.runs):
+                self.hot(src)
+                hot_b.append(self.load(jobs, direct))
+                with self.mounter.mount(src, opts, tag="rl") as m:
+                    self.hot(src)
+                    first.append(self.load(jobs, through(m)))
+                    settle.append(timed(lambda: self.settled(m)))
+                    second.append(self.load(jobs, through(m)))
+                    st = m.stats()
+                    if i == 0:
+                        self.same_bytes(m.mp / big[1], 0, model, big[2], big[4],
+                                        f"{src.name}:{big[0]} (clone)")
+                with self.mounter.mount(src, opts, tag="rl") as m:
+                    self.drop_pages(src)
+                    cold.append(self.load(jobs, through(m)))
+                self.drop_pages(src)
+                cold_b.append(self.load(jobs, direct))
+            # One tensor: readinto, and np.memmap of its .npy view (a view
+            # of a raw tensor: the daemon's), after a first read.
+            buf = self.model_bufs[0]
+            n, off = big[4], big[2]
+            npy = lambda m: m.mp / ".npy" / f"{big[1]}.npy"
+            read_t, read_b, mm, mm_b = [], [], [], []
+            for _ in range(self.runs):
+                self.hot(src)
+                read_b.append(timed(lambda: self.read_into(src, off, n, buf, shift=off % 4096)))
+                mm_b.append(memmap_sum(src, off, n // 4)[0])
+                with self.mounter.mount(src, opts, tag="rl1") as m:
+                    self.read_into(m.mp / big[1], 0, n, buf)
+                    self.settled(m)
+                    read_t.append(timed(lambda: self.read_into(m.mp / big[1], 0, n, buf)))
+                    mm.append(timed(lambda: np.load(npy(m), mmap_mode="r").sum()))
+                    st1 = m.stats()
+        self.model_bufs = None
+        self.note(f"reflink: {label}, {len(jobs)} tensors: {st.get('backing_clones', 0)} clones, "
+                  f"{st.get('fuse_opens', 0)} opens served and {st.get('passthrough_opens', 0)} "
+                  f"passed through over two loads; the clones' pages read in "
+                  f"{median(settle):.2f} s after the first; one tensor of {n / MiB:.0f} MiB: "
+                  f"{st1.get('backing_clones', 0)} clone, {st1.get('passthrough_opens', 0)} "
+                  "passthrough opens")
+        if st.get("passthrough_opens", 0) < len(jobs):
+            raise BenchError(f"reflink: {st.get('passthrough_opens', 0)} of the second load's "
+                             f"{len(jobs)} opens were passed through")
+        what = f"{readers} readers reading each tensor's range of the file (preadv)"
+        self.throughput_row(f"whole model, {label}, --cache-dir sharing blocks: {len(jobs)} "
+                            f"tensors read whole by {readers} readers, first load (fresh mount, "
+                            "the daemon serves it, FUSE path)", total, first, hot_b, 0.6, what)
+        self.throughput_row("  same, second load, once the clones' pages are read in (passed "
+                            "through)", total, second, hot_b, 0.9, what)
+        self.throughput_row("  same, cold: a fresh mount with the file's pages dropped, against "
+                            "the file cold", total, cold, cold_b, 1.0, what + ", cold")
+        self.throughput_row(f"one tensor of it, {n / MiB:.0f} MiB, backed by its clone: readinto "
+                            "after a first read", n, read_t, read_b, 0.9,
+                            "readinto of its range of the file")
+        self.throughput_row("  np.load(.npy view, mmap_mode='r').sum() after a first read "
+                            "(FUSE path)", n, mm, mm_b, 0.5,
+                            "np.memmap of its range of the file, .sum()")
+
     @staticmethod
     def _size(s):
         units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -2481,6 +2612,7 @@ class Bench:
             "remote": self.section_remote,
             "hub": self.section_hub,
             "passthrough": self.section_passthrough,
+            "reflink": self.section_reflink,
         }
         only = self.args.only.split(",") if self.args.only else list(sections)
         for s in only:
@@ -2498,7 +2630,7 @@ class Bench:
                 "figures will be distorted")
         self.files = Files(self.work, self.sizes, self.args.regen, many_only=only == ["many"])
         # The writers' files only for the sections that read them.
-        if {"v2", "formats", "writers", "views", "model", "remote"} & set(only):
+        if {"v2", "formats", "writers", "views", "model", "remote", "reflink"} & set(only):
             self.more = More(self.work, MORE_SIZES[self.mode], self.args.regen)
         self.files.warm()
         if not self.files.many_only:  # the many section mounts with defaults only

@@ -7,7 +7,7 @@
 # mount. Options go to bench.py: --quick (small files), --keep (keep the
 # files for the next run), --regen, --runs N, --only SECTIONS (raw, memmap,
 # zstd, ttfb, random, many, rss, v2, formats, writers, views, model, remote,
-# hub, passthrough),
+# hub, passthrough, reflink),
 # --workdir DIR. With CARGO_TARGET_DIR set, the binaries are built and run
 # from there.
 #
@@ -23,6 +23,7 @@ command -v zstd >/dev/null 2>&1 || missing+=(zstd)
 command -v fincore >/dev/null 2>&1 || missing+=(util-linux)
 command -v pgrep >/dev/null 2>&1 || missing+=(procps)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+command -v mkfs.xfs >/dev/null 2>&1 || missing+=(xfsprogs)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "bench: installing ${missing[*]}"
   apt_install "${missing[@]}"
