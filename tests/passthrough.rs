@@ -624,6 +624,15 @@ fn raw_tensors_on_blocks_are_backed_by_clones_where_the_cache_dir_shares_blocks(
     assert_eq!(m.stat_u64("passthrough_opens"), passed + 3);
     assert_eq!(m.stat_u64("backing_bytes_now"), 0, "clones take no room");
     assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 0);
+    // The source rewritten in place: the clones keep the old bytes, and
+    // no open is handed them any more.
+    let f = std::fs::OpenOptions::new().write(true).open(&src).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &[0xff], 4096).unwrap();
+    drop(f);
+    for name in ["a", "b"] {
+        let e = std::fs::read(m.mp.join(name)).expect_err(name);
+        assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{name}: {e}");
+    }
     m.unmount_ok();
     drop(xfs);
 }

@@ -24,7 +24,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use super::lock;
 use super::tree::Content;
-use super::warmer::Warmer;
+use super::warmer::{CloneJob, Warmer};
 use crate::serve::data::Data;
 use crate::serve::stats::Stats;
 
@@ -114,6 +114,21 @@ impl std::fmt::Debug for Backing {
 }
 
 impl Backing {
+    /// A backing of `len` bytes in `file`, last opened at `used` ([`Backings`]'
+    /// clock). All but a clone are resident from the start (see
+    /// [`Backing::resident`]).
+    fn new(file: File, holds: Holds, len: u64, origin: Origin, used: u64) -> Backing {
+        Backing {
+            file,
+            _holds: holds,
+            len,
+            origin,
+            opens: AtomicUsize::new(0),
+            used: AtomicU64::new(used),
+            resident: std::sync::atomic::AtomicBool::new(origin != Origin::Cloned),
+        }
+    }
+
     pub fn file(&self) -> &File {
         &self.file
     }
@@ -156,40 +171,39 @@ impl Backing {
         }
     }
 
-    /// Reads `[at, at+n)` of a clone (`at` on a page) into the page cache
-    /// and waits for it: asked of the disk in steps it takes whole, then
-    /// one byte of each page read through a mapping. That read is what
-    /// waits for the disk; on a VM it also pays, here, what the first
-    /// touch of a page the disk wrote costs (the hypervisor maps it then):
-    /// without it the first load through fresh clones ran at 0.34x of the
-    /// file, after it at 0.90x (BENCHMARKS.md, "Raw tensors backed by
-    /// clones").
-    pub fn read_in(&self, at: u64, n: u64) {
-        let step = readahead_cap(&self.file);
+    /// The most bytes one [`Self::will_need`] of it reads (see
+    /// [`readahead_cap`]).
+    pub fn readahead_step(&self) -> u64 {
+        readahead_cap(&self.file)
+    }
+
+    /// Asks the disk for `[at, at+n)` of it in steps of `step`, while
+    /// `go_on()` holds.
+    fn will_need_steps(&self, at: u64, n: u64, step: u64, go_on: impl Fn() -> bool) {
         let mut k = 0;
-        while k < n {
+        while k < n && go_on() {
             self.will_need(at + k, step.min(n - k));
             k += step;
         }
-        let Ok(len) = usize::try_from(n) else {
-            return;
-        };
-        // SAFETY: a read-only map of a clone: an unlinked file that only
-        // the daemon holds, and never writes or shortens, so no page of
-        // the map can vanish under the reads below; unmapped when dropped.
-        let Ok(map) = (unsafe {
-            memmap2::MmapOptions::new()
-                .offset(at)
-                .len(len)
-                .map(&self.file)
-        }) else {
-            return;
-        };
-        let mut sum = 0u8;
-        for i in (0..len).step_by(crate::source::page_size()) {
-            sum ^= map[i];
+    }
+
+    /// Reads `[at, at+n)` of a clone into the page cache and waits for it:
+    /// asked of the disk in steps of `step` (its [`Self::readahead_step`]),
+    /// then read into `buf`, a piece at a time. The read is what waits for
+    /// the disk; on a VM it also pays, here, what the first touch of a
+    /// page the disk wrote costs (the hypervisor maps it then): without it
+    /// the first load through fresh clones ran at 0.34x of the file, after
+    /// it at 0.90x (BENCHMARKS.md, "Raw tensors backed by clones"). A
+    /// page the disk cannot read is an error, as for any reader.
+    pub fn read_in(&self, at: u64, n: u64, step: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.will_need_steps(at, n, step, || true);
+        let mut k = 0;
+        while k < n {
+            let m = (n - k).min(buf.len() as u64) as usize;
+            self.file.read_exact_at(&mut buf[..m], at + k)?;
+            k += m as u64;
         }
-        std::hint::black_box(sum);
+        Ok(())
     }
 }
 
@@ -582,15 +596,7 @@ impl Backings {
         if let Some(Slot::Ready(b)) = inner.slots.get(key) {
             return b.clone();
         }
-        let b = Arc::new(Backing {
-            file,
-            _holds: None,
-            len,
-            origin: Origin::Source,
-            opens: AtomicUsize::new(0),
-            used: AtomicU64::new(0),
-            resident: std::sync::atomic::AtomicBool::new(true),
-        });
+        let b = Arc::new(Backing::new(file, None, len, Origin::Source, 0));
         inner.slots.insert(key.clone(), Slot::Ready(b.clone()));
         b
     }
@@ -599,9 +605,7 @@ impl Backings {
     /// clone of that range under `--cache-dir`, when its filesystem shares
     /// blocks with `src`'s and the range starts on a block. Costs no copy
     /// and no disk until the source changes; not counted in the limit.
-    /// The clone's pages are read in while the daemon serves no open
-    /// (see [`Warmer`]). `None` where that cannot be (the first
-    /// refusal turns clones off).
+    /// `None` where that cannot be (the first refusal turns clones off).
     pub fn clone_of(&self, key: &Content, src: &File, off: u64, len: u64) -> Option<Arc<Backing>> {
         if let Some(Slot::Ready(b)) = lock(&self.inner).slots.get(key) {
             return Some(b.clone());
@@ -624,15 +628,13 @@ impl Backings {
                 return None;
             }
         };
-        let b = Arc::new(Backing {
+        let b = Arc::new(Backing::new(
             file,
-            _holds: None,
+            None,
             len,
-            origin: Origin::Cloned,
-            opens: AtomicUsize::new(0),
-            used: AtomicU64::new(0),
-            resident: std::sync::atomic::AtomicBool::new(false),
-        });
+            Origin::Cloned,
+            self.clock.fetch_add(1, Relaxed),
+        ));
         let mut inner = lock(&self.inner);
         // Another open may have cloned it meanwhile: one backing per key.
         if let Some(Slot::Ready(other)) = inner.slots.get(key) {
@@ -646,7 +648,6 @@ impl Backings {
         inner.slots.insert(key.clone(), Slot::Ready(b.clone()));
         drop(inner);
         Stats::add(&self.stats.backing_clones, 1);
-        self.warmer.queue(&b);
         Some(b)
     }
 
@@ -1045,23 +1046,39 @@ impl Backings {
             warm(b.clone());
         }
         b.used.store(self.clock.fetch_add(1, Relaxed), Relaxed);
+        self.warmer.backed(true);
         Stats::add(&self.stats.passthrough_opens, 1);
     }
 
-    /// The daemon serves opens of `n` inodes now: clones' pages are read
-    /// in only while it serves none.
+    /// The daemon serves opens of `n` inodes now: clones are made and read
+    /// in only while it serves none (and the kernel none from a backing).
     pub fn served_inodes(&self, n: usize) {
         self.warmer.served(n);
     }
 
-    /// Clones whose pages are still to be read in.
+    /// Clones still to be made or read in.
     pub fn warming(&self) -> u64 {
         self.warmer.pending()
+    }
+
+    /// Queues a clone to be made and read in while nothing is being read
+    /// (see [`Warmer`]).
+    pub fn warm_clone(&self, job: CloneJob) {
+        self.warmer.queue(job);
+    }
+
+    /// Drops the kernel's page cache of inode `ino`, whose files are
+    /// passed through from now on (as a filled file's, see [`Filled`]).
+    pub fn drop_inode_cache(&self, ino: u64) {
+        if let Some(hook) = self.filled_hook.get() {
+            hook(ino);
+        }
     }
 
     /// That open was closed (or never made it to the kernel).
     pub fn closed(&self, b: &Backing) {
         b.opens.fetch_sub(1, Relaxed);
+        self.warmer.backed(false);
     }
 
     /// (Bytes of filled backing files, how many are being filled) now.
@@ -1118,15 +1135,13 @@ impl Backings {
     fn publish(&self, key: Content, file: File, holds: Holds, len: u64) {
         Stats::add(&self.stats.backing_files, 1);
         Stats::add(&self.stats.backing_bytes, len);
-        let b = Arc::new(Backing {
+        let b = Arc::new(Backing::new(
             file,
-            _holds: holds,
+            holds,
             len,
-            origin: Origin::Filled,
-            opens: AtomicUsize::new(0),
-            used: AtomicU64::new(self.clock.fetch_add(1, Relaxed)),
-            resident: std::sync::atomic::AtomicBool::new(true),
-        });
+            Origin::Filled,
+            self.clock.fetch_add(1, Relaxed),
+        ));
         lock(&self.inner).slots.insert(key, Slot::Ready(b));
         self.published.notify_all();
     }
@@ -1207,13 +1222,8 @@ fn warm(b: Arc<Backing>) {
     let _ = std::thread::Builder::new()
         .name("zt-warm".into())
         .spawn(move || {
-            let step = readahead_cap(&b.file);
-            let mut at = 0;
-            while at < b.len && b.opens.load(Relaxed) > 0 {
-                let n = step.min(b.len - at);
-                b.will_need(at, n);
-                at += n;
-            }
+            let step = b.readahead_step();
+            b.will_need_steps(0, b.len, step, || b.opens.load(Relaxed) > 0);
         });
 }
 
@@ -1241,7 +1251,7 @@ fn readahead_cap(file: &File) -> u64 {
         .find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok())
     };
     match kib("read_ahead_kb").max(kib("max_sectors_kb")) {
-        Some(k) => (k << 10).clamp(DEFAULT, WARM_STEP),
+        Some(k) => (k << 10).clamp(crate::source::page_size() as u64, WARM_STEP),
         None => DEFAULT,
     }
 }

@@ -14,6 +14,7 @@ use super::backing::{
 };
 use super::sidecar;
 use super::tree::{Content, Ino, NodeKind, Tree};
+use super::warmer::CloneJob;
 use crate::catalog::{Catalog, Codec, Part};
 use crate::serve::data::{Bytes, Data, DataOptions, scratch};
 use crate::serve::stats::Stats;
@@ -694,13 +695,14 @@ impl TensorFs {
         if !self.passthrough() || !matches!(c, Content::Part { .. } | Content::ViewData { .. }) {
             return;
         }
+        let len = self.size_of(ino, c);
+        // A peek (less than half of the file) keeps no disk.
+        let most = read.saturating_mul(2) >= len;
         if self.worth_filling(c) {
-            let len = self.size_of(ino, c);
-            // A peek keeps no disk, even where the file is there already.
-            if read.saturating_mul(2) >= len && self.adopt_decoded(ino, c) {
+            if most && self.adopt_decoded(ino, c) {
                 return;
             }
-            let fill = if read.saturating_mul(2) < len {
+            let fill = if !most {
                 Fill::Drop
             } else if self.fetched(c) {
                 Fill::IfWhole
@@ -710,9 +712,9 @@ impl TensorFs {
             self.backings
                 .close(c, ino, len, fill, &self.data, self.segments(c));
         } else if let Content::Part { tensor, part } = c
-            && read.saturating_mul(2) >= self.size_of(ino, c)
+            && most
         {
-            self.clone_read_tensor(c, *tensor, *part);
+            self.clone_read_tensor(ino, c, *tensor, *part);
         }
     }
 
@@ -768,35 +770,53 @@ impl TensorFs {
         else {
             return Ok(None);
         };
-        self.check_raw(ti, pi)?;
+        if let Err(e) = self.check_raw(ti, pi) {
+            // A changed source: the clone, no longer sharing its blocks,
+            // holds disk for nothing.
+            self.backings.forget_clone(c);
+            return Err(e);
+        }
         Ok(b.resident().then_some(b))
     }
 
-    /// After the last served open of a raw tensor's file, its opens having
-    /// read at least half of it: a clone of its range, where the cache directory allows (see
-    /// `Backings::clone_of`), its pages asked of the disk for later opens,
-    /// made once the checks a read makes have passed, and kept only if the
-    /// source is still as they found it after the clone was made.
-    fn clone_read_tensor(&self, c: &Content, ti: usize, pi: usize) {
-        let Some(p) = self.part(ti, pi) else {
+    /// After the last served open of raw tensor file `ino` (content `c`),
+    /// its opens having read at least half of it: a clone of its range
+    /// for later opens, where the cache directory allows (see
+    /// `Backings::clone_of`), made and read in while nothing is being read
+    /// (see `mount::warmer`). Once read in, the kernel's page cache of
+    /// `ino` is dropped (passthrough opens never read it); a clone that
+    /// could not be read in whole is dropped, to be made again after a
+    /// later read.
+    fn clone_read_tensor(&self, ino: Ino, c: &Content, ti: usize, pi: usize) {
+        let Some(off) = self.clonable_offset(ti, pi) else {
             return;
         };
-        let b = &self.data.catalog().blobs[p.blob];
-        let (Some(f), crate::catalog::PartMap::Contiguous { start }) =
-            (self.data.local_file(b.source), &p.map)
-        else {
-            return;
-        };
-        if !self.backings.may_clone(b.offset + start) || self.check_raw(ti, pi).is_err() {
+        if !self.backings.may_clone(off) || self.backings.ready(c).is_some() {
             return;
         }
-        if self
-            .backings
-            .clone_of(c, f.file(), b.offset + start, p.nbytes)
-            .is_some()
-            && self.check_raw(ti, pi).is_err()
-        {
-            self.backings.forget_clone(c);
+        let (data, backings, key) = (self.data.clone(), self.backings.clone(), c.clone());
+        let (done_by, done_key) = (self.backings.clone(), c.clone());
+        self.backings.warm_clone(CloneJob {
+            make: Box::new(move || make_clone(&data, &backings, &key, ti, pi)),
+            done: Box::new(move |all| {
+                if all {
+                    done_by.drop_inode_cache(ino);
+                } else {
+                    done_by.forget_clone(&done_key);
+                }
+            }),
+        });
+    }
+
+    /// Where part `pi` of tensor `ti` starts in its local source file, when
+    /// it is one range of it.
+    fn clonable_offset(&self, ti: usize, pi: usize) -> Option<u64> {
+        let p = self.part(ti, pi)?;
+        let b = &self.data.catalog().blobs[p.blob];
+        self.data.local_file(b.source)?;
+        match p.map {
+            crate::catalog::PartMap::Contiguous { start } => Some(b.offset + start),
+            _ => None,
         }
     }
 
@@ -941,6 +961,7 @@ impl TensorFs {
             self.backings.closed(&b);
         }
         *opens.served.entry(ino).or_default() += 1;
+        self.backings.served_inodes(opens.served.len());
         drop(opens);
         match self.tree.node(ino).map(|n| &n.kind) {
             Some(NodeKind::File(c)) => self.cache_mode(c),
@@ -1204,6 +1225,38 @@ impl TensorFs {
             self.tree.len() as u64,
         )
     }
+}
+
+/// Clones part `pi` of tensor `ti` (content `key`) under `--cache-dir`
+/// once the checks a read makes pass, kept only if the source is still as
+/// they found it after the clone was made. `None` when it cannot be.
+fn make_clone(
+    data: &Data,
+    backings: &Backings,
+    key: &Content,
+    ti: usize,
+    pi: usize,
+) -> Option<Arc<Backing>> {
+    let p = data
+        .catalog()
+        .tensors
+        .get(ti)?
+        .parts
+        .as_ref()
+        .ok()?
+        .get(pi)?;
+    let b = &data.catalog().blobs[p.blob];
+    let (f, crate::catalog::PartMap::Contiguous { start }) = (data.local_file(b.source)?, &p.map)
+    else {
+        return None;
+    };
+    data.check_raw(ti, pi).ok()?;
+    let clone = backings.clone_of(key, f.file(), b.offset + start, p.nbytes)?;
+    if data.check_raw(ti, pi).is_err() {
+        backings.forget_clone(key);
+        return None;
+    }
+    Some(clone)
 }
 
 #[cfg(test)]

@@ -1,26 +1,41 @@
-//! Reads clones' pages into the page cache while the mount is idle.
+//! Makes clones of raw tensors' ranges and reads their pages in while the
+//! mount is idle.
 //!
 //! A clone of a raw tensor's range (`FICLONERANGE`) shares the source's
 //! disk blocks, not its page cache: a read of a fresh clone is a read of
 //! the disk, even while the source's own pages are all cached. So a tensor
 //! is served by the daemon, from the source, until its clone's pages are
-//! cached, and this reads them in: on one thread, at the idle priorities
-//! of the CPU and the disk, and only while no open the daemon serves is
-//! left. A load that ran meanwhile shared the disk, the memory and the CPU
-//! with it: a first load of a model took 1.1-1.3 s instead of 0.6-0.7 s
-//! with its clones read in beside it (BENCHMARKS.md, "Raw tensors backed by
-//! clones").
+//! cached, and this makes the clone and reads its pages in: on one thread,
+//! at the idle priorities of the CPU and the disk, and only while no open
+//! is being read, by the daemon or by the kernel from a backing file. A
+//! load that ran meanwhile shared the disk, the memory and the CPU with
+//! it: a first load of a model took 1.1-1.3 s instead of 0.6-0.7 s with
+//! its clones read in beside it (BENCHMARKS.md, "Raw tensors backed by
+//! clones"). Cloning takes the source's inode locks, which a read of its
+//! uncached pages waits for: another reason to wait.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use super::backing::Backing;
 use super::lock;
 
 /// Bytes read in at a time: the thread looks again between steps whether
-/// the daemon serves an open.
+/// an open is being read.
 const STEP: u64 = 8 << 20;
+
+/// Bytes of the buffer the pages are read into (see [`Backing::read_in`]).
+const BUF: usize = 1 << 20;
+
+/// One clone to make and read in.
+pub struct CloneJob {
+    /// Makes the clone, checked, or says why not (`None`).
+    pub make: Box<dyn FnOnce() -> Option<Arc<Backing>> + Send>,
+    /// Told whether every page of the clone was in the page cache once
+    /// its pages were read in.
+    pub done: Box<dyn FnOnce(bool) + Send>,
+}
 
 #[derive(Default)]
 pub struct Warmer {
@@ -30,46 +45,76 @@ pub struct Warmer {
 #[derive(Default)]
 struct Inner {
     state: Mutex<State>,
-    /// Notified when a clone is queued or the daemon serves no open.
+    /// Notified when a job is queued or nothing is being read.
     wake: Condvar,
-    /// Clones queued or being read in.
+    /// Jobs queued or under way.
     pending: AtomicU64,
 }
 
 #[derive(Default)]
 struct State {
-    queue: VecDeque<Weak<Backing>>,
+    queue: VecDeque<CloneJob>,
     /// Inodes with an open the daemon serves.
     served: usize,
+    /// Opens the kernel serves from a backing file.
+    backed: usize,
     started: bool,
 }
 
+impl State {
+    fn busy(&self) -> bool {
+        self.served > 0 || self.backed > 0
+    }
+}
+
 impl Warmer {
-    /// Queues clone `b`'s pages to be read in; dropping `b` meanwhile
-    /// takes it off.
-    pub fn queue(&self, b: &Arc<Backing>) {
+    /// Queues a clone to be made and read in once nothing is being read.
+    pub fn queue(&self, job: CloneJob) {
         let mut st = lock(&self.inner.state);
-        st.queue.push_back(Arc::downgrade(b));
-        self.inner.pending.fetch_add(1, Relaxed);
         if !st.started {
             let inner = self.inner.clone();
-            st.started = std::thread::Builder::new()
+            match std::thread::Builder::new()
                 .name("zt-warm-clones".into())
                 .spawn(move || inner.run())
-                .is_ok();
+            {
+                Ok(_) => st.started = true,
+                Err(e) => {
+                    log::warn!("cannot start the thread that reads clones in ({e}): none made");
+                    return;
+                }
+            }
         }
+        st.queue.push_back(job);
+        self.inner.pending.fetch_add(1, Relaxed);
         self.inner.wake.notify_all();
     }
 
     /// The daemon serves opens of `n` inodes now.
     pub fn served(&self, n: usize) {
-        lock(&self.inner.state).served = n;
-        if n == 0 {
+        let mut st = lock(&self.inner.state);
+        st.served = n;
+        self.notify_if_idle(st);
+    }
+
+    /// An open the kernel serves from a backing file was made (`true`) or
+    /// closed.
+    pub fn backed(&self, opened: bool) {
+        let mut st = lock(&self.inner.state);
+        if opened {
+            st.backed += 1;
+        } else {
+            st.backed = st.backed.saturating_sub(1);
+        }
+        self.notify_if_idle(st);
+    }
+
+    fn notify_if_idle(&self, st: MutexGuard<'_, State>) {
+        if !st.busy() {
             self.inner.wake.notify_all();
         }
     }
 
-    /// Clones queued or being read in.
+    /// Clones queued or being made and read in.
     pub fn pending(&self) -> u64 {
         self.inner.pending.load(Relaxed)
     }
@@ -78,42 +123,54 @@ impl Warmer {
 impl Inner {
     fn run(&self) {
         idle_priority();
-        while let Some(b) = self.next() {
-            let mut at = 0;
-            while at < b.len() {
-                self.wait_idle();
-                let n = STEP.min(b.len() - at);
-                b.read_in(at, n);
-                at += n;
+        let mut buf = vec![0u8; BUF];
+        loop {
+            let job = self.next();
+            if let Some(b) = (job.make)() {
+                let all = self.read_in(&b, &mut buf);
+                (job.done)(all);
             }
-            // Noted now, so that the next open passes it through at once.
-            b.resident();
             self.pending.fetch_sub(1, Relaxed);
         }
     }
 
-    /// The next clone still backing a file, once the daemon serves no open.
-    fn next(&self) -> Option<Arc<Backing>> {
-        let mut st = lock(&self.state);
+    /// Reads `b`'s pages in, a step at a time while nothing else is read:
+    /// whether all of them were in the page cache at the end.
+    fn read_in(&self, b: &Backing, buf: &mut [u8]) -> bool {
+        let step = b.readahead_step();
+        let mut at = 0;
+        while at < b.len() {
+            drop(self.idle());
+            let n = STEP.min(b.len() - at);
+            if let Err(e) = b.read_in(at, n, step, buf) {
+                log::info!("reading a clone in failed ({e}): its tensor stays the daemon's");
+                return false;
+            }
+            at += n;
+        }
+        b.resident()
+    }
+
+    /// The next job, once nothing is being read.
+    fn next(&self) -> CloneJob {
+        let mut st = self.idle();
         loop {
-            while st.served > 0 || st.queue.is_empty() {
-                st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
+            if let Some(job) = st.queue.pop_front() {
+                return job;
             }
-            while let Some(w) = st.queue.pop_front() {
-                if let Some(b) = w.upgrade() {
-                    return Some(b);
-                }
-                self.pending.fetch_sub(1, Relaxed);
-            }
+            st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
+            st = self.wait_idle(st);
         }
     }
 
-    /// Waits until the daemon serves no open.
-    fn wait_idle(&self) {
-        let mut st = lock(&self.state);
-        while st.served > 0 {
-            st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
-        }
+    fn idle(&self) -> MutexGuard<'_, State> {
+        self.wait_idle(lock(&self.state))
+    }
+
+    fn wait_idle<'a>(&self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.wake
+            .wait_while(st, |s| s.busy())
+            .unwrap_or_else(|e| e.into_inner())
     }
 }
 
