@@ -338,14 +338,7 @@ impl TensorFs {
     }
 
     fn part(&self, ti: usize, pi: usize) -> Option<&Part> {
-        self.data
-            .catalog()
-            .tensors
-            .get(ti)?
-            .parts
-            .as_ref()
-            .ok()?
-            .get(pi)
+        part_of(&self.data, ti, pi)
     }
 
     /// What file `c` is made of, when it is a view's file of tensors'
@@ -788,7 +781,7 @@ impl TensorFs {
     /// could not be read in whole is dropped, to be made again after a
     /// later read.
     fn clone_read_tensor(&self, ino: Ino, c: &Content, ti: usize, pi: usize) {
-        let Some(off) = self.clonable_offset(ti, pi) else {
+        let Some((_, off, _)) = clonable_range(&self.data, ti, pi) else {
             return;
         };
         if !self.backings.may_clone(off) || self.backings.ready(c).is_some() {
@@ -806,18 +799,6 @@ impl TensorFs {
                 }
             }),
         });
-    }
-
-    /// Where part `pi` of tensor `ti` starts in its local source file, when
-    /// it is one range of it.
-    fn clonable_offset(&self, ti: usize, pi: usize) -> Option<u64> {
-        let p = self.part(ti, pi)?;
-        let b = &self.data.catalog().blobs[p.blob];
-        self.data.local_file(b.source)?;
-        match p.map {
-            crate::catalog::PartMap::Contiguous { start } => Some(b.offset + start),
-            _ => None,
-        }
     }
 
     /// Whether part `pi` of tensor `ti` is more than a stored range of a
@@ -1227,6 +1208,23 @@ impl TensorFs {
     }
 }
 
+fn part_of(data: &Data, ti: usize, pi: usize) -> Option<&Part> {
+    data.catalog().tensors.get(ti)?.parts.as_ref().ok()?.get(pi)
+}
+
+/// Part `pi` of tensor `ti` as one range of a local file: (the file, where
+/// the range starts, its length).
+fn clonable_range(data: &Data, ti: usize, pi: usize) -> Option<(&MappedFile, u64, u64)> {
+    let p = part_of(data, ti, pi)?;
+    let b = &data.catalog().blobs[p.blob];
+    match p.map {
+        crate::catalog::PartMap::Contiguous { start } => {
+            Some((data.local_file(b.source)?, b.offset + start, p.nbytes))
+        }
+        _ => None,
+    }
+}
+
 /// Clones part `pi` of tensor `ti` (content `key`) under `--cache-dir`
 /// once the checks a read makes pass, kept only if the source is still as
 /// they found it after the clone was made. `None` when it cannot be.
@@ -1237,21 +1235,9 @@ fn make_clone(
     ti: usize,
     pi: usize,
 ) -> Option<Arc<Backing>> {
-    let p = data
-        .catalog()
-        .tensors
-        .get(ti)?
-        .parts
-        .as_ref()
-        .ok()?
-        .get(pi)?;
-    let b = &data.catalog().blobs[p.blob];
-    let (f, crate::catalog::PartMap::Contiguous { start }) = (data.local_file(b.source)?, &p.map)
-    else {
-        return None;
-    };
+    let (f, off, len) = clonable_range(data, ti, pi)?;
     data.check_raw(ti, pi).ok()?;
-    let clone = backings.clone_of(key, f.file(), b.offset + start, p.nbytes)?;
+    let clone = backings.clone_of(key, f.file(), off, len)?;
     if data.check_raw(ti, pi).is_err() {
         backings.forget_clone(key);
         return None;
