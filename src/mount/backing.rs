@@ -525,7 +525,7 @@ pub struct Backings {
     create_failed: std::sync::atomic::AtomicBool,
     /// `--cache-dir`'s block size, which a cloned range must start on.
     block: std::sync::OnceLock<u64>,
-    /// Reads clones' pages in while the daemon serves no open.
+    /// Makes clones and reads their pages in while nothing is being read.
     warmer: Warmer,
     inner: Mutex<Inner>,
     /// Notified when a slot becomes ready or is forgotten.

@@ -742,8 +742,9 @@ impl TensorFs {
     }
 
     /// A raw tensor's file backed by the clone of its range made after
-    /// earlier opens read at least half of it (see [`Self::clone_read_tensor`]), once
-    /// the clone's own pages are cached and the checks a read makes pass.
+    /// earlier opens read at least half of it (see
+    /// [`Self::clone_read_tensor`]), once the clone's own pages are cached
+    /// and the checks a read makes pass.
     /// Until then the daemon serves the tensor from the source's pages: a
     /// clone shares the source's disk blocks, not its page cache, and a
     /// first load read from a fresh clone ran at a quarter of the daemon's
