@@ -189,18 +189,24 @@ impl Backing {
 
     /// Reads `[at, at+n)` of a clone into the page cache and waits for it:
     /// asked of the disk in steps of `step` (its [`Self::readahead_step`]),
-    /// then read into `buf`, a piece at a time. The read is what waits for
-    /// the disk; on a VM it also pays, here, what the first touch of a
-    /// page the disk wrote costs (the hypervisor maps it then): without it
-    /// the first load through fresh clones ran at 0.34x of the file, after
-    /// it at 0.90x (BENCHMARKS.md, "Raw tensors backed by clones"). A
-    /// page the disk cannot read is an error, as for any reader.
+    /// then read into `buf`, a piece at a time, each piece twice. The
+    /// first read is what waits for the disk; on a VM it also pays, here,
+    /// what the first touch of a page the disk wrote costs (the hypervisor
+    /// maps it then): without it the first load through fresh clones ran
+    /// at 0.34x of the file, with it at 0.77-0.90x. The second read makes
+    /// the kernel count the pages as used again (its active list), which
+    /// the loader's first read would do otherwise: 6.9-7.2 GB/s for that
+    /// load instead of 6.0-6.2 (BENCHMARKS.md, "Raw tensors backed by
+    /// clones"). A page the disk cannot read is an error, as for any
+    /// reader.
     pub fn read_in(&self, at: u64, n: u64, step: u64, buf: &mut [u8]) -> std::io::Result<()> {
         self.will_need_steps(at, n, step, || true);
         let mut k = 0;
         while k < n {
             let m = (n - k).min(buf.len() as u64) as usize;
-            self.file.read_exact_at(&mut buf[..m], at + k)?;
+            for _ in 0..2 {
+                self.file.read_exact_at(&mut buf[..m], at + k)?;
+            }
             k += m as u64;
         }
         Ok(())
