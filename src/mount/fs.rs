@@ -782,7 +782,7 @@ impl TensorFs {
     /// could not be read in whole is dropped, to be made again after a
     /// later read.
     fn clone_read_tensor(&self, ino: Ino, c: &Content, ti: usize, pi: usize) {
-        let Some((_, off, _)) = clonable_range(&self.data, ti, pi) else {
+        let Some((_, off, len)) = clonable_range(&self.data, ti, pi) else {
             return;
         };
         if !self.backings.may_clone(off) || self.backings.ready(c).is_some() {
@@ -791,6 +791,7 @@ impl TensorFs {
         let (data, backings, key) = (self.data.clone(), self.backings.clone(), c.clone());
         let (done_by, done_key) = (self.backings.clone(), c.clone());
         self.backings.warm_clone(CloneJob {
+            len,
             make: Box::new(move || make_clone(&data, &backings, &key, ti, pi)),
             done: Box::new(move |all| {
                 if all {

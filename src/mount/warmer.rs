@@ -30,6 +30,8 @@ const BUF: usize = 1 << 20;
 
 /// One clone to make and read in.
 pub struct CloneJob {
+    /// Its length.
+    pub len: u64,
     /// Makes the clone, checked, or says why not (`None`).
     pub make: Box<dyn FnOnce() -> Option<Arc<Backing>> + Send>,
     /// Told whether every page of the clone was in the page cache once
@@ -126,7 +128,13 @@ impl Inner {
         let mut buf = vec![0u8; BUF];
         loop {
             let job = self.next();
-            if let Some(b) = (job.make)() {
+            if !fits(job.len) {
+                log::debug!(
+                    "a clone of {} bytes is not made: its pages would take more than half \
+                     of the memory available",
+                    job.len
+                );
+            } else if let Some(b) = (job.make)() {
                 let all = self.read_in(&b, &mut buf);
                 (job.done)(all);
             }
@@ -174,6 +182,25 @@ impl Inner {
     }
 }
 
+/// Whether a clone of `len` bytes may be read in: its pages are a second
+/// copy of bytes the source's page cache likely holds, so a clone over half
+/// of the memory the kernel can give (`MemAvailable`) would push out the
+/// source's pages or its own, and be dropped again, not read in whole.
+/// True where the kernel does not say.
+fn fits(len: u64) -> bool {
+    let avail = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| mem_available(&t));
+    avail.is_none_or(|m| len <= m / 2)
+}
+
+/// `MemAvailable` of a /proc/meminfo text, in bytes.
+fn mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// Puts the calling thread in the idle classes of the CPU and the disk
 /// schedulers. Best effort: a kernel or scheduler without them leaves it
 /// as it was.
@@ -187,5 +214,19 @@ fn idle_priority() {
     unsafe {
         libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
         libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, IOPRIO_IDLE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_available_is_read_from_meminfo_in_bytes() {
+        let text = "MemTotal:       24683520 kB\nMemFree:        20038412 kB\n\
+                    MemAvailable:   24113640 kB\nBuffers:           20544 kB\n";
+        assert_eq!(mem_available(text), Some(24113640 * 1024));
+        assert_eq!(mem_available("MemTotal: 1 kB\n"), None);
+        assert_eq!(mem_available("MemAvailable: lots kB\n"), None);
     }
 }
