@@ -881,6 +881,13 @@ def reflink_fs(work, size):
         img.unlink(missing_ok=True)
 
 
+def timed(fn):
+    """Seconds fn() takes."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def pread_loop(path, offsets, base=0):
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -2179,11 +2186,6 @@ class Bench:
         view = ".safetensors/model.safetensors"
         load = lambda p: safetensors.numpy.load_file(str(p))
 
-        def timed(fn):
-            t0 = time.perf_counter()
-            fn()
-            return time.perf_counter() - t0
-
         hot, base, cold, cold_base, off_t = [], [], [], [], []
         for _ in range(self.runs):
             self.hot(st)
@@ -2488,11 +2490,6 @@ class Bench:
         for b in self.model_bufs:
             b[:] = b"\1" * len(b)  # faulted in once, outside the timings
         log(f"reflink: {label} and --cache-dir on a loop-mounted XFS")
-
-        def timed(fn):
-            t0 = time.perf_counter()
-            fn()
-            return time.perf_counter() - t0
 
         with reflink_fs(self.work, model.stat().st_size + 512 * MiB) as fs:
             src = fs / model.name

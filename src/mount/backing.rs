@@ -1125,9 +1125,7 @@ impl Backings {
             }
         };
         let t1 = std::time::Instant::now();
-        if let Some(hook) = self.filled_hook.get() {
-            hook(asked_by);
-        }
+        self.drop_inode_cache(asked_by);
         log::debug!(
             "{key:?}: backing file of {len} bytes: {wrote} written by the filler in {:?}, \
              the inode's page cache dropped in {:?}",
