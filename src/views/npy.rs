@@ -1,6 +1,9 @@
 //! The `.npy` header of a tensor: numpy's format 1.0 (2.0 when the header
 //! needs more than 64 KiB), padded so the data starts at a multiple of 64,
-//! as numpy itself writes it.
+//! as numpy itself writes it, or, for a tensor of [`PAGE_ALIGN_MIN`] bytes
+//! or more, at a multiple of 4096: the format allows any padding, and data
+//! on a page boundary lets a clone of the tensor's blocks back the view
+//! (`mount::backing`) and a mapping of the view map whole pages of it.
 
 use std::borrow::Cow;
 
@@ -61,7 +64,15 @@ const MAGIC: &[u8] = b"\x93NUMPY";
 /// The most dimensions numpy reads (`NPY_MAXDIMS` since numpy 2.0; 1.x
 /// stops at 32): a tensor of more gets no `.npy` that would only fail.
 pub const MAX_DIMS: usize = 64;
+/// Where numpy starts the data: the least alignment of a view's.
 const ALIGN: usize = 64;
+/// A page, and the block of the filesystems that clone (XFS, btrfs, ext4's
+/// 4 KiB default): the data of a large tensor's view starts on one.
+const PAGE: usize = 4096;
+/// The least tensor whose view's data starts on a [`PAGE`]: at 1 MiB the
+/// header is at most 0.4% of the file, and smaller tensors are not cloned
+/// for speed (their open's round trip, not their bytes, is their cost).
+pub const PAGE_ALIGN_MIN: u64 = 1 << 20;
 
 /// numpy's type string for the exposed bytes, where one is honest. numpy
 /// has no bfloat16 or 8-bit floats: those are given as opaque void
@@ -97,11 +108,16 @@ pub fn header(part: &Part) -> Option<Vec<u8>> {
         ),
     };
     let dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    let align = if part.nbytes >= PAGE_ALIGN_MIN {
+        PAGE
+    } else {
+        ALIGN
+    };
     // magic + version + length field, then the dict padded with spaces and
     // ended by a newline.
     for (version, len_bytes) in [(1u8, 2usize), (2, 4)] {
         let fixed = MAGIC.len() + 2 + len_bytes;
-        let total = (fixed + dict.len() + 1).next_multiple_of(ALIGN);
+        let total = (fixed + dict.len() + 1).next_multiple_of(align);
         let hlen = total - fixed;
         if len_bytes == 2 && hlen > u16::MAX as usize {
             continue;
@@ -128,7 +144,8 @@ mod tests {
     use crate::catalog::{Endian, Part};
 
     fn part(dtype: DType, shape: Vec<u64>) -> Part {
-        Part::dense(dtype, shape, 0, 0, Endian::Little)
+        let n = shape.iter().product::<u64>() * dtype.size();
+        Part::dense(dtype, shape, n, 0, Endian::Little)
     }
 
     #[test]
@@ -145,6 +162,21 @@ mod tests {
         let one = header(&part(DType::Uint8, vec![7])).unwrap();
         assert!(String::from_utf8_lossy(&one).contains("'shape': (7,)"));
         assert!(header(&part(DType::Float4E2M1FnX2, vec![4])).is_none());
+    }
+
+    #[test]
+    fn a_tensor_of_a_mebibyte_or_more_has_its_data_on_a_page() {
+        let small = header(&part(DType::Float32, vec![PAGE_ALIGN_MIN / 4 - 1])).unwrap();
+        assert_eq!(small.len(), 128);
+        let big = header(&part(DType::Float32, vec![1024, 256])).unwrap();
+        assert_eq!(big.len(), 4096);
+        assert_eq!(u16::from_le_bytes([big[8], big[9]]) as usize, 4096 - 10);
+        let text = String::from_utf8_lossy(&big[10..]);
+        assert!(
+            text.starts_with("{'descr': '<f4', 'fortran_order': False, 'shape': (1024, 256), }")
+        );
+        assert!(text[..text.len() - 1].trim_end().ends_with('}'));
+        assert!(text.ends_with(" \n"));
     }
 
     #[test]
