@@ -587,7 +587,8 @@ fn write_aligned_safetensors(path: &Path, tensors: &[(&str, Vec<f32>)]) -> Vec<u
 
 /// A clone shares the source's disk blocks, not its page cache: the first
 /// reads are the daemon's, from the source; the clone made at their close
-/// backs every later open, once its pages are read in.
+/// backs every later open, once its pages are read in. So does a file of
+/// the `.npy` header and a clone, for a tensor whose header fills a page.
 #[test]
 fn raw_tensors_on_blocks_are_backed_by_clones_where_the_cache_dir_shares_blocks() {
     let _s = support::serial();
@@ -608,20 +609,24 @@ fn raw_tensors_on_blocks_are_backed_by_clones_where_the_cache_dir_shares_blocks(
         assert_eq!(m.read("a"), bytes(&a));
         assert_eq!(m.read(".zarr/b/c/0"), bytes(&b));
         assert_eq!(m.read("b"), bytes(&b));
+        let npy = m.read(".npy/a.npy");
+        assert_eq!(npy.len(), 4096 + (4 << 20), "a header of one page");
+        assert_eq!(npy_data(&npy), bytes(&a));
     };
     let served = m.stat_u64("bytes_served");
     read_all(&m);
     assert!(
-        m.stat_u64("bytes_served") >= served + (4 << 20) + (12 << 10),
+        m.stat_u64("bytes_served") >= served + (8 << 20) + (12 << 10),
         "the first reads are the daemon's: {}",
         m.stats()
     );
     m.settled();
-    assert_eq!(m.stat_u64("backing_clones"), 2, "{}", m.stats());
+    assert_eq!(m.stat_u64("backing_clones"), 3, "{}", m.stats());
     let (served, passed) = (m.stat_u64("bytes_served"), m.stat_u64("passthrough_opens"));
     read_all(&m);
     assert_eq!(m.stat_u64("bytes_served"), served, "{}", m.stats());
-    assert_eq!(m.stat_u64("passthrough_opens"), passed + 3);
+    assert_eq!(m.stat_u64("passthrough_opens"), passed + 4);
+    assert_mapped_eq(&m.mp.join(".npy/a.npy"), &m.read(".npy/a.npy"));
     assert_eq!(m.stat_u64("backing_bytes_now"), 0, "clones take no room");
     assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 0);
     // The source rewritten in place: the clones keep the old bytes, and
@@ -629,7 +634,7 @@ fn raw_tensors_on_blocks_are_backed_by_clones_where_the_cache_dir_shares_blocks(
     let f = std::fs::OpenOptions::new().write(true).open(&src).unwrap();
     std::os::unix::fs::FileExt::write_all_at(&f, &[0xff], 4096).unwrap();
     drop(f);
-    for name in ["a", "b"] {
+    for name in ["a", "b", ".npy/a.npy"] {
         let e = std::fs::read(m.mp.join(name)).expect_err(name);
         assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{name}: {e}");
     }

@@ -607,20 +607,31 @@ impl Backings {
         b
     }
 
-    /// Backs files of content `key`, `len` bytes at `off` in `src`, by a
-    /// clone of that range under `--cache-dir`, when its filesystem shares
-    /// blocks with `src`'s and the range starts on a block. Costs no copy
-    /// and no disk until the source changes; not counted in the limit.
+    /// Backs files of content `key`, `head` then `len` bytes at `off` in
+    /// `src`, by a file of `head` and a clone of that range under
+    /// `--cache-dir`, when its filesystem shares blocks with `src`'s and
+    /// the range and `head`'s end are on blocks (a view's header of whole
+    /// blocks: the `.npy` of a large tensor). Costs no copy and no disk
+    /// beyond `head` until the source changes; not counted in the limit.
     /// `None` where that cannot be (the first refusal turns clones off).
-    pub fn clone_of(&self, key: &Content, src: &File, off: u64, len: u64) -> Option<Arc<Backing>> {
+    pub fn clone_of(
+        &self,
+        key: &Content,
+        head: &[u8],
+        (src, off, len): (&File, u64, u64),
+    ) -> Option<Arc<Backing>> {
         if let Some(Slot::Ready(b)) = lock(&self.inner).slots.get(key) {
             return Some(b.clone());
         }
-        if !self.may_clone(off) || !self.make_room(&mut lock(&self.inner), 0) {
+        let at = head.len() as u64;
+        if !self.may_clone(off) || !self.may_clone(at) || !self.make_room(&mut lock(&self.inner), 0)
+        {
             return None;
         }
-        let made = tempfile::tempfile_in(&self.opts.dir)
-            .and_then(|dst| clone_range(src, off, len, &dst).map(|()| dst));
+        let made = tempfile::tempfile_in(&self.opts.dir).and_then(|dst| {
+            dst.write_all_at(head, 0)?;
+            clone_range(src, off, len, &dst, at).map(|()| dst)
+        });
         let file = match made {
             Ok(f) => f,
             Err(e) => {
@@ -637,7 +648,7 @@ impl Backings {
         let b = Arc::new(Backing::new(
             file,
             None,
-            len,
+            at + len,
             Origin::Cloned,
             self.clock.fetch_add(1, Relaxed),
         ));
@@ -1151,11 +1162,11 @@ impl Backings {
     }
 }
 
-/// Clones `len` bytes at `off` of `src` into `dst` (empty) at 0: the
+/// Clones `len` bytes at `off` of `src` into `dst` at `at`: the
 /// block-aligned part by `FICLONERANGE`, a last partial block by a copy.
-/// `off` must be on a block ([`Backings::may_clone`]); an error when the
-/// filesystems cannot share blocks.
-fn clone_range(src: &File, off: u64, len: u64, dst: &File) -> std::io::Result<()> {
+/// `off` and `at` must be on blocks ([`Backings::may_clone`]); an error
+/// when the filesystems cannot share blocks.
+fn clone_range(src: &File, off: u64, len: u64, dst: &File, at: u64) -> std::io::Result<()> {
     use std::os::unix::io::AsRawFd;
     let block = block_size_of(dst)?;
     let whole = len / block * block;
@@ -1164,7 +1175,7 @@ fn clone_range(src: &File, off: u64, len: u64, dst: &File) -> std::io::Result<()
             src_fd: src.as_raw_fd() as i64,
             src_offset: off,
             src_length: whole,
-            dest_offset: 0,
+            dest_offset: at,
         };
         // SAFETY: both descriptors are open for the call; the kernel only
         // reads `arg`, a valid struct of the type FICLONERANGE takes.
@@ -1176,9 +1187,9 @@ fn clone_range(src: &File, off: u64, len: u64, dst: &File) -> std::io::Result<()
     if whole < len {
         let mut tail = vec![0u8; (len - whole) as usize];
         src.read_exact_at(&mut tail, off + whole)?;
-        dst.write_all_at(&tail, whole)?;
+        dst.write_all_at(&tail, at + whole)?;
     }
-    dst.set_len(len)?;
+    dst.set_len(at + len)?;
     Ok(())
 }
 

@@ -610,10 +610,8 @@ impl TensorFs {
         if let Some(f) = self.composed(c).filter(|f| f.is_source) {
             return self.source_backing(c, &f);
         }
-        if let Content::Part { tensor, part } = c
-            && !self.needs_work(*tensor, *part)
-        {
-            return self.cloned_backing(c, *tensor, *part);
+        if let Some((tensor, part, _)) = self.clonable(c) {
+            return self.cloned_backing(c, tensor, part);
         }
         if let Some(b) = self.backings.ready_or_wait(c) {
             return Ok(Some(b));
@@ -704,10 +702,8 @@ impl TensorFs {
             };
             self.backings
                 .close(c, ino, len, fill, &self.data, self.segments(c));
-        } else if let Content::Part { tensor, part } = c
-            && most
-        {
-            self.clone_read_tensor(ino, c, *tensor, *part);
+        } else if most && let Some((tensor, part, head)) = self.clonable(c) {
+            self.clone_read(ino, c, (tensor, part), head);
         }
     }
 
@@ -741,9 +737,34 @@ impl TensorFs {
         Ok(Some(self.backings.source(c, file, l.size)))
     }
 
-    /// A raw tensor's file backed by the clone of its range made after
-    /// earlier opens read at least half of it (see
-    /// [`Self::clone_read_tensor`]), once the clone's own pages are cached
+    /// Files of content `c` that a clone of a raw tensor's range can back
+    /// (see [`Self::clone_read`]): the tensor's own file, or a view's file
+    /// of that tensor alone after a header (its `.npy`): (tensor, part,
+    /// the header).
+    fn clonable(&self, c: &Content) -> Option<(usize, usize, Vec<u8>)> {
+        match c {
+            Content::Part { tensor, part } => {
+                (!self.needs_work(*tensor, *part)).then(|| (*tensor, *part, Vec::new()))
+            }
+            Content::ViewData { .. } => {
+                let f = self.composed(c).filter(|f| !f.is_source)?;
+                let [e] = f.entries.as_ref() else {
+                    return None;
+                };
+                let header = f.header.len() as u64;
+                let alone = self.part(e.tensor, 0)?.nbytes == e.len
+                    && e.start == header
+                    && f.size == header + e.len;
+                let tensor = e.tensor;
+                (alone && !self.needs_work(tensor, 0)).then(|| (tensor, 0, f.header.into_owned()))
+            }
+            _ => None,
+        }
+    }
+
+    /// A raw tensor's file (or its `.npy`) backed by the clone of its range
+    /// made after earlier opens read at least half of it (see
+    /// [`Self::clone_read`]), once the clone's own pages are cached
     /// and the checks a read makes pass.
     /// Until then the daemon serves the tensor from the source's pages: a
     /// clone shares the source's disk blocks, not its page cache, and a
@@ -773,15 +794,16 @@ impl TensorFs {
         Ok(b.resident().then_some(b))
     }
 
-    /// After the last served open of raw tensor file `ino` (content `c`),
-    /// its opens having read at least half of it: a clone of its range
-    /// for later opens, where the cache directory allows (see
-    /// `Backings::clone_of`), made and read in while nothing is being read
-    /// (see `mount::warmer`). Once read in, the kernel's page cache of
-    /// `ino` is dropped (passthrough opens never read it); a clone that
-    /// could not be read in whole is dropped, to be made again after a
-    /// later read.
-    fn clone_read_tensor(&self, ino: Ino, c: &Content, ti: usize, pi: usize) {
+    /// After the last served open of `ino` (content `c`, a raw tensor's
+    /// file or a view of it alone after `head`, see [`Self::clonable`]),
+    /// its opens having read at least half of it: a file of `head` and a
+    /// clone of the tensor's range for later opens, where the cache
+    /// directory allows (see `Backings::clone_of`), made and read in while
+    /// nothing is being read (see `mount::warmer`). Once read in, the
+    /// kernel's page cache of `ino` is dropped (passthrough opens never
+    /// read it); a clone that could not be read in whole is dropped, to be
+    /// made again after a later read.
+    fn clone_read(&self, ino: Ino, c: &Content, (ti, pi): (usize, usize), head: Vec<u8>) {
         let Some((_, off, len)) = clonable_range(&self.data, ti, pi) else {
             return;
         };
@@ -791,8 +813,8 @@ impl TensorFs {
         let (data, backings, key) = (self.data.clone(), self.backings.clone(), c.clone());
         let (done_by, done_key) = (self.backings.clone(), c.clone());
         self.backings.warm_clone(CloneJob {
-            len,
-            make: Box::new(move || make_clone(&data, &backings, &key, ti, pi)),
+            len: head.len() as u64 + len,
+            make: Box::new(move || make_clone(&data, &backings, &key, (ti, pi), &head)),
             done: Box::new(move |all| {
                 if all {
                     done_by.drop_inode_cache(ino);
@@ -1227,19 +1249,20 @@ fn clonable_range(data: &Data, ti: usize, pi: usize) -> Option<(&MappedFile, u64
     }
 }
 
-/// Clones part `pi` of tensor `ti` (content `key`) under `--cache-dir`
-/// once the checks a read makes pass, kept only if the source is still as
-/// they found it after the clone was made. `None` when it cannot be.
+/// Clones part `pi` of tensor `ti` after `head` (content `key`) under
+/// `--cache-dir` once the checks a read makes pass, kept only if the
+/// source is still as they found it after the clone was made. `None` when
+/// it cannot be.
 fn make_clone(
     data: &Data,
     backings: &Backings,
     key: &Content,
-    ti: usize,
-    pi: usize,
+    (ti, pi): (usize, usize),
+    head: &[u8],
 ) -> Option<Arc<Backing>> {
-    let (f, off, len) = clonable_range(data, ti, pi)?;
+    let range = clonable_range(data, ti, pi)?;
     data.check_raw(ti, pi).ok()?;
-    let clone = backings.clone_of(key, f.file(), off, len)?;
+    let clone = backings.clone_of(key, head, (range.0.file(), range.1, range.2))?;
     if data.check_raw(ti, pi).is_err() {
         backings.forget_clone(key);
         return None;
