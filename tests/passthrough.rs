@@ -566,8 +566,11 @@ impl Drop for Xfs {
 fn write_aligned_safetensors(path: &Path, tensors: &[(&str, Vec<f32>)]) -> Vec<u8> {
     let mut header = serde_json::Map::new();
     let mut at = 0;
-    for (name, v) in tensors {
-        assert_eq!(v.len() * 4 % 4096, 0);
+    for (i, (name, v)) in tensors.iter().enumerate() {
+        assert!(
+            i + 1 == tensors.len() || v.len() * 4 % 4096 == 0,
+            "{name} ends off a block"
+        );
         header.insert(
             name.to_string(),
             serde_json::json!({"dtype": "F32", "shape": [v.len()], "data_offsets": [at, at + v.len() * 4]}),
@@ -599,8 +602,16 @@ fn raw_tensors_on_blocks_are_backed_by_clones_where_the_cache_dir_shares_blocks(
         return;
     };
     let src = xfs.dir.join("aligned.safetensors");
-    let (a, b) = (values(6, 1 << 20), values(7, 3 << 10));
-    write_aligned_safetensors(&src, &[("a", a.clone()), ("b", b.clone())]);
+    // `c` ends inside a block: the clone's last block is a copy.
+    let (a, b, c) = (
+        values(6, 1 << 20),
+        values(7, 3 << 10),
+        values(9, (1 << 18) + 3),
+    );
+    write_aligned_safetensors(
+        &src,
+        &[("a", a.clone()), ("b", b.clone()), ("c", c.clone())],
+    );
     let cache = xfs.dir.join("cache");
     std::fs::create_dir(&cache).unwrap();
     m.mount(&src, &["--cache-dir", cache.to_str().unwrap()]);
@@ -609,24 +620,45 @@ fn raw_tensors_on_blocks_are_backed_by_clones_where_the_cache_dir_shares_blocks(
         assert_eq!(m.read("a"), bytes(&a));
         assert_eq!(m.read(".zarr/b/c/0"), bytes(&b));
         assert_eq!(m.read("b"), bytes(&b));
-        let npy = m.read(".npy/a.npy");
-        assert_eq!(npy.len(), 4096 + (4 << 20), "a header of one page");
-        assert_eq!(npy_data(&npy), bytes(&a));
+        assert_eq!(m.read("c"), bytes(&c));
+        for (name, v) in [("a", &a), ("c", &c)] {
+            let npy = m.read(&format!(".npy/{name}.npy"));
+            assert_eq!(
+                npy.len(),
+                4096 + v.len() * 4,
+                "{name}: a header of one page"
+            );
+            assert_eq!(npy_data(&npy), bytes(v), "{name}.npy");
+        }
     };
     let served = m.stat_u64("bytes_served");
     read_all(&m);
     assert!(
-        m.stat_u64("bytes_served") >= served + (8 << 20) + (12 << 10),
+        m.stat_u64("bytes_served") >= served + (10 << 20) + (12 << 10),
         "the first reads are the daemon's: {}",
         m.stats()
     );
     m.settled();
-    assert_eq!(m.stat_u64("backing_clones"), 3, "{}", m.stats());
+    assert_eq!(m.stat_u64("backing_clones"), 5, "{}", m.stats());
     let (served, passed) = (m.stat_u64("bytes_served"), m.stat_u64("passthrough_opens"));
     read_all(&m);
     assert_eq!(m.stat_u64("bytes_served"), served, "{}", m.stats());
-    assert_eq!(m.stat_u64("passthrough_opens"), passed + 4);
-    assert_mapped_eq(&m.mp.join(".npy/a.npy"), &m.read(".npy/a.npy"));
+    assert_eq!(m.stat_u64("passthrough_opens"), passed + 6);
+    assert_mapped_eq(&m.mp.join(".npy/c.npy"), &m.read(".npy/c.npy"));
+    // A small tensor's view (its header ends inside a block) stays the
+    // daemon's, read after read.
+    for _ in 0..2 {
+        let served = m.stat_u64("bytes_served");
+        let npy = m.read(".npy/b.npy");
+        assert_eq!(
+            (npy.len(), npy_data(&npy)),
+            (128 + (12 << 10), &bytes(&b)[..])
+        );
+        // (`bytes_served` counts tensors' bytes, not headers.)
+        assert_eq!(m.stat_u64("bytes_served"), served + (12 << 10));
+        m.settled();
+    }
+    assert_eq!(m.stat_u64("backing_clones"), 5, "{}", m.stats());
     assert_eq!(m.stat_u64("backing_bytes_now"), 0, "clones take no room");
     assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 0);
     // The source rewritten in place: the clones keep the old bytes, and
@@ -634,7 +666,7 @@ fn raw_tensors_on_blocks_are_backed_by_clones_where_the_cache_dir_shares_blocks(
     let f = std::fs::OpenOptions::new().write(true).open(&src).unwrap();
     std::os::unix::fs::FileExt::write_all_at(&f, &[0xff], 4096).unwrap();
     drop(f);
-    for name in ["a", "b", ".npy/a.npy"] {
+    for name in ["a", "b", ".npy/a.npy", ".npy/c.npy"] {
         let e = std::fs::read(m.mp.join(name)).expect_err(name);
         assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{name}: {e}");
     }

@@ -746,15 +746,19 @@ impl TensorFs {
             Content::Part { tensor, part } => {
                 (!self.needs_work(*tensor, *part)).then(|| (*tensor, *part, Vec::new()))
             }
-            Content::ViewData { .. } => {
+            // A view's file of one tensor, not one that happens to hold one
+            // (see `one_part`), whose header ends on a block.
+            Content::ViewData { file, .. } if file.tensor.is_some() => {
                 let f = self.composed(c).filter(|f| !f.is_source)?;
                 let [e] = f.entries.as_ref() else {
                     return None;
                 };
                 let header = f.header.len() as u64;
-                let alone = self.part(e.tensor, 0)?.nbytes == e.len
+                let alone = Some(e.tensor) == file.tensor
+                    && self.part(e.tensor, 0)?.nbytes == e.len
                     && e.start == header
-                    && f.size == header + e.len;
+                    && f.size == header + e.len
+                    && self.backings.may_clone(header);
                 let tensor = e.tensor;
                 (alone && !self.needs_work(tensor, 0)).then(|| (tensor, 0, f.header.into_owned()))
             }

@@ -145,12 +145,11 @@ impl Inner {
     /// Reads `b`'s pages in, a step at a time while nothing else is read:
     /// whether all of them were in the page cache at the end.
     fn read_in(&self, b: &Backing, buf: &mut [u8]) -> bool {
-        let step = b.readahead_step();
         let mut at = 0;
         while at < b.len() {
             drop(self.idle());
             let n = STEP.min(b.len() - at);
-            if let Err(e) = b.read_in(at, n, step, buf) {
+            if let Err(e) = b.read_in(at, n, buf) {
                 log::info!("reading a clone in failed ({e}): its tensor stays the daemon's");
                 return false;
             }

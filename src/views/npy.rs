@@ -70,8 +70,9 @@ const ALIGN: usize = 64;
 /// 4 KiB default): the data of a large tensor's view starts on one.
 const PAGE: usize = 4096;
 /// The least tensor whose view's data starts on a [`PAGE`]: at 1 MiB the
-/// header is at most 0.4% of the file, and smaller tensors are not cloned
-/// for speed (their open's round trip, not their bytes, is their cost).
+/// header is at most 0.4% of the file, and a smaller tensor's view gains
+/// little from a clone (its open's round trip, not its bytes, is its
+/// cost), so it stays as numpy would write it.
 pub const PAGE_ALIGN_MIN: u64 = 1 << 20;
 
 /// numpy's type string for the exposed bytes, where one is honest. numpy
