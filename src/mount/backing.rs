@@ -645,7 +645,8 @@ impl Backings {
     /// the range and `head`'s end are on blocks (a view's header of whole
     /// blocks: the `.npy` of a large tensor). Costs no copy and no disk
     /// beyond `head` until the source changes; not counted in the limit.
-    /// `None` where that cannot be (the first refusal turns clones off).
+    /// `None` where that cannot be: the first refusal to share blocks
+    /// turns clones off; a want of room or a disk error fails this one.
     pub fn clone_of(
         &self,
         key: &Content,

@@ -1264,9 +1264,9 @@ fn make_clone(
     (ti, pi): (usize, usize),
     head: &[u8],
 ) -> Option<Arc<Backing>> {
-    let range = clonable_range(data, ti, pi)?;
+    let (f, off, len) = clonable_range(data, ti, pi)?;
     data.check_raw(ti, pi).ok()?;
-    let clone = backings.clone_of(key, head, (range.0.file(), range.1, range.2))?;
+    let clone = backings.clone_of(key, head, (f.file(), off, len))?;
     if data.check_raw(ti, pi).is_err() {
         backings.forget_clone(key);
         return None;
