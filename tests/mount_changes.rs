@@ -142,3 +142,83 @@ fn deleting_or_replacing_keeps_serving_the_opened_file() {
         assert_eq!(m.stat_u64("errors"), 0);
     }
 }
+
+/// A hard link moves the ctime and the link count but no byte: the check
+/// after it takes that ctime for the link's, and only that one. A write
+/// whose mtime is set back afterwards moves the ctime again, with the
+/// same link count: `ESTALE`, not the bytes as the file now holds them.
+#[test]
+fn a_write_with_its_mtime_set_back_after_a_hard_link_gives_estale() {
+    use std::os::unix::fs::MetadataExt;
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let zt = m.scratch_path("l.zt");
+    let (a, _) = write(&zt);
+    m.mount(&zt, &[]);
+    assert_eq!(read_range(&m, "a", 0, 4096).unwrap(), &a[..4096]);
+    std::fs::hard_link(&zt, m.scratch_path("l2.zt")).unwrap();
+    assert_eq!(read_range(&m, "a", 4096, 4096).unwrap(), &a[4096..8192]);
+    let linked = std::fs::metadata(&zt).unwrap();
+    let ctime = |md: &std::fs::Metadata| (md.ctime(), md.ctime_nsec());
+    // The kernel stamps the ctime with a coarse clock: write until it moves.
+    let moved = support::wait_until(std::time::Duration::from_secs(5), || {
+        let f = std::fs::OpenOptions::new().write(true).open(&zt).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &[0x55; 4096], 64 + 8192).unwrap();
+        f.set_modified(linked.modified().unwrap()).unwrap();
+        drop(f);
+        let now = std::fs::metadata(&zt).unwrap();
+        assert_eq!(now.modified().unwrap(), linked.modified().unwrap());
+        ctime(&now) != ctime(&linked)
+    });
+    assert!(moved, "the write did not change the file's ctime");
+    stale(
+        read_range(&m, "a", 8192, 4096),
+        "the range written after the link",
+    );
+    assert!(
+        m.log_text().contains("modified since mount"),
+        "{}",
+        m.log_text()
+    );
+    m.unmount_ok();
+}
+
+/// Where an open keeps the kernel's page cache (`--page-cache`; a decoded
+/// tensor without passthrough), a read of cached pages never reaches the
+/// daemon: the open itself checks the file, so a file written in place
+/// gives `ESTALE` at the next open, not the bytes cached before.
+#[test]
+fn an_open_that_keeps_the_page_cache_gives_estale_once_the_file_changed() {
+    for (opts, name) in [
+        (&["--page-cache"][..], "a"),
+        (&["--no-passthrough"][..], "z"),
+    ] {
+        let Some(mut m) = Mount::scratch() else {
+            return;
+        };
+        let zt = m.scratch_path("k.zt");
+        let (a, z) = write(&zt);
+        m.mount(&zt, opts);
+        let want = if name == "a" { &a } else { &z };
+        assert_eq!(&m.read(name), want, "{opts:?}");
+        assert_eq!(&m.read(name), want, "{opts:?}: from the page cache");
+        let mtime = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
+        let before = mtime(&zt);
+        let moved = support::wait_until(std::time::Duration::from_secs(5), || {
+            let f = std::fs::OpenOptions::new().write(true).open(&zt).unwrap();
+            std::os::unix::fs::FileExt::write_all_at(&f, &[0x55; 4096], 64 + 8192).unwrap();
+            drop(f);
+            mtime(&zt) != before
+        });
+        assert!(moved, "the write did not change the file's mtime");
+        let e = std::fs::File::open(m.path(name)).expect_err("an open after the change");
+        assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{opts:?}: {e}");
+        assert!(
+            m.log_text().contains("modified since mount"),
+            "{}",
+            m.log_text()
+        );
+        m.unmount_ok();
+    }
+}

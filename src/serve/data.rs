@@ -1448,6 +1448,13 @@ impl Data {
         self.guard_of(ti, pi).is_some_and(|g| g.check().is_ok())
     }
 
+    /// Part `pi` of tensor `ti`'s file as a read finds it: Ok while it is
+    /// as it was at mount, else the read's error (`ESTALE` once it
+    /// changed; logged once, by its guard).
+    pub fn source_verdict(&self, ti: usize, pi: usize) -> Result<(), ReadError> {
+        self.guard_of(ti, pi).map_or(Ok(()), |g| g.verdict())
+    }
+
     /// Whether part `pi` of tensor `ti`'s file was found changed since
     /// mount (written, truncated, another object), as against failing a
     /// check or a read.

@@ -16,8 +16,8 @@ use super::error::ReadError;
 use crate::source::FetchKind;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Mutex, OnceLock};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stamp {
@@ -40,15 +40,18 @@ impl From<&std::fs::Metadata> for Stamp {
 }
 
 impl Stamp {
-    /// Whether the bytes may differ from `orig`'s. A write moves the mtime
-    /// and the ctime; restoring the mtime afterwards moves the ctime again.
-    /// Deleting the file, renaming another over it or linking it moves the
-    /// ctime too, but changes no byte: a ctime change that comes with
-    /// another link count is taken for that.
-    fn changed_from(&self, orig: &Stamp) -> bool {
+    /// Whether the bytes may differ from `orig`'s (the stamp at mount),
+    /// `last` being the stamp of the last check that found them unchanged.
+    /// A write moves the mtime and the ctime; restoring the mtime
+    /// afterwards moves the ctime again. Deleting the file, renaming
+    /// another over it or linking it moves the ctime too, but changes no
+    /// byte: a ctime change that comes with another link count than at
+    /// the last check is taken for that, and only that one (the link
+    /// count at mount would excuse every later ctime change).
+    fn changed_from(&self, orig: &Stamp, last: &Stamp) -> bool {
         self.len != orig.len
             || self.mtime != orig.mtime
-            || (self.ctime != orig.ctime && self.nlink == orig.nlink)
+            || (self.ctime != last.ctime && self.nlink == last.nlink)
     }
 }
 
@@ -60,6 +63,10 @@ pub struct Guard {
     label: String,
     file: File,
     orig: Stamp,
+    /// The stamp at the last check that found the file unchanged (see
+    /// [`Stamp::changed_from`]); held while the file is stat'ed, so that
+    /// no older stamp replaces a newer one.
+    last: Mutex<Stamp>,
     /// Why the file is no longer served, and whether because it changed
     /// (rather than a disk error, or a stat that failed).
     broken: OnceLock<(String, bool)>,
@@ -95,6 +102,7 @@ impl Guard {
             label: label.to_string(),
             file,
             orig: Stamp::from(opened),
+            last: Mutex::new(Stamp::from(opened)),
             broken: OnceLock::new(),
             slot,
             remote: None,
@@ -149,14 +157,35 @@ impl Guard {
                     _ => Ok(self.orig),
                 },
             },
-            None => stamp(&self.file),
+            None => return self.check_stamp(),
         };
+        self.verdict_on(now.map(|now| (now, false)))
+    }
+
+    /// [`Guard::check`] of a local file: its stamp now against the one
+    /// at mount and the one at the last check that passed.
+    fn check_stamp(&self) -> Result<(), String> {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let now = stamp(&self.file).map(|now| {
+            let changed = now.changed_from(&self.orig, &last);
+            if !changed {
+                *last = now;
+            }
+            (now, changed)
+        });
+        drop(last);
+        self.verdict_on(now)
+    }
+
+    /// The check's answer for the stamp found now, and whether it shows a
+    /// change of the bytes.
+    fn verdict_on(&self, now: std::io::Result<(Stamp, bool)>) -> Result<(), String> {
         let (why, changed) = match now {
             Err(e) => (
                 format!("{}: cannot stat the mounted file: {e}", self.label),
                 false,
             ),
-            Ok(now) if now.len != self.orig.len => (
+            Ok((now, _)) if now.len != self.orig.len => (
                 format!(
                     "{}: file changed since mount (size {} -> {} bytes); refusing to serve its \
                      bytes",
@@ -164,7 +193,7 @@ impl Guard {
                 ),
                 true,
             ),
-            Ok(now) if now.changed_from(&self.orig) => (
+            Ok((_, true)) => (
                 format!(
                     "{}: file was modified since mount; refusing to serve its bytes",
                     self.label
