@@ -674,6 +674,45 @@ fn raw_tensors_on_blocks_are_backed_by_clones_where_the_cache_dir_shares_blocks(
     drop(xfs);
 }
 
+/// A cache directory missing when the first clone is tried (removed for a
+/// while) does not turn clones off for the mount: a read once it is back
+/// makes one.
+#[test]
+fn a_cache_dir_missing_for_a_while_only_delays_clones() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let Some(xfs) = Xfs::new(m.dir.path()) else {
+        return;
+    };
+    let src = xfs.dir.join("aligned.safetensors");
+    let a = values(6, 1 << 18);
+    write_aligned_safetensors(&src, &[("a", a.clone())]);
+    let cache = xfs.dir.join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    m.mount(&src, &["--cache-dir", cache.to_str().unwrap()]);
+    std::fs::remove_dir(&cache).unwrap();
+    let want: Vec<u8> = a.iter().flat_map(|x| x.to_le_bytes()).collect();
+    assert_eq!(m.read("a"), want);
+    m.settled();
+    assert_eq!(m.stat_u64("backing_clones"), 0, "{}", m.stats());
+    assert!(
+        m.log_text().contains("no block size for"),
+        "{}",
+        m.log_text()
+    );
+    std::fs::create_dir(&cache).unwrap();
+    assert_eq!(m.read("a"), want);
+    m.settled();
+    assert_eq!(m.stat_u64("backing_clones"), 1, "{}", m.stats());
+    let passed = m.stat_u64("passthrough_opens");
+    assert_eq!(m.read("a"), want);
+    assert_eq!(m.stat_u64("passthrough_opens"), passed + 1);
+    m.unmount_ok();
+    drop(xfs);
+}
+
 #[test]
 fn raw_tensors_off_blocks_or_on_ext4_stay_the_daemons() {
     let _s = support::serial();

@@ -552,7 +552,8 @@ pub struct Backings {
     /// Set once `--cache-dir` could not clone a range of the source
     /// (another filesystem, or one without reflink): not tried again.
     no_clones: std::sync::atomic::AtomicBool,
-    /// A clone failed for want of room or a disk error (logged once).
+    /// A clone could not be made (no block size for `--cache-dir`, no
+    /// room, a disk error): logged as a warning the first time only.
     clone_failed: std::sync::atomic::AtomicBool,
     /// Most backing files at once, of every kind (see
     /// [`Backings::set_max_files`]).
@@ -560,7 +561,8 @@ pub struct Backings {
     /// Set once a backing file could not be created: later failures are
     /// logged at debug level (a full table of descriptors fails every open).
     create_failed: std::sync::atomic::AtomicBool,
-    /// `--cache-dir`'s block size, which a cloned range must start on.
+    /// `--cache-dir`'s block size, which a cloned range must start on,
+    /// once it could be read.
     block: std::sync::OnceLock<u64>,
     /// Makes clones and reads their pages in while nothing is being read.
     warmer: Warmer,
@@ -667,7 +669,9 @@ impl Backings {
         });
         let file = match made.map(|dst| (clone_range(src, off, len, &dst, at), dst)) {
             Ok((Ok(()), f)) => f,
-            Ok((Err(e), _)) if cannot_share(&e) => {
+            // A source cut short meanwhile (EINVAL past its end) is the
+            // source's change, not the directory's.
+            Ok((Err(e), _)) if cannot_share(&e) && covers(src, off + len) => {
                 if !self.no_clones.swap(true, Relaxed) {
                     log::info!(
                         "{} cannot share blocks with the mounted file ({e}): raw tensors are \
@@ -679,15 +683,10 @@ impl Backings {
             }
             // No room, a disk error: this clone only; later ones may work.
             Ok((Err(e), _)) | Err(e) => {
-                let level = match self.clone_failed.swap(true, Relaxed) {
-                    false => log::Level::Warn,
-                    true => log::Level::Debug,
-                };
-                log::log!(
-                    level,
+                self.clone_failed_once(format_args!(
                     "cannot make a clone in {}: {e}",
                     self.opts.dir.display()
-                );
+                ));
                 return None;
             }
         };
@@ -714,19 +713,37 @@ impl Backings {
         Some(b)
     }
 
+    /// Logs why a clone failed: the first time as a warning, then for
+    /// debugging only (a model's load would repeat it for every tensor).
+    fn clone_failed_once(&self, why: std::fmt::Arguments<'_>) {
+        let level = match self.clone_failed.swap(true, Relaxed) {
+            false => log::Level::Warn,
+            true => log::Level::Debug,
+        };
+        log::log!(level, "{why}");
+    }
+
     /// Whether a range at `off` of a source may be cloned: clones work so
     /// far, and `off` is on a block of `--cache-dir`'s filesystem.
     pub fn may_clone(&self, off: u64) -> bool {
         if !self.opts.enabled || self.no_clones.load(Relaxed) {
             return false;
         }
-        let block = *self.block.get_or_init(|| match block_size(&self.opts.dir) {
-            Ok(b) => b,
-            Err(e) => {
-                log::debug!("no block size for {}: {e}", self.opts.dir.display());
-                0
-            }
-        });
+        // Not remembered when it fails (the directory gone for a while):
+        // asked again at the next clone.
+        let block = match self.block.get() {
+            Some(&b) => b,
+            None => match block_size(&self.opts.dir) {
+                Ok(b) => *self.block.get_or_init(|| b),
+                Err(e) => {
+                    self.clone_failed_once(format_args!(
+                        "no block size for {}: {e}; no clone until there is",
+                        self.opts.dir.display()
+                    ));
+                    return false;
+                }
+            },
+        };
         block > 0 && off.is_multiple_of(block)
     }
 
@@ -1247,6 +1264,11 @@ fn cannot_share(e: &std::io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::EXDEV | libc::EOPNOTSUPP | libc::EINVAL | libc::ENOTTY | libc::EPERM)
     )
+}
+
+/// Whether `f` still holds its first `end` bytes.
+fn covers(f: &File, end: u64) -> bool {
+    f.metadata().is_ok_and(|m| m.len() >= end)
 }
 
 /// The block size of the filesystem `dir` is on: what clone ranges align to.

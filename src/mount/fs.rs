@@ -532,13 +532,17 @@ impl TensorFs {
                     return Ok((fh, Open::Backed(b)));
                 }
                 drop(opens);
+                let mode = self.cache_mode(c);
+                if mode == CacheMode::KeepCache {
+                    self.sources_unchanged(c)?;
+                }
                 open.partial = self.write_through(ino, c);
                 let mut opens = super::lock(&self.opens);
                 *opens.served.entry(ino).or_default() += 1;
                 self.backings.served_inodes(opens.served.len());
                 opens.by_fh.insert(fh, open);
                 Stats::add(&self.data.stats().fuse_opens, 1);
-                Ok((fh, Open::Served(self.cache_mode(c))))
+                Ok((fh, Open::Served(mode)))
             }
             NodeKind::File(c) => {
                 let bytes = self.rendered(ino, c)?;
@@ -556,6 +560,20 @@ impl TensorFs {
                 ))
             }
         }
+    }
+
+    /// Whether the files of the tensors files of content `c` show are as
+    /// they were at mount, else the errno a read would get (`ESTALE` once
+    /// one changed). Asked at an open that keeps the kernel's page cache:
+    /// its reads of cached pages never reach the daemon, which would
+    /// otherwise not see a change the cache predates.
+    fn sources_unchanged(&self, c: &Content) -> Result<(), Errno> {
+        let mut verdict = Ok(());
+        self.any_part(c, |t, p| {
+            verdict = self.data.source_verdict(t, p).map_err(|e| e.errno());
+            verdict.is_err()
+        });
+        verdict
     }
 
     /// How the daemon serves a tensor or view file.
@@ -664,7 +682,7 @@ impl TensorFs {
 
     /// Whether `pred` holds for a tensor part (tensor, part) that files of
     /// content `c` show; false for generated files.
-    fn any_part(&self, c: &Content, pred: impl Fn(usize, usize) -> bool) -> bool {
+    fn any_part(&self, c: &Content, mut pred: impl FnMut(usize, usize) -> bool) -> bool {
         match c {
             Content::Part { tensor, part } => pred(*tensor, *part),
             Content::ViewData { .. } => self
@@ -817,6 +835,7 @@ impl TensorFs {
         let (data, backings, key) = (self.data.clone(), self.backings.clone(), c.clone());
         let (done_by, done_key) = (self.backings.clone(), c.clone());
         self.backings.warm_clone(CloneJob {
+            key: c.clone(),
             len: head.len() as u64 + len,
             make: Box::new(move || make_clone(&data, &backings, &key, (ti, pi), &head)),
             done: Box::new(move |all| {

@@ -14,12 +14,13 @@
 //! clones"). Cloning takes the source's inode locks, which a read of its
 //! uncached pages waits for: another reason to wait.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use super::backing::Backing;
 use super::lock;
+use super::tree::Content;
 
 /// Bytes read in at a time: the thread looks again between steps whether
 /// an open is being read.
@@ -30,6 +31,9 @@ const BUF: usize = 1 << 20;
 
 /// One clone to make and read in.
 pub struct CloneJob {
+    /// The files it backs: one job per content at a time (a close while it
+    /// is queued or under way queues nothing more).
+    pub key: Content,
     /// Its length.
     pub len: u64,
     /// Makes the clone, checked, or says why not (`None`).
@@ -56,6 +60,8 @@ struct Inner {
 #[derive(Default)]
 struct State {
     queue: VecDeque<CloneJob>,
+    /// The keys of the jobs queued or under way.
+    keys: HashSet<Content>,
     /// Inodes with an open the daemon serves.
     served: usize,
     /// Opens the kernel serves from a backing file.
@@ -85,6 +91,9 @@ impl Warmer {
                     return;
                 }
             }
+        }
+        if !st.keys.insert(job.key.clone()) {
+            return;
         }
         st.queue.push_back(job);
         self.inner.pending.fetch_add(1, Relaxed);
@@ -128,6 +137,7 @@ impl Inner {
         let mut buf = vec![0u8; BUF];
         loop {
             let job = self.next();
+            let key = job.key.clone();
             if !fits(job.len) {
                 log::debug!(
                     "a clone of {} bytes is not made: its pages would take more than half \
@@ -138,6 +148,7 @@ impl Inner {
                 let all = self.read_in(&b, &mut buf);
                 (job.done)(all);
             }
+            lock(&self.state).keys.remove(&key);
             self.pending.fetch_sub(1, Relaxed);
         }
     }
@@ -227,5 +238,31 @@ mod tests {
         assert_eq!(mem_available(text), Some(24113640 * 1024));
         assert_eq!(mem_available("MemTotal: 1 kB\n"), None);
         assert_eq!(mem_available("MemAvailable: lots kB\n"), None);
+    }
+
+    #[test]
+    fn a_content_queued_again_while_its_job_waits_queues_nothing_more() {
+        let w = Warmer::default();
+        w.served(1); // busy: the jobs wait
+        let job = |tensor| CloneJob {
+            key: Content::Part { tensor, part: 0 },
+            len: 1,
+            make: Box::new(|| None),
+            done: Box::new(|_| ()),
+        };
+        w.queue(job(0));
+        w.queue(job(0));
+        w.queue(job(1));
+        assert_eq!(w.pending(), 2);
+        w.served(0);
+        let drained = (0..500).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            w.pending() == 0
+        });
+        assert!(drained, "{} jobs left", w.pending());
+        // Done with, a content may be queued again.
+        w.served(1);
+        w.queue(job(0));
+        assert_eq!(w.pending(), 1);
     }
 }
