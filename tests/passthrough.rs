@@ -588,6 +588,18 @@ fn write_aligned_safetensors(path: &Path, tensors: &[(&str, Vec<f32>)]) -> Vec<u
     out
 }
 
+/// Mounts an aligned safetensors file of `tensors` on a new loop-mounted
+/// XFS, with `--cache-dir` on it: (the XFS, the file, the cache dir).
+fn mount_on_xfs(m: &mut Mount, tensors: &[(&str, Vec<f32>)]) -> Option<(Xfs, PathBuf, PathBuf)> {
+    let xfs = Xfs::new(m.dir.path())?;
+    let src = xfs.dir.join("aligned.safetensors");
+    write_aligned_safetensors(&src, tensors);
+    let cache = xfs.dir.join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    m.mount(&src, &["--cache-dir", cache.to_str().unwrap()]);
+    Some((xfs, src, cache))
+}
+
 /// A clone shares the source's disk blocks, not its page cache: the first
 /// reads are the daemon's, from the source; the clone made at their close
 /// backs every later open, once its pages are read in. So does a file of
@@ -598,23 +610,16 @@ fn raw_tensors_on_blocks_are_backed_by_clones_where_the_cache_dir_shares_blocks(
     let Some(mut m) = Mount::scratch() else {
         return;
     };
-    let Some(xfs) = Xfs::new(m.dir.path()) else {
-        return;
-    };
-    let src = xfs.dir.join("aligned.safetensors");
     // `c` ends inside a block: the clone's last block is a copy.
     let (a, b, c) = (
         values(6, 1 << 20),
         values(7, 3 << 10),
         values(9, (1 << 18) + 3),
     );
-    write_aligned_safetensors(
-        &src,
-        &[("a", a.clone()), ("b", b.clone()), ("c", c.clone())],
-    );
-    let cache = xfs.dir.join("cache");
-    std::fs::create_dir(&cache).unwrap();
-    m.mount(&src, &["--cache-dir", cache.to_str().unwrap()]);
+    let tensors = [("a", a.clone()), ("b", b.clone()), ("c", c.clone())];
+    let Some((xfs, src, cache)) = mount_on_xfs(&mut m, &tensors) else {
+        return;
+    };
     let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     let read_all = |m: &Mount| {
         assert_eq!(m.read("a"), bytes(&a));
@@ -683,15 +688,10 @@ fn a_cache_dir_missing_for_a_while_only_delays_clones() {
     let Some(mut m) = Mount::scratch() else {
         return;
     };
-    let Some(xfs) = Xfs::new(m.dir.path()) else {
+    let a = values(6, 1 << 18);
+    let Some((xfs, _, cache)) = mount_on_xfs(&mut m, &[("a", a.clone())]) else {
         return;
     };
-    let src = xfs.dir.join("aligned.safetensors");
-    let a = values(6, 1 << 18);
-    write_aligned_safetensors(&src, &[("a", a.clone())]);
-    let cache = xfs.dir.join("cache");
-    std::fs::create_dir(&cache).unwrap();
-    m.mount(&src, &["--cache-dir", cache.to_str().unwrap()]);
     std::fs::remove_dir(&cache).unwrap();
     let want: Vec<u8> = a.iter().flat_map(|x| x.to_le_bytes()).collect();
     assert_eq!(m.read("a"), want);
