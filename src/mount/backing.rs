@@ -683,10 +683,10 @@ impl Backings {
             }
             // No room, a disk error: this clone only; later ones may work.
             Ok((Err(e), _)) | Err(e) => {
-                self.clone_failed_once(format_args!(
-                    "cannot make a clone in {}: {e}",
-                    self.opts.dir.display()
-                ));
+                warn_once(
+                    &self.clone_failed,
+                    format_args!("cannot make a clone in {}: {e}", self.opts.dir.display()),
+                );
                 return None;
             }
         };
@@ -713,16 +713,6 @@ impl Backings {
         Some(b)
     }
 
-    /// Logs why a clone failed: the first time as a warning, then for
-    /// debugging only (a model's load would repeat it for every tensor).
-    fn clone_failed_once(&self, why: std::fmt::Arguments<'_>) {
-        let level = match self.clone_failed.swap(true, Relaxed) {
-            false => log::Level::Warn,
-            true => log::Level::Debug,
-        };
-        log::log!(level, "{why}");
-    }
-
     /// Whether a range at `off` of a source may be cloned: clones work so
     /// far, and `off` is on a block of `--cache-dir`'s filesystem.
     pub fn may_clone(&self, off: u64) -> bool {
@@ -736,10 +726,13 @@ impl Backings {
             None => match block_size(&self.opts.dir) {
                 Ok(b) => *self.block.get_or_init(|| b),
                 Err(e) => {
-                    self.clone_failed_once(format_args!(
-                        "no block size for {}: {e}; no clone until there is",
-                        self.opts.dir.display()
-                    ));
+                    warn_once(
+                        &self.clone_failed,
+                        format_args!(
+                            "no block size for {}: {e}; no clone until there is",
+                            self.opts.dir.display()
+                        ),
+                    );
                     return false;
                 }
             },
@@ -976,16 +969,13 @@ impl Backings {
         match made {
             Ok(f) => Some(f),
             Err(e) => {
-                let level = if self.create_failed.swap(true, Relaxed) {
-                    log::Level::Debug
-                } else {
-                    log::Level::Warn
-                };
-                log::log!(
-                    level,
-                    "cannot create a backing file in {}: {e} (the file is served by the daemon; \
-                     later failures are logged at debug level)",
-                    self.opts.dir.display()
+                warn_once(
+                    &self.create_failed,
+                    format_args!(
+                        "cannot create a backing file in {}: {e} (the file is served by the \
+                         daemon; later failures are logged at debug level)",
+                        self.opts.dir.display()
+                    ),
                 );
                 self.forget(key, len);
                 None
@@ -1264,6 +1254,16 @@ fn cannot_share(e: &std::io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::EXDEV | libc::EOPNOTSUPP | libc::EINVAL | libc::ENOTTY | libc::EPERM)
     )
+}
+
+/// Logs `why` as a warning the first time `flag` is raised, then for
+/// debugging only: a model's load would repeat it for every tensor.
+fn warn_once(flag: &std::sync::atomic::AtomicBool, why: std::fmt::Arguments<'_>) {
+    let level = match flag.swap(true, Relaxed) {
+        false => log::Level::Warn,
+        true => log::Level::Debug,
+    };
+    log::log!(level, "{why}");
 }
 
 /// Whether `f` still holds its first `end` bytes.

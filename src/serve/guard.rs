@@ -133,33 +133,29 @@ impl Guard {
         if let Some((why, _)) = self.broken.get() {
             return Err(why.clone());
         }
-        let now = match &self.remote {
-            Some(r) => match r.broken() {
-                Some(broken) => {
-                    // The object logged it.
-                    let changed = broken.kind == FetchKind::Changed;
-                    let why = String::from(broken);
-                    return Err(self.broken.get_or_init(|| (why, changed)).0.clone());
-                }
-                // Its times move with every block fetched; its size, set
-                // at open, never does: another program cut or grew it,
-                // and what the mapping shows of it can no longer be told.
-                None => match stamp(&self.file) {
-                    Ok(now) if now.len != self.orig.len => {
-                        let why = format!(
-                            "{}: its cache file changed size since mount ({} -> {} bytes), by \
-                             another program; refusing to serve its bytes until it is mounted \
-                             again",
-                            self.label, self.orig.len, now.len
-                        );
-                        return Err(self.fail(why, false));
-                    }
-                    _ => Ok(self.orig),
-                },
-            },
-            None => return self.check_stamp(),
+        let Some(r) = &self.remote else {
+            return self.check_stamp();
         };
-        self.verdict_on(now.map(|now| (now, false)))
+        if let Some(broken) = r.broken() {
+            // The object logged it.
+            let changed = broken.kind == FetchKind::Changed;
+            let why = String::from(broken);
+            return Err(self.broken.get_or_init(|| (why, changed)).0.clone());
+        }
+        // Its times move with every block fetched; its size, set at open,
+        // never does: another program cut or grew it, and what the mapping
+        // shows of it can no longer be told.
+        if let Ok(now) = stamp(&self.file)
+            && now.len != self.orig.len
+        {
+            let why = format!(
+                "{}: its cache file changed size since mount ({} -> {} bytes), by another \
+                 program; refusing to serve its bytes until it is mounted again",
+                self.label, self.orig.len, now.len
+            );
+            return Err(self.fail(why, false));
+        }
+        self.verdict_on(Ok((self.orig, false)))
     }
 
     /// [`Guard::check`] of a local file: its stamp now against the one
