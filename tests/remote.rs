@@ -388,9 +388,14 @@ fn http_mount_serves_the_local_tree_fetching_the_index_in_few_requests() {
     assert_eq!(log.len(), 1, "a remount fetched again: {log:?}");
     assert_eq!(log[0].0, "HEAD");
 
-    // info and cat take the URL too.
+    // info and cat take the URL too, with a block cache of their own
+    // (this mount's has other blocks) kept in --cache-dir for the next.
+    let own = remote.scratch_path("tool-cache");
+    std::fs::create_dir(&own).unwrap();
+    let cache_arg = ["--cache-dir", own.to_str().unwrap()];
     let cat = Command::new(support::bin())
         .args(["cat", &url, "embed"])
+        .args(cache_arg)
         .env("TMPDIR", remote.scratch_path(""))
         .output()
         .unwrap();
@@ -400,14 +405,22 @@ fn http_mount_serves_the_local_tree_fetching_the_index_in_few_requests() {
         String::from_utf8_lossy(&cat.stderr)
     );
     assert!(cat.stdout == tensors[0].1, "cat of a URL");
+    srv.control("/__reset");
     let info = support::run_with_timeout(
-        Command::new(support::bin()).args(["info", &url]),
+        Command::new(support::bin())
+            .args(["info", &url])
+            .args(cache_arg),
         Duration::from_secs(60),
     );
     assert!(
         info.ok() && info.stdout.contains("packed"),
         "{}",
         info.stderr
+    );
+    let log = srv.log();
+    assert!(
+        log.iter().all(|(method, ..)| method == "HEAD"),
+        "info fetched blocks cat had cached: {log:?}"
     );
 }
 
@@ -844,6 +857,79 @@ fn a_size_past_what_the_cache_tracks_refuses_the_mount_in_one_line() {
         .max()
         .unwrap_or(0);
     assert!(largest < 1 << 20, "a cache file of {largest} bytes");
+}
+
+/// A server whose first answer contradicts the size its HEAD gave is
+/// refused at mount in one line that names the URL once and both sizes.
+#[test]
+fn a_size_the_first_answer_contradicts_refuses_the_mount_naming_both_once() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let (_, srv, cache) = served_model(&py, &m);
+    std::fs::create_dir(&cache).unwrap();
+    let files = m.scratch_path("files");
+    let size = std::fs::metadata(files.join("model.zt")).unwrap().len();
+    srv.control(&format!("/__claim?path=/model.zt&size={}", size + 4096));
+    let url = srv.url("/model.zt");
+    let r = m.run(Path::new(&url), &["--cache-dir", cache.to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(1), "{}", r.stderr);
+    let line = r.stderr.trim();
+    assert_eq!(line.lines().count(), 1, "{line}");
+    assert_eq!(line.matches(&url).count(), 1, "{line}");
+    assert!(
+        line.starts_with(&format!(
+            "ztensor-mount: {url}: the object changed since mount"
+        )),
+        "{line}"
+    );
+    assert!(
+        line.contains(&format!("pinned at {} bytes", size + 4096))
+            && line.contains(&format!("the server now says {size} bytes")),
+        "{line}"
+    );
+    assert!(!m.is_mounted());
+}
+
+/// A URL longer than an HTTP request carries is refused before any
+/// request, in one line that does not show its query; `cat`'s hint for a
+/// tensor it lacks, with a URL whose query it hides, is one that runs.
+#[test]
+fn an_overlong_url_is_refused_and_a_hidden_query_gets_a_hint_that_runs() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let (_, srv, cache) = served_model(&py, &m);
+    std::fs::create_dir(&cache).unwrap();
+    let long = format!("{}?x={}", srv.url("/model.zt"), "a".repeat(100_000));
+    let r = m.run(Path::new(&long), &["--cache-dir", cache.to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(1), "{}", r.stderr);
+    assert_eq!(
+        r.stderr.trim(),
+        format!(
+            "ztensor-mount: {}?…: the URL is {} bytes long; an HTTP request can carry at most \
+             65534",
+            srv.url("/model.zt"),
+            long.len()
+        )
+    );
+    assert!(srv.log().is_empty(), "{:?}", srv.log());
+
+    srv.control("/__sign?path=/model.zt&sig=h1nt");
+    let cat = Command::new(support::bin())
+        .args(["cat", &srv.url("/model.zt?sig=h1nt"), "nothing"])
+        .args(["--cache-dir", cache.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(cat.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&cat.stderr).trim(),
+        format!(
+            "ztensor-mount: {}?…: no tensor named \"nothing\" (`ztensor-mount info` of the \
+             same URL lists them)",
+            srv.url("/model.zt")
+        )
+    );
 }
 
 /// A presigned URL (boto3's, for moto's S3) is fetched with its query,

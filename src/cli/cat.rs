@@ -45,7 +45,13 @@ fn cat(
         .map_err(|e| e.to_string())?;
     let label = opened.catalog.label.clone();
     let ti = find(&opened.catalog, name).ok_or_else(|| {
-        format!("{label}: no tensor named {name:?} (`ztensor-mount info {label}` lists them)")
+        // A URL's query is shown as `?…` (it may be a signature), which
+        // would not run as given.
+        let hint = match label.contains("?…") {
+            true => "`ztensor-mount info` of the same URL lists them".to_string(),
+            false => format!("`ztensor-mount info {label}` lists them"),
+        };
+        format!("{label}: no tensor named {name:?} ({hint})")
     })?;
     let name = opened.catalog.tensors[ti].name.clone();
     let name = name.as_str();

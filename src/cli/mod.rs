@@ -182,6 +182,10 @@ enum Tool {
         /// For an s3://, gs:// or az:// FILE: the compatible server or emulator to use.
         #[arg(long, value_name = "URL")]
         endpoint: Option<String>,
+        /// For a remote FILE: where its block cache is (shared with mounts
+        /// of the same object). Default: /var/tmp, as for a mount.
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
         /// The catalog as JSON (the sidecars' fields, without `views`).
         #[arg(long)]
         json: bool,
@@ -193,6 +197,10 @@ enum Tool {
         /// For an s3://, gs:// or az:// FILE: the compatible server or emulator to use.
         #[arg(long, value_name = "URL")]
         endpoint: Option<String>,
+        /// For a remote FILE: where its block cache is (shared with mounts
+        /// of the same object). Default: /var/tmp, as for a mount.
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
         tensor: String,
         /// For a sparse tensor: indptr, indices or values.
         #[arg(long)]
@@ -397,13 +405,15 @@ fn apply_flags(s: &mut options::Settings, cli: &MountCli) -> Result<(), String> 
     Ok(())
 }
 
-/// How `info` and `cat` fetch a remote FILE: the defaults, with the cache
-/// files in `$TMPDIR` (where `cat` spills too).
-fn remote_options(endpoint: Option<String>) -> crate::source::RemoteOptions {
+/// How `info` and `cat` fetch a remote FILE: the mount's defaults, cache
+/// directory included, so that the blocks they fetch (an index, a tensor)
+/// are there for a mount of the same object, and theirs for the next run.
+fn remote_options(endpoint: Option<String>, dir: Option<PathBuf>) -> crate::source::RemoteOptions {
+    let d = crate::source::RemoteOptions::default();
     crate::source::RemoteOptions {
         endpoint,
-        cache_dir: std::env::temp_dir(),
-        ..Default::default()
+        cache_dir: dir.unwrap_or(d.cache_dir),
+        ..d
     }
 }
 
@@ -453,13 +463,20 @@ fn tool(cli: ToolCli) -> ExitCode {
             file,
             json,
             endpoint,
-        } => info::run(&file, json, &remote_options(endpoint)),
+            cache_dir,
+        } => info::run(&file, json, &remote_options(endpoint, cache_dir)),
         Tool::Cat {
             file,
             tensor,
             part,
             endpoint,
-        } => cat::run(&file, &tensor, part.as_deref(), &remote_options(endpoint)),
+            cache_dir,
+        } => cat::run(
+            &file,
+            &tensor,
+            part.as_deref(),
+            &remote_options(endpoint, cache_dir),
+        ),
         Tool::Prefetch {
             mountpoint,
             tensors,

@@ -469,10 +469,24 @@ pub(super) fn backoff(n: usize) -> Duration {
     (FIRST_BACKOFF * (1 << n.saturating_sub(1).min(6))).min(MAX_BACKOFF)
 }
 
+/// The longest URL the HTTP client sends (its `Uri` holds a length in
+/// 16 bits); a longer one would fail at the first request in the client's
+/// words ("Parsed Url is not a valid Uri").
+const MAX_URL: usize = u16::MAX as usize - 1;
+
 /// Opens the object at `url`: pins it (HEAD) and maps its cache file.
 pub fn open(url: &str, opts: &Options) -> Result<MappedFile> {
     let parsed = url::Url::parse(url)
         .map_err(|e| fail(&without_queries(url), format!("not a valid URL: {e}")))?;
+    if parsed.as_str().len() > MAX_URL {
+        return Err(fail(
+            &without_queries(url),
+            format!(
+                "the URL is {} bytes long; an HTTP request can carry at most {MAX_URL}",
+                parsed.as_str().len()
+            ),
+        ));
+    }
     let client = Arc::new(Client {
         url: parsed.clone(),
         opts: opts.clone(),
@@ -1726,7 +1740,9 @@ impl Object {
             _ => format!(", last modified {}", meta.last_modified),
         };
         Err(self.changed(&format!(
-            "the server now says {} bytes, ETag {etag}{modified}",
+            "pinned at {} bytes, ETag {}; the server now says {} bytes, ETag {etag}{modified}",
+            self.size,
+            self.etag.as_deref().unwrap_or("none"),
             meta.size
         )))
     }
@@ -1951,7 +1967,8 @@ impl Object {
         let until = Instant::now() + self.patience();
         for (f, led) in waits {
             f.wait(until).map_err(|why| {
-                let e = why.context(&self.label);
+                // A change of the object names it already (see `changed`).
+                let e = why.without_context(&self.label).context(&self.label);
                 if led {
                     Waited::Led(e)
                 } else {
