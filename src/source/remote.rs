@@ -1479,16 +1479,21 @@ impl Object {
         };
         let path = live.path().to_path_buf();
         let run = blocks.clone();
-        let held = match tokio::task::spawn_blocking(move || super::shared::lock_range(&path, run))
-            .await
-        {
-            Ok(Ok(f)) => Some(f),
+        // Free, as it is unless another mount fetches them: taken here, at
+        // once; else waited for on a blocking thread.
+        let held = match super::shared::lock_range(&path, run.clone(), false) {
+            Ok(None) => {
+                tokio::task::spawn_blocking(move || super::shared::lock_range(&path, run, true))
+                    .await
+                    .map_err(std::io::Error::other)
+                    .and_then(|r| r)
+            }
+            got => got,
+        };
+        let held = match held {
+            Ok(f) => f,
             // Without the lock the blocks are fetched all the same: it
             // only saves a fetch another mount makes.
-            Ok(Err(e)) => {
-                log::debug!("{}: cannot lock blocks {blocks:?}: {e}", self.label);
-                None
-            }
             Err(e) => {
                 log::debug!("{}: cannot lock blocks {blocks:?}: {e}", self.label);
                 None

@@ -228,8 +228,9 @@ impl Deref for Live {
 /// An open-file-description write lock on `blocks` (at [`LOCK_BASE`]
 /// plus the block number) of the file at `path`, through a descriptor of
 /// its own: OFD locks of one description do not exclude each other, so
-/// each holder opens the file anew. Waits for the range to be free.
-pub fn lock_range(path: &Path, blocks: Range<u64>) -> io::Result<File> {
+/// each holder opens the file anew. `wait`: wait for the range to be free;
+/// else `None` when another holds part of it.
+pub fn lock_range(path: &Path, blocks: Range<u64>, wait: bool) -> io::Result<Option<File>> {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -245,15 +246,21 @@ pub fn lock_range(path: &Path, blocks: Range<u64>) -> io::Result<File> {
     fl.l_whence = libc::SEEK_SET as _;
     fl.l_start = start;
     fl.l_len = len.max(1);
+    let cmd = match wait {
+        true => libc::F_OFD_SETLKW,
+        false => libc::F_OFD_SETLK,
+    };
     loop {
         // SAFETY: fcntl on our own descriptor with a valid flock.
-        let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLKW, &fl) };
+        let r = unsafe { libc::fcntl(f.as_raw_fd(), cmd, &fl) };
         if r == 0 {
-            return Ok(f);
+            return Ok(Some(f));
         }
         let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN | libc::EACCES) if !wait => return Ok(None),
+            _ => return Err(e),
         }
     }
 }
@@ -311,15 +318,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("x.live");
         let (live, _) = Live::open(&p, 4096, 100_000, 1, true).unwrap();
-        let held = lock_range(live.path(), 2..5).unwrap();
+        let held = lock_range(live.path(), 2..5, false).unwrap().unwrap();
+        // Without waiting: refused while held.
+        assert!(lock_range(&p, 4..6, false).unwrap().is_none());
         let (tx, rx) = std::sync::mpsc::channel();
         let p2 = p.clone();
         let t = std::thread::spawn(move || {
-            let _l = lock_range(&p2, 4..6).unwrap();
+            let _l = lock_range(&p2, 4..6, true).unwrap();
             tx.send(()).unwrap();
         });
         // Disjoint ranges do not wait.
-        drop(lock_range(&p, 5..6).unwrap());
+        drop(lock_range(&p, 5..6, false).unwrap().unwrap());
         assert!(
             rx.recv_timeout(std::time::Duration::from_millis(200))
                 .is_err(),
