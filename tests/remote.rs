@@ -859,6 +859,42 @@ fn a_size_past_what_the_cache_tracks_refuses_the_mount_in_one_line() {
     assert!(largest < 1 << 20, "a cache file of {largest} bytes");
 }
 
+/// What a mount fetched reaches the saved bitmap (the record a remount
+/// after a reboot believes) once fetching pauses, while it stays mounted:
+/// not only at unmount, and not by an fdatasync under every read.
+#[test]
+fn the_saved_bitmap_learns_what_was_fetched_once_fetching_pauses() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let (tensors, srv, cache) = served_model(&py, &m);
+    mount_remote(&mut m, &srv.url("/model.zt"), &cache, &[]);
+    for (name, bytes) in &tensors {
+        assert!(m.read(name) == *bytes, "{name}");
+    }
+    let size = std::fs::metadata(m.scratch_path("files").join("model.zt"))
+        .unwrap()
+        .len();
+    let blocks = size.div_ceil(1 << 20);
+    let saved = cache_data_file(&cache).with_extension("blocks");
+    let bits = || -> u64 {
+        std::fs::read(&saved).map_or(0, |b| {
+            b.get(24..)
+                .unwrap_or_default()
+                .iter()
+                .map(|x| u64::from(x.count_ones()))
+                .sum()
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while bits() < blocks && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(bits(), blocks, "the saved bitmap, while mounted");
+    assert!(m.is_mounted());
+    m.unmount_ok();
+}
+
 /// A server whose first answer contradicts the size its HEAD gave is
 /// refused at mount in one line that names the URL once and both sizes.
 #[test]

@@ -21,8 +21,8 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -598,6 +598,8 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         requests: Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS)),
         dirty: AtomicU64::new(0),
         committed: Mutex::new(Instant::now()),
+        last_arrival: Mutex::new(Instant::now()),
+        committer: AtomicU32::new(0),
         whole: tokio::sync::Mutex::new(false),
     });
     LIVE.lock()
@@ -1245,6 +1247,12 @@ pub struct Object {
     dirty: AtomicU64,
     /// When the bitmap was last committed; held while committing.
     committed: Mutex<Instant>,
+    /// When the last block arrived (see [`Object::commit_when_due`]).
+    last_arrival: Mutex<Instant>,
+    /// The process whose task waits to commit, or commits (one at a
+    /// time; 0: none). A process id, as a fork keeps the value and none of
+    /// the parent's tasks (the runtime is dropped before it).
+    committer: AtomicU32,
     /// For a server that ignores Range: the one fetch of the whole object.
     /// Held while it runs; true once it succeeded.
     whole: tokio::sync::Mutex<bool>,
@@ -1343,11 +1351,7 @@ impl Object {
     fn arrived(&self, b: u64, sum: u64) {
         self.fetched(b, sum);
         self.mark(b..b + 1);
-        if self.commit_due()
-            && let Some(me) = self.me.upgrade()
-        {
-            tokio::task::spawn_blocking(move || me.commit());
-        }
+        self.to_commit();
         let f = self
             .flights
             .lock()
@@ -1365,22 +1369,75 @@ impl Object {
         self.set_checked(b);
     }
 
-    /// Whether enough was fetched, or long enough ago, to commit.
-    fn commit_due(&self) -> bool {
-        let dirty = self.dirty.load(Relaxed);
-        dirty > 0
-            && (dirty >= COMMIT_BLOCKS
+    /// Blocks just marked present: the saved bitmap is to learn of them,
+    /// by the one committer task of this object, started here if none is.
+    /// Called on the runtime (from a fetch).
+    fn to_commit(&self) {
+        if self.bitmap.is_none() || self.file.is_none() {
+            return;
+        }
+        *self.last_arrival.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        let pid = std::process::id();
+        let now = self.committer.load(Acquire);
+        if now == pid
+            || self
+                .committer
+                .compare_exchange(now, pid, AcqRel, Acquire)
+                .is_err()
+        {
+            return;
+        }
+        match self.me.upgrade() {
+            Some(me) => drop(tokio::spawn(me.commit_when_due(pid))),
+            None => self.committer.store(0, Release),
+        }
+    }
+
+    /// When the next commit is due: once fetching paused for
+    /// [`COMMIT_QUIET`], or [`COMMIT_EVERY`] after the last while it goes
+    /// on.
+    fn commit_at(&self) -> Instant {
+        let quiet = *self.last_arrival.lock().unwrap_or_else(|p| p.into_inner()) + COMMIT_QUIET;
+        let every = *self.committed.lock().unwrap_or_else(|p| p.into_inner()) + COMMIT_EVERY;
+        quiet.min(every)
+    }
+
+    /// Waits until a commit is due, commits (its fdatasync on a blocking
+    /// thread), and goes on while blocks arrived meanwhile. Not while a
+    /// read fetches: an fdatasync then made the kernel write the cache
+    /// file out under the writes of the fetch, and halved a cold read on a
+    /// disk slower than the network (BENCHMARKS.md, "Remote reads").
+    async fn commit_when_due(self: Arc<Self>, pid: u32) {
+        loop {
+            let at = self.commit_at();
+            if Instant::now() < at {
+                tokio::time::sleep_until(at.into()).await;
+                continue;
+            }
+            let me = self.clone();
+            let saved = tokio::task::spawn_blocking(move || me.commit()).await;
+            self.committer.store(0, Release);
+            // Blocks that arrived during the commit found the task still
+            // there: it goes on for them, unless another took over. After
+            // a failure (logged), the next block to arrive tries again.
+            if !saved.unwrap_or(false)
+                || self.dirty.load(Acquire) == 0
                 || self
-                    .committed
-                    .try_lock()
-                    .is_ok_and(|t| t.elapsed() >= COMMIT_EVERY))
+                    .committer
+                    .compare_exchange(0, pid, AcqRel, Acquire)
+                    .is_err()
+            {
+                return;
+            }
+        }
     }
 
     /// Saves the bitmap of the blocks present, after their bytes reached
     /// the disk (see [`commit`]).
-    fn commit(&self) {
-        let Some(bm) = &self.bitmap else { return };
-        let Some(data) = &self.file else { return };
+    /// True when it saved them.
+    fn commit(&self) -> bool {
+        let Some(bm) = &self.bitmap else { return false };
+        let Some(data) = &self.file else { return false };
         let mut at = self.committed.lock().unwrap_or_else(|p| p.into_inner());
         // Taken before the data is synced: every bit in it is of a block
         // whose bytes were written before the sync.
@@ -1392,17 +1449,22 @@ impl Object {
             sums: &self.sums,
             bits: &bits,
         };
-        match commit(&files, &words) {
+        let saved = match commit(&files, &words) {
             Ok(()) => {
                 self.dirty.fetch_sub(dirty, Relaxed);
+                true
             }
-            Err(e) => log::warn!(
-                "{}: cannot save the cache's block bitmap (the blocks will be fetched again \
-                 after a restart): {e}",
-                self.label
-            ),
-        }
+            Err(e) => {
+                log::warn!(
+                    "{}: cannot save the cache's block bitmap (the blocks will be fetched again \
+                     after a restart): {e}",
+                    self.label
+                );
+                false
+            }
+        };
         *at = Instant::now();
+        saved
     }
 
     /// How long a reader waits for a flight before giving up: every retry
@@ -1650,11 +1712,7 @@ impl Object {
             let r = self.get_whole().await;
             if r.is_ok() {
                 self.mark(0..self.blocks());
-                if self.commit_due()
-                    && let Some(me) = self.me.upgrade()
-                {
-                    tokio::task::spawn_blocking(move || me.commit());
-                }
+                self.to_commit();
             }
             r
         };
@@ -2056,10 +2114,15 @@ pub fn commit_all() {
     }
 }
 
-/// Blocks fetched between two commits of the bitmap (at most), and the
-/// longest time between them while fetching.
-const COMMIT_BLOCKS: u64 = 64;
-const COMMIT_EVERY: Duration = Duration::from_secs(5);
+/// The saved bitmap is committed once fetching paused this long, and at
+/// least this often while it goes on: the kernel writes dirty pages out
+/// within 30 s (`vm.dirty_expire_centisecs`), so by then its fdatasync
+/// has little left to write. A machine that crashes in between loses the
+/// record of what was fetched since the last commit (fetched again after
+/// the reboot), never the truth of what is there; a daemon killed keeps
+/// it all (the live bitmap, in the page cache).
+const COMMIT_QUIET: Duration = Duration::from_secs(1);
+const COMMIT_EVERY: Duration = Duration::from_secs(30);
 
 /// What a commit does to the disk, in order.
 trait Disk {
