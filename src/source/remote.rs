@@ -1387,10 +1387,7 @@ impl Object {
         {
             return;
         }
-        match self.me.upgrade() {
-            Some(me) => drop(tokio::spawn(me.commit_when_due(pid))),
-            None => self.committer.store(0, Release),
-        }
+        drop(tokio::spawn(Object::commit_when_due(self.me.clone(), pid)));
     }
 
     /// When the next commit is due: once fetching paused for
@@ -1407,23 +1404,30 @@ impl Object {
     /// read fetches: an fdatasync then made the kernel write the cache
     /// file out under the writes of the fetch, and halved a cold read on a
     /// disk slower than the network (BENCHMARKS.md, "Remote reads").
-    async fn commit_when_due(self: Arc<Self>, pid: u32) {
+    /// It holds the object only to commit: one no longer used is dropped
+    /// (and commits then) without waiting for it.
+    async fn commit_when_due(me: Weak<Object>, pid: u32) {
         loop {
-            let at = self.commit_at();
+            let Some(at) = me.upgrade().map(|o| o.commit_at()) else {
+                return;
+            };
             if Instant::now() < at {
                 tokio::time::sleep_until(at.into()).await;
                 continue;
             }
-            let me = self.clone();
-            let saved = tokio::task::spawn_blocking(move || me.commit()).await;
-            self.committer.store(0, Release);
+            let Some(o) = me.upgrade() else { return };
+            let saved = tokio::task::spawn_blocking({
+                let o = o.clone();
+                move || o.commit()
+            })
+            .await;
+            o.committer.store(0, Release);
             // Blocks that arrived during the commit found the task still
             // there: it goes on for them, unless another took over. After
             // a failure (logged), the next block to arrive tries again.
             if !saved.unwrap_or(false)
-                || self.dirty.load(Acquire) == 0
-                || self
-                    .committer
+                || o.dirty.load(Acquire) == 0
+                || o.committer
                     .compare_exchange(0, pid, AcqRel, Acquire)
                     .is_err()
             {
