@@ -15,6 +15,7 @@
 //! uncached pages waits for: another reason to wait.
 
 use std::collections::{HashSet, VecDeque};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -194,14 +195,71 @@ impl Inner {
 
 /// Whether a clone of `len` bytes may be read in: its pages are a second
 /// copy of bytes the source's page cache likely holds, so a clone over half
-/// of the memory the kernel can give (`MemAvailable`) would push out the
-/// source's pages or its own, and be dropped again, not read in whole.
-/// True where the kernel does not say.
+/// of the memory the kernel can give (`MemAvailable`, or less where the
+/// daemon's memory cgroup allows less) would push out the source's pages
+/// or its own, and be dropped again, not read in whole. True where the
+/// kernel does not say.
 fn fits(len: u64) -> bool {
     let avail = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|t| mem_available(&t));
-    avail.is_none_or(|m| len <= m / 2)
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|t| cgroup_room(Path::new("/sys/fs/cgroup"), &t));
+    let room = match (avail, cgroup) {
+        (Some(a), Some(c)) => Some(a.min(c)),
+        (a, c) => a.or(c),
+    };
+    room.is_none_or(|m| len <= m / 2)
+}
+
+/// The least room that the memory cgroups of the process (`cgroup`, the
+/// text of /proc/self/cgroup; v2, or v1's memory controller) and their
+/// ancestors leave under their limits, mounted under `root`: a limit less
+/// what is charged to it, its page cache counted as room (the kernel
+/// reclaims it first, as `MemAvailable` counts it). None without a limit.
+fn cgroup_room(root: &Path, cgroup: &str) -> Option<u64> {
+    let (dir, v1) = cgroup.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (id, ctl, path) = (f.next()?, f.next()?, f.next()?);
+        let path = path.trim_start_matches('/');
+        if ctl.split(',').any(|c| c == "memory") {
+            Some((root.join("memory").join(path), true))
+        } else if id == "0" && ctl.is_empty() {
+            Some((root.join(path), false))
+        } else {
+            None
+        }
+    })?;
+    let files = match v1 {
+        true => ("memory.limit_in_bytes", "memory.usage_in_bytes", "cache"),
+        false => ("memory.max", "memory.current", "file"),
+    };
+    dir.ancestors()
+        .take_while(|d| d.starts_with(root))
+        .filter_map(|d| room_in(d, files))
+        .min()
+}
+
+/// Room left under the limit of the cgroup at `dir`, from its files
+/// `(limit, usage, page cache field of memory.stat)`; None without one.
+fn room_in(dir: &Path, (limit, usage, cache): (&str, &str, &str)) -> Option<u64> {
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+    // v1 writes "no limit" as a number near 2^63.
+    let limit: u64 = read(limit)?.trim().parse().ok().filter(|&l| l < 1 << 62)?;
+    let usage: u64 = read(usage)?.trim().parse().ok()?;
+    let stat = read("memory.stat").unwrap_or_default();
+    let cached: u64 = stat
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(cache)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0);
+    Some(limit.saturating_sub(usage.saturating_sub(cached)))
 }
 
 /// `MemAvailable` of a /proc/meminfo text, in bytes.
@@ -238,6 +296,56 @@ mod tests {
         assert_eq!(mem_available(text), Some(24113640 * 1024));
         assert_eq!(mem_available("MemTotal: 1 kB\n"), None);
         assert_eq!(mem_available("MemAvailable: lots kB\n"), None);
+    }
+
+    #[test]
+    fn the_room_a_memory_cgroup_leaves_is_the_least_of_its_and_its_ancestors() {
+        let root = tempfile::tempdir().unwrap();
+        let write = |dir: &Path, files: &[(&str, &str)]| {
+            std::fs::create_dir_all(dir).unwrap();
+            for (n, t) in files {
+                std::fs::write(dir.join(n), t).unwrap();
+            }
+        };
+        // v2: a limit of 8 GiB with 3 used, 2 of them page cache: 7 GiB
+        // of room; its parent's 6 GiB limit with 1 used leaves 5.
+        let g = root.path().join("a/b");
+        write(
+            &g,
+            &[
+                ("memory.max", "8589934592\n"),
+                ("memory.current", "3221225472\n"),
+                ("memory.stat", "anon 1073741824\nfile 2147483648\n"),
+            ],
+        );
+        let v2 = "0::/a/b\n";
+        assert_eq!(cgroup_room(root.path(), v2), Some(7 << 30));
+        write(
+            &root.path().join("a"),
+            &[
+                ("memory.max", "6442450944\n"),
+                ("memory.current", "1073741824\n"),
+            ],
+        );
+        assert_eq!(cgroup_room(root.path(), v2), Some(5 << 30));
+        // No limit ("max"): no answer.
+        write(&g, &[("memory.max", "max\n")]);
+        std::fs::write(root.path().join("a/memory.max"), "max\n").unwrap();
+        assert_eq!(cgroup_room(root.path(), v2), None);
+        // v1's memory controller, and its "no limit" number.
+        let m = root.path().join("memory/p");
+        write(
+            &m,
+            &[
+                ("memory.limit_in_bytes", "4294967296\n"),
+                ("memory.usage_in_bytes", "3221225472\n"),
+                ("memory.stat", "cache 1073741824\nrss 2147483648\n"),
+            ],
+        );
+        let v1 = "9:pids:/\n4:memory:/p\n0::/\n";
+        assert_eq!(cgroup_room(root.path(), v1), Some(2 << 30));
+        std::fs::write(m.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        assert_eq!(cgroup_room(root.path(), v1), None);
     }
 
     #[test]
