@@ -405,6 +405,9 @@ fn http_mount_serves_the_local_tree_fetching_the_index_in_few_requests() {
         String::from_utf8_lossy(&cat.stderr)
     );
     assert!(cat.stdout == tensors[0].1, "cat of a URL");
+    // What it fetched is saved as it ends.
+    let saved = cache_data_file(&own).with_extension("blocks");
+    assert!(saved_blocks(&saved) >= 1, "cat's blocks, saved");
     srv.control("/__reset");
     let info = support::run_with_timeout(
         Command::new(support::bin())
@@ -859,9 +862,32 @@ fn a_size_past_what_the_cache_tracks_refuses_the_mount_in_one_line() {
     assert!(largest < 1 << 20, "a cache file of {largest} bytes");
 }
 
-/// What a mount fetched reaches the saved bitmap (the record a remount
-/// after a reboot believes) once fetching pauses, while it stays mounted:
-/// not only at unmount, and not by an fdatasync under every read.
+/// The blocks a saved bitmap (the record a remount after a reboot
+/// believes) claims: the bits after its 24-byte header.
+fn saved_blocks(saved: &Path) -> u64 {
+    std::fs::read(saved).map_or(0, |b| {
+        b.get(24..)
+            .unwrap_or_default()
+            .iter()
+            .map(|x| u64::from(x.count_ones()))
+            .sum()
+    })
+}
+
+/// Polls `saved` until it claims `want` blocks (20 s at most); what it
+/// claims then.
+fn await_saved_blocks(saved: &Path, want: u64) -> u64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while saved_blocks(saved) < want && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    saved_blocks(saved)
+}
+
+/// What a mount fetched reaches the saved bitmap once fetching pauses,
+/// while it stays mounted: not only at unmount, and not by an fdatasync
+/// under every read. That includes the index the mount command fetched
+/// before the daemon forked from it.
 #[test]
 fn the_saved_bitmap_learns_what_was_fetched_once_fetching_pauses() {
     let _s = support::serial();
@@ -869,6 +895,11 @@ fn the_saved_bitmap_learns_what_was_fetched_once_fetching_pauses() {
     let Some(mut m) = scratch_mount() else { return };
     let (tensors, srv, cache) = served_model(&py, &m);
     mount_remote(&mut m, &srv.url("/model.zt"), &cache, &[]);
+    let saved = cache_data_file(&cache).with_extension("blocks");
+    assert!(
+        await_saved_blocks(&saved, 1) >= 1,
+        "the index's blocks, before any read"
+    );
     for (name, bytes) in &tensors {
         assert!(m.read(name) == *bytes, "{name}");
     }
@@ -876,21 +907,11 @@ fn the_saved_bitmap_learns_what_was_fetched_once_fetching_pauses() {
         .unwrap()
         .len();
     let blocks = size.div_ceil(1 << 20);
-    let saved = cache_data_file(&cache).with_extension("blocks");
-    let bits = || -> u64 {
-        std::fs::read(&saved).map_or(0, |b| {
-            b.get(24..)
-                .unwrap_or_default()
-                .iter()
-                .map(|x| u64::from(x.count_ones()))
-                .sum()
-        })
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while bits() < blocks && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(bits(), blocks, "the saved bitmap, while mounted");
+    assert_eq!(
+        await_saved_blocks(&saved, blocks),
+        blocks,
+        "the saved bitmap, while mounted"
+    );
     assert!(m.is_mounted());
     m.unmount_ok();
 }

@@ -464,19 +464,29 @@ fn tool(cli: ToolCli) -> ExitCode {
             json,
             endpoint,
             cache_dir,
-        } => info::run(&file, json, &remote_options(endpoint, cache_dir)),
+        } => {
+            let code = info::run(&file, json, &remote_options(endpoint, cache_dir));
+            // A remote object's fetched blocks, saved: a read-ahead still
+            // under way may hold it past its last use.
+            crate::source::before_exit();
+            code
+        }
         Tool::Cat {
             file,
             tensor,
             part,
             endpoint,
             cache_dir,
-        } => cat::run(
-            &file,
-            &tensor,
-            part.as_deref(),
-            &remote_options(endpoint, cache_dir),
-        ),
+        } => {
+            let code = cat::run(
+                &file,
+                &tensor,
+                part.as_deref(),
+                &remote_options(endpoint, cache_dir),
+            );
+            crate::source::before_exit();
+            code
+        }
         Tool::Prefetch {
             mountpoint,
             tensors,

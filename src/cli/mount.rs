@@ -204,6 +204,7 @@ fn daemonize(opened: Opened, mountpoint: &Path, s: &Settings) -> ExitCode {
                 None => logging::to_syslog(s.debug),
             }
             detach_stdio();
+            crate::source::after_fork();
             let code = serve(opened, mountpoint, s, Some(File::from(wr)));
             crate::source::before_exit();
             std::process::exit(if code == ExitCode::SUCCESS { 0 } else { 1 });

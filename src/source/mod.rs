@@ -81,6 +81,12 @@ pub fn before_fork() {
     remote::before_fork();
 }
 
+/// What the byte sources must do in a forked child before it serves:
+/// the remote objects' committers started again.
+pub fn after_fork() {
+    remote::after_fork();
+}
+
 /// What the byte sources must do before the process exits without
 /// dropping them (`process::exit`): a remote object's cache bitmap saved.
 pub fn before_exit() {

@@ -21,7 +21,7 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -1279,7 +1279,8 @@ impl Object {
                 w.fetch_or(1 << (b % 64), Release);
             }
         }
-        self.dirty.fetch_add(n, Relaxed);
+        // After the bits: a commit that counts these sees them.
+        self.dirty.fetch_add(n, SeqCst);
     }
 
     /// Asks the kernel to read block `b` of the cache file into the page
@@ -1371,23 +1372,31 @@ impl Object {
 
     /// Blocks just marked present: the saved bitmap is to learn of them,
     /// by the one committer task of this object, started here if none is.
-    /// Called on the runtime (from a fetch).
+    /// The committer and `dirty` are read and written in one order
+    /// (`SeqCst`) here, in [`Object::mark`] and in the task: an arrival
+    /// that finds the task there is seen by it before it ends.
     fn to_commit(&self) {
         if self.bitmap.is_none() || self.file.is_none() {
             return;
         }
         *self.last_arrival.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         let pid = std::process::id();
-        let now = self.committer.load(Acquire);
+        let now = self.committer.load(SeqCst);
         if now == pid
             || self
                 .committer
-                .compare_exchange(now, pid, AcqRel, Acquire)
+                .compare_exchange(now, pid, SeqCst, SeqCst)
                 .is_err()
         {
             return;
         }
-        drop(tokio::spawn(Object::commit_when_due(self.me.clone(), pid)));
+        match runtime() {
+            Ok(rt) => drop(rt.spawn(Object::commit_when_due(self.me.clone(), pid))),
+            Err(e) => {
+                log::debug!("{}: no runtime to commit on: {e}", self.label);
+                self.committer.store(0, SeqCst);
+            }
+        }
     }
 
     /// When the next commit is due: once fetching paused for
@@ -1400,10 +1409,11 @@ impl Object {
     }
 
     /// Waits until a commit is due, commits (its fdatasync on a blocking
-    /// thread), and goes on while blocks arrived meanwhile. Not while a
-    /// read fetches: an fdatasync then made the kernel write the cache
-    /// file out under the writes of the fetch, and halved a cold read on a
-    /// disk slower than the network (BENCHMARKS.md, "Remote reads").
+    /// thread), and goes on while blocks arrived meanwhile. Not under
+    /// every few blocks of a read that fetches: each fdatasync made the
+    /// kernel write the cache file out under the writes of the fetch, and
+    /// halved a cold read on a disk slower than the network (BENCHMARKS.md,
+    /// "Remote reads").
     /// It holds the object only to commit: one no longer used is dropped
     /// (and commits then) without waiting for it.
     async fn commit_when_due(me: Weak<Object>, pid: u32) {
@@ -1421,14 +1431,19 @@ impl Object {
                 move || o.commit()
             })
             .await;
-            o.committer.store(0, Release);
+            if !saved.unwrap_or(false) {
+                // Logged; tried again after a while (a disk error may
+                // pass), not at once.
+                drop(o);
+                tokio::time::sleep(COMMIT_EVERY).await;
+                continue;
+            }
+            o.committer.store(0, SeqCst);
             // Blocks that arrived during the commit found the task still
-            // there: it goes on for them, unless another took over. After
-            // a failure (logged), the next block to arrive tries again.
-            if !saved.unwrap_or(false)
-                || o.dirty.load(Acquire) == 0
+            // there: it goes on for them, unless another took over.
+            if o.dirty.load(SeqCst) == 0
                 || o.committer
-                    .compare_exchange(0, pid, AcqRel, Acquire)
+                    .compare_exchange(0, pid, SeqCst, SeqCst)
                     .is_err()
             {
                 return;
@@ -1806,8 +1821,14 @@ impl Object {
             0 => String::new(),
             _ => format!(", last modified {}", meta.last_modified),
         };
+        let pinned_modified = match (&self.etag, self.modified) {
+            (None, Some(m)) => chrono::DateTime::from_timestamp(m, 0)
+                .map_or(String::new(), |t| format!(", last modified {t}")),
+            _ => String::new(),
+        };
         Err(self.changed(&format!(
-            "pinned at {} bytes, ETag {}; the server now says {} bytes, ETag {etag}{modified}",
+            "pinned at {} bytes, ETag {}{pinned_modified}; the server now says {} bytes, ETag \
+             {etag}{modified}",
             self.size,
             self.etag.as_deref().unwrap_or("none"),
             meta.size
@@ -2103,6 +2124,21 @@ pub fn counters() -> Counters {
 /// Every object opened in this process, for [`commit_all`].
 static LIVE: Mutex<Vec<Weak<Object>>> = Mutex::new(Vec::new());
 
+/// Starts a committer for every object with blocks the saved bitmap has
+/// not learnt of: in a forked child, whose parent's committers did not
+/// cross the fork (its runtime was dropped before it).
+pub fn after_fork() {
+    let live: Vec<Arc<Object>> = {
+        let l = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+        l.iter().filter_map(Weak::upgrade).collect()
+    };
+    for o in live {
+        if o.dirty.load(SeqCst) > 0 {
+            o.to_commit();
+        }
+    }
+}
+
 /// Commits the bitmap of every object still open: for a process about to
 /// exit, whose objects may never be dropped.
 pub fn commit_all() {
@@ -2119,12 +2155,12 @@ pub fn commit_all() {
 }
 
 /// The saved bitmap is committed once fetching paused this long, and at
-/// least this often while it goes on: the kernel writes dirty pages out
-/// within 30 s (`vm.dirty_expire_centisecs`), so by then its fdatasync
-/// has little left to write. A machine that crashes in between loses the
-/// record of what was fetched since the last commit (fetched again after
-/// the reboot), never the truth of what is there; a daemon killed keeps
-/// it all (the live bitmap, in the page cache).
+/// least this often while it goes on: one fdatasync per 30 s of a long
+/// fetch rather than one under every few blocks of it. A machine that
+/// crashes in between loses the record of what was fetched since the last
+/// commit (fetched again after the reboot), never the truth of what is
+/// there; a daemon killed keeps it all (the live bitmap, in the page
+/// cache).
 const COMMIT_QUIET: Duration = Duration::from_secs(1);
 const COMMIT_EVERY: Duration = Duration::from_secs(30);
 
