@@ -764,15 +764,18 @@ class Mounter:
             log(f"WARNING: {mp} would not unmount; detaching it lazily")
             subprocess.run(["umount", "-l", mp])
         self.active.discard(mp)
-        # fuser re-unmounts the path when its session ends: let the daemon
-        # finish before anything else uses the directory.
+        # Let the daemon finish before anything else runs: what it does as
+        # it exits (a remote cache file synced before its bitmap is saved)
+        # would otherwise share the disk with the next sample.
         if pid:
-            for _ in range(300):
-                if not os.path.exists(f"/proc/{pid}"):
-                    break
+            t0 = time.perf_counter()
+            while os.path.exists(f"/proc/{pid}") and time.perf_counter() - t0 < 60:
                 time.sleep(0.01)
-            else:
-                log(f"WARNING: daemon {pid} of {mp} still running 3 s after unmount")
+            took = time.perf_counter() - t0
+            if os.path.exists(f"/proc/{pid}"):
+                log(f"WARNING: daemon {pid} of {mp} still running 60 s after unmount")
+            elif took > 3:
+                log(f"daemon {pid} of {mp} exited {took:.1f} s after unmount")
         with contextlib.suppress(OSError):
             mp.rmdir()
 
