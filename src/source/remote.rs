@@ -22,7 +22,7 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -600,6 +600,7 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         committed: Mutex::new(Instant::now()),
         last_arrival: Mutex::new(Instant::now()),
         committer: AtomicU32::new(0),
+        commit_failed: AtomicBool::new(false),
         whole: tokio::sync::Mutex::new(false),
     });
     LIVE.lock()
@@ -1253,6 +1254,8 @@ pub struct Object {
     /// time; 0: none). A process id, as a fork keeps the value and none of
     /// the parent's tasks (the runtime is dropped before it).
     committer: AtomicU32,
+    /// A commit failed (said once).
+    commit_failed: AtomicBool,
     /// For a server that ignores Range: the one fetch of the whole object.
     /// Held while it runs; true once it succeeded.
     whole: tokio::sync::Mutex<bool>,
@@ -1474,7 +1477,13 @@ impl Object {
                 true
             }
             Err(e) => {
-                log::warn!(
+                // Tried again every 30 s: said once, then in the debug log.
+                let level = match self.commit_failed.swap(true, Relaxed) {
+                    false => log::Level::Warn,
+                    true => log::Level::Debug,
+                };
+                log::log!(
+                    level,
                     "{}: cannot save the cache's block bitmap (the blocks will be fetched again \
                      after a restart): {e}",
                     self.label
