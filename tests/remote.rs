@@ -877,10 +877,7 @@ fn saved_blocks(saved: &Path) -> u64 {
 /// Polls `saved` until it claims `want` blocks (20 s at most); what it
 /// claims then.
 fn await_saved_blocks(saved: &Path, want: u64) -> u64 {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while saved_blocks(saved) < want && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    support::wait_until(Duration::from_secs(20), || saved_blocks(saved) >= want);
     saved_blocks(saved)
 }
 

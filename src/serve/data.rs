@@ -1445,7 +1445,7 @@ impl Data {
     /// Whether part `pi` of tensor `ti`'s file is as it was at mount: bytes
     /// decoded from it earlier may be served only while it is.
     pub fn unchanged(&self, ti: usize, pi: usize) -> bool {
-        self.guard_of(ti, pi).is_some() && self.source_verdict(ti, pi).is_ok()
+        self.guard_of(ti, pi).is_some_and(|g| g.check().is_ok())
     }
 
     /// Part `pi` of tensor `ti`'s file as a read finds it: Ok while it is

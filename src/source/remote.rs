@@ -2110,10 +2110,7 @@ pub struct Counters {
 }
 
 pub fn counters() -> Counters {
-    let live: Vec<Arc<Object>> = {
-        let l = LIVE.lock().unwrap_or_else(|p| p.into_inner());
-        l.iter().filter_map(Weak::upgrade).collect()
-    };
+    let live = live_objects();
     let mut c = Counters {
         requests: REQUESTS.load(Relaxed),
         fetched_bytes: FETCHED.load(Relaxed),
@@ -2133,15 +2130,18 @@ pub fn counters() -> Counters {
 /// Every object opened in this process, for [`commit_all`].
 static LIVE: Mutex<Vec<Weak<Object>>> = Mutex::new(Vec::new());
 
+/// The objects of this process still open (the list loses the others).
+fn live_objects() -> Vec<Arc<Object>> {
+    let mut l = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+    l.retain(|w| w.strong_count() > 0);
+    l.iter().filter_map(Weak::upgrade).collect()
+}
+
 /// Starts a committer for every object with blocks the saved bitmap has
 /// not learnt of: in a forked child, whose parent's committers did not
 /// cross the fork (its runtime was dropped before it).
 pub fn after_fork() {
-    let live: Vec<Arc<Object>> = {
-        let l = LIVE.lock().unwrap_or_else(|p| p.into_inner());
-        l.iter().filter_map(Weak::upgrade).collect()
-    };
-    for o in live {
+    for o in live_objects() {
         if o.dirty.load(SeqCst) > 0 {
             o.to_commit();
         }
@@ -2151,12 +2151,7 @@ pub fn after_fork() {
 /// Commits the bitmap of every object still open: for a process about to
 /// exit, whose objects may never be dropped.
 pub fn commit_all() {
-    let live: Vec<Arc<Object>> = {
-        let mut l = LIVE.lock().unwrap_or_else(|p| p.into_inner());
-        l.retain(|w| w.strong_count() > 0);
-        l.iter().filter_map(Weak::upgrade).collect()
-    };
-    for o in live {
+    for o in live_objects() {
         if o.dirty.load(Relaxed) > 0 {
             o.commit();
         }
