@@ -425,6 +425,46 @@ fn http_mount_serves_the_local_tree_fetching_the_index_in_few_requests() {
         log.iter().all(|(method, ..)| method == "HEAD"),
         "info fetched blocks cat had cached: {log:?}"
     );
+
+    // With /var/tmp, the default cache directory, read-only (in a mount
+    // namespace of its own): info fetches into the temporary directory
+    // and says so; a --cache-dir that cannot be written is refused.
+    let tmp = remote.scratch_path("tool-tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let read_only_var_tmp = |extra: &[&str]| {
+        support::run_with_timeout(
+            Command::new("unshare")
+                .args(["--mount", "--propagation", "private", "sh", "-c"])
+                .arg(r#"mount --bind -o ro /var/tmp /var/tmp && exec "$@""#)
+                .args(["sh", support::bin(), "info", &url])
+                .args(extra)
+                .env("TMPDIR", &tmp),
+            Duration::from_secs(60),
+        )
+    };
+    let fell_back = read_only_var_tmp(&[]);
+    assert!(
+        fell_back.ok() && fell_back.stdout.contains("packed"),
+        "{}",
+        fell_back.stderr
+    );
+    assert_eq!(
+        fell_back.stderr.trim(),
+        format!(
+            "ztensor-mount: warning: cache directory /var/tmp is not writable: Read-only file \
+             system (os error 30); fetching into {} instead (a cache directory is chosen with \
+             --cache-dir)",
+            tmp.display()
+        )
+    );
+    assert!(cache_data_file(&tmp).is_file(), "the fetch went to TMPDIR");
+    let refused = read_only_var_tmp(&["--cache-dir", "/var/tmp"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", refused.stdout);
+    assert_eq!(
+        refused.stderr.trim(),
+        "ztensor-mount: cache directory /var/tmp is not writable: Read-only file system (os \
+         error 30) (choose another with --cache-dir)"
+    );
 }
 
 #[test]

@@ -12,7 +12,7 @@ mod pack;
 mod prefault;
 mod prefetch;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -405,17 +405,75 @@ fn apply_flags(s: &mut options::Settings, cli: &MountCli) -> Result<(), String> 
     Ok(())
 }
 
-/// How `info` and `cat` fetch a remote FILE: the mount's defaults, cache
+/// How `info` and `cat` fetch `file`: the mount's defaults, cache
 /// directory included, so that the blocks they fetch (an index, a tensor)
 /// are there for a mount of the same object, and theirs for the next run.
-fn remote_options(endpoint: Option<String>, dir: Option<PathBuf>) -> crate::source::RemoteOptions {
-    let d = crate::source::RemoteOptions::default();
-    crate::source::RemoteOptions {
-        endpoint,
-        cache_dir: dir.unwrap_or(d.cache_dir),
-        ..d
+/// A look at a remote file should not need a writable `/var/tmp`: when the
+/// default cache directory cannot be written, the temporary directory
+/// (`$TMPDIR`, else `/tmp`) stands in, with a warning. One given with
+/// `--cache-dir` is used as given, or refused (said here: `None`).
+fn remote_options(
+    file: &Path,
+    endpoint: Option<String>,
+    dir: Option<PathBuf>,
+) -> Option<crate::source::RemoteOptions> {
+    match fetch_options(file, endpoint, dir) {
+        Ok(r) => Some(r),
+        Err(why) => {
+            eprintln!("ztensor-mount: {why}");
+            None
+        }
     }
 }
+
+fn fetch_options(
+    file: &Path,
+    endpoint: Option<String>,
+    dir: Option<PathBuf>,
+) -> Result<crate::source::RemoteOptions, String> {
+    let d = crate::source::RemoteOptions::default();
+    let remote = crate::source::is_remote(&file.to_string_lossy());
+    let cache_dir = match dir {
+        Some(dir) if remote => {
+            writable_cache_dir(&dir).map_err(|why| format!("{why} ({CHOOSE_CACHE_DIR})"))?;
+            dir
+        }
+        Some(dir) => dir,
+        None if remote => match writable_cache_dir(&d.cache_dir) {
+            Ok(()) => d.cache_dir.clone(),
+            Err(why) => {
+                let tmp = std::env::temp_dir();
+                writable_cache_dir(&tmp).map_err(|_| format!("{why} ({CHOOSE_CACHE_DIR})"))?;
+                eprintln!(
+                    "ztensor-mount: warning: {why}; fetching into {} instead (a cache directory \
+                     is chosen with --cache-dir)",
+                    tmp.display()
+                );
+                tmp
+            }
+        },
+        None => d.cache_dir.clone(),
+    };
+    Ok(crate::source::RemoteOptions {
+        endpoint,
+        cache_dir,
+        ..d
+    })
+}
+
+/// Whether a file can be made in `dir`, the cache directory; why not.
+fn writable_cache_dir(dir: &Path) -> Result<(), String> {
+    match tempfile::tempfile_in(dir) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!(
+            "cache directory {} is not writable: {e}",
+            dir.display()
+        )),
+    }
+}
+
+/// What a refusal of the cache directory adds.
+const CHOOSE_CACHE_DIR: &str = "choose another with --cache-dir";
 
 /// The largest readahead `-o read_ahead_kb` sets on the mount's bdi.
 const MAX_READ_AHEAD_KB: u32 = 1 << 20;
@@ -465,7 +523,10 @@ fn tool(cli: ToolCli) -> ExitCode {
             endpoint,
             cache_dir,
         } => {
-            let code = info::run(&file, json, &remote_options(endpoint, cache_dir));
+            let Some(remote) = remote_options(&file, endpoint, cache_dir) else {
+                return ExitCode::from(1);
+            };
+            let code = info::run(&file, json, &remote);
             // A remote object's fetched blocks, saved: a read-ahead still
             // under way may hold it past its last use.
             crate::source::before_exit();
@@ -478,12 +539,10 @@ fn tool(cli: ToolCli) -> ExitCode {
             endpoint,
             cache_dir,
         } => {
-            let code = cat::run(
-                &file,
-                &tensor,
-                part.as_deref(),
-                &remote_options(endpoint, cache_dir),
-            );
+            let Some(remote) = remote_options(&file, endpoint, cache_dir) else {
+                return ExitCode::from(1);
+            };
+            let code = cat::run(&file, &tensor, part.as_deref(), &remote);
             crate::source::before_exit();
             code
         }

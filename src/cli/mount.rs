@@ -67,11 +67,8 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
             mountpoint.display()
         );
     }
-    if let Err(e) = tempfile::tempfile_in(&s.cache_dir) {
-        return fail(format!(
-            "cache directory {} is not writable: {e}",
-            s.cache_dir.display()
-        ));
+    if let Err(e) = super::writable_cache_dir(&s.cache_dir) {
+        return fail(format!("{e} ({})", super::CHOOSE_CACHE_DIR));
     }
     let limits = Limits {
         index_memory: s.index_memory,
