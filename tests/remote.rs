@@ -1180,6 +1180,43 @@ fn a_signed_url_is_followed_through_a_redirect_without_a_referer() {
     assert!(referers.iter().all(|r| r.is_null()), "{stats}");
 }
 
+/// A server that redirects an object's GETs to a host that cannot be
+/// reached: the one line that refuses the mount names where the failure
+/// was (the client that followed the redirect names only the URL asked),
+/// the target's query hidden as any URL's is.
+#[test]
+fn a_failure_at_a_redirect_target_names_the_target() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let (_, srv, cache) = served_model(&py, &m);
+    // A port nothing listens on once this listener is dropped.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let to = format!("http%3A//127.0.0.1%3A{dead}/moved.zt%3Fsig%3Ds3cret");
+    srv.control(&format!("/__redirect?path=/model.zt&to={to}"));
+    std::fs::create_dir_all(&cache).unwrap();
+    let r = m.run(
+        Path::new(&srv.url("/model.zt")),
+        &["--cache-dir", cache.to_str().unwrap()],
+    );
+    assert!(!r.ok());
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    assert!(r.stderr.contains("Connection refused"), "{}", r.stderr);
+    assert!(
+        r.stderr.trim().ends_with(&format!(
+            "(the server redirects it to http://127.0.0.1:{dead}/moved.zt?…)"
+        )),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("s3cret"), "{}", r.stderr);
+    assert!(!m.is_mounted());
+}
+
 /// The files beside a signed URL (a set's shards) cannot be fetched with
 /// its signature, which signs one object: the mount says so, and asks the
 /// server nothing for them.

@@ -146,6 +146,25 @@ pub(super) fn one_line_err(e: &reqwest::Error) -> String {
     remote::without_queries(&s.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
+/// Where a GET of `url`'s first byte is redirected (its `Location`, made
+/// absolute, without its query), when the server answers with a redirect;
+/// asked within 5 s, as it only names a failure.
+pub(super) async fn redirect_target(opts: &Options, url: &url::Url) -> Option<String> {
+    let answer = client(opts, false)
+        .ok()?
+        .get(url.clone())
+        .header(reqwest::header::RANGE, "bytes=0-0")
+        .timeout(opts.timeout.min(Duration::from_secs(5)))
+        .send()
+        .await
+        .ok()?;
+    if !answer.status().is_redirection() {
+        return None;
+    }
+    let to = url.join(header(answer.headers(), "location")?).ok()?;
+    Some(remote::without_queries(to.as_str()))
+}
+
 /// A header's value, if it is text.
 pub(super) fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())

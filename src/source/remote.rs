@@ -222,6 +222,9 @@ struct Client {
     store: super::shared::PerProcess<Arc<dyn ObjectStore>>,
     /// For a Hugging Face Hub file: the repo and commit its store reads.
     hub: Option<Arc<super::hub::Repo>>,
+    /// Where the server redirects the object, asked once after a failure
+    /// ([`Client::redirect_of`]).
+    redirect: tokio::sync::OnceCell<Option<String>>,
 }
 
 /// The settings a store's builder takes from the environment's variables
@@ -259,6 +262,40 @@ fn any_set(names: &[&str]) -> bool {
 }
 
 impl Client {
+    /// Where the server of a plain HTTP(S) object redirects a GET of it,
+    /// when it does: object_store's client follows redirects, and its
+    /// errors name only the URL asked, so a failure at the target would
+    /// read as the first server's. Asked once (redirects not followed),
+    /// after a failure; the Hub's and signed URLs' own client names the
+    /// URL it failed at itself.
+    async fn redirect_of(&self) -> Option<String> {
+        let plain = matches!(self.url.scheme(), "http" | "https")
+            && self.hub.is_none()
+            && !super::signed_url::is_signed(&self.url);
+        if !plain {
+            return None;
+        }
+        self.redirect
+            .get_or_init(|| super::http::redirect_target(&self.opts, &self.url))
+            .await
+            .clone()
+    }
+
+    /// `why`, a failure of a request for the object, naming where the
+    /// server redirects it when it does.
+    async fn naming_redirect(&self, why: FetchError) -> FetchError {
+        if why.kind == FetchKind::Changed {
+            return why;
+        }
+        match self.redirect_of().await {
+            Some(to) => FetchError::new(
+                why.kind,
+                format!("{} (the server redirects it to {to})", why.message()),
+            ),
+            None => why,
+        }
+    }
+
     fn store(&self) -> std::result::Result<Arc<dyn ObjectStore>, String> {
         self.store.get(|| match &self.hub {
             Some(repo) => repo.store(),
@@ -491,6 +528,7 @@ pub fn open(url: &str, opts: &Options) -> Result<MappedFile> {
         url: parsed.clone(),
         opts: opts.clone(),
         store: super::shared::PerProcess::new(),
+        redirect: tokio::sync::OnceCell::new(),
         hub: None,
     });
     open_with(client, parsed)
@@ -507,6 +545,7 @@ pub(super) fn open_hub(
         url: url.clone(),
         opts: opts.clone(),
         store: super::shared::PerProcess::new(),
+        redirect: tokio::sync::OnceCell::new(),
         hub: Some(repo),
     });
     open_with(client, url)
@@ -536,18 +575,22 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
     // carries what pinned it.
     let by_get = super::signed_url::is_signed(&url) && client.hub.is_none();
     let (meta, by_get) = {
-        let key = key.clone();
+        let (key, client) = (key.clone(), client.clone());
         rt.block_on(async move {
-            match store.head(&key).await {
+            let pinned = match store.head(&key).await {
                 // A web server without HEAD: its first byte says the same.
                 Err(e) if head_not_allowed(&e) => {
                     first_byte(&*store, &key).await.map(|m| (m, true))
                 }
                 other => other.map(|m| (m, by_get)),
+            };
+            match pinned {
+                Ok(p) => Ok(p),
+                Err(e) => Err(client.naming_redirect(refused(&e)).await),
             }
         })
     }
-    .map_err(|e| fail(&label, describe(&e)))?;
+    .map_err(|e| fail(&label, e.message()))?;
     // What names this object's bytes: its ETag, its version, else its
     // Last-Modified (`object_store` gives the epoch for none at all).
     let modified = Some(meta.last_modified.timestamp()).filter(|&t| t != 0);
@@ -1660,7 +1703,7 @@ impl Object {
                 drop(_permit);
                 return self.fetch_whole().await;
             }
-            Err(e) => return Err(self.refused(&e, &what)),
+            Err(e) => return Err(self.refused(&e, &what).await),
         };
         self.same_object(&got.meta)?;
         if got.range != (start..end) {
@@ -1752,13 +1795,13 @@ impl Object {
 
     /// A failed GET of `what`: an object no longer the one pinned (gone,
     /// another ETag) marks it changed for good; any other failure is this
-    /// request's.
-    fn refused(&self, e: &object_store::Error, what: &str) -> FetchError {
+    /// request's (naming where the server redirects it, when it does).
+    async fn refused(&self, e: &object_store::Error, what: &str) -> FetchError {
         let f = refused(e);
         if f.kind == FetchKind::Changed {
             self.changed(f.message())
         } else {
-            f.context(what)
+            self.client.naming_redirect(f).await.context(what)
         }
     }
 
@@ -1779,7 +1822,7 @@ impl Object {
         REQUESTS.fetch_add(1, Relaxed);
         let got = match store.get_opts(&self.key, opts).await {
             Ok(g) => g,
-            Err(e) => return Err(self.refused(&e, &what)),
+            Err(e) => return Err(self.refused(&e, &what).await),
         };
         self.same_object(&got.meta)?;
         let file = self.file.as_ref().ok_or_else(|| {
