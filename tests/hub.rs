@@ -1145,4 +1145,20 @@ fn the_disk_cache_size_trims_files_no_mount_holds_and_never_one_in_use() {
         cache_files(&cache)
     );
     m2.unmount_ok();
+    // A second mount of objects already mounted trims as a first does.
+    hf_mount(&mut m1, &ep, "hf://org/single", &cache, &[]);
+    assert_tensors(&m1, &repos.c1);
+    m1.unmount_ok();
+    assert!(cache_files(&cache).contains(&single[0]));
+    hf_mount(&mut m1, &ep, "hf://org/sharded", &cache, &[]);
+    let r = hf_run_args(&mut m2, &ep, "hf://org/sharded", &cache, &[], &small);
+    assert!(r.ok(), "{}", r.stderr);
+    assert!(
+        !cache_files(&cache).contains(&single[0]),
+        "a joining mount did not trim: {:?}",
+        cache_files(&cache)
+    );
+    assert_tensors(&m2, &repos.c3);
+    m1.unmount_ok();
+    m2.unmount_ok();
 }

@@ -1887,17 +1887,89 @@ st.save_file({"a": rng.standard_normal((500, 1000)).astype("<f4"),
     );
     assert!(log.contains(&said), "{log}");
     m.unmount_ok();
-    // The cache file a FIFO: refused in one line naming it.
+    // The cache file a FIFO: not used (the log says why); the mount
+    // fetches into a private file and serves the right bytes.
     mkfifo(&data);
-    let r = m.run(Path::new(&url), &["--cache-dir", cache.to_str().unwrap()]);
-    assert!(!r.ok());
-    assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
-    assert!(
-        r.stderr
-            .contains(&format!("{} is not a regular file", data.display())),
-        "{}",
-        r.stderr
+    mount_remote(&mut m, &url, &cache, &opts);
+    assert!(m.read(view) == want, "beside a FIFO");
+    let said = format!(
+        "the shared cache file is not used: {}: it is not a regular file",
+        data.display()
     );
+    assert!(m.log_text().contains(&said), "{}", m.log_text());
+    use std::os::unix::fs::FileTypeExt;
+    assert!(
+        std::fs::symlink_metadata(&data)
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
+    m.unmount_ok();
+    // A whole cache remounted with another block size: its blocks are
+    // fetched again, and the log says why.
+    let other = m.scratch_path("cache-2");
+    mount_remote(&mut m, &url, &other, &opts);
+    assert!(m.read(view) == want, "first read");
+    m.unmount_ok();
+    mount_remote(&mut m, &url, &other, &["-o", "block_size=2M"]);
+    assert!(m.read(view) == want, "another block size");
+    let said = "the cache file's blocks are not kept (they were cached in blocks of 1048576 \
+                bytes, and this mount's are 2097152 (-o block_size)); they will be fetched again";
+    assert!(m.log_text().contains(said), "{}", m.log_text());
+    m.unmount_ok();
+}
+
+/// The cache's folder under a --cache-dir any user can write (/var/tmp)
+/// may have been made by another user, who could put links or files of
+/// their own in it: a mount then uses a private cache file, never one
+/// there, and writes through no link (a root mount would overwrite any
+/// file). A link in a folder of its own is not followed either.
+#[test]
+fn a_cache_folder_another_user_could_change_is_not_used_and_no_link_is_followed() {
+    use std::os::unix::fs::PermissionsExt;
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let (tensors, srv, probe) = served_model(&py, &m);
+    let url = srv.url("/model.zt");
+    // The cache file's name, which anyone can work out from the URL.
+    mount_remote(&mut m, &url, &probe, &[]);
+    m.unmount_ok();
+    let name = cache_data_file(&probe).file_name().unwrap().to_owned();
+    let victim = m.scratch_path("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    let planted = |cache: &Path, owner: u32, mode: u32| {
+        let folder = cache.join("ztensor-remote");
+        std::fs::create_dir_all(&folder).unwrap();
+        std::os::unix::fs::symlink(&victim, folder.join(&name)).unwrap();
+        std::os::unix::fs::chown(&folder, Some(owner), Some(owner)).unwrap();
+        std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(mode)).unwrap();
+        folder
+    };
+    let cases = [
+        (
+            65534,
+            0o755,
+            "belongs to user 65534, neither this user (0) nor root",
+        ),
+        (0, 0o777, "can be written by every user (mode 777)"),
+        (0, 0o755, "Too many levels of symbolic links"),
+    ];
+    for (i, (owner, mode, why)) in cases.into_iter().enumerate() {
+        let cache = m.scratch_path(&format!("cache-{i}"));
+        let folder = planted(&cache, owner, mode);
+        mount_remote(&mut m, &url, &cache, &[]);
+        for (t, bytes) in &tensors {
+            assert!(m.read(t) == *bytes, "case {i}: {t}");
+        }
+        let log = m.log_text();
+        assert!(log.contains(why), "case {i}: {log}");
+        assert!(log.contains("using a private one"), "case {i}: {log}");
+        m.unmount_ok();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious", "case {i}");
+        let left: Vec<_> = std::fs::read_dir(&folder).unwrap().flatten().collect();
+        assert_eq!(left.len(), 1, "case {i}: {left:?}");
+    }
 }
 
 /// Each format `ztensor-compat` reads, and each kind of sharded set, over

@@ -394,7 +394,10 @@ fn save_record(path: &Path, v: &impl serde::Serialize) {
     // Written whole then renamed: a reader sees the old record or the new.
     let r = (|| -> std::io::Result<()> {
         let dir = path.parent().unwrap_or(Path::new("."));
+        let cache = dir.parent().unwrap_or(Path::new("."));
+        super::shared::trusted(cache).map_err(std::io::Error::other)?;
         std::fs::create_dir_all(dir)?;
+        super::shared::trusted(dir).map_err(std::io::Error::other)?;
         let tmp = tempfile::NamedTempFile::new_in(dir)?;
         serde_json::to_writer(&tmp, v)?;
         tmp.persist(path).map_err(|e| e.error)?;
@@ -408,9 +411,17 @@ fn save_record(path: &Path, v: &impl serde::Serialize) {
     }
 }
 
+/// A record, from a folder whose files may be trusted (see
+/// [`super::shared::trusted`]).
 fn load_record<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
-    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+    let dir = path.parent()?;
+    super::shared::trusted(dir.parent()?).ok()?;
+    super::shared::trusted(dir).ok()?;
+    serde_json::from_slice(&super::read_small(path, RECORD_MAX).ok()?).ok()
 }
+
+/// The most a record holds (a revision's file list; far more than any).
+const RECORD_MAX: u64 = 64 << 20;
 
 /// A file's size and ETag, as the Hub said at resolve.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]

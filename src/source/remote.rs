@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
@@ -895,9 +895,17 @@ impl Cache {
             ));
         }
         let words = blocks.div_ceil(64) as usize;
-        let dir = opts.cache_dir.join("ztensor-remote");
         let io = |what: &str, e: std::io::Error| fail(label, format!("cache: {what}: {e}"));
-        std::fs::create_dir_all(&dir).map_err(|e| io(&format!("{}", dir.display()), e))?;
+        let folder = super::shared::cache_folder(&opts.cache_dir).map_err(|e| {
+            io(
+                &opts.cache_dir.join("ztensor-remote").display().to_string(),
+                e,
+            )
+        })?;
+        let dir = match &folder {
+            Ok(dir) => dir.clone(),
+            Err(_) => opts.cache_dir.join("ztensor-remote"),
+        };
         let pin = pin.unwrap_or_default();
         let h = xxhash_rust::xxh3::xxh3_128(format!("{identity}\0{pin}\0{size}").as_bytes());
         let name = format!("{h:032x}");
@@ -913,23 +921,45 @@ impl Cache {
         if pin.is_empty() {
             return Self::private(opts, label, (size, words), &n, "nothing names its bytes");
         }
+        if let Err(why) = &folder {
+            log::warn!("{label}: the shared cache is not used: {why}");
+            return Self::private(opts, label, (size, words), &n, "its folder is not trusted");
+        }
+        // Not through a link: a link would have the mount write elsewhere.
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&n.data)
-            .map_err(|e| io(&n.data.display().to_string(), e))?;
-        if !file.metadata().is_ok_and(|m| m.is_file()) {
-            return Err(fail(
-                label,
-                format!("cache: {} is not a regular file", n.data.display()),
-            ));
-        }
+            .map_err(|e| format!("{}: {e}", n.data.display()))
+            .and_then(|f| {
+                super::shared::trusted_file(&f)
+                    .map(|()| f)
+                    .map_err(|why| format!("{}: {why}", n.data.display()))
+            });
+        let file = match file {
+            Ok(f) => f,
+            Err(why) => {
+                log::warn!("{label}: the shared cache file is not used: {why}");
+                return Self::private(opts, label, (size, words), &n, "it cannot be trusted");
+            }
+        };
         if flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
-            let c = Self::first(opts, label, size, words, &n, file)?;
-            evict(&n.dir, opts.disk_cache_size, &n.name);
-            return Ok(c);
+            return match Self::first(opts, label, size, words, &n, file) {
+                Ok(c) => {
+                    evict(&n.dir, opts.disk_cache_size, &n.name);
+                    Ok(c)
+                }
+                // Its bitmap or sums cannot be made (a directory in their
+                // place, a folder made immutable): the bytes are fetched
+                // all the same, into a file of this mount's own.
+                Err(e) => {
+                    log::warn!("{e}");
+                    Self::private(opts, label, (size, words), &n, "its files cannot be set up")
+                }
+            };
         }
         // Another mount has it: wait for its setup (its exclusive lock, held
         // for moments), then share. A lock held longer is not a setup (an
@@ -948,7 +978,12 @@ impl Cache {
             std::thread::sleep(Duration::from_millis(10));
         }
         match Self::join(opts, size, words, &n, file) {
-            Ok(c) => Ok(c),
+            Ok(c) => {
+                // Each mount brings the cache within its bound, a second
+                // one of an object as the first did.
+                evict(&n.dir, opts.disk_cache_size, &n.name);
+                Ok(c)
+            }
             Err(e) => Self::private(opts, label, (size, words), &n, &e.to_string()),
         }
     }
@@ -966,11 +1001,12 @@ impl Cache {
         log::info!(
             "{label}: cannot share its cache file with another mount ({why}); using a private one"
         );
-        let file = tempfile::tempfile_in(&n.dir).map_err(|e| io("temporary file", e))?;
+        // In the cache directory itself: `n.dir` may be another user's.
+        let file = tempfile::tempfile_in(&opts.cache_dir).map_err(|e| io("temporary file", e))?;
         file.set_len(size)
             .map_err(|e| io("sizing the cache file", e))?;
         Ok(Cache {
-            path: n.dir.join("(private)"),
+            path: opts.cache_dir.join("(private)"),
             file,
             present: vec![0; words],
             bitmap: None,
@@ -1034,6 +1070,13 @@ impl Cache {
         let from_live = kept.is_some();
         let saved =
             kept.or_else(|| load_bitmap(&n.blocks, opts.block_size, size, words).filter(|_| sized));
+        if saved.is_none()
+            && let Some(why) = not_kept(&n.blocks, &file, opts.block_size, size)
+        {
+            log::info!(
+                "{label}: the cache file's blocks are not kept ({why}); they will be fetched again"
+            );
+        }
         let blocks = size.div_ceil(opts.block_size);
         let sums = Sums::saved(&n.sums, blocks);
         let saved = match (saved, &sums) {
@@ -1130,6 +1173,40 @@ fn load_bitmap(path: &Path, block: u64, size: u64, words: usize) -> Option<Vec<u
             .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
             .collect(),
     )
+}
+
+/// Why the blocks of a cache file that held some are not believed, when
+/// neither bitmap was: its size, or the saved bitmap's layout.
+fn not_kept(blocks: &Path, data: &File, block: u64, size: u64) -> Option<String> {
+    let len = data.metadata().ok()?.len();
+    if len == 0 {
+        return None;
+    }
+    if len != size {
+        return Some(format!(
+            "the cache file is {len} bytes, not the object's {size}"
+        ));
+    }
+    let head = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(blocks)
+        .and_then(|f| {
+            let mut h = [0u8; BITMAP_HEADER as usize];
+            f.read_exact_at(&mut h, 0).map(|()| h)
+        });
+    let Ok(head) = head else {
+        return Some("its saved bitmap is missing or cannot be read".into());
+    };
+    let kept = u64::from_le_bytes(head[8..16].try_into().unwrap_or_default());
+    if &head[..8] == BITMAP_MAGIC && kept != block {
+        Some(format!(
+            "they were cached in blocks of {kept} bytes, and this mount's are {block} \
+             (-o block_size)"
+        ))
+    } else {
+        Some("its saved bitmap is damaged or of another version".into())
+    }
 }
 
 /// Deletes the least recently used cache files (not `keep`, not in use)

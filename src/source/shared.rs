@@ -177,14 +177,14 @@ pub(super) fn read_exact_file(path: &Path, len: u64) -> Option<Vec<u8>> {
 }
 
 /// A new file in `path`'s directory, to be renamed onto `path`, with the
-/// mode a file made by `open` gets (0666 less the umask), not the 0600 of
-/// a temporary file: the mounts of other users with access to the cache
-/// directory share it.
+/// mode a file made by `open` gets (0664 less the umask), not the 0600 of
+/// a temporary file: the mounts of the group's users share it.
 pub(super) fn new_beside(path: &Path) -> io::Result<tempfile::NamedTempFile> {
     use std::os::unix::fs::PermissionsExt;
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = tempfile::NamedTempFile::new_in(dir)?;
-    let mode = 0o666 & !umask();
+    // Never writable by every user, whatever the umask (see `trusted`).
+    let mode = 0o664 & !umask();
     tmp.as_file()
         .set_permissions(std::fs::Permissions::from_mode(mode))?;
     Ok(tmp)
@@ -200,6 +200,79 @@ fn umask() -> u32 {
             u32::from_str_radix(line["Umask:".len()..].trim(), 8).ok()
         })
         .unwrap_or(0o022)
+}
+
+/// The folder of the remote cache under `cache_dir`, `ztensor-remote`,
+/// made when missing (never writable by every user). The outer error: it
+/// cannot be made; the inner one: it is there, but its files are not to
+/// be trusted (see [`trusted`]).
+pub(super) fn cache_folder(cache_dir: &Path) -> io::Result<Result<PathBuf, String>> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = cache_dir.join("ztensor-remote");
+    if std::fs::symlink_metadata(&dir).is_err() {
+        // 0775 less the umask: a group may share it, no other user.
+        match std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o775)
+            .create(&dir)
+        {
+            Ok(()) => {}
+            // Made by another mount meanwhile: checked below as any is.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(trusted(&dir).map(|()| dir))
+}
+
+/// Whether the files in `dir` may be trusted: a folder (not a link to
+/// one) that this process's user or root owns, which users other than
+/// its group cannot write. In a folder any user can write (`/var/tmp`)
+/// another could have made it first, and put in it links or files of
+/// their own that a mount would write through (as root: any file) or
+/// serve bytes from.
+pub(super) fn trusted(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let me = unsafe { libc::geteuid() };
+    if !m.file_type().is_dir() {
+        Err(format!("{} is not a directory", dir.display()))
+    } else if m.uid() != me && m.uid() != 0 {
+        Err(format!(
+            "{} belongs to user {}, neither this user ({me}) nor root, who could change \
+             the files in it",
+            dir.display(),
+            m.uid()
+        ))
+    } else if m.mode() & 0o002 != 0 {
+        Err(format!(
+            "{} can be written by every user (mode {:o})",
+            dir.display(),
+            m.mode() & 0o7777
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// Whether the cache file `f` may be used: a regular file that this
+/// process's user or root owns, which users other than its group cannot
+/// write (see [`trusted`]).
+pub(super) fn trusted_file(f: &File) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = f.metadata().map_err(|e| e.to_string())?;
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let me = unsafe { libc::geteuid() };
+    if !m.is_file() {
+        Err("it is not a regular file".into())
+    } else if m.uid() != me && m.uid() != 0 {
+        Err(format!("it belongs to user {}", m.uid()))
+    } else if m.mode() & 0o002 != 0 {
+        Err("every user can write it".into())
+    } else {
+        Ok(())
+    }
 }
 
 /// A new live bitmap file of `len` bytes starting with `header`, renamed
