@@ -14,5 +14,6 @@ pub mod formats;
 pub mod fuzzing;
 pub mod mount;
 pub mod serve;
+pub mod sigbus;
 pub mod source;
 pub mod views;

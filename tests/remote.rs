@@ -1972,6 +1972,42 @@ fn a_cache_folder_another_user_could_change_is_not_used_and_no_link_is_followed(
     }
 }
 
+/// Another program cutting the shared bitmap or the sums beside the cache
+/// file while mounted (their pages, mapped, vanish): the daemon lives on
+/// and serves the right bytes, fetching again what it can no longer
+/// vouch for.
+#[test]
+fn a_bitmap_or_sums_file_cut_short_while_mounted_costs_fetches_not_the_daemon() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let (tensors, srv, _) = served_model(&py, &m);
+    let url = srv.url("/model.zt");
+    for side in ["live", "sums"] {
+        let fresh = m.scratch_path(&format!("cache-{side}"));
+        mount_remote(&mut m, &url, &fresh, &[]);
+        let (first, bytes) = &tensors[0];
+        assert!(m.read(first) == *bytes, "{side}: {first}");
+        let file = cache_data_file(&fresh).with_extension(side);
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        // The others, not read yet: their blocks are looked up in the
+        // mapping that lost its pages.
+        for (t, bytes) in &tensors {
+            assert!(m.read(t) == *bytes, "{side}, cut: {t}");
+        }
+        assert!(
+            m.stat_u64("remote_requests") > 0,
+            "{side}: the daemon answers"
+        );
+        m.unmount_ok();
+    }
+}
+
 /// Each format `ztensor-compat` reads, and each kind of sharded set, over
 /// HTTP with 64 KiB blocks: the mount equals the local file's, opening
 /// takes a handful of requests, and (where the format has an index) not

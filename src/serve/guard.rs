@@ -8,15 +8,17 @@
 //! absorbed by mapping a zero page there; the access that hit it then fails
 //! the check and returns EIO instead of the zeros.
 //!
-//! The same handler watches the writable mappings of our own spill files
-//! ([`Watched`]): a page of one that fails to come in is blanked and the
-//! spill's writer told, instead of the daemon dying.
+//! The handler is [`crate::sigbus`]'s, which also watches the writable
+//! mappings of our own spill files ([`Watched`]): a page of one that
+//! fails to come in is blanked and the spill's writer told, instead of
+//! the daemon dying.
 
 use super::error::ReadError;
+pub use crate::sigbus::Watched;
+use crate::sigbus::{FileWatch, MAX_FILES};
 use crate::source::FetchKind;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Mutex, OnceLock};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,8 +72,8 @@ pub struct Guard {
     /// Why the file is no longer served, and whether because it changed
     /// (rather than a disk error, or a stat that failed).
     broken: OnceLock<(String, bool)>,
-    /// This file's place in [`FILES`], if one was free.
-    slot: Option<usize>,
+    /// The watch of its mapping, if a slot was free.
+    watch: Option<FileWatch>,
     /// For a remote object's cache file (written as blocks arrive, so its
     /// size and time say nothing): the object, which knows when it changed.
     remote: Option<std::sync::Arc<dyn crate::source::Backing>>,
@@ -90,9 +92,8 @@ impl Guard {
         base: *const u8,
         len: usize,
     ) -> Guard {
-        install_handler();
-        let slot = claim(&FILES, base as usize, len);
-        if slot.is_none() {
+        let watch = FileWatch::new(base, len);
+        if watch.is_none() {
             log::warn!(
                 "{label}: more than {MAX_FILES} files mapped at once: a page of this one that \
                  cannot be read will end the daemon instead of failing its reads"
@@ -104,7 +105,7 @@ impl Guard {
             orig: Stamp::from(opened),
             last: Mutex::new(Stamp::from(opened)),
             broken: OnceLock::new(),
-            slot,
+            watch,
             remote: None,
         }
     }
@@ -198,7 +199,7 @@ impl Guard {
             ),
             // The faulted page now reads as zeros, so nothing is served
             // from here on, whatever the cause.
-            Ok(_) if self.slot.is_some_and(|i| FILES[i].hits.load(SeqCst) > 0) => (
+            Ok(_) if self.watch.as_ref().is_some_and(|w| w.hits() > 0) => (
                 format!(
                     "{}: reading the file through its mapping failed (SIGBUS) while its size and time are unchanged: a disk error, or a change that kept both; refusing to serve its bytes until it is mounted again",
                     self.label
@@ -221,183 +222,6 @@ impl Guard {
             })
             .0
             .clone()
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        if let Some(i) = self.slot {
-            release(&FILES[i]);
-        }
-    }
-}
-
-/// A mapping the SIGBUS handler answers for; `len` 0: a free slot.
-struct Mapping {
-    base: AtomicUsize,
-    len: AtomicUsize,
-    /// SIGBUS absorbed in it.
-    hits: AtomicUsize,
-}
-
-impl Mapping {
-    const fn free() -> Mapping {
-        Mapping {
-            base: AtomicUsize::new(0),
-            len: AtomicUsize::new(0),
-            hits: AtomicUsize::new(0),
-        }
-    }
-}
-
-/// Most served files mapped at once (a model's shards each take one):
-/// as many as a catalog names.
-pub const MAX_FILES: usize = crate::catalog::MAX_SOURCES;
-static FILES: [Mapping; MAX_FILES] = [const { Mapping::free() }; MAX_FILES];
-
-/// Most writable mappings of our own scratch files watched at once.
-pub const MAX_WATCHED: usize = 16;
-static WATCHED: [Mapping; MAX_WATCHED] = [const { Mapping::free() }; MAX_WATCHED];
-/// SIGBUS absorbed in any watched mapping.
-static WATCHED_HITS: AtomicUsize = AtomicUsize::new(0);
-
-/// Takes a free slot of `table` for `[base, base+len)`.
-fn claim(table: &[Mapping], base: usize, len: usize) -> Option<usize> {
-    table.iter().position(|m| {
-        // The base claims the slot; the length, stored last, arms it.
-        if m.base.compare_exchange(0, base, SeqCst, SeqCst).is_ok() {
-            m.hits.store(0, SeqCst);
-            m.len.store(len, SeqCst);
-            true
-        } else {
-            false
-        }
-    })
-}
-
-fn release(m: &Mapping) {
-    m.len.store(0, SeqCst);
-    m.base.store(0, SeqCst);
-}
-
-/// The slot of `table` whose mapping holds `addr`. Async-signal-safe.
-fn holding(table: &[Mapping], addr: usize) -> Option<&Mapping> {
-    table.iter().find(|m| {
-        // The length on both sides of the base: a slot freed and taken
-        // again in between gives a pair that never was, which is skipped.
-        let (l1, b, l2) = (m.len.load(SeqCst), m.base.load(SeqCst), m.len.load(SeqCst));
-        l1 == l2 && l1 != 0 && b != 0 && addr >= b && addr < b + l1
-    })
-}
-
-/// A writable shared mapping of a scratch file of the mount's own (a
-/// spill), watched while this lives: a page of it that cannot be brought
-/// in (an I/O error, a disk that filled under a sparse file) raises SIGBUS,
-/// which the handler absorbs by mapping a blank page there, so the daemon
-/// lives on and the writer learns of it through [`Watched::hit`].
-pub struct Watched {
-    slot: usize,
-    hits_before: usize,
-}
-
-impl Watched {
-    /// Watches `[base, base+len)`; `None` when every slot is taken. Call
-    /// after [`Guard::new`] (which installs the handler), and drop before
-    /// unmapping.
-    pub fn new(base: *mut u8, len: usize) -> Option<Watched> {
-        let hits_before = WATCHED_HITS.load(SeqCst);
-        let slot = claim(&WATCHED, base as usize, len)?;
-        Some(Watched { slot, hits_before })
-    }
-
-    /// Whether a SIGBUS was absorbed in any watched mapping since this one
-    /// began (any: the count is shared, so a hit elsewhere counts here too,
-    /// which errs on the safe side).
-    pub fn hit(&self) -> bool {
-        WATCHED_HITS.load(SeqCst) != self.hits_before
-    }
-}
-
-impl Drop for Watched {
-    fn drop(&mut self) {
-        release(&WATCHED[self.slot]);
-    }
-}
-
-/// Maps a blank page over the page holding `addr`, which must be one that
-/// [`holding`] found in a mapping of ours. Async-signal-safe.
-fn blank_page(addr: usize, prot: libc::c_int) -> bool {
-    let page = PAGE.load(SeqCst);
-    let at = addr & !(page - 1);
-    // SAFETY: both callers pass an address in a registered mapping of ours
-    // that the faulting access is in (so still mapped): MAP_FIXED replaces
-    // that one page. mmap(2) is a bare syscall, safe in a handler.
-    let p = unsafe {
-        libc::mmap(
-            at as *mut libc::c_void,
-            page,
-            prot,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-            -1,
-            0,
-        )
-    };
-    p != libc::MAP_FAILED
-}
-
-/// The page size, read once at install: `sysconf` is not on the list of
-/// calls a signal handler may make.
-static PAGE: AtomicUsize = AtomicUsize::new(4096);
-
-extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
-    // Async-signal-safe work only: atomics and mmap(2); errno as it was.
-    // SAFETY: __errno_location gives this thread's errno, always valid; a
-    // plain load of it (and the store back below) is async-signal-safe.
-    let errno = unsafe { *libc::__errno_location() };
-    // SAFETY: with SA_SIGINFO the kernel passes a valid siginfo_t for the
-    // handler's run; for SIGBUS its si_addr is the faulting address.
-    let addr = unsafe { (*info).si_addr() } as usize;
-    let mine = |hits: &AtomicUsize| {
-        hits.fetch_add(1, SeqCst);
-        // SAFETY: this thread's errno, put back as it was on entry.
-        unsafe { *libc::__errno_location() = errno };
-    };
-    // The watched mappings first: they come and go, and one may since sit
-    // where a mapping that was watched as a file's used to be.
-    if holding(&WATCHED, addr).is_some() && blank_page(addr, libc::PROT_READ | libc::PROT_WRITE) {
-        mine(&WATCHED_HITS);
-        return;
-    }
-    if let Some(m) = holding(&FILES, addr)
-        && blank_page(addr, libc::PROT_READ)
-    {
-        mine(&m.hits);
-        return;
-    }
-    // Not ours: die as SIGBUS would have killed us.
-    // SAFETY: signal(2) and raise(3) are async-signal-safe and pass no
-    // memory; with the default action back, the raise ends the process.
-    unsafe {
-        libc::signal(sig, libc::SIG_DFL);
-        libc::raise(sig);
-    }
-}
-
-fn install_handler() {
-    PAGE.store(
-        // SAFETY: sysconf takes a constant and touches no memory of ours.
-        unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize,
-        SeqCst,
-    );
-    // SAFETY: an all-zero sigaction is valid (no handler, no flags) before
-    // it is filled in; `on_sigbus` has the form SA_SIGINFO calls and does
-    // only async-signal-safe work; the pointers live through the calls.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_sigbus as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER;
-        libc::sigemptyset(&mut sa.sa_mask);
-        libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
     }
 }
 
@@ -494,39 +318,9 @@ mod tests {
         let opened = f.metadata().unwrap();
         let g = Guard::new("f", f, &opened, map.as_ptr(), map.len());
         // What the handler counts for a page the disk could not give.
-        let slot = g.slot.expect("a free slot");
-        FILES[slot].hits.fetch_add(1, SeqCst);
+        g.watch.as_ref().expect("a free slot").count_hit();
         let why = g.check().unwrap_err();
         assert!(why.contains("a disk error"), "{why}");
         assert!(!g.changed(), "a disk error is not a change of the file");
-    }
-
-    #[test]
-    fn a_watched_page_that_cannot_come_in_is_blanked_and_reported() {
-        install_handler();
-        let dir = tempfile::tempdir().unwrap();
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(dir.path().join("spill"))
-            .unwrap();
-        file.set_len(3 * 4096).unwrap();
-        // SAFETY: the file is this test's own; the page its shrinking below
-        // takes away is first touched with write_volatile, under the watch.
-        let mut map = unsafe { memmap2::MmapOptions::new().len(3 * 4096).map_mut(&file) }.unwrap();
-        let w = Watched::new(map.as_mut_ptr(), map.len()).unwrap();
-        map[0] = 1;
-        assert!(!w.hit());
-        file.set_len(4096).unwrap();
-        // Without the watch this write kills the process with SIGBUS.
-        // SAFETY: inside the 3-page map; the page is gone, so the write
-        // faults and the handler maps a blank writable page there first.
-        unsafe { std::ptr::write_volatile(map.as_mut_ptr().add(8192 + 5), 7) };
-        assert!(w.hit());
-        assert_eq!(map[8192 + 5], 7, "the write lands on the blank page");
-        assert_eq!(map[0], 1, "the pages still there are untouched");
-        drop(w);
     }
 }

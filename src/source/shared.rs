@@ -51,6 +51,8 @@ fn header(block: u64, size: u64) -> io::Result<[u8; HEADER]> {
 /// sees them.
 pub struct Live {
     path: PathBuf,
+    /// Before `map`, so dropped before it is unmapped.
+    _watch: Option<crate::sigbus::Watched>,
     map: memmap2::MmapMut,
     words: usize,
 }
@@ -107,11 +109,17 @@ impl Live {
             (f, None)
         };
         // SAFETY: the file is ours to map: sized above (or checked to be)
-        // before any process maps it, and never resized once in place (a
-        // process alone puts a new file in its place instead).
-        let map = unsafe { memmap2::MmapOptions::new().map_mut(&f)? };
+        // before any process maps it, and never resized by us once in
+        // place (a process alone puts a new file in its place instead); a
+        // page another program takes away is blanked by the watch below.
+        let mut map = unsafe { memmap2::MmapOptions::new().map_mut(&f)? };
+        // Another program may still cut it short: a page that goes then
+        // is blanked (its blocks read as missing, fetched again), not the
+        // end of the daemon.
+        let watch = crate::sigbus::Watched::new(map.as_mut_ptr(), map.len());
         let live = Live {
             path: path.to_path_buf(),
+            _watch: watch,
             map,
             words,
         };

@@ -30,6 +30,8 @@ use xxhash_rust::xxh3::Xxh3;
 pub enum Sums {
     Own(Vec<AtomicU64>),
     Shared {
+        /// Before `map`, so dropped before it is unmapped.
+        _watch: Option<crate::sigbus::Watched>,
         map: memmap2::MmapMut,
         file: File,
         blocks: usize,
@@ -83,11 +85,21 @@ impl Sums {
             return Ok(Sums::Own(Vec::new()));
         }
         // SAFETY: the file is sized to `blocks * 8` bytes before any
-        // process maps it and never resized in place (a mount alone puts a
-        // new file in its place instead); its words are only changed
-        // through atomics (see `Deref`).
-        let map = unsafe { memmap2::MmapOptions::new().map_mut(&file)? };
-        Ok(Sums::Shared { map, file, blocks })
+        // process maps it and never resized in place by us (a mount alone
+        // puts a new file in its place instead); a page another program
+        // takes away by cutting it is blanked by the watch below rather
+        // than fault; its words are only changed through atomics.
+        let mut map = unsafe { memmap2::MmapOptions::new().map_mut(&file)? };
+        // Another program may still cut it short: a page that goes then
+        // is blanked (its sums read as 0, their blocks fail their check
+        // and are fetched again), not the end of the daemon.
+        let watch = crate::sigbus::Watched::new(map.as_mut_ptr(), map.len());
+        Ok(Sums::Shared {
+            _watch: watch,
+            map,
+            file,
+            blocks,
+        })
     }
 
     /// Block `b`'s sum, as stored before its bit was set.
