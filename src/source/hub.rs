@@ -394,9 +394,14 @@ fn save_record(path: &Path, v: &impl serde::Serialize) {
     // Written whole then renamed: a reader sees the old record or the new.
     let r = (|| -> std::io::Result<()> {
         let dir = path.parent().unwrap_or(Path::new("."));
-        let cache = dir.parent().unwrap_or(Path::new("."));
-        super::shared::trusted(cache).map_err(std::io::Error::other)?;
-        std::fs::create_dir_all(dir)?;
+        let cache_dir = dir
+            .parent()
+            .and_then(Path::parent)
+            .unwrap_or(Path::new("."));
+        super::shared::cache_folder(cache_dir)?.map_err(std::io::Error::other)?;
+        // 0775 less the umask, as the folder above (see `shared::trusted`).
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o775)
+            .create(dir)?;
         super::shared::trusted(dir).map_err(std::io::Error::other)?;
         let tmp = tempfile::NamedTempFile::new_in(dir)?;
         serde_json::to_writer(&tmp, v)?;
