@@ -240,44 +240,40 @@ pub(super) fn cache_folder(cache_dir: &Path) -> io::Result<Result<PathBuf, Strin
 /// their own that a mount would write through (as root: any file) or
 /// serve bytes from.
 pub(super) fn trusted(dir: &Path) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
     let m = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    // SAFETY: geteuid cannot fail and touches no memory.
-    let me = unsafe { libc::geteuid() };
     if !m.file_type().is_dir() {
-        Err(format!("{} is not a directory", dir.display()))
-    } else if m.uid() != me && m.uid() != 0 {
-        Err(format!(
-            "{} belongs to user {}, neither this user ({me}) nor root, who could change \
-             the files in it",
-            dir.display(),
-            m.uid()
-        ))
-    } else if m.mode() & 0o002 != 0 {
-        Err(format!(
-            "{} can be written by every user (mode {:o})",
-            dir.display(),
-            m.mode() & 0o7777
-        ))
-    } else {
-        Ok(())
+        return Err(format!("{} is not a directory", dir.display()));
     }
+    owners_only(&m).map_err(|why| format!("{} {why}", dir.display()))
 }
 
 /// Whether the cache file `f` may be used: a regular file that this
 /// process's user or root owns, which users other than its group cannot
 /// write (see [`trusted`]).
 pub(super) fn trusted_file(f: &File) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
     let m = f.metadata().map_err(|e| e.to_string())?;
+    if !m.is_file() {
+        return Err("it is not a regular file".into());
+    }
+    owners_only(&m).map_err(|why| format!("it {why}"))
+}
+
+/// Whether only this process's user or root (and a group they chose) can
+/// change what `m` describes; what is wrong, after the thing's name.
+fn owners_only(m: &std::fs::Metadata) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid cannot fail and touches no memory.
     let me = unsafe { libc::geteuid() };
-    if !m.is_file() {
-        Err("it is not a regular file".into())
-    } else if m.uid() != me && m.uid() != 0 {
-        Err(format!("it belongs to user {}", m.uid()))
+    if m.uid() != me && m.uid() != 0 {
+        Err(format!(
+            "belongs to user {}, neither this user ({me}) nor root, who could change it",
+            m.uid()
+        ))
     } else if m.mode() & 0o002 != 0 {
-        Err("every user can write it".into())
+        Err(format!(
+            "can be written by every user (mode {:o})",
+            m.mode() & 0o7777
+        ))
     } else {
         Ok(())
     }
