@@ -467,6 +467,59 @@ fn http_mount_serves_the_local_tree_fetching_the_index_in_few_requests() {
     );
 }
 
+/// `cat` of one tensor of a large object asks for the blocks of that
+/// tensor (and the index), not the blocks read ahead past its end, which
+/// it would never read and would leave in flight as it exits.
+#[test]
+fn cat_of_a_url_fetches_no_block_past_its_tensor() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(m) = scratch_mount() else { return };
+    let files = m.scratch_path("files");
+    std::fs::create_dir(&files).unwrap();
+    let mut w = Writer::create(&files.join("big.zt")).unwrap();
+    let sizes = [("a", 4 * MIB), ("b", 8 * MIB + 100), ("c", 48 * MIB)];
+    let mut want = Vec::new();
+    for (i, (name, n)) in sizes.into_iter().enumerate() {
+        let bytes = support::pattern(1, n, i as u8);
+        w.add(name, DType::Uint8, &[n as u64], &bytes, &Options::default())
+            .unwrap();
+        want.push(bytes);
+    }
+    w.finish().unwrap();
+    let size = std::fs::metadata(files.join("big.zt")).unwrap().len();
+    let srv = Server::range(&py, &files);
+    let cache = m.scratch_path("cat-cache");
+    std::fs::create_dir(&cache).unwrap();
+    let out = Command::new(support::bin())
+        .args(["cat", &srv.url("/big.zt"), "b"])
+        .args(["--cache-dir", cache.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout == want[1], "cat's bytes");
+    // Blocks of 4 MiB (cat's default): b lies in blocks 1..=3; the open
+    // read the index, in the last two (the last holds 438 bytes).
+    let block = 4 * MIB as u64;
+    let last = (size - 1) / block;
+    for (method, _, range) in srv.log() {
+        let Some(r) = range.and_then(|r| r.strip_prefix("bytes=").map(str::to_string)) else {
+            continue;
+        };
+        let (a, b) = r.split_once('-').unwrap();
+        let (a, b): (u64, u64) = (a.parse().unwrap(), b.parse().unwrap());
+        let (first, end) = (a / block, b / block);
+        assert!(
+            end <= 3 || first + 1 >= last,
+            "{method} of bytes {a}-{b} (blocks {first}..={end}) past the tensor"
+        );
+    }
+}
+
 #[test]
 fn two_cold_readers_of_one_block_make_one_request() {
     let _s = support::serial();

@@ -75,6 +75,13 @@ fn cat(
             .ok_or_else(|| format!("{label}: tensor {name:?} has no part {p:?}"))?,
     };
     let nbytes = parts[pi].nbytes;
+    // Reads ahead of this tensor's bytes stop at their end: nothing past
+    // it will be read, and the process ends with whatever is in flight.
+    if let Some(blob) = opened.catalog.blobs.get(parts[pi].blob)
+        && let Some(Some(source)) = opened.sources.get(blob.source)
+    {
+        source.read_ahead_until(blob.offset.saturating_add(blob.len));
+    }
     let opts = DataOptions {
         cache_size: CACHE,
         cache_dir: std::env::temp_dir(),

@@ -124,6 +124,14 @@ impl MappedFile {
         self.backing.is_some()
     }
 
+    /// Reads ahead stop at byte `end` (see [`super::Backing::read_ahead_until`]);
+    /// nothing to do for a local file.
+    pub fn read_ahead_until(&self, end: u64) {
+        if let Some(b) = &self.backing {
+            b.read_ahead_until(end);
+        }
+    }
+
     /// Makes bytes `[off, off+len)` (clipped to the file) present in the
     /// mapping: nothing to do for a local file.
     pub fn ensure(&self, off: u64, len: u64) -> std::result::Result<(), super::FetchError> {

@@ -42,6 +42,10 @@ pub trait Backing: Send + Sync {
     fn broken(&self) -> Option<FetchError>;
     /// The object named `name` beside this one (a shard), opened the same way.
     fn sibling(&self, name: &str) -> crate::error::Result<MappedFile>;
+    /// Reads ahead of a sequential reader stop at byte `end`: a reader
+    /// that will read nothing past it (`cat` of one tensor) is not sent
+    /// blocks it will never ask for.
+    fn read_ahead_until(&self, end: u64);
 }
 
 /// Where and how remote objects are fetched; see [`remote::Options`].

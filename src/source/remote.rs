@@ -637,6 +637,7 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         flights: Mutex::new(HashMap::new()),
         broken: OnceLock::new(),
         next_seq: AtomicU64::new(u64::MAX),
+        ahead_end: AtomicU64::new(u64::MAX),
         advised: AtomicU64::new(0),
         requests: Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS)),
         dirty: AtomicU64::new(0),
@@ -1360,6 +1361,9 @@ pub struct Object {
     broken: OnceLock<FetchError>,
     /// The block after the last one a reader asked for (read-ahead).
     next_seq: AtomicU64,
+    /// Where reads ahead stop (a block number; the object's end unless a
+    /// reader said otherwise, see [`Backing::read_ahead_until`]).
+    ahead_end: AtomicU64,
     /// The block after the last one of the cache file that the kernel was
     /// asked to read ahead for a sequential reader (see [`Object::advise`]).
     advised: AtomicU64,
@@ -2025,6 +2029,10 @@ impl Backing for Object {
         self.broken.get().cloned()
     }
 
+    fn read_ahead_until(&self, end: u64) {
+        self.ahead_end.store(end.div_ceil(self.block), Relaxed);
+    }
+
     fn sibling(&self, name: &str) -> Result<MappedFile> {
         if let Some(repo) = &self.client.hub {
             return super::hub::sibling(repo, &self.url, name);
@@ -2124,7 +2132,9 @@ impl Object {
         if !index && let (Some(&first), Some(&last)) = (wanted.first(), wanted.last()) {
             let seq = self.next_seq.swap(last + 1, Relaxed);
             if first <= seq && seq <= last + 1 {
-                let until = (last + 1 + self.client.opts.read_ahead).min(self.blocks());
+                let until = (last + 1 + self.client.opts.read_ahead)
+                    .min(self.blocks())
+                    .min(self.ahead_end.load(Relaxed));
                 ahead.extend((last + 1..until).filter(|&b| !self.has(b)));
                 self.advise(last + 1..until);
             }
