@@ -399,10 +399,7 @@ fn save_record(path: &Path, v: &impl serde::Serialize) {
             .and_then(Path::parent)
             .unwrap_or(Path::new("."));
         super::shared::cache_folder(cache_dir)?.map_err(std::io::Error::other)?;
-        // 0775 less the umask, as the folder above (see `shared::trusted`).
-        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o775)
-            .create(dir)?;
-        super::shared::trusted(dir).map_err(std::io::Error::other)?;
+        super::shared::made_folder(dir.to_path_buf())?.map_err(std::io::Error::other)?;
         let tmp = tempfile::NamedTempFile::new_in(dir)?;
         serde_json::to_writer(&tmp, v)?;
         tmp.persist(path).map_err(|e| e.error)?;

@@ -1158,11 +1158,7 @@ fn write_bitmap(path: &Path, block: u64, size: u64, words: &[u64]) -> std::io::R
 
 fn load_bitmap(path: &Path, block: u64, size: u64, words: usize) -> Option<Vec<u64>> {
     let b = super::shared::read_exact_file(path, BITMAP_HEADER + words as u64 * 8)?;
-    let head = b.get(..BITMAP_HEADER as usize)?;
-    if &head[..8] != BITMAP_MAGIC
-        || head[8..16] != block.to_le_bytes()
-        || head[16..24] != size.to_le_bytes()
-    {
+    if bitmap_layout(&b)? != (block, size) {
         return None;
     }
     let rest = b.get(BITMAP_HEADER as usize..)?;
@@ -1174,6 +1170,14 @@ fn load_bitmap(path: &Path, block: u64, size: u64, words: usize) -> Option<Vec<u
             .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
             .collect(),
     )
+}
+
+/// The block size and object size a saved bitmap's header names, when it
+/// is one (its magic).
+fn bitmap_layout(b: &[u8]) -> Option<(u64, u64)> {
+    let head = b.get(..BITMAP_HEADER as usize)?;
+    let word = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().unwrap_or_default());
+    (&head[..8] == BITMAP_MAGIC).then(|| (word(8), word(16)))
 }
 
 /// Why the blocks of a cache file that held some are not believed, when
@@ -1199,14 +1203,12 @@ fn not_kept(blocks: &Path, data: &File, block: u64, size: u64) -> Option<String>
     let Ok(head) = head else {
         return Some("its saved bitmap is missing or cannot be read".into());
     };
-    let kept = u64::from_le_bytes(head[8..16].try_into().unwrap_or_default());
-    if &head[..8] == BITMAP_MAGIC && kept != block {
-        Some(format!(
+    match bitmap_layout(&head) {
+        Some((kept, _)) if kept != block => Some(format!(
             "they were cached in blocks of {kept} bytes, and this mount's are {block} \
              (-o block_size)"
-        ))
-    } else {
-        Some("its saved bitmap is damaged or of another version".into())
+        )),
+        _ => Some("its saved bitmap is damaged or of another version".into()),
     }
 }
 

@@ -215,10 +215,15 @@ fn umask() -> u32 {
 /// cannot be made; the inner one: it is there, but its files are not to
 /// be trusted (see [`trusted`]).
 pub(super) fn cache_folder(cache_dir: &Path) -> io::Result<Result<PathBuf, String>> {
+    made_folder(cache_dir.join("ztensor-remote"))
+}
+
+/// The folder `dir`, made when missing (0775 less the umask: a group may
+/// share it, no other user), and whether its files may be trusted (see
+/// [`trusted`]), as [`cache_folder`] says.
+pub(super) fn made_folder(dir: PathBuf) -> io::Result<Result<PathBuf, String>> {
     use std::os::unix::fs::DirBuilderExt;
-    let dir = cache_dir.join("ztensor-remote");
     if std::fs::symlink_metadata(&dir).is_err() {
-        // 0775 less the umask: a group may share it, no other user.
         match std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o775)
