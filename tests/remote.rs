@@ -1958,18 +1958,70 @@ st.save_file({"a": rng.standard_normal((500, 1000)).astype("<f4"),
             .is_fifo()
     );
     m.unmount_ok();
-    // A whole cache remounted with another block size: its blocks are
-    // fetched again, and the log says why.
-    let other = m.scratch_path("cache-2");
-    mount_remote(&mut m, &url, &other, &opts);
-    assert!(m.read(view) == want, "first read");
-    m.unmount_ok();
-    mount_remote(&mut m, &url, &other, &["-o", "block_size=2M"]);
-    assert!(m.read(view) == want, "another block size");
-    let said = "the cache file's blocks are not kept (they were cached in blocks of 1048576 \
-                bytes, and this mount's are 2097152 (-o block_size)); they will be fetched again";
-    assert!(m.log_text().contains(said), "{}", m.log_text());
-    m.unmount_ok();
+}
+
+/// A cache file holds blocks of the size its first mount fetched in: a
+/// mount with another `-o block_size` fetches that object in those (and
+/// says so), beside the mounts using it or alone after them, so nothing
+/// the file has is fetched again.
+#[test]
+fn a_cache_kept_in_other_blocks_is_fetched_in_those_never_again() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut a) = scratch_mount() else { return };
+    let Some(mut b) = scratch_mount() else { return };
+    let script = r#"
+import sys, numpy as np, safetensors.numpy as st
+rng = np.random.default_rng(9)
+st.save_file({"a": rng.standard_normal((500, 1000)).astype("<f4"),
+              "b": rng.standard_normal((1500, 1000)).astype("<f4")},
+             sys.argv[1] + "/model.safetensors")
+"#;
+    let (want, srv, cache) = served_safetensors(&py, &a, script);
+    let url = srv.url("/model.safetensors");
+    let view = ".safetensors/model.safetensors";
+    let said = |block: u64, asked: u64| {
+        format!(
+            "its cache file holds blocks of {block} bytes, so it is fetched in those, not in \
+             -o block_size's {asked} (which applies to objects not in the cache)"
+        )
+    };
+    // In 1 MiB blocks: the header and tensor a.
+    mount_remote(&mut a, &url, &cache, &["-o", "remote_read_ahead=0"]);
+    assert!(a.read("a") == want[want.len() - 8_000_000..want.len() - 6_000_000]);
+    // Beside it, asking for 2 MiB blocks: the rest, in 1 MiB blocks.
+    mount_remote(
+        &mut b,
+        &url,
+        &cache,
+        &["-o", "remote_read_ahead=0,block_size=2M"],
+    );
+    assert!(b.read(view) == want, "a mount beside it");
+    let fetched = a.stat_u64("remote_fetched_bytes") + b.stat_u64("remote_fetched_bytes");
+    assert_eq!(fetched, want.len() as u64, "each byte fetched once");
+    assert!(
+        b.log_text().contains(&said(1 << 20, 2 << 20)),
+        "{}",
+        b.log_text()
+    );
+    b.unmount_ok();
+    a.unmount_ok();
+    // Alone after them (the live bitmap), then after a reboot (the saved
+    // one: the live bitmap gone), asking for 4 MiB blocks.
+    for case in ["remount", "saved bitmap"] {
+        if case == "saved bitmap" {
+            std::fs::remove_file(cache_data_file(&cache).with_extension("live")).unwrap();
+        }
+        mount_remote(&mut a, &url, &cache, &["-o", "block_size=4M"]);
+        assert!(a.read(view) == want, "{case}");
+        assert_eq!(a.stat_u64("remote_fetched_bytes"), 0, "{case}");
+        assert!(
+            a.log_text().contains(&said(1 << 20, 4 << 20)),
+            "{case}: {}",
+            a.log_text()
+        );
+        a.unmount_ok();
+    }
 }
 
 /// The cache's folder under a --cache-dir any user can write (/var/tmp)

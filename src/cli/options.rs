@@ -181,7 +181,7 @@ pub fn apply_o(s: &mut Settings, list: &str) -> Result<(), String> {
                 let v = need()?;
                 s.remote.block_size = parse_size(v)
                     .ok()
-                    .filter(|n| (64 << 10..=256 << 20).contains(n) && n.is_multiple_of(64 << 10))
+                    .filter(|&n| crate::source::remote::block_size_allowed(n))
                     .ok_or_else(|| {
                         format!("-o block_size={v}: must be a multiple of 64K from 64K to 256M")
                     })?;

@@ -610,6 +610,14 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         false => label.clone(),
     };
     let cache = Cache::open(opts, (&label, &identity), pin.as_deref(), meta.size)?;
+    if cache.block != opts.block_size {
+        log::info!(
+            "{label}: its cache file holds blocks of {} bytes, so it is fetched in those, not \
+             in -o block_size's {} (which applies to objects not in the cache)",
+            cache.block,
+            opts.block_size
+        );
+    }
     let words = cache.present.len();
     let present = match cache.live {
         Some(live) => Bits::Shared(live),
@@ -626,7 +634,7 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         etag_on_gets: by_get && meta.e_tag.is_some(),
         version: meta.version.clone(),
         modified,
-        block: opts.block_size,
+        block: cache.block,
         file: cache.file.try_clone().ok(),
         present,
         bitmap: cache.bitmap.map(Mutex::new),
@@ -831,6 +839,9 @@ struct Cache {
     sums: Sums,
     /// What its name is made from, as a number: seeds its blocks' sums.
     key: u64,
+    /// Bytes per block: `-o block_size`, or the size of the blocks the
+    /// shared cache file already holds (see [`kept_block`]).
+    block: u64,
 }
 
 /// The most blocks an object's cache tracks: its table (a sum of 8 bytes
@@ -948,7 +959,7 @@ impl Cache {
             }
         };
         if flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
-            return match Self::first(opts, label, size, words, &n, file) {
+            return match Self::first(opts, label, size, &n, file) {
                 Ok(c) => {
                     evict(&n.dir, opts.disk_cache_size, &n.name);
                     Ok(c)
@@ -978,7 +989,7 @@ impl Cache {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        match Self::join(opts, size, words, &n, file) {
+        match Self::join(opts, size, &n, file) {
             Ok(c) => {
                 // Each mount brings the cache within its bound, a second
                 // one of an object as the first did.
@@ -1014,28 +1025,28 @@ impl Cache {
             live: None,
             sums: Sums::own(size.div_ceil(opts.block_size)),
             key: n.key,
+            block: opts.block_size,
         })
     }
 
     /// Joins the mounts that have the cache file open: its size and live
     /// bitmap are theirs.
-    fn join(
-        opts: &Options,
-        size: u64,
-        words: usize,
-        n: &Names,
-        file: File,
-    ) -> std::io::Result<Cache> {
+    /// Fetches in the blocks they fetch in, whatever `-o block_size`.
+    fn join(opts: &Options, size: u64, n: &Names, file: File) -> std::io::Result<Cache> {
         if file.metadata()?.len() != size {
             return Err(std::io::Error::other("the cache file has another size"));
         }
-        let (live, _) = Live::open(&n.live, opts.block_size, size, words, false)?;
+        let block = super::shared::live_layout(&n.live)
+            .filter(|&(block, s, _)| s == size && valid_block(block, size))
+            .map_or(opts.block_size, |(block, ..)| block);
+        let words = size.div_ceil(block).div_ceil(64) as usize;
+        let (live, _) = Live::open(&n.live, block, size, words, false)?;
         let present = live.iter().map(|w| w.load(Acquire)).collect();
         let bitmap = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(&n.blocks)?;
-        let sums = Sums::join(&n.sums, size.div_ceil(opts.block_size))?;
+        let sums = Sums::join(&n.sums, size.div_ceil(block))?;
         Ok(Cache {
             path: n.data.clone(),
             file,
@@ -1044,6 +1055,7 @@ impl Cache {
             live: Some(live),
             sums,
             key: n.key,
+            block,
         })
     }
 
@@ -1051,17 +1063,12 @@ impl Cache {
     /// present is what the live bitmap says when it is of this boot (a
     /// mount killed with SIGKILL loses nothing it had fetched), else what
     /// the durable one says; blocks that are holes are not believed.
-    fn first(
-        opts: &Options,
-        label: &str,
-        size: u64,
-        words: usize,
-        n: &Names,
-        file: File,
-    ) -> Result<Cache> {
+    fn first(opts: &Options, label: &str, size: u64, n: &Names, file: File) -> Result<Cache> {
+        let block = kept_block(n, size).unwrap_or(opts.block_size);
+        let words = size.div_ceil(block).div_ceil(64) as usize;
         let io = |what: &str, e: std::io::Error| fail(label, format!("cache: {what}: {e}"));
         let sized = file.metadata().is_ok_and(|m| m.len() == size);
-        let (live, kept) = match Live::open(&n.live, opts.block_size, size, words, true) {
+        let (live, kept) = match Live::open(&n.live, block, size, words, true) {
             Ok((l, kept)) => (Some(l), kept.filter(|_| sized)),
             Err(e) => {
                 log::warn!("{label}: the cache cannot be shared with other mounts: {e}");
@@ -1069,16 +1076,15 @@ impl Cache {
             }
         };
         let from_live = kept.is_some();
-        let saved =
-            kept.or_else(|| load_bitmap(&n.blocks, opts.block_size, size, words).filter(|_| sized));
+        let saved = kept.or_else(|| load_bitmap(&n.blocks, block, size, words).filter(|_| sized));
         if saved.is_none()
-            && let Some(why) = not_kept(&n.blocks, &file, opts.block_size, size)
+            && let Some(why) = not_kept(&n.blocks, &file, block, size)
         {
             log::info!(
                 "{label}: the cache file's blocks are not kept ({why}); they will be fetched again"
             );
         }
-        let blocks = size.div_ceil(opts.block_size);
+        let blocks = size.div_ceil(block);
         let sums = Sums::saved(&n.sums, blocks);
         let saved = match (saved, &sums) {
             (Some(bits), None) if bits.iter().any(|&w| w != 0) => {
@@ -1093,7 +1099,7 @@ impl Cache {
         let kept_sums = saved.as_ref().and(sums);
         let present = match saved {
             Some(mut bits) => {
-                let dropped = drop_holes(&file, &mut bits, opts.block_size, size);
+                let dropped = drop_holes(&file, &mut bits, block, size);
                 if dropped > 0 {
                     log::warn!(
                         "{label}: the cache's bitmap claimed {dropped} blocks whose bytes are \
@@ -1122,7 +1128,7 @@ impl Cache {
         }
         let sums = Sums::first(&n.sums, blocks, kept_sums)
             .map_err(|e| io(&n.sums.display().to_string(), e))?;
-        let bitmap = write_bitmap(&n.blocks, opts.block_size, size, &present)
+        let bitmap = write_bitmap(&n.blocks, block, size, &present)
             .map_err(|e| io(&n.blocks.display().to_string(), e))?;
         // Setup done: other mounts may join.
         flock(&file, libc::LOCK_SH);
@@ -1134,6 +1140,7 @@ impl Cache {
             live,
             sums,
             key: n.key,
+            block,
         })
     }
 }
@@ -1192,24 +1199,53 @@ fn not_kept(blocks: &Path, data: &File, block: u64, size: u64) -> Option<String>
             "the cache file is {len} bytes, not the object's {size}"
         ));
     }
-    let head = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(blocks)
-        .and_then(|f| {
-            let mut h = [0u8; BITMAP_HEADER as usize];
-            f.read_exact_at(&mut h, 0).map(|()| h)
-        });
-    let Ok(head) = head else {
+    let Some(head) = super::shared::read_head::<{ BITMAP_HEADER as usize }>(blocks) else {
         return Some("its saved bitmap is missing or cannot be read".into());
     };
     match bitmap_layout(&head) {
-        Some((kept, _)) if kept != block => Some(format!(
-            "they were cached in blocks of {kept} bytes, and this mount's are {block} \
-             (-o block_size)"
-        )),
+        // Blocks of another size are fetched in that size (kept_block):
+        // this bitmap claimed none.
+        Some((kept, s)) if kept != block && s == size && valid_block(kept, size) => None,
         _ => Some("its saved bitmap is damaged or of another version".into()),
     }
+}
+
+/// The size of the blocks an object's cache file holds, when its live
+/// bitmap (of this boot) or its saved one is of this object's size and
+/// claims a block. A mount fetches that object in those blocks, whatever
+/// its `-o block_size`: a remount, or a mount beside others, then fetches
+/// nothing the file has. (Sums and bitmaps are per block: converting a
+/// cache to another block size would read it all again to check it.)
+fn kept_block(n: &Names, size: u64) -> Option<u64> {
+    let live = super::shared::live_layout(&n.live);
+    if let Some((block, s, any)) = live
+        && s == size
+        && valid_block(block, size)
+    {
+        return any.then_some(block);
+    }
+    let head = super::shared::read_head::<{ BITMAP_HEADER as usize }>(&n.blocks)?;
+    let (block, s) = bitmap_layout(&head)?;
+    if s != size || !valid_block(block, size) {
+        return None;
+    }
+    let words = size.div_ceil(block).div_ceil(64);
+    let saved = super::shared::read_exact_file(&n.blocks, BITMAP_HEADER + words * 8)?;
+    saved[BITMAP_HEADER as usize..]
+        .iter()
+        .any(|&b| b != 0)
+        .then_some(block)
+}
+
+/// Whether `-o block_size` may be `block`: a multiple of 64 KiB (so of
+/// any page size) from 64 KiB to 256 MiB.
+pub fn block_size_allowed(block: u64) -> bool {
+    (64 << 10..=256 << 20).contains(&block) && block.is_multiple_of(64 << 10)
+}
+
+/// Whether an object of `size` bytes may be cached in blocks of `block`.
+fn valid_block(block: u64, size: u64) -> bool {
+    block_size_allowed(block) && size.div_ceil(block) <= MAX_BLOCKS
 }
 
 /// Deletes the least recently used cache files (not `keep`, not in use)

@@ -47,6 +47,25 @@ fn header(block: u64, size: u64) -> io::Result<[u8; HEADER]> {
     Ok(h)
 }
 
+/// The block size and object size the live bitmap at `path` was made
+/// for, and whether it marks any block present, when it is a whole one
+/// of this boot (its words are believed only then).
+pub fn live_layout(path: &Path) -> Option<(u64, u64, bool)> {
+    let head: [u8; HEADER] = read_head(path)?;
+    let now = header(0, 0).ok()?;
+    if head[..44] != now[..44] {
+        return None;
+    }
+    let word = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().unwrap_or_default());
+    let (block, size) = (word(44), word(52));
+    if block == 0 {
+        return None;
+    }
+    let words = size.div_ceil(block).div_ceil(64);
+    let whole = read_exact_file(path, (HEADER as u64).checked_add(words.checked_mul(8)?)?)?;
+    Some((block, size, whole[HEADER..].iter().any(|&b| b != 0)))
+}
+
 /// The blocks present in one cache file, as every process mapping it
 /// sees them.
 pub struct Live {
@@ -182,6 +201,20 @@ pub(super) fn read_exact_file(path: &Path, len: u64) -> Option<Vec<u8>> {
     let mut b = vec![0u8; usize::try_from(len).ok()?];
     f.read_exact_at(&mut b, 0).ok()?;
     Some(b)
+}
+
+/// The first `N` bytes of the file at `path`, not through a link (nor
+/// blocking on a FIFO).
+pub(super) fn read_head<const N: usize>(path: &Path) -> Option<[u8; N]> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let mut head = [0u8; N];
+    f.read_exact_at(&mut head, 0).ok()?;
+    Some(head)
 }
 
 /// A new file in `path`'s directory, to be renamed onto `path`, with the
