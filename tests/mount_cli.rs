@@ -201,6 +201,23 @@ fn unusable_cache_dir_or_log_file_fails_clearly() {
         );
         assert_not_mounted(&m, "bad cache dir");
     }
+    // The mountpoint, or a folder in it: hidden by the mount, which would
+    // wait on itself for every file made there.
+    let inside = m.mp.join("sub");
+    std::fs::create_dir(&inside).unwrap();
+    for dir in [m.mp.clone(), inside.clone()] {
+        let r = m.run(&zt, &["--cache-dir", dir.to_str().unwrap()]);
+        let err = assert_clean_failure(&r, "cache dir in the mountpoint");
+        let said = format!(
+            "ztensor-mount: cache directory {} is inside the mountpoint {}, which the mount \
+             hides (choose another with --cache-dir)",
+            dir.display(),
+            m.mp.display()
+        );
+        assert_eq!(err, said);
+        assert_not_mounted(&m, "cache dir in the mountpoint");
+    }
+    std::fs::remove_dir(&inside).unwrap();
     // The same through -o.
     let r = m.run(&zt, &["-o", &format!("cache_dir={}", missing.display())]);
     assert!(assert_clean_failure(&r, "-o cache_dir").contains("cache directory"));

@@ -61,6 +61,18 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
+    // Files made there once mounted would be asked of this very mount,
+    // whose workers would wait on themselves.
+    if let Ok(dir) = std::fs::canonicalize(&s.cache_dir)
+        && dir.starts_with(&mountpoint)
+    {
+        return fail(format!(
+            "cache directory {} is inside the mountpoint {}, which the mount hides ({})",
+            dir.display(),
+            mountpoint.display(),
+            super::CHOOSE_CACHE_DIR
+        ));
+    }
     if std::fs::read_dir(&mountpoint).is_ok_and(|mut d| d.next().is_some()) {
         eprintln!(
             "ztensor-mount: warning: {} is not empty; its contents are hidden while mounted",
