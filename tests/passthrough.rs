@@ -436,6 +436,41 @@ fn a_source_rewritten_in_place_is_not_passed_through_again() {
     m.unmount_ok();
 }
 
+/// A decoded tensor's backing file holds checked bytes, yet once the
+/// daemon has seen its source change, an open of it fails as every read
+/// of that source does (its bytes may have come from a change the times
+/// did not show); an open made before reads on.
+#[test]
+fn a_decoded_backing_file_is_not_opened_once_its_source_is_seen_changed() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("z.zt");
+    let tensors = write_zstd(&src, &["z"], 3 << 20);
+    m.mount(&src, &[]);
+    let want = &tensors[0].1;
+    assert_eq!(&m.read("z"), want);
+    m.settled();
+    assert_eq!(m.stat_u64("backing_files"), 1, "{}", m.stats());
+    let held = std::fs::File::open(m.path("z")).unwrap();
+    let opens = m.stat_u64("passthrough_opens");
+    assert_eq!(opens, 1, "{}", m.stats());
+    // The last byte of the file (its index), its mtime put back.
+    rewrite_keeping_mtime(&src, std::fs::metadata(&src).unwrap().len() - 1);
+    let e = std::fs::read(m.path("raw")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+    let e = std::fs::File::open(m.path("z")).map(|_| ()).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+    assert_eq!(m.stat_u64("passthrough_opens"), opens);
+    use std::os::unix::fs::FileExt;
+    let mut b = vec![0u8; want.len()];
+    held.read_exact_at(&mut b, 0).unwrap();
+    assert!(&b == want, "the open made before");
+    drop(held);
+    m.unmount_ok();
+}
+
 fn open_to_all(p: &Path, mode: u32) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
 }

@@ -634,6 +634,10 @@ impl TensorFs {
         if let Some((tensor, part, _)) = self.clonable(c) {
             return self.cloned_backing(c, tensor, part);
         }
+        // A decoded file holds checked bytes, but once the source is seen
+        // changed no read of it is served (its bytes may have been read
+        // in a change the times did not show): nor is an open of it.
+        self.sources_unchanged(c)?;
         if let Some(b) = self.backings.ready_or_wait(c) {
             return Ok(Some(b));
         }
