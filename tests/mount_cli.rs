@@ -506,6 +506,31 @@ fn dash_u_unmounts_and_rejects_what_is_not_mounted() {
         Duration::from_secs(10),
     );
     assert_clean_failure(&r, "-u of a missing path");
+    // Another kind of mount (as root, umount2 would take it): left alone.
+    let tmp = m.scratch_path("tmpfs");
+    std::fs::create_dir(&tmp).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(&tmp)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    let r = support::run_with_timeout(
+        Command::new(bin()).arg("-u").arg(&tmp),
+        Duration::from_secs(10),
+    );
+    let still = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .contains(&format!(" {} ", tmp.display()));
+    let _ = Command::new("umount").arg(&tmp).status();
+    let err = assert_clean_failure(&r, "-u of a tmpfs");
+    let said = format!(
+        "ztensor-mount: cannot unmount {}: it is a tmpfs mount, not a FUSE one (unmount it \
+         with umount)",
+        tmp.display()
+    );
+    assert_eq!(err, said);
+    assert!(still, "-u unmounted a tmpfs");
 }
 
 #[test]

@@ -847,13 +847,29 @@ fn abort_and_exit(mp: &Path, dev: Option<&str>) -> ! {
     std::process::exit(0);
 }
 
-/// umount2, or fusermount3 for users without CAP_SYS_ADMIN.
+/// The type of the mount on `mp` when it is not a FUSE one, which `-u`
+/// leaves alone (as root, umount2 would unmount anything). Its folder is
+/// resolved, not the mount itself: a stat of it could wait on a daemon
+/// that does not answer.
+fn other_than_fuse(mp: &Path) -> Option<String> {
+    let abs = std::path::absolute(mp).ok()?;
+    let real = std::fs::canonicalize(abs.parent()?)
+        .ok()?
+        .join(abs.file_name()?);
+    let (_, fstype) = mount_at(&real)?;
+    let fuse = fstype == "fuse" || fstype == "fuseblk" || fstype.starts_with("fuse.");
+    (!fuse).then_some(fstype)
+}
+
+/// umount2, or fusermount3 for users without CAP_SYS_ADMIN. A link in
+/// the mountpoint's place is not followed (`-u` checked what is there).
 fn umount(mp: &Path, lazy: bool) -> std::io::Result<()> {
     let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes())
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
     // SAFETY: `c` is a NUL-ended path that lives through the call, which
     // only reads it.
-    if unsafe { libc::umount2(c.as_ptr(), if lazy { libc::MNT_DETACH } else { 0 }) } == 0 {
+    let flags = libc::UMOUNT_NOFOLLOW | if lazy { libc::MNT_DETACH } else { 0 };
+    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
         return Ok(());
     }
     let e = std::io::Error::last_os_error();
@@ -904,6 +920,12 @@ fn umount(mp: &Path, lazy: bool) -> std::io::Result<()> {
 /// `ztensor-mount -u [-z] MOUNTPOINT`: unmounts, also a mount whose
 /// daemon died; `-z` (`--lazy`) detaches a busy one.
 pub fn unmount(mountpoint: &Path, lazy: bool) -> ExitCode {
+    if let Some(fstype) = other_than_fuse(mountpoint) {
+        return fail(format!(
+            "cannot unmount {}: it is a {fstype} mount, not a FUSE one (unmount it with umount)",
+            mountpoint.display()
+        ));
+    }
     match umount(mountpoint, lazy) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
