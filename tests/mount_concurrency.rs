@@ -610,9 +610,20 @@ fn a_spill_that_does_not_fit_fails_until_there_is_room() {
     let dir_arg = dir.to_str().unwrap().to_string();
     // Direct I/O: the kernel sends no read-ahead of its own, which could
     // reach the daemon after the resize below and spill `damaged` early.
+    // The bound spills share with backing files set past the room the
+    // directory will have: its room is what is tested (by default the
+    // bound is half of what was free at mount).
     m.mount(
         &zt,
-        &["--cache-size", "1M", "--cache-dir", &dir_arg, "--direct-io"],
+        &[
+            "--cache-size",
+            "1M",
+            "--cache-dir",
+            &dir_arg,
+            "--direct-io",
+            "--decoded-cache-size",
+            "8M",
+        ],
     );
     let e = std::fs::read(m.path("big")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
@@ -644,9 +655,9 @@ fn a_spill_that_does_not_fit_fails_until_there_is_room() {
 #[test]
 fn finished_spills_nobody_reads_make_room_for_new_ones() {
     // Five 3 MiB single-frame tensors, a 1 MiB cache, a 10 MiB tmpfs for
-    // spills: each spill may take 3/4 of what is free, so kept for good
-    // they would run the directory out of room by the third; idle ones go
-    // instead, and every tensor reads right, twice.
+    // spills: the spills held may take half of it (--decoded-cache-size's
+    // default), so kept for good they would pass it by the second; idle
+    // ones go instead, and every tensor reads right, twice.
     let mut ts = one_frame_tensors(5, 60, 3 * MIB);
     // Too big for the directory even empty: it takes no spill from others.
     ts.push(T {

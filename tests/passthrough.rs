@@ -967,6 +967,84 @@ fn backing_files_stay_within_the_descriptors_the_daemon_may_hold() {
     m.unmount_ok();
 }
 
+/// Bytes of disk the daemon's files under `dir` take (unlinked ones
+/// too), through its descriptors.
+fn disk_held_under(pid: i32, dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.starts_with(dir)))
+        .filter_map(|e| std::fs::metadata(e.path()).ok())
+        .map(|m| m.blocks() * 512)
+        .sum()
+}
+
+/// Spills (tensors decoded to disk, too big for the cache) and backing
+/// files share `--decoded-cache-size`: tensors read one after another
+/// keep at most that much of `--cache-dir`, each served whole and right;
+/// one bigger than the bound fails with ENOSPC, saying so.
+#[test]
+fn spills_and_backing_files_stay_within_the_decoded_cache_size() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("z.zt");
+    let mut w = Writer::create(&src).unwrap();
+    let one_frame = Options {
+        compression: Compression::Zstd {
+            level: 3,
+            frame_size: 0,
+        },
+        ..Options::default()
+    };
+    let mut tensors = Vec::new();
+    for i in 0..8u64 {
+        let want = support::compressible(i + 1, 4 << 20);
+        let name = format!("t{i}");
+        w.add(&name, DType::Float32, &[1 << 20], &want, &one_frame)
+            .unwrap();
+        tensors.push((name, want));
+    }
+    let big = support::compressible(20, 12 << 20);
+    w.add("big", DType::Float32, &[3 << 20], &big, &one_frame)
+        .unwrap();
+    w.finish().unwrap();
+    let cache = m.scratch_path("cache");
+    std::fs::create_dir(&cache).unwrap();
+    let opts = [
+        "--cache-size",
+        "2M",
+        "--decoded-cache-size",
+        "10M",
+        "--cache-dir",
+    ];
+    let mut args = opts.to_vec();
+    args.push(cache.to_str().unwrap());
+    m.mount(&src, &args);
+    let pid = m.pid.expect("daemon pid");
+    let mut peak = 0;
+    for (name, want) in &tensors {
+        assert!(m.read(name) == *want, "{name}");
+        m.settled();
+        peak = peak.max(disk_held_under(pid, &cache));
+    }
+    assert!(
+        peak <= 10 << 20,
+        "{peak} bytes of decoded files: {}",
+        m.stats()
+    );
+    assert!(m.stat_u64("spill_evictions") >= 5, "{}", m.stats());
+    // Read again: spilled anew, right.
+    assert!(m.read("t0") == tensors[0].1);
+    let e = std::fs::read(m.path("big")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    let said = "12582912 decoded bytes do not fit in --decoded-cache-size (10485760 bytes";
+    assert!(m.log_text().contains(said), "{}", m.log_text());
+    m.unmount_ok();
+}
+
 #[test]
 fn an_open_while_its_backing_file_is_filled_reads_what_the_first_read_wrote() {
     let _s = support::serial();

@@ -85,6 +85,12 @@ pub enum Origin {
 /// What a backing file keeps alive besides itself (the spill it is).
 pub type Holds = Option<Arc<dyn std::any::Any + Send + Sync>>;
 
+/// What a filled file of `len` bytes counts against `--decoded-cache-size`:
+/// nothing for a spill's file (`holds`), which its spill counts.
+fn charge_of(len: u64, holds: &Holds) -> u64 {
+    if holds.is_some() { 0 } else { len }
+}
+
 /// A complete file whose bytes are an exposed file's, at the same offsets.
 pub struct Backing {
     file: File,
@@ -93,6 +99,8 @@ pub struct Backing {
     /// free no disk.
     _holds: Holds,
     len: u64,
+    /// Its bytes in [`Inner::filled`].
+    charged: u64,
     origin: Origin,
     /// Opens that the kernel serves from it now.
     opens: AtomicUsize,
@@ -118,10 +126,15 @@ impl Backing {
     /// clock). All but a clone are resident from the start (see
     /// [`Backing::resident`]).
     fn new(file: File, holds: Holds, len: u64, origin: Origin, used: u64) -> Backing {
+        let charged = match origin {
+            Origin::Filled => charge_of(len, &holds),
+            _ => 0,
+        };
         Backing {
             file,
             _holds: holds,
             len,
+            charged,
             origin,
             opens: AtomicUsize::new(0),
             used: AtomicU64::new(used),
@@ -500,7 +513,7 @@ fn ready_filled(inner: &Inner) -> u64 {
         .slots
         .values()
         .map(|s| match s {
-            Slot::Ready(b) if b.origin == Origin::Filled => b.len,
+            Slot::Ready(b) if b.origin == Origin::Filled => b.charged,
             _ => 0,
         })
         .sum()
@@ -571,10 +584,16 @@ pub struct Backings {
     published: Condvar,
     clock: AtomicU64,
     stats: Arc<Stats>,
+    /// The bound filled files share with spills (`--decoded-cache-size`).
+    disk: Arc<crate::serve::decoded_disk::DecodedDisk>,
 }
 
 impl Backings {
-    pub fn new(opts: BackingOptions, stats: Arc<Stats>) -> Backings {
+    pub fn new(
+        opts: BackingOptions,
+        stats: Arc<Stats>,
+        disk: Arc<crate::serve::decoded_disk::DecodedDisk>,
+    ) -> Backings {
         if opts.enabled && on_tmpfs(&opts.dir) {
             log::warn!(
                 "{} is on tmpfs: decoded backing files there hold memory that cannot be \
@@ -598,6 +617,7 @@ impl Backings {
             published: Condvar::new(),
             clock: AtomicU64::new(0),
             stats,
+            disk,
         }
     }
 
@@ -912,12 +932,16 @@ impl Backings {
                 None => false,
                 Some(_) => return false,
             };
-            if !writing {
-                if !self.make_room(&mut inner, len) {
+            let charge = charge_of(len, &holds);
+            if writing {
+                inner.filled -= len - charge;
+            } else {
+                if !self.make_room(&mut inner, charge) {
                     return false;
                 }
-                inner.filled += len;
+                inner.filled += charge;
             }
+            self.disk.set_filled(inner.filled);
             inner.slots.insert(key.clone(), Slot::Filling(Some(p)));
         }
         Stats::add(&self.stats.backing_decoded, 1);
@@ -954,6 +978,7 @@ impl Backings {
         // that fills side by side leave the directory its free quarter.
         let pending = inner.filled.saturating_sub(ready_filled(&inner));
         inner.filled += len;
+        self.disk.set_filled(inner.filled);
         inner.slots.insert(key.clone(), Slot::Filling(None));
         drop(inner);
         if let Err(why) = crate::serve::spill::room(&self.opts.dir, len + pending) {
@@ -1035,7 +1060,8 @@ impl Backings {
     /// for the bytes, filled or cloned ones for the count. False when they
     /// cannot.
     fn make_room(&self, inner: &mut Inner, len: u64) -> bool {
-        while inner.filled + len > self.opts.limit {
+        // Spills share the bound; the data layer drops its idle ones.
+        while inner.filled + self.disk.spills() + len > self.opts.limit {
             if !self.evict_one(inner, false) {
                 return false;
             }
@@ -1075,13 +1101,14 @@ impl Backings {
                 _ => None,
             })
             .min_by_key(|&(_, used, _)| used)
-            .map(|(key, _, b)| (key.clone(), b.origin, b.len));
-        let Some((key, origin, len)) = victim else {
+            .map(|(key, _, b)| (key.clone(), b.origin, b.len, b.charged));
+        let Some((key, origin, len, charged)) = victim else {
             return false;
         };
         inner.slots.remove(&key);
         if origin == Origin::Filled {
-            inner.filled -= len;
+            inner.filled -= charged;
+            self.disk.set_filled(inner.filled);
         }
         Stats::add(&self.stats.backing_evictions, 1);
         log::debug!("dropped the {len}-byte backing file of {key:?} to make room");
@@ -1104,6 +1131,7 @@ impl Backings {
         let mut inner = lock(&self.inner);
         inner.slots.remove(key);
         inner.filled -= len;
+        self.disk.set_filled(inner.filled);
         self.published.notify_all();
     }
 
@@ -1184,7 +1212,7 @@ impl Backings {
             Ok(n) => n,
             Err(why) => {
                 log::debug!("{key:?} stays served by the daemon: {why}");
-                self.forget(&key, len);
+                self.forget(&key, charge_of(len, &holds));
                 return;
             }
         };
@@ -1462,7 +1490,7 @@ mod tests {
             dir: dir.path().to_path_buf(),
             limit: u64::MAX,
         };
-        let b = Backings::new(opts, Arc::new(Stats::default()));
+        let b = Backings::new(opts, Arc::new(Stats::default()), Arc::default());
         let key = |tensor| Content::Part { tensor, part: 0 };
         assert!(b.reserve(&key(0), len).is_some());
         assert!(b.reserve(&key(1), len).is_none());
@@ -1478,7 +1506,7 @@ mod tests {
             dir: dir.path().to_path_buf(),
             limit: u64::MAX,
         };
-        let b = Backings::new(opts, Arc::new(Stats::default()));
+        let b = Backings::new(opts, Arc::new(Stats::default()), Arc::default());
         b.set_max_files(2);
         let key = |tensor| Content::Part { tensor, part: 0 };
         for t in 0..2 {

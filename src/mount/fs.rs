@@ -212,7 +212,9 @@ impl TensorFs {
         let sizes = (0..tree.main_len()).map(|_| OnceLock::new()).collect();
         let stats = Arc::new(Stats::default());
         let data = Data::new(catalog, files, opts.data, stats.clone())?;
-        let backings = Arc::new(Backings::new(opts.backing, stats));
+        let disk = data.decoded_disk();
+        disk.set_limit(opts.backing.limit);
+        let backings = Arc::new(Backings::new(opts.backing, stats, disk));
         // A spill that does not fit may take the disk of filled backing
         // files no open holds: both live in `--cache-dir`.
         let weak = Arc::downgrade(&backings);
@@ -459,6 +461,7 @@ impl TensorFs {
                 let (filled, filling) = self.backings.gauges();
                 let more = [
                     ("backing_bytes_now", filled),
+                    ("spill_bytes_now", self.data.decoded_disk().spills()),
                     ("backing_filling", filling),
                     ("backing_warming", self.backings.warming()),
                     ("open_files_served", served),

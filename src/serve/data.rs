@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use super::cache::{Buf, Cache};
+use super::decoded_disk::SpillCharge;
 use super::error::{Kind, ReadError};
 use super::filling::Writer;
 use super::guard::Guard;
@@ -158,6 +159,9 @@ pub struct Data {
     /// backing file no open holds) when a spill does not fit; true when it
     /// freed something.
     free_disk: OnceLock<FreeDisk>,
+    /// The bound spills share with filled backing files
+    /// (`--decoded-cache-size`).
+    disk: Arc<super::decoded_disk::DecodedDisk>,
     /// Most spills held at once: each holds a descriptor (see
     /// [`Data::set_max_spills`]).
     max_spills: AtomicUsize,
@@ -212,6 +216,7 @@ impl Data {
             decoders: AtomicUsize::new(0),
             max_decoders: workers,
             free_disk: OnceLock::new(),
+            disk: Arc::default(),
             max_spills: AtomicUsize::new(usize::MAX),
             units_in_files: AtomicBool::new(false),
         }))
@@ -1220,7 +1225,7 @@ impl Data {
         let decoded = b.decoded_len;
         let dir = &self.opts.cache_dir;
         self.descriptor_for_spill(bi);
-        self.room_for_spill(bi, dir, decoded);
+        let charge = self.room_for_spill(bi, dir, decoded)?;
         self.ensure_blob(s, bi)?;
         let (blob, name, stats) = (b.clone(), p.name, self.stats.clone());
         let run = Box::new(
@@ -1248,6 +1253,7 @@ impl Data {
         );
         let spill =
             Spill::produce(run, decoded, dir, &self.stats).map_err(|why| self.fail(bi, why))?;
+        spill.keep(charge);
         self.log_spill(
             bi,
             format!(
@@ -1271,12 +1277,13 @@ impl Data {
         let decoded = self.blob(bi).decoded_len;
         let dir = &self.opts.cache_dir;
         self.descriptor_for_spill(bi);
-        self.room_for_spill(bi, dir, decoded);
+        let charge = self.room_for_spill(bi, dir, decoded)?;
         self.ensure_blob(s, bi)?;
         let span = self.span(s, bi);
         let early = self.trusted_early(bi, span.bytes(), one_frame);
         let spill = Spill::start(&span, &s.guard, decoded, dir, early, &self.stats)
             .map_err(|why| self.fail(bi, why))?;
+        spill.keep(charge);
         self.log_spill(
             bi,
             format!(
@@ -1390,6 +1397,11 @@ impl Data {
             .is_some_and(|st| super::lock(&st.spill).is_some())
     }
 
+    /// The disk bound spills share with the mount's backing files.
+    pub fn decoded_disk(&self) -> Arc<super::decoded_disk::DecodedDisk> {
+        self.disk.clone()
+    }
+
     /// Sets who frees `--cache-dir` space others hold (see `free_disk`).
     pub fn on_disk_full(&self, free: FreeDisk) {
         let _ = self.free_disk.set(free);
@@ -1476,15 +1488,31 @@ impl Data {
     }
 
     /// Room in `dir` for a spill of `decoded` bytes of blob `bi`, as far as
-    /// dropping idle spills and idle backing files can make it.
-    fn room_for_spill(&self, bi: usize, dir: &Path, decoded: u64) {
-        if spill::room(dir, decoded).is_ok() {
-            return;
+    /// dropping idle spills and idle backing files can make it, and its
+    /// share of `--decoded-cache-size`, which they make the same way; an
+    /// error (`ENOSPC`) when the bound cannot hold it.
+    fn room_for_spill(
+        &self,
+        bi: usize,
+        dir: &Path,
+        decoded: u64,
+    ) -> Result<SpillCharge, ReadError> {
+        if spill::room(dir, decoded).is_err() {
+            self.drop_idle_spills(bi, dir, decoded);
+            if let Some(free) = self.free_disk.get() {
+                while spill::room(dir, decoded).is_err() && free() {}
+            }
         }
-        self.drop_idle_spills(bi, dir, decoded);
-        if let Some(free) = self.free_disk.get() {
-            while spill::room(dir, decoded).is_err() && free() {}
+        if let Some(charge) = self.charge_for_spill(bi, decoded) {
+            return Ok(charge);
         }
+        let limit = self.disk.limit();
+        let why = format!(
+            "{decoded} decoded bytes do not fit in --decoded-cache-size ({limit} bytes, {} \
+             held by decoded files in use)",
+            self.disk.used()
+        );
+        Err(self.fail(bi, ReadError::new(Kind::NoSpace, why)))
     }
 
     /// Spills stay while mounted, so that a tensor is decoded once. When a
@@ -1521,6 +1549,46 @@ impl Data {
         if !fewer() {
             self.drop_spills_until(keep, fewer);
         }
+    }
+
+    /// Blob `bi`'s spill's share of `--decoded-cache-size`, once idle
+    /// spills and idle backing files have made room for it; `None` when
+    /// they cannot. A reader that has just closed a spilled tensor may
+    /// not have let go of its spill yet (the kernel sends the release
+    /// after close returns): that is waited for a moment.
+    fn charge_for_spill(&self, bi: usize, decoded: u64) -> Option<SpillCharge> {
+        let fits = || self.disk.used().saturating_add(decoded) <= self.disk.limit();
+        if decoded > self.disk.limit() {
+            return None;
+        }
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            if let Some(charge) = self.disk.charge_spill(decoded) {
+                return Some(charge);
+            }
+            let freed =
+                self.drop_spills_until(bi, fits) || self.free_disk.get().is_some_and(|free| free());
+            if freed || fits() {
+                continue;
+            }
+            if std::time::Instant::now() >= until || !self.spills_read_now(bi) {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// Whether a spill but blob `keep`'s may soon be one that can go: one
+    /// a reader holds, or one still being finished (its reader may have
+    /// had every byte before the spill was marked complete).
+    fn spills_read_now(&self, keep: usize) -> bool {
+        self.states.made().any(|(i, st)| {
+            i != keep
+                && st.spill.try_lock().is_ok_and(|s| {
+                    s.as_ref()
+                        .is_some_and(|s| Arc::strong_count(s) > 1 || !s.complete())
+                })
+        })
     }
 
     /// Spills held now; a slot another thread holds counts as one.

@@ -11,6 +11,7 @@
 
 pub mod cache;
 pub mod data;
+pub mod decoded_disk;
 pub mod error;
 pub mod filling;
 pub mod guard;

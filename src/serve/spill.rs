@@ -138,6 +138,8 @@ pub struct Spill {
     retry: AtomicBool,
     /// It failed for want of room on the disk.
     no_room: AtomicBool,
+    /// Its share of `--decoded-cache-size`, given back with it.
+    charge: std::sync::OnceLock<super::decoded_disk::SpillCharge>,
 }
 
 impl Spill {
@@ -212,6 +214,7 @@ impl Spill {
             cond: Condvar::new(),
             retry: AtomicBool::new(false),
             no_room: AtomicBool::new(false),
+            charge: std::sync::OnceLock::new(),
         }))
     }
 
@@ -265,6 +268,11 @@ impl Spill {
             )));
         }
         Ok(())
+    }
+
+    /// Keeps `charge` while it is held.
+    pub fn keep(&self, charge: super::decoded_disk::SpillCharge) {
+        let _ = self.charge.set(charge);
     }
 
     /// Whether it has decoded all of its tensor, without error: what it
