@@ -10,6 +10,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use serde_json::Value as Json;
+use support::data::{compressed_block_near, garble_middle_block};
 use support::{Mount, Rng, Tmpfs, compressible};
 use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
 use ztensor_mount::formats::zt_v01::{DType, Endian};
@@ -791,47 +792,6 @@ fn a_big_single_frame_is_served_while_it_decodes() {
     assert!(std::fs::read(m.path("one")).unwrap() == *le);
     let st = m.stats();
     assert!(st["cache_peak_bytes"].as_u64().unwrap() <= 64 << 20, "{st}");
-}
-
-/// Garbles the contents of a compressed block in the middle of tensor
-/// `ti`'s zstd blob, leaving the block headers whole (a damaged header
-/// would be found before any byte is served, by the walk over the headers).
-fn garble_middle_block(zt: &std::path::Path, ti: usize) {
-    let (off, size) = {
-        let f = ztensor_mount::formats::zt_v01::ZtFile::open(zt).unwrap();
-        let t = &f.catalog().tensors[ti];
-        (t.offset, t.size)
-    };
-    let bytes = std::fs::read(zt).unwrap();
-    let (at, len) = compressed_block_near(&bytes[off as usize..(off + size) as usize], size / 2);
-    let file = std::fs::OpenOptions::new().write(true).open(zt).unwrap();
-    file.write_all_at(&vec![0xA5; len - 8], off + at + 8)
-        .unwrap();
-}
-
-/// (offset, length) of the contents of the first compressed block at or
-/// past `from` in a one-frame zstd blob.
-fn compressed_block_near(blob: &[u8], from: u64) -> (u64, usize) {
-    let fhd = blob[4];
-    let single_segment = (fhd >> 5) & 1 == 1;
-    let dict_id = [0, 1, 2, 4][(fhd & 3) as usize];
-    let fcs = match fhd >> 6 {
-        0 => usize::from(single_segment),
-        1 => 2,
-        2 => 4,
-        _ => 8,
-    };
-    let mut pos = 5 + usize::from(!single_segment) + dict_id + fcs;
-    loop {
-        let h = u32::from_le_bytes([blob[pos], blob[pos + 1], blob[pos + 2], 0]);
-        let (last, kind, size) = (h & 1 == 1, (h >> 1) & 3, (h >> 3) as usize);
-        let content = if kind == 1 { 1 } else { size };
-        if kind == 2 && pos as u64 >= from && size > 64 {
-            return ((pos + 3) as u64, size);
-        }
-        assert!(!last, "no compressed block past {from}");
-        pos += 3 + content;
-    }
 }
 
 /// Index fields of a dense float32 zstd tensor of `n` elements.

@@ -983,7 +983,8 @@ fn disk_held_under(pid: i32, dir: &Path) -> u64 {
 /// Spills (tensors decoded to disk, too big for the cache) and backing
 /// files share `--decoded-cache-size`: tensors read one after another
 /// keep at most that much of `--cache-dir`, each served whole and right;
-/// one bigger than the bound fails with ENOSPC, saying so.
+/// one bigger than the bound fails with ENOSPC, saying so; a spill that
+/// fails on its data gives its share back.
 #[test]
 fn spills_and_backing_files_stay_within_the_decoded_cache_size() {
     let _s = support::serial();
@@ -999,6 +1000,10 @@ fn spills_and_backing_files_stay_within_the_decoded_cache_size() {
         },
         ..Options::default()
     };
+    // `bad`, 8 MiB, damaged: its spill fails, and gives its share back.
+    let bad = support::compressible(30, 8 << 20);
+    w.add("bad", DType::Float32, &[2 << 20], &bad, &one_frame)
+        .unwrap();
     let mut tensors = Vec::new();
     for i in 0..8u64 {
         let want = support::compressible(i + 1, 4 << 20);
@@ -1011,6 +1016,7 @@ fn spills_and_backing_files_stay_within_the_decoded_cache_size() {
     w.add("big", DType::Float32, &[3 << 20], &big, &one_frame)
         .unwrap();
     w.finish().unwrap();
+    support::data::garble_middle_block(&src, 0);
     let cache = m.scratch_path("cache");
     std::fs::create_dir(&cache).unwrap();
     let opts = [
@@ -1024,6 +1030,9 @@ fn spills_and_backing_files_stay_within_the_decoded_cache_size() {
     args.push(cache.to_str().unwrap());
     m.mount(&src, &args);
     let pid = m.pid.expect("daemon pid");
+    let e = std::fs::read(m.path("bad")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert_eq!(m.stat_u64("spill_bytes_now"), 0, "{}", m.stats());
     let mut peak = 0;
     for (name, want) in &tensors {
         assert!(m.read(name) == *want, "{name}");

@@ -586,6 +586,8 @@ pub struct Backings {
     stats: Arc<Stats>,
     /// The bound filled files share with spills (`--decoded-cache-size`).
     disk: Arc<crate::serve::decoded_disk::DecodedDisk>,
+    /// Drops an idle spill (see [`Backings::on_spills_full`]).
+    free_spills: std::sync::OnceLock<Box<dyn Fn() -> bool + Send + Sync>>,
 }
 
 impl Backings {
@@ -618,6 +620,7 @@ impl Backings {
             clock: AtomicU64::new(0),
             stats,
             disk,
+            free_spills: std::sync::OnceLock::new(),
         }
     }
 
@@ -934,14 +937,13 @@ impl Backings {
             };
             let charge = charge_of(len, &holds);
             if writing {
-                inner.filled -= len - charge;
+                self.uncharge(&mut inner, len - charge);
             } else {
                 if !self.make_room(&mut inner, charge) {
                     return false;
                 }
                 inner.filled += charge;
             }
-            self.disk.set_filled(inner.filled);
             inner.slots.insert(key.clone(), Slot::Filling(Some(p)));
         }
         Stats::add(&self.stats.backing_decoded, 1);
@@ -978,7 +980,6 @@ impl Backings {
         // that fills side by side leave the directory its free quarter.
         let pending = inner.filled.saturating_sub(ready_filled(&inner));
         inner.filled += len;
-        self.disk.set_filled(inner.filled);
         inner.slots.insert(key.clone(), Slot::Filling(None));
         drop(inner);
         if let Err(why) = crate::serve::spill::room(&self.opts.dir, len + pending) {
@@ -1011,7 +1012,7 @@ impl Backings {
     /// Queues `job`, before the others when it is `urgent` (nothing left
     /// to write, an open may be waiting for it).
     fn queue(self: &Arc<Self>, job: Job, urgent: bool) {
-        let (key, len) = (job.key.clone(), job.len);
+        let (key, charge) = (job.key.clone(), charge_of(job.len, &job.holds));
         let mut queue = lock(&self.queue);
         if urgent {
             queue.jobs.push_front(job);
@@ -1030,7 +1031,7 @@ impl Backings {
                     // No thread was running, so the queue held only this job.
                     queue.jobs.clear();
                     drop(queue);
-                    self.forget(&key, len);
+                    self.forget(&key, charge);
                 }
             }
         }
@@ -1059,13 +1060,9 @@ impl Backings {
     /// until one more file, of `len` more filled bytes, fits: filled files
     /// for the bytes, filled or cloned ones for the count. False when they
     /// cannot.
+    /// On success `len` is charged to the bound, for the caller to add to
+    /// [`Inner::filled`].
     fn make_room(&self, inner: &mut Inner, len: u64) -> bool {
-        // Spills share the bound; the data layer drops its idle ones.
-        while inner.filled + self.disk.spills() + len > self.opts.limit {
-            if !self.evict_one(inner, false) {
-                return false;
-            }
-        }
         let max = self.max_files.load(Relaxed);
         while inner.slots.len() >= max {
             if !self.evict_one(inner, true) {
@@ -1076,13 +1073,52 @@ impl Backings {
                 return false;
             }
         }
+        // Spills share the bound: idle ones go too, after idle files.
+        while !self.disk.charge_filled(len) {
+            let freed =
+                self.evict_one(inner, false) || self.free_spills.get().is_some_and(|free| free());
+            if !freed {
+                return false;
+            }
+        }
         true
     }
 
+    /// Sets who drops an idle spill when filled files need its share of
+    /// the bound (the data layer; true when one went).
+    pub fn on_spills_full(&self, free: Box<dyn Fn() -> bool + Send + Sync>) {
+        let _ = self.free_spills.set(free);
+    }
+
+    /// Takes `len` bytes off the filled files' count and the bound.
+    fn uncharge(&self, inner: &mut Inner, len: u64) {
+        inner.filled = inner.filled.saturating_sub(len);
+        self.disk.release_filled(len);
+    }
+
     /// Frees the least recently opened filled file no open holds, for a
-    /// spill that needs its disk. False when there is none.
+    /// spill that needs its disk; else gives up a file the reads of a
+    /// served open write through to that holds nothing yet (a tensor that
+    /// spills is never written there: its spill becomes its backing
+    /// file, and the reservation would only count it twice). False when
+    /// there is none.
     pub fn drop_idle(&self) -> bool {
-        self.evict_one(&mut lock(&self.inner), false)
+        let mut inner = lock(&self.inner);
+        if self.evict_one(&mut inner, false) {
+            return true;
+        }
+        let unwritten = inner.slots.iter().find_map(|(key, s)| match s {
+            Slot::Writing(p) if lock(&p.written).ranges.is_empty() => Some((key.clone(), p.len)),
+            _ => None,
+        });
+        let Some((key, len)) = unwritten else {
+            return false;
+        };
+        inner.slots.remove(&key);
+        self.uncharge(&mut inner, len);
+        self.published.notify_all();
+        log::debug!("gave up the unwritten {len}-byte backing file of {key:?} for a spill");
+        true
     }
 
     /// Frees the least recently opened filled file no open holds (or
@@ -1107,8 +1143,7 @@ impl Backings {
         };
         inner.slots.remove(&key);
         if origin == Origin::Filled {
-            inner.filled -= charged;
-            self.disk.set_filled(inner.filled);
+            self.uncharge(inner, charged);
         }
         Stats::add(&self.stats.backing_evictions, 1);
         log::debug!("dropped the {len}-byte backing file of {key:?} to make room");
@@ -1130,8 +1165,7 @@ impl Backings {
     fn forget(&self, key: &Content, len: u64) {
         let mut inner = lock(&self.inner);
         inner.slots.remove(key);
-        inner.filled -= len;
-        self.disk.set_filled(inner.filled);
+        self.uncharge(&mut inner, len);
         self.published.notify_all();
     }
 

@@ -1332,10 +1332,14 @@ impl Data {
         let spill = super::lock(&self.states[bi].spill).clone();
         let len = self.blob(bi).decoded_len;
         let found = match spill {
-            Some(s) => DecodedFile {
-                file: s.complete_file(len)?.try_clone().ok()?,
-                holds: Some(s),
-            },
+            Some(s) => {
+                let file = s.complete_file(len)?.try_clone().ok()?;
+                s.backs_a_file();
+                DecodedFile {
+                    file,
+                    holds: Some(s),
+                }
+            }
             None => DecodedFile {
                 file: self
                     .cache
@@ -1497,22 +1501,28 @@ impl Data {
         dir: &Path,
         decoded: u64,
     ) -> Result<SpillCharge, ReadError> {
+        let limit = self.disk.limit();
+        let why = || {
+            format!(
+                "{decoded} decoded bytes do not fit in --decoded-cache-size ({limit} bytes, {} \
+                 held by decoded files in use)",
+                self.disk.used()
+            )
+        };
+        // Past the bound whatever goes: nothing is dropped for it.
+        if decoded > limit {
+            return Err(self.fail(bi, ReadError::new(Kind::NoSpace, why())));
+        }
         if spill::room(dir, decoded).is_err() {
             self.drop_idle_spills(bi, dir, decoded);
             if let Some(free) = self.free_disk.get() {
                 while spill::room(dir, decoded).is_err() && free() {}
             }
         }
-        if let Some(charge) = self.charge_for_spill(bi, decoded) {
-            return Ok(charge);
+        match self.charge_for_spill(bi, decoded) {
+            Some(charge) => Ok(charge),
+            None => Err(self.fail(bi, ReadError::new(Kind::NoSpace, why()))),
         }
-        let limit = self.disk.limit();
-        let why = format!(
-            "{decoded} decoded bytes do not fit in --decoded-cache-size ({limit} bytes, {} \
-             held by decoded files in use)",
-            self.disk.used()
-        );
-        Err(self.fail(bi, ReadError::new(Kind::NoSpace, why)))
     }
 
     /// Spills stay while mounted, so that a tensor is decoded once. When a
@@ -1555,13 +1565,11 @@ impl Data {
     /// spills and idle backing files have made room for it; `None` when
     /// they cannot. A reader that has just closed a spilled tensor may
     /// not have let go of its spill yet (the kernel sends the release
-    /// after close returns): that is waited for a moment.
+    /// after close returns): that is waited for a moment (half a second,
+    /// with the tensor's spill slot held, so not long).
     fn charge_for_spill(&self, bi: usize, decoded: u64) -> Option<SpillCharge> {
         let fits = || self.disk.used().saturating_add(decoded) <= self.disk.limit();
-        if decoded > self.disk.limit() {
-            return None;
-        }
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(500);
         loop {
             if let Some(charge) = self.disk.charge_spill(decoded) {
                 return Some(charge);
@@ -1585,10 +1593,18 @@ impl Data {
         self.states.made().any(|(i, st)| {
             i != keep
                 && st.spill.try_lock().is_ok_and(|s| {
-                    s.as_ref()
-                        .is_some_and(|s| Arc::strong_count(s) > 1 || !s.complete())
+                    s.as_ref().is_some_and(|s| {
+                        !s.finished() || s.complete() && s.read_now(Arc::strong_count(s))
+                    })
                 })
         })
+    }
+
+    /// Drops one finished spill no reader holds (for filled backing files
+    /// that need its share of the bound); whether one went.
+    pub fn drop_an_idle_spill(&self) -> bool {
+        let before = self.disk.spills();
+        self.drop_spills_until(usize::MAX, || self.disk.spills() < before)
     }
 
     /// Spills held now; a slot another thread holds counts as one.

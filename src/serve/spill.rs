@@ -138,8 +138,11 @@ pub struct Spill {
     retry: AtomicBool,
     /// It failed for want of room on the disk.
     no_room: AtomicBool,
-    /// Its share of `--decoded-cache-size`, given back with it.
-    charge: std::sync::OnceLock<super::decoded_disk::SpillCharge>,
+    /// Its share of `--decoded-cache-size`, given back with it, or when
+    /// it fails (its file is cut to nothing then).
+    charge: Mutex<Option<super::decoded_disk::SpillCharge>>,
+    /// A backing file holds it too (see [`Spill::backs_a_file`]).
+    backs: AtomicBool,
 }
 
 impl Spill {
@@ -214,7 +217,8 @@ impl Spill {
             cond: Condvar::new(),
             retry: AtomicBool::new(false),
             no_room: AtomicBool::new(false),
-            charge: std::sync::OnceLock::new(),
+            charge: Mutex::new(None),
+            backs: AtomicBool::new(false),
         }))
     }
 
@@ -230,6 +234,8 @@ impl Spill {
                 self.retry.store(f.retry, Release);
                 self.no_room.store(f.no_room, Release);
                 self.advance(done, Some(f.why));
+                // After it is marked failed: `keep` then keeps no charge.
+                lock(&self.charge).take();
             }
         }
     }
@@ -272,7 +278,28 @@ impl Spill {
 
     /// Keeps `charge` while it is held.
     pub fn keep(&self, charge: super::decoded_disk::SpillCharge) {
-        let _ = self.charge.set(charge);
+        let mut held = lock(&self.charge);
+        // One that failed already gave its disk back.
+        if !matches!(&lock(&self.progress).1, Some(why) if !why.is_empty()) {
+            *held = Some(charge);
+        }
+    }
+
+    /// Notes that a backing file holds it now (so its holders are not all
+    /// readers).
+    pub fn backs_a_file(&self) {
+        self.backs.store(true, Release);
+    }
+
+    /// Whether a reader holds it (`count` holders in all), not only its
+    /// slot and a backing file.
+    pub fn read_now(&self, count: usize) -> bool {
+        count > 1 + usize::from(self.backs.load(Acquire))
+    }
+
+    /// Whether it ended, made or failed.
+    pub fn finished(&self) -> bool {
+        lock(&self.progress).1.is_some()
     }
 
     /// Whether it has decoded all of its tensor, without error: what it
