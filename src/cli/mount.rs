@@ -612,7 +612,7 @@ fn fs_options(s: &Settings) -> FsOptions {
             dir: s.cache_dir.clone(),
             limit: s
                 .decoded_cache_size
-                .unwrap_or_else(|| spill::free_bytes(&s.cache_dir).unwrap_or(0) / 2),
+                .unwrap_or_else(|| spill::free_bytes(&s.cache_dir).map_or(u64::MAX, |f| f / 2)),
         },
     }
 }
@@ -853,9 +853,11 @@ fn abort_and_exit(mp: &Path, dev: Option<&str>) -> ! {
 /// that does not answer.
 fn other_than_fuse(mp: &Path) -> Option<String> {
     let abs = std::path::absolute(mp).ok()?;
-    let real = std::fs::canonicalize(abs.parent()?)
-        .ok()?
-        .join(abs.file_name()?);
+    let real = match (abs.parent(), abs.file_name()) {
+        (Some(dir), Some(name)) => std::fs::canonicalize(dir).ok()?.join(name),
+        // `..`, `/`: no name to keep out of the resolving.
+        _ => std::fs::canonicalize(&abs).ok()?,
+    };
     let (_, fstype) = mount_at(&real)?;
     let fuse = fstype == "fuse" || fstype == "fuseblk" || fstype.starts_with("fuse.");
     (!fuse).then_some(fstype)
