@@ -1064,10 +1064,12 @@ impl Cache {
     /// mount killed with SIGKILL loses nothing it had fetched), else what
     /// the durable one says; blocks that are holes are not believed.
     fn first(opts: &Options, label: &str, size: u64, n: &Names, file: File) -> Result<Cache> {
-        let block = kept_block(n, size).unwrap_or(opts.block_size);
+        let sized = file.metadata().is_ok_and(|m| m.len() == size);
+        let block = kept_block(n, size)
+            .filter(|_| sized)
+            .unwrap_or(opts.block_size);
         let words = size.div_ceil(block).div_ceil(64) as usize;
         let io = |what: &str, e: std::io::Error| fail(label, format!("cache: {what}: {e}"));
-        let sized = file.metadata().is_ok_and(|m| m.len() == size);
         let (live, kept) = match Live::open(&n.live, block, size, words, true) {
             Ok((l, kept)) => (Some(l), kept.filter(|_| sized)),
             Err(e) => {
