@@ -1097,18 +1097,26 @@ impl Backings {
     }
 
     /// Frees the least recently opened filled file no open holds, for a
-    /// spill that needs its disk; else gives up a file the reads of a
-    /// served open write through to that holds nothing yet (a tensor that
-    /// spills is never written there: its spill becomes its backing
-    /// file, and the reservation would only count it twice). False when
-    /// there is none.
+    /// spill that needs its disk. False when there is none.
     pub fn drop_idle(&self) -> bool {
+        self.evict_one(&mut lock(&self.inner), false)
+    }
+
+    /// Gives up a file that the reads of a served open of content `mine`
+    /// write through to and that holds nothing yet: its tensor spills, and
+    /// a tensor that spills is never written there (its spill becomes its
+    /// backing file), so the file's reservation only counted it twice.
+    /// Its reads write nothing more. False when there is none.
+    pub fn give_up_unwritten(&self, mine: impl Fn(&Content) -> bool) -> bool {
         let mut inner = lock(&self.inner);
-        if self.evict_one(&mut inner, false) {
-            return true;
-        }
         let unwritten = inner.slots.iter().find_map(|(key, s)| match s {
-            Slot::Writing(p) if lock(&p.written).ranges.is_empty() => Some((key.clone(), p.len)),
+            Slot::Writing(p) if mine(key) => {
+                let mut w = lock(&p.written);
+                w.ranges.is_empty().then(|| {
+                    w.failed = true;
+                    (key.clone(), p.len)
+                })
+            }
             _ => None,
         });
         let Some((key, len)) = unwritten else {
@@ -1117,7 +1125,7 @@ impl Backings {
         inner.slots.remove(&key);
         self.uncharge(&mut inner, len);
         self.published.notify_all();
-        log::debug!("gave up the unwritten {len}-byte backing file of {key:?} for a spill");
+        log::debug!("gave up the unwritten {len}-byte backing file of {key:?} for its spill");
         true
     }
 

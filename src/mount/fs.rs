@@ -215,6 +215,17 @@ impl TensorFs {
         let disk = data.decoded_disk();
         disk.set_limit(opts.backing.limit);
         let backings = Arc::new(Backings::new(opts.backing, stats, disk));
+        // A spill may take the share of its own tensor's unwritten file.
+        let (files, of) = (Arc::downgrade(&backings), Arc::downgrade(&data));
+        data.on_spill_reserved(Box::new(move |bi| {
+            let (Some(files), Some(data)) = (files.upgrade(), of.upgrade()) else {
+                return false;
+            };
+            files.give_up_unwritten(|c| {
+                matches!(c, Content::Part { tensor, part }
+                    if part_of(&data, *tensor, *part).is_some_and(|p| p.blob == bi))
+            })
+        }));
         // Filled files that need room may take an idle spill's share.
         let spills = Arc::downgrade(&data);
         backings.on_spills_full(Box::new(move || {

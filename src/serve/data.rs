@@ -159,6 +159,10 @@ pub struct Data {
     /// backing file no open holds) when a spill does not fit; true when it
     /// freed something.
     free_disk: OnceLock<FreeDisk>,
+    /// Asked to give up what was reserved beside the spill of a blob (a
+    /// file its tensor's reads would have written through to, never
+    /// written: the spill becomes its backing file); true when it did.
+    give_up: OnceLock<Box<dyn Fn(usize) -> bool + Send + Sync>>,
     /// The bound spills share with filled backing files
     /// (`--decoded-cache-size`).
     disk: Arc<super::decoded_disk::DecodedDisk>,
@@ -180,7 +184,7 @@ pub struct DecodedFile {
     /// The spill it belongs to, if any: held while the file is used, so
     /// that the spill is not taken for idle (dropping it would free no
     /// disk while the file is open elsewhere).
-    pub holds: Option<Arc<Spill>>,
+    pub holds: Option<Arc<spill::SpillHold>>,
 }
 
 impl Data {
@@ -216,6 +220,7 @@ impl Data {
             decoders: AtomicUsize::new(0),
             max_decoders: workers,
             free_disk: OnceLock::new(),
+            give_up: OnceLock::new(),
             disk: Arc::default(),
             max_spills: AtomicUsize::new(usize::MAX),
             units_in_files: AtomicBool::new(false),
@@ -1332,14 +1337,10 @@ impl Data {
         let spill = super::lock(&self.states[bi].spill).clone();
         let len = self.blob(bi).decoded_len;
         let found = match spill {
-            Some(s) => {
-                let file = s.complete_file(len)?.try_clone().ok()?;
-                s.backs_a_file();
-                DecodedFile {
-                    file,
-                    holds: Some(s),
-                }
-            }
+            Some(s) => DecodedFile {
+                file: s.complete_file(len)?.try_clone().ok()?,
+                holds: Some(Arc::new(spill::SpillHold::new(s))),
+            },
             None => DecodedFile {
                 file: self
                     .cache
@@ -1404,6 +1405,12 @@ impl Data {
     /// The disk bound spills share with the mount's backing files.
     pub fn decoded_disk(&self) -> Arc<super::decoded_disk::DecodedDisk> {
         self.disk.clone()
+    }
+
+    /// Sets who gives up what was reserved beside a blob's spill (see
+    /// `give_up`).
+    pub fn on_spill_reserved(&self, give_up: Box<dyn Fn(usize) -> bool + Send + Sync>) {
+        let _ = self.give_up.set(give_up);
     }
 
     /// Sets who frees `--cache-dir` space others hold (see `free_disk`).
@@ -1574,8 +1581,9 @@ impl Data {
             if let Some(charge) = self.disk.charge_spill(decoded) {
                 return Some(charge);
             }
-            let freed =
-                self.drop_spills_until(bi, fits) || self.free_disk.get().is_some_and(|free| free());
+            let freed = self.drop_spills_until(bi, fits)
+                || self.free_disk.get().is_some_and(|free| free())
+                || self.give_up.get().is_some_and(|give_up| give_up(bi));
             if freed || fits() {
                 continue;
             }

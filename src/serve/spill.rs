@@ -141,8 +141,9 @@ pub struct Spill {
     /// Its share of `--decoded-cache-size`, given back with it, or when
     /// it fails (its file is cut to nothing then).
     charge: Mutex<Option<super::decoded_disk::SpillCharge>>,
-    /// A backing file holds it too (see [`Spill::backs_a_file`]).
-    backs: AtomicBool,
+    /// How many [`SpillHold`]s there are: backing files (or files about to
+    /// be) that hold it.
+    backs: std::sync::atomic::AtomicUsize,
 }
 
 impl Spill {
@@ -218,7 +219,7 @@ impl Spill {
             retry: AtomicBool::new(false),
             no_room: AtomicBool::new(false),
             charge: Mutex::new(None),
-            backs: AtomicBool::new(false),
+            backs: std::sync::atomic::AtomicUsize::new(0),
         }))
     }
 
@@ -285,16 +286,10 @@ impl Spill {
         }
     }
 
-    /// Notes that a backing file holds it now (so its holders are not all
-    /// readers).
-    pub fn backs_a_file(&self) {
-        self.backs.store(true, Release);
-    }
-
     /// Whether a reader holds it (`count` holders in all), not only its
-    /// slot and a backing file.
+    /// slot and backing files.
     pub fn read_now(&self, count: usize) -> bool {
-        count > 1 + usize::from(self.backs.load(Acquire))
+        count > 1 + self.backs.load(Acquire)
     }
 
     /// Whether it ended, made or failed.
@@ -710,11 +705,32 @@ struct EndOnDrop<'a>(&'a Spill);
 impl Drop for EndOnDrop<'_> {
     fn drop(&mut self) {
         let mut g = lock(&self.0.progress);
-        if g.1.is_none() {
-            g.1 = Some("the spill thread stopped".into());
-            self.0.retry.store(true, Release);
-            self.0.cond.notify_all();
+        if g.1.is_some() {
+            return;
         }
+        g.1 = Some("the spill thread stopped".into());
+        self.0.retry.store(true, Release);
+        self.0.cond.notify_all();
+        drop(g);
+        // As a failure: its share of the bound goes back.
+        lock(&self.0.charge).take();
+    }
+}
+
+/// A spill held by a backing file (or one about to be): counted, so that
+/// its holders that are readers can be told from these.
+pub struct SpillHold(Arc<Spill>);
+
+impl SpillHold {
+    pub fn new(spill: Arc<Spill>) -> SpillHold {
+        spill.backs.fetch_add(1, Release);
+        SpillHold(spill)
+    }
+}
+
+impl Drop for SpillHold {
+    fn drop(&mut self) {
+        self.0.backs.fetch_sub(1, Release);
     }
 }
 
