@@ -1568,9 +1568,9 @@ impl Data {
         }
     }
 
-    /// Blob `bi`'s spill's share of `--decoded-cache-size`, once idle
-    /// spills and idle backing files have made room for it; `None` when
-    /// they cannot. A reader that has just closed a spilled tensor may
+    /// Blob `bi`'s spill's share of `--decoded-cache-size`, once its
+    /// tensor's unwritten write-through file, idle spills and idle backing
+    /// files have made room for it; `None` when they cannot. A reader that has just closed a spilled tensor may
     /// not have let go of its spill yet (the kernel sends the release
     /// after close returns): that is waited for a moment (half a second,
     /// with the tensor's spill slot held, so not long).
@@ -1581,9 +1581,11 @@ impl Data {
             if let Some(charge) = self.disk.charge_spill(decoded) {
                 return Some(charge);
             }
-            let freed = self.drop_spills_until(bi, fits)
-                || self.free_disk.get().is_some_and(|free| free())
-                || self.give_up.get().is_some_and(|give_up| give_up(bi));
+            // Its own tensor's unwritten file costs nothing to give up;
+            // others' idle files are worth keeping.
+            let freed = self.give_up.get().is_some_and(|give_up| give_up(bi))
+                || self.drop_spills_until(bi, fits)
+                || self.free_disk.get().is_some_and(|free| free());
             if freed || fits() {
                 continue;
             }
