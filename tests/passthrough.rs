@@ -968,16 +968,19 @@ fn backing_files_stay_within_the_descriptors_the_daemon_may_hold() {
 }
 
 /// Bytes of disk the daemon's files under `dir` take (unlinked ones
-/// too), through its descriptors.
+/// too), through its descriptors: each file once, however many
+/// descriptors it has (a spill's file is also its backing file's).
 fn disk_held_under(pid: i32, dir: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .flatten()
-        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.starts_with(dir)))
-        .filter_map(|e| std::fs::metadata(e.path()).ok())
-        .map(|m| m.blocks() * 512)
-        .sum()
+    let files: std::collections::HashMap<(u64, u64), u64> =
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .flatten()
+            .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.starts_with(dir)))
+            .filter_map(|e| std::fs::metadata(e.path()).ok())
+            .map(|m| ((m.dev(), m.ino()), m.blocks() * 512))
+            .collect();
+    files.values().sum()
 }
 
 /// Spills (tensors decoded to disk, too big for the cache) and backing
