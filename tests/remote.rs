@@ -1711,6 +1711,25 @@ fn change_byte(file: &Path, at: u64, how: impl Fn(u8) -> u8) {
     f.write_all_at(&[how(b[0])], at).unwrap();
 }
 
+/// A script writing `model.safetensors` (into its first argument) with
+/// numpy's safetensors writer: for each (name, rows), a float32 tensor of
+/// `rows` x 1000 normal values drawn in order from a generator seeded
+/// with `seed`.
+fn random_safetensors(seed: u64, tensors: &[(&str, usize)]) -> String {
+    let entries: Vec<String> = tensors
+        .iter()
+        .map(|(name, rows)| {
+            format!("\"{name}\": rng.standard_normal(({rows}, 1000)).astype(\"<f4\")")
+        })
+        .collect();
+    format!(
+        "import sys, numpy as np, safetensors.numpy as st\n\
+         rng = np.random.default_rng({seed})\n\
+         st.save_file({{{}}}, sys.argv[1] + \"/model.safetensors\")\n",
+        entries.join(", ")
+    )
+}
+
 /// `model.safetensors` written by `script` (given the directory) into a
 /// scratch directory served by the Range server: its bytes, the server and
 /// a cache directory.
@@ -1796,13 +1815,8 @@ fn a_cache_block_changed_on_disk_is_fetched_again_never_served() {
     let _s = support::serial();
     let Some(py) = python() else { return };
     let Some(mut m) = scratch_mount() else { return };
-    let script = r#"
-import sys, numpy as np, safetensors.numpy as st
-rng = np.random.default_rng(5)
-st.save_file({"w": rng.standard_normal((3000, 1000)).astype("<f4")},
-             sys.argv[1] + "/model.safetensors")
-"#;
-    let (want, srv, cache) = served_safetensors(&py, &m, script);
+    let script = random_safetensors(5, &[("w", 3000)]);
+    let (want, srv, cache) = served_safetensors(&py, &m, &script);
     let url = srv.url("/model.safetensors");
     let view = ".safetensors/model.safetensors";
     let opts = ["-o", "remote_read_ahead=0,block_size=1M"];
@@ -1879,14 +1893,8 @@ fn a_damaged_cache_directory_is_rebuilt_or_refused_never_hangs() {
     let _s = support::serial();
     let Some(py) = python() else { return };
     let Some(mut m) = scratch_mount() else { return };
-    let script = r#"
-import sys, numpy as np, safetensors.numpy as st
-rng = np.random.default_rng(9)
-st.save_file({"a": rng.standard_normal((500, 1000)).astype("<f4"),
-              "b": rng.standard_normal((500, 1000)).astype("<f4")},
-             sys.argv[1] + "/model.safetensors")
-"#;
-    let (want, srv, cache) = served_safetensors(&py, &m, script);
+    let script = random_safetensors(9, &[("a", 500), ("b", 500)]);
+    let (want, srv, cache) = served_safetensors(&py, &m, &script);
     let url = srv.url("/model.safetensors");
     let view = ".safetensors/model.safetensors";
     let opts = ["-o", "remote_read_ahead=0"];
@@ -1970,14 +1978,8 @@ fn a_cache_kept_in_other_blocks_is_fetched_in_those_never_again() {
     let Some(py) = python() else { return };
     let Some(mut a) = scratch_mount() else { return };
     let Some(mut b) = scratch_mount() else { return };
-    let script = r#"
-import sys, numpy as np, safetensors.numpy as st
-rng = np.random.default_rng(9)
-st.save_file({"a": rng.standard_normal((500, 1000)).astype("<f4"),
-              "b": rng.standard_normal((1500, 1000)).astype("<f4")},
-             sys.argv[1] + "/model.safetensors")
-"#;
-    let (want, srv, cache) = served_safetensors(&py, &a, script);
+    let script = random_safetensors(9, &[("a", 500), ("b", 1500)]);
+    let (want, srv, cache) = served_safetensors(&py, &a, &script);
     let url = srv.url("/model.safetensors");
     let view = ".safetensors/model.safetensors";
     let said = |block: u64, asked: u64| {
