@@ -1039,7 +1039,7 @@ impl Cache {
         let block = super::shared::live_layout(&n.live)
             .filter(|&(block, s, _)| s == size && valid_block(block, size))
             .map_or(opts.block_size, |(block, ..)| block);
-        let words = size.div_ceil(block).div_ceil(64) as usize;
+        let words = bitmap_words(size, block);
         let (live, _) = Live::open(&n.live, block, size, words, false)?;
         let present = live.iter().map(|w| w.load(Acquire)).collect();
         let bitmap = std::fs::OpenOptions::new()
@@ -1068,7 +1068,7 @@ impl Cache {
         let block = kept_block(n, size)
             .filter(|_| sized)
             .unwrap_or(opts.block_size);
-        let words = size.div_ceil(block).div_ceil(64) as usize;
+        let words = bitmap_words(size, block);
         let io = |what: &str, e: std::io::Error| fail(label, format!("cache: {what}: {e}"));
         let (live, kept) = match Live::open(&n.live, block, size, words, true) {
             Ok((l, kept)) => (Some(l), kept.filter(|_| sized)),
@@ -1231,12 +1231,15 @@ fn kept_block(n: &Names, size: u64) -> Option<u64> {
     if s != size || !valid_block(block, size) {
         return None;
     }
-    let words = size.div_ceil(block).div_ceil(64);
-    let saved = super::shared::read_exact_file(&n.blocks, BITMAP_HEADER + words * 8)?;
-    saved[BITMAP_HEADER as usize..]
+    load_bitmap(&n.blocks, block, size, bitmap_words(size, block))?
         .iter()
-        .any(|&b| b != 0)
+        .any(|&w| w != 0)
         .then_some(block)
+}
+
+/// Words of a bitmap of an object of `size` bytes in blocks of `block`.
+fn bitmap_words(size: u64, block: u64) -> usize {
+    size.div_ceil(block).div_ceil(64) as usize
 }
 
 /// Whether `-o block_size` may be `block`: a multiple of 64 KiB (so of

@@ -188,12 +188,7 @@ impl<T: Clone> PerProcess<T> {
 /// opened without following a link and without blocking (a FIFO put in
 /// its place), and never read past `len` (a huge or endless file).
 pub(super) fn read_exact_file(path: &Path, len: u64) -> Option<Vec<u8>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .ok()?;
+    let f = open_to_read(path)?;
     let m = f.metadata().ok()?;
     if !m.is_file() || m.len() != len {
         return None;
@@ -206,15 +201,20 @@ pub(super) fn read_exact_file(path: &Path, len: u64) -> Option<Vec<u8>> {
 /// The first `N` bytes of the file at `path`, not through a link (nor
 /// blocking on a FIFO).
 pub(super) fn read_head<const N: usize>(path: &Path) -> Option<[u8; N]> {
+    let mut head = [0u8; N];
+    open_to_read(path)?.read_exact_at(&mut head, 0).ok()?;
+    Some(head)
+}
+
+/// The file at `path` opened to read, not through a link and without
+/// blocking (on a FIFO put in its place).
+fn open_to_read(path: &Path) -> Option<File> {
     use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
+    std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
-        .ok()?;
-    let mut head = [0u8; N];
-    f.read_exact_at(&mut head, 0).ok()?;
-    Some(head)
+        .ok()
 }
 
 /// A new file in `path`'s directory, to be renamed onto `path`, with the
