@@ -107,6 +107,9 @@ comp = raw_deflate(full)
 case("deflated member inflates more than declared", member_zip("more.npy", len(full) - 4096, zlib.crc32(full), comp))
 d = npy_bytes(A); case("deflated member CRC mismatch", member_zip("a.npy", len(d), zlib.crc32(d) ^ 1, raw_deflate(d)))
 d = npy_bytes(A); case("stored member CRC mismatch", member_zip("a.npy", len(d), zlib.crc32(d) ^ 1, d, method=0))
+B = np.array([0, 1, 2, 255], dtype=np.uint8).view(np.bool_)
+case("bool byte 2, stored", zipped([("b.npy", npy_bytes(B)), GOOD]))
+case("bool byte 2, deflated", zipped([("b.npy", npy_bytes(B)), GOOD], method=zipfile.ZIP_DEFLATED))
 case("npy data shorter than its shape", zipped([("a.npy", npy("'<f4'", "(3,)", b"\0" * 8)), GOOD]))
 case("npy data longer than its shape", zipped([("a.npy", npy("'<f4'", "(3,)", b"\0" * 16)), GOOD]))
 case("negative dimension", zipped([("a.npy", npy("'<f4'", "(-1,)", b"\0" * 4)), GOOD]))
@@ -221,6 +224,11 @@ fn want(what: &str) -> (Want, Reader) {
                 "checksum mismatch over the stored bytes: the file says crc32:0x",
             ),
             Fails("a", "Bad CRC-32 for file 'a.npy'"),
+        ),
+        // numpy hands the bytes back as they are; a bool is 0 or 1.
+        "bool byte 2, stored" | "bool byte 2, deflated" => (
+            Eio("b", "tensor \"b\": bool element 2 is neither 0 nor 1"),
+            Reads,
         ),
         "npy data shorter than its shape" => (
             Refused("\"a\": holds 8 bytes of data but <f4 of shape [3] is 12"),

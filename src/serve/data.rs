@@ -578,9 +578,13 @@ impl Data {
     fn checked(&self, s: &Served, bi: usize) -> Result<(), ReadError> {
         // The checks read the whole blob: fetched first, outside the
         // once-only check (a failed fetch fails this read, not the blob).
+        let b = self.blob(bi);
+        // (A raw blob's range checks read it too: see `checks::Decoded`.)
+        let reads_blob = matches!(b.codec, Codec::Raw) && !b.checks.is_empty()
+            || (b.checks.iter()).any(|c| !matches!(c, Check::BoolBytesIn { .. }));
         if self.states[bi].checked.get().is_none()
-            && (self.blob(bi).checks.iter()).any(|c| !matches!(c, Check::BoolBytesIn { .. }))
-            && !matches!(self.blob(bi).codec, Codec::Computed(_))
+            && reads_blob
+            && !matches!(b.codec, Codec::Computed(_))
         {
             self.ensure_blob(s, bi)?;
         }
@@ -1363,10 +1367,12 @@ impl Data {
         if !matches!(st.checked.get(), Some(Ok(()))) {
             return false;
         }
+        // A raw blob's ranges were checked with the rest of it.
+        let raw = matches!(self.blob(bi).codec, Codec::Raw);
         let ranges = super::lock(&st.ranges);
         self.blob(bi).checks.iter().all(|c| match *c {
             Check::BoolBytesIn { start, len } => {
-                len == 0 || matches!(ranges.get(&start), Some(Ok(())))
+                raw || len == 0 || matches!(ranges.get(&start), Some(Ok(())))
             }
             _ => true,
         })

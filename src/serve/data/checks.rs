@@ -90,11 +90,16 @@ impl Decoded {
             rules: Rules::default(),
         };
         for c in &b.checks {
-            match c {
-                Check::Decoded(x) => d.digests.extend(hasher(x, &b.label)),
+            match *c {
+                Check::Decoded(ref x) => d.digests.extend(hasher(x, &b.label)),
                 Check::BoolBytes => d.rules.bool_bytes = true,
                 Check::ZeroLastNibble => d.rules.zero_last_nibble = true,
-                // Checked per part, as its range is first read.
+                // A raw blob's bytes are all fed here, before any is served
+                // (a stored npz member: its header, then a bool tensor).
+                Check::BoolBytesIn { start, len } if matches!(b.codec, Codec::Raw) => {
+                    d.rules.bools_in.push((start, len))
+                }
+                // Else checked per part, as its range is first read.
                 Check::Stored(_) | Check::BoolBytesIn { .. } => {}
             }
         }
@@ -171,6 +176,8 @@ fn judge(want: &Checksum, h: Hasher, over: &str) -> Result<(), Failed> {
 #[derive(Default)]
 struct Rules {
     bool_bytes: bool,
+    /// Ranges (start, length) of bool elements within the bytes.
+    bools_in: Vec<(u64, u64)>,
     zero_last_nibble: bool,
     /// Offset of the first byte that is neither 0 nor 1.
     bad_bool: Option<u64>,
@@ -180,7 +187,7 @@ struct Rules {
 
 impl Rules {
     fn any(&self) -> bool {
-        self.bool_bytes || self.zero_last_nibble
+        self.bool_bytes || self.zero_last_nibble || !self.bools_in.is_empty()
     }
 
     fn feed(&mut self, chunk: &[u8]) {
@@ -189,6 +196,18 @@ impl Rules {
             && let Some(i) = chunk.iter().position(|&b| b > 1)
         {
             self.bad_bool = Some(self.seen + i as u64);
+        }
+        let (c0, c1) = (self.seen, self.seen + chunk.len() as u64);
+        for &(start, len) in &self.bools_in {
+            let (a, b) = (start.max(c0), start.saturating_add(len).min(c1));
+            if self.bad_bool.is_some() || a >= b {
+                continue;
+            }
+            let bytes = &chunk[(a - c0) as usize..(b - c0) as usize];
+            if let Some(i) = bytes.iter().position(|&x| x > 1) {
+                // Counted from the start of its bool elements.
+                self.bad_bool = Some(a - start + i as u64);
+            }
         }
         self.seen += chunk.len() as u64;
         if let Some(&b) = chunk.last() {
