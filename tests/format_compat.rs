@@ -149,6 +149,19 @@ fn safetensors_plain_and_sharded() {
     if let Some(ix) = check_mount(&plain, &exp["plain.safetensors"]) {
         assert_eq!(ix["attributes"]["format"], "np");
         check_mount(&set, &exp["sharded"]);
+        // A Hugging Face cache: a snapshot's files are links into a folder
+        // of blobs named otherwise. The shards are those beside the link.
+        let hub = dir.path().join("hub");
+        let (blobs, snap) = (hub.join("blobs"), hub.join("snapshots/rev"));
+        std::fs::create_dir_all(&blobs).unwrap();
+        std::fs::create_dir_all(&snap).unwrap();
+        for (i, e) in std::fs::read_dir(&set).unwrap().enumerate() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), blobs.join(format!("{i}"))).unwrap();
+            std::os::unix::fs::symlink(format!("../../blobs/{i}"), snap.join(e.file_name()))
+                .unwrap();
+        }
+        check_mount(&snap.join("model.safetensors.index.json"), &exp["sharded"]);
     }
     // A missing shard: its tensors fail with the reason, the rest serve.
     let gone = set.join("model-00002-of-00003.safetensors");

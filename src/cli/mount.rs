@@ -52,7 +52,11 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
         s.log_file = Some(logging::default_log_file());
     }
     let remote = crate::source::is_remote(&file.to_string_lossy());
-    let file = match std::fs::canonicalize(file) {
+    // Absolute (the daemon leaves the working directory), but with its
+    // links kept: a link's siblings (shards, external data) are those
+    // beside it, as for every loader, not beside its target (a Hugging
+    // Face cache's snapshot is links into a folder of blobs).
+    let file = match std::fs::metadata(file).and_then(|_| std::path::absolute(file)) {
         _ if remote => file.to_path_buf(),
         Ok(p) => p,
         Err(e) => return fail(format!("{}: {e}", file.display())),
