@@ -72,6 +72,24 @@ fn write_zstd(path: &Path, names: &[&str], n: usize) -> Vec<(String, Vec<u8>)> {
     out
 }
 
+/// Reads `name` whole through one open, one MiB at a time, waiting after
+/// each for the write-behind to write it, as a reader that leaves the CPU
+/// free between its reads would find: none of it is left to the fill.
+/// Returns the bytes and the open, still held.
+fn read_written_behind(m: &Mount, name: &str, len: usize) -> (Vec<u8>, std::fs::File) {
+    let mut f = std::fs::File::open(m.path(name)).unwrap();
+    let mut got = vec![0u8; len];
+    let before = m.stat_u64("write_behind_bytes") + m.stat_u64("write_behind_skipped_bytes");
+    let skipped = m.stat_u64("write_behind_skipped_bytes");
+    let mut at = 0;
+    for chunk in got.chunks_mut(1 << 20) {
+        f.read_exact(chunk).unwrap();
+        at += chunk.len() as u64;
+        assert_eq!(m.written_behind(before + at), skipped, "{}", m.stats());
+    }
+    (got, f)
+}
+
 /// Maps `path` (through the mount) and compares it with `want`.
 fn assert_mapped_eq(path: &Path, want: &[u8]) {
     let f = std::fs::File::open(path).unwrap();
@@ -881,7 +899,7 @@ fn a_peek_at_a_decoded_tensor_fills_nothing() {
 }
 
 #[test]
-fn a_first_read_writes_its_backing_file_through_and_decodes_each_frame_once() {
+fn a_first_read_with_cpu_to_spare_is_written_behind_and_decodes_each_frame_once() {
     let _s = support::serial();
     let Some(mut m) = Mount::scratch() else {
         return;
@@ -893,9 +911,9 @@ fn a_first_read_writes_its_backing_file_through_and_decodes_each_frame_once() {
     let want = &tensors[0].1;
     m.mount(&src, &["--cache-size", "8M"]);
     let frames = want.len() as u64 >> 20;
-    let mut held = std::fs::File::open(m.path("z")).unwrap();
-    let mut got = Vec::new();
-    held.read_to_end(&mut got).unwrap();
+    // A reader that leaves the CPU free between its reads: every byte is
+    // written behind it.
+    let (got, held) = read_written_behind(&m, "z", want.len());
     assert!(got == *want, "first read");
     assert_eq!(m.stat_u64("decompressions"), frames, "{}", m.stats());
     // Frames behind the reader left the cache as they were written.
@@ -1089,10 +1107,14 @@ fn an_open_while_its_backing_file_is_filled_reads_what_the_first_read_wrote() {
     f.read_exact(&mut head).unwrap();
     assert!(head[..] == big[..80 << 20]);
     drop(f);
+    m.written_behind(80 << 20);
     // `z` whole, closed, and at once opened again while its backing file
-    // waits for the filler: read from what the first read wrote, not
-    // decoded again (its frames left the cache behind the reader).
-    assert!(m.read("z") == z, "first read");
+    // waits for the filler: read from what the first read wrote (behind
+    // it, the CPU free between its reads), not decoded again (its frames
+    // left the cache behind the reader).
+    let (first, f) = read_written_behind(&m, "z", z.len());
+    drop(f);
+    assert!(first == z, "first read");
     // Each of its 16 frames at least once: a busy machine may decode a
     // frame again, when the filler's units crowd it out of the 8 MiB
     // cache before the reader gets to it.

@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 
+use super::activity::Activity;
 use super::lock;
 use super::tree::Content;
 use super::warmer::{CloneJob, Warmer};
@@ -339,6 +340,12 @@ pub struct Partial {
 pub struct Through(Arc<Partial>);
 
 impl Through {
+    /// Its file's [`Partial`], to write to later (see
+    /// [`Partial::through_if_open`]).
+    pub fn partial(&self) -> Arc<Partial> {
+        self.0.clone()
+    }
+
     /// See [`Partial::offer`].
     pub fn offer(&self, at: u64, bytes: &[u8]) -> Option<(u64, u64)> {
         self.0.offer(at, bytes)
@@ -376,6 +383,19 @@ impl Partial {
     pub fn through(self: &Arc<Self>) -> Through {
         lock(&self.written).pending += 1;
         Through(self.clone())
+    }
+
+    /// Like [`Self::through`], for bytes already sent, written later: `None`
+    /// once it is sealed (a close does not wait for writes not begun;
+    /// the fill writes what they would have).
+    pub fn through_if_open(self: &Arc<Self>) -> Option<Through> {
+        let mut w = lock(&self.written);
+        if w.sealed || w.failed {
+            return None;
+        }
+        w.pending += 1;
+        drop(w);
+        Some(Through(self.clone()))
     }
 
     /// Takes no more writes once those of the reads already answered are
@@ -533,11 +553,26 @@ struct Job {
     skip: Written,
 }
 
+/// Files to fill, on two threads: one for files whose served reads wrote
+/// every byte (nothing left but publishing them, which an open may be
+/// waiting for), one for the rest, which waits for a quiet mount before
+/// each piece it decodes (see [`Activity`]).
 #[derive(Default)]
 struct Queue {
-    jobs: std::collections::VecDeque<Job>,
-    /// Whether a thread is working through `jobs`.
-    running: bool,
+    whole: std::collections::VecDeque<Job>,
+    rest: std::collections::VecDeque<Job>,
+    /// Whether a thread is working through each.
+    running: [bool; 2],
+}
+
+impl Queue {
+    fn of(&mut self, whole: bool) -> &mut std::collections::VecDeque<Job> {
+        if whole {
+            &mut self.whole
+        } else {
+            &mut self.rest
+        }
+    }
 }
 
 /// Told the exposed file (an inode number) whose reads asked for a
@@ -588,6 +623,8 @@ pub struct Backings {
     disk: Arc<crate::serve::decoded_disk::DecodedDisk>,
     /// Drops an idle spill (see [`Backings::on_spills_full`]).
     free_spills: std::sync::OnceLock<Box<dyn Fn() -> bool + Send + Sync>>,
+    /// The reads the daemon serves, which a fill's decodes wait out.
+    activity: Activity,
 }
 
 impl Backings {
@@ -621,7 +658,13 @@ impl Backings {
             stats,
             disk,
             free_spills: std::sync::OnceLock::new(),
+            activity: Activity::default(),
         }
+    }
+
+    /// Where reads the daemon serves are counted (see [`Activity`]).
+    pub fn activity(&self) -> &Activity {
+        &self.activity
     }
 
     /// Sets the most backing files at once, of every kind (unbounded until
@@ -1009,27 +1052,30 @@ impl Backings {
         }
     }
 
-    /// Queues `job`, before the others when it is `urgent` (nothing left
-    /// to write, an open may be waiting for it).
-    fn queue(self: &Arc<Self>, job: Job, urgent: bool) {
+    /// Queues `job`, on the thread for files with nothing left to write
+    /// when it is `whole` (an open may be waiting for it).
+    fn queue(self: &Arc<Self>, job: Job, whole: bool) {
         let (key, charge) = (job.key.clone(), charge_of(job.len, &job.holds));
         let mut queue = lock(&self.queue);
-        if urgent {
-            queue.jobs.push_front(job);
-        } else {
-            queue.jobs.push_back(job);
-        }
-        if !queue.running {
+        queue.of(whole).push_back(job);
+        if !queue.running[whole as usize] {
             let me = self.clone();
             let spawned = std::thread::Builder::new()
-                .name("zt-backing".into())
-                .spawn(move || me.run_queue());
+                .name(
+                    if whole {
+                        "zt-backing-whole"
+                    } else {
+                        "zt-backing"
+                    }
+                    .into(),
+                )
+                .spawn(move || me.run_queue(whole));
             match spawned {
-                Ok(_) => queue.running = true,
+                Ok(_) => queue.running[whole as usize] = true,
                 Err(e) => {
                     log::warn!("cannot start a backing file's filler: {e}");
                     // No thread was running, so the queue held only this job.
-                    queue.jobs.clear();
+                    queue.of(whole).clear();
                     drop(queue);
                     self.forget(&key, charge);
                 }
@@ -1040,14 +1086,14 @@ impl Backings {
     /// Fills queued files one after another (each on every core), until
     /// none is left: a model's first load opens hundreds of tensors at
     /// once, and filling them all at once would only fight over the cache.
-    fn run_queue(&self) {
+    fn run_queue(&self, whole: bool) {
         loop {
             let job = {
                 let mut queue = lock(&self.queue);
-                match queue.jobs.pop_front() {
+                match queue.of(whole).pop_front() {
                     Some(j) => j,
                     None => {
-                        queue.running = false;
+                        queue.running[whole as usize] = false;
                         return;
                     }
                 }
@@ -1250,7 +1296,7 @@ impl Backings {
             skip,
         } = job;
         let t0 = std::time::Instant::now();
-        let wrote = match write_all(&file, len, &data, &segments, &skip) {
+        let wrote = match write_all(&file, len, &data, &segments, &skip, &self.activity) {
             Ok(n) => n,
             Err(why) => {
                 log::debug!("{key:?} stays served by the daemon: {why}");
@@ -1430,14 +1476,17 @@ struct Piece {
 }
 
 /// Writes `segments` into `file` (sized) in order, but for what `skip`
-/// says is there; parts in [`CHUNK`]s taken by one worker per core. The
-/// bytes of parts it wrote.
+/// says is there; parts in [`CHUNK`]s taken by one worker per core, each
+/// once the mount is quiet (`activity`): what the reads did not write is
+/// decoded again, and a load going on must not wait for that. The bytes of
+/// parts it wrote.
 fn write_all(
     file: &File,
     len: u64,
     data: &Data,
     segments: &[Segment],
     skip: &Written,
+    activity: &Activity,
 ) -> Result<u64, String> {
     let io = |e: std::io::Error| format!("cannot write a backing file: {e}");
     let mut pieces = Vec::new();
@@ -1484,6 +1533,7 @@ fn write_all(
         for _ in 0..workers.min(pieces.len()) {
             s.spawn(|| {
                 while lock(&failed).is_none() {
+                    activity.wait_quiet(|| false);
                     let Some(p) = pieces.get(next.fetch_add(1, Relaxed)) else {
                         return;
                     };

@@ -9,6 +9,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use super::activity::Busy;
 use super::backing::{
     Backing, BackingOptions, Backings, Behind, Fill, Filled, Origin, Partial, Segment, Through,
 };
@@ -53,12 +54,63 @@ pub struct Served<'a> {
     bytes: Bytes<'a>,
     /// The file's inode and the backing file the bytes are written to.
     through: Option<(Ino, Through)>,
+    /// Counts the read as served until it is dropped, after its reply.
+    _busy: Option<Busy<'a>>,
 }
 
 impl std::ops::Deref for Served<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         &self.bytes
+    }
+}
+
+/// Where a read's bytes go in a backing file, and what to tell once
+/// they are written there.
+struct WriteThrough {
+    data: Arc<Data>,
+    backings: Arc<Backings>,
+    ino: Ino,
+    off: u64,
+    /// The tensor part the read met first: (tensor, part, where it starts
+    /// in the file, its length).
+    part: (usize, usize, u64, u64),
+}
+
+impl WriteThrough {
+    /// Writes `bytes` to `p`'s file, then drops the page cache and the
+    /// decoded frames well behind the reader. False when they could not
+    /// be written (the file sealed, a full disk).
+    fn write(&self, p: &Through, bytes: Bytes<'_>) -> bool {
+        let end = self.off + bytes.len() as u64;
+        let Some(written) = p.offer(self.off, &bytes) else {
+            return false;
+        };
+        // Let go of the frames first: a held one stays cached.
+        drop(bytes);
+        self.written(p, end, written, true);
+        true
+    }
+
+    /// The read's bytes, up to `end`, are in `p`'s file, which holds
+    /// `[from, to)` around them: drops the page cache behind the reader,
+    /// and (`frames`) lets the decoded frames behind it leave the cache.
+    fn written(&self, p: &Through, end: u64, (from, to): (u64, u64), frames: bool) {
+        if let Some(range) = p.behind(self.off, (from, to)) {
+            self.backings.drop_behind(self.ino, range);
+        }
+        let (tensor, part, start, len) = self.part;
+        // In the part's own offsets: what this read touched, and all that
+        // is written around it.
+        let inside = |x: u64| (x.max(start) - start).min(len);
+        if frames && end > start {
+            self.data.written(
+                tensor,
+                part,
+                (inside(self.off), inside(end)),
+                (inside(from), inside(to)),
+            );
+        }
     }
 }
 
@@ -125,6 +177,8 @@ pub struct TensorFs {
     data: Arc<Data>,
     xattrs: bool,
     backings: Arc<Backings>,
+    /// Writes served bytes into backing files, after the reply.
+    write_behind: super::write_behind::WriteBehind,
     /// Whether the kernel takes backing files (set once it said so).
     passthrough: std::sync::atomic::AtomicBool,
     opens: Mutex<Opens>,
@@ -210,6 +264,10 @@ impl TensorFs {
             }
         }
         let sizes = (0..tree.main_len()).map(|_| OnceLock::new()).collect();
+        // Owned bytes waiting to be written: outside the cache's count, so
+        // a small share of it.
+        let write_behind =
+            super::write_behind::WriteBehind::new((opts.data.cache_size / 8).min(16 << 20));
         let stats = Arc::new(Stats::default());
         let data = Data::new(catalog, files, opts.data, stats.clone())?;
         let disk = data.decoded_disk();
@@ -239,6 +297,7 @@ impl TensorFs {
         }));
         Ok(TensorFs {
             backings,
+            write_behind,
             passthrough: std::sync::atomic::AtomicBool::new(false),
             opens: Mutex::default(),
             xattrs: opts.xattrs,
@@ -1038,6 +1097,13 @@ impl TensorFs {
     pub fn read(&self, ino: Ino, fh: u64, off: u64, size: u32) -> Result<Served<'_>, Errno> {
         Stats::add(&self.data.stats().reads, 1);
         let node = self.tree.node(ino).ok_or(libc::ENOENT)?;
+        // Reads of data hold back the fills (not those of generated files,
+        // such as a poll of `.ztensor/stats`).
+        let busy = matches!(
+            node.kind,
+            NodeKind::File(Content::Part { .. } | Content::ViewData { .. })
+        )
+        .then(|| self.backings.activity().begin());
         let partial = self.partial(fh).filter(|(i, _)| *i == ino).map(|(_, p)| p);
         let written = partial
             .as_ref()
@@ -1046,10 +1112,12 @@ impl TensorFs {
             Some(v) => Served {
                 bytes: Bytes::Owned(v),
                 through: None,
+                _busy: busy,
             },
             None => Served {
                 bytes: self.read_node(ino, &node.kind, fh, off, size)?,
                 through: partial.map(|p| (ino, p.through())),
+                _busy: busy,
             },
         };
         let mut opens = super::lock(&self.opens);
@@ -1063,9 +1131,15 @@ impl TensorFs {
     /// After `read`'s bytes, read at `off`, went to the reader: writes
     /// them through to the file's backing file, if it has one coming (see
     /// [`Partial`]). Called once the reply is out, so the reader does not
-    /// wait for the write.
+    /// wait for the write; a local tensor's bytes are written by the
+    /// write-behind thread, with CPU nothing else wants (see
+    /// `write_behind`).
     pub fn served(&self, off: u64, read: Served<'_>) {
-        let Served { bytes, through } = read;
+        let Served {
+            bytes,
+            through,
+            _busy,
+        } = read;
         let Some((ino, p)) = through else {
             return;
         };
@@ -1080,44 +1154,62 @@ impl TensorFs {
         if self.data.spilled(tensor, part) {
             return; // the fill reads the spill back
         }
+        let to = WriteThrough {
+            data: self.data.clone(),
+            backings: self.backings.clone(),
+            ino,
+            off,
+            part: (tensor, part, start, len),
+        };
         // A tensor file whose unit is decoded into a file: that file
         // becomes its backing as it is, so nothing is written; every byte
         // served is in it.
-        // (A remote tensor's reads are still written through: a remote
-        // file is kept only when they wrote all of it, so one whose unit
-        // left the cache before the last close still gets its backing.)
         let in_file = matches!(
             self.tree.node(ino).map(|n| &n.kind),
             Some(NodeKind::File(Content::Part { .. }))
         ) && !self.fetched_part(tensor, part)
             && self.data.decodes_into_file(tensor, part);
-        let written = if in_file {
-            Some((0, off + bytes.len() as u64))
-        } else {
-            p.offer(off, &bytes)
-        };
-        let Some((from, to)) = written else {
-            return;
-        };
-        if let Some(range) = p.behind(off, (from, to)) {
-            self.backings.drop_behind(ino, range);
-        }
         if in_file {
-            return; // the unit stays cached until its file is adopted
+            let end = off + bytes.len() as u64;
+            drop(bytes);
+            // The unit stays cached until its file is adopted.
+            return to.written(&p, end, (0, end), false);
         }
-        let end = off + bytes.len() as u64;
-        // Let go of the frames first: a held one stays cached.
-        drop(bytes);
-        // In the part's own offsets: what this read touched, and all that
-        // is written around it.
-        let inside = |x: u64| (x.max(start) - start).min(len);
-        if end > start {
-            self.data.written(
-                tensor,
-                part,
-                (inside(off), inside(end)),
-                (inside(from), inside(to)),
-            );
+        // A remote tensor's reads are written now: its file is kept only
+        // when they wrote all of it (nothing is fetched to complete it),
+        // so a write left for later would lose it.
+        if self.fetched_part(tensor, part) {
+            to.write(&p, bytes);
+            return;
+        }
+        match bytes.keep() {
+            Ok(kept) => {
+                let partial = p.partial();
+                drop(p);
+                let (held, n) = (kept.held(), kept.size());
+                let work = move || {
+                    let wrote = match (partial.through_if_open(), kept.get()) {
+                        (Some(p), Some(bytes)) => to.write(&p, bytes),
+                        _ => false,
+                    };
+                    let stats = to.data.stats();
+                    Stats::add(
+                        if wrote {
+                            &stats.write_behind_bytes
+                        } else {
+                            &stats.write_behind_skipped_bytes
+                        },
+                        n,
+                    );
+                };
+                // Not queued (a full queue): the fill writes them.
+                if self.write_behind.push(held, work).is_err() {
+                    Stats::add(&self.data.stats().write_behind_skipped_bytes, n);
+                }
+            }
+            Err(bytes) => {
+                to.write(&p, bytes);
+            }
         }
     }
 
@@ -1627,6 +1719,7 @@ mod passthrough_tests {
             fs.served(at as u64, bytes);
             at += n;
         }
+        fs.write_behind.flush();
     }
 
     fn contents(b: &Backing) -> Vec<u8> {

@@ -4,14 +4,18 @@
 //! `tree` lays out paths, `sidecar` renders the JSON beside each tensor,
 //! `backing` gives the kernel files it reads itself (FUSE passthrough),
 //! `warmer` reads the pages of clones among them in while the mount idles,
+//! `write_behind` writes served bytes into backing files with CPU nothing
+//! else wants,
 //! `fs` answers filesystem calls without knowing fuser, and `fuse` is the
 //! thin adapter the kernel talks to.
 
+mod activity;
 pub mod backing;
 pub mod fs;
 pub mod fuse;
 pub mod sidecar;
 pub mod tree;
 mod warmer;
+mod write_behind;
 
 pub(crate) use crate::serve::lock;

@@ -272,7 +272,7 @@ fn mem_available(meminfo: &str) -> Option<u64> {
 /// Puts the calling thread in the idle classes of the CPU and the disk
 /// schedulers. Best effort: a kernel or scheduler without them leaves it
 /// as it was.
-fn idle_priority() {
+pub(super) fn idle_priority() {
     /// `IOPRIO_PRIO_VALUE(IOPRIO_CLASS_IDLE, 0)`.
     const IOPRIO_IDLE: libc::c_long = 3 << 13;
     const IOPRIO_WHO_PROCESS: libc::c_long = 1;

@@ -53,6 +53,56 @@ impl Drop for Bytes<'_> {
     }
 }
 
+impl<'a> Bytes<'a> {
+    /// The same bytes, kept for later without keeping them cached: a
+    /// slice of a cached unit by a weak reference (gone once the cache lets
+    /// the unit go), owned bytes as they are. `Err` with them for bytes
+    /// straight from a source's mapping, which live only as long as it.
+    pub fn keep(mut self) -> Result<Kept, Bytes<'a>> {
+        if let Bytes::Mapped(..) = self {
+            return Err(self);
+        }
+        // `self` is dropped after: nothing is left in it to count or free.
+        Ok(match &mut self {
+            Bytes::Shared(b, at, n) => Kept::Cached(Arc::downgrade(b), *at, *n),
+            Bytes::Owned(v) => Kept::Owned(std::mem::take(v)),
+            Bytes::Mapped(..) => Kept::Owned(Vec::new()),
+        })
+    }
+}
+
+/// A read's bytes, kept by [`Bytes::keep`].
+pub enum Kept {
+    Cached(std::sync::Weak<Buf>, usize, usize),
+    Owned(Vec<u8>),
+}
+
+impl Kept {
+    /// Bytes of memory it holds: none for a slice of a cached unit.
+    pub fn held(&self) -> u64 {
+        match self {
+            Kept::Cached(..) => 0,
+            Kept::Owned(v) => v.len() as u64,
+        }
+    }
+
+    /// How many bytes.
+    pub fn size(&self) -> u64 {
+        match self {
+            Kept::Cached(_, _, n) => *n as u64,
+            Kept::Owned(v) => v.len() as u64,
+        }
+    }
+
+    /// The bytes, unless the cache let their unit go meanwhile.
+    pub fn get(self) -> Option<Bytes<'static>> {
+        match self {
+            Kept::Cached(b, at, n) => Some(Bytes::Shared(b.upgrade()?, at, n)),
+            Kept::Owned(v) => Some(Bytes::Owned(v)),
+        }
+    }
+}
+
 impl std::ops::Deref for Bytes<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

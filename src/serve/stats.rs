@@ -34,6 +34,11 @@ pub struct Stats {
     pub backing_decoded: AtomicU64,
     /// Filled backing files dropped to make room for others.
     pub backing_evictions: AtomicU64,
+    /// Served bytes written into backing files after their replies, with
+    /// CPU nothing else wanted, and those left to the fill (no CPU to
+    /// spare before the cache let them go, or the file closed first).
+    pub write_behind_bytes: AtomicU64,
+    pub write_behind_skipped_bytes: AtomicU64,
     /// 1 when the kernel takes backing files (passthrough), else 0.
     pub passthrough: AtomicU64,
 }
@@ -82,6 +87,8 @@ impl Stats {
             "backing_evictions": self.backing_evictions.load(Relaxed),
             "backing_clones": self.backing_clones.load(Relaxed),
             "backing_decoded": self.backing_decoded.load(Relaxed),
+            "write_behind_bytes": self.write_behind_bytes.load(Relaxed),
+            "write_behind_skipped_bytes": self.write_behind_skipped_bytes.load(Relaxed),
             "remote_requests": remote.requests,
             "remote_fetched_bytes": remote.fetched_bytes,
             "remote_cached_bytes": remote.cached_bytes,

@@ -390,6 +390,26 @@ impl Mount {
         );
     }
 
+    /// Waits until the write-behind has dealt with `n` served bytes since
+    /// mount (written them into backing files, or left them to the fill),
+    /// and says how many it left.
+    pub fn written_behind(&self, n: u64) -> u64 {
+        let done = || {
+            let s = self.stats();
+            let n = |k: &str| s[k].as_u64().unwrap_or(0);
+            (
+                n("write_behind_bytes") + n("write_behind_skipped_bytes"),
+                n("write_behind_skipped_bytes"),
+            )
+        };
+        assert!(
+            wait_until(Duration::from_secs(30), || done().0 >= n),
+            "{n} served bytes not written behind: {}",
+            self.stats()
+        );
+        done().1
+    }
+
     pub fn index(&self) -> Json {
         self.json(".ztensor/index.json")
     }
