@@ -749,6 +749,38 @@ fn a_server_that_keeps_failing_gives_eio_or_etimedout_and_a_log_line_never_a_han
 }
 
 #[test]
+fn an_answer_encoded_or_longer_than_asked_is_refused_and_none_of_its_bytes_kept() {
+    let _s = support::serial();
+    // `read_with_fault` reads the tensor again once the server is right:
+    // the same mount must fetch it anew, not serve what the bad answer put
+    // in the cache file (a gzip body filled whole blocks before its length
+    // was found short).
+    for (fault, says) in [
+        (
+            "/__fault?kind=gzip&count=100",
+            "the server sent them encoded (Content-Encoding: gzip), which this client neither \
+             asks for nor decodes",
+        ),
+        ("/__fault?kind=long&count=100", "the server sent more than"),
+    ] {
+        let Some((got, _, log, _)) = read_with_fault(fault) else {
+            return;
+        };
+        let e = got.expect_err(fault);
+        assert_eq!(
+            e.raw_os_error(),
+            Some(libc::EIO),
+            "{fault}: {e}\nlog: {log}"
+        );
+        assert!(
+            log.lines()
+                .any(|l| l.contains("ERROR") && l.contains("tensor \"tail\"") && l.contains(says)),
+            "{fault}: no log line saying {says:?}: {log}"
+        );
+    }
+}
+
+#[test]
 fn a_cache_dir_without_room_fails_the_read_with_enospc_until_it_has_room() {
     let _s = support::serial();
     let Some(py) = python() else { return };

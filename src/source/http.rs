@@ -289,18 +289,25 @@ pub(super) fn extent(
 }
 
 /// A GET's answer as object_store gives it: `bytes` of the object whose
-/// `meta` it carries, its body as the stream.
+/// `meta` it carries, its body as the stream, and its `Content-Encoding`
+/// (as object_store's own stores give it: `remote` refuses a body that
+/// is encoded).
 pub(super) fn get_result(
     store: &'static str,
     r: reqwest::Response,
     meta: ObjectMeta,
     bytes: Range<u64>,
 ) -> GetResult {
+    let mut attributes = object_store::Attributes::new();
+    if let Some(e) = r.headers().get(reqwest::header::CONTENT_ENCODING) {
+        let e = String::from_utf8_lossy(e.as_bytes()).into_owned();
+        attributes.insert(object_store::Attribute::ContentEncoding, e.into());
+    }
     GetResult {
         payload: GetResultPayload::Stream(body(store, r)),
         meta,
         range: bytes,
-        attributes: Default::default(),
+        attributes,
         extensions: Default::default(),
     }
 }

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use object_store::path::Path as Key;
-use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
+use object_store::{GetOptions, GetRange, GetResult, ObjectStore, ObjectStoreExt};
 
 use super::error::{FetchError, FetchKind};
 use super::shared::Live;
@@ -709,6 +709,24 @@ async fn first_byte(
 /// A failed GET as a fetch error: its kind from what the store said (its
 /// variant, or the kind a cause carries: the HTTP client's timeout, the
 /// Hub's own failures), its line from [`describe`].
+/// Refuses an answer whose body is encoded (`Content-Encoding: gzip`, a
+/// server or CDN that compresses what it sends whether asked or not):
+/// this client asks for and decodes none, and its bytes are not the
+/// object's.
+fn not_encoded(got: &GetResult, what: &str) -> std::result::Result<(), FetchError> {
+    match got
+        .attributes
+        .get(&object_store::Attribute::ContentEncoding)
+    {
+        Some(e) if !e.trim().eq_ignore_ascii_case("identity") => Err(FetchError::failed(format!(
+            "{what}: the server sent them encoded (Content-Encoding: {}), which this \
+             client neither asks for nor decodes",
+            e.as_ref()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 fn refused(e: &object_store::Error) -> FetchError {
     let kind = match e {
         object_store::Error::Precondition { .. } | object_store::Error::NotFound { .. } => {
@@ -1510,6 +1528,21 @@ impl Object {
         false
     }
 
+    /// Marks `blocks` missing (for every mount of the cache file), and
+    /// not checked: an answer whose bytes turned out not to be those
+    /// asked for.
+    fn unmark(&self, blocks: Range<u64>) {
+        for b in blocks {
+            let bit = !(1u64 << (b % 64));
+            if let Some(w) = self.present.get((b / 64) as usize) {
+                w.fetch_and(bit, Release);
+            }
+            if let Some(w) = self.checked.get((b / 64) as usize) {
+                w.fetch_and(bit, Release);
+            }
+        }
+    }
+
     fn set_checked(&self, b: u64) {
         if let Some(w) = self.checked.get((b / 64) as usize) {
             w.fetch_or(1 << (b % 64), Release);
@@ -1836,6 +1869,7 @@ impl Object {
                 got.range
             )));
         }
+        not_encoded(&got, &what)?;
         let file = self.file.as_ref().ok_or_else(|| {
             FetchError::failed(format!("{what}: the cache file cannot be written"))
         })?;
@@ -1851,6 +1885,8 @@ impl Object {
         while let Some(piece) = body.next().await {
             let piece = piece.map_err(|e| refused(&e).context(&what))?;
             if at + piece.len() as u64 > end {
+                // Not the bytes asked for: none of what it sent is kept.
+                self.unmark(blocks.clone());
                 return Err(FetchError::failed(format!(
                     "{what}: the server sent more than {} bytes",
                     end - start
@@ -1949,6 +1985,7 @@ impl Object {
             Err(e) => return Err(self.refused(&e, &what).await),
         };
         self.same_object(&got.meta)?;
+        not_encoded(&got, &what)?;
         let file = self.file.as_ref().ok_or_else(|| {
             FetchError::failed(format!("{what}: the cache file cannot be written"))
         })?;

@@ -18,6 +18,9 @@ exits when stdin closes (or it is killed). Control requests (not counted):
         drop    send the headers and half the body, then close the connection
         status  answer S (500, 503) instead
         stall   wait T seconds before answering (past the client's timeout)
+        gzip    send the range gzip-compressed, with Content-Encoding: gzip
+                (a server or CDN that compresses unasked)
+        long    send the range and 4096 bytes more (Content-Length says so)
     GET /__claim?path=/x&size=N
         HEAD answers for /x give its size as N bytes (a server that lies)
     GET /__replace?path=/x&from=/y
@@ -42,6 +45,7 @@ exits when stdin closes (or it is killed). Control requests (not counted):
                    drops the ETag and ignores If-Match)
 """
 
+import gzip
 import json
 import os
 import re
@@ -212,9 +216,17 @@ class Handler(BaseHTTPRequestHandler):
                 return self.answer(416, b"range not satisfiable")
             status = 206
         body = b"" if head else data.read(start, end)
+        kind = fault["kind"] if fault else None
+        if kind == "gzip":
+            body = gzip.compress(body)
+        elif kind == "long":
+            body += b"\xa5" * 4096
         self.send_response(status)
         claimed = STATE.get("claims", {}).get(url.path) if head else None
-        self.send_header("Content-Length", str(end - start if claimed is None else claimed))
+        length = len(body) if kind in ("gzip", "long") else end - start
+        self.send_header("Content-Length", str(length if claimed is None else claimed))
+        if kind == "gzip":
+            self.send_header("Content-Encoding", "gzip")
         first = STATE["gen"].get(url.path, 0) == 0
         if mode == "all" or (mode == "head_etag" and head) or (mode == "drop_etag" and first):
             self.send_header("ETag", etag)
