@@ -120,6 +120,13 @@ fn parse(arg: &str, revision: Option<&str>) -> std::result::Result<Spec, String>
         (None, Some(r)) if !r.is_empty() => r.to_string(),
         _ => "main".to_string(),
     };
+    // A dot segment would be dropped from the API's URL (asking of another
+    // revision, or of none); git refuses such names, and control bytes.
+    if !plain_path(&revision) {
+        return Err(format!(
+            "{USAGE}: {revision:?} is not a revision (a branch, tag or commit)"
+        ));
+    }
     if let Some(p) = path
         && !plain_path(p)
     {
@@ -1071,6 +1078,11 @@ mod tests {
             "hf://o/r/../x",
             "hf://o/r//x",
             "hf://o/r/m\n.safetensors",
+            "hf://o/r@..",
+            "hf://o/r@%2e%2e",
+            "hf://o/r@.",
+            "hf://o/r@refs%2F..%2Fx",
+            "hf://o/r@a%00b",
             "hf://o/r/\x1b[31mm.safetensors",
         ] {
             assert!(p(bad).is_err(), "{bad}");
