@@ -46,7 +46,7 @@ for name in ["embed.weight", "enc/layer0/mlp/w1", "norm.scale"]:
 import tensorstore as ts, zarr
 from safetensors.numpy import load_file
 print("np.load:    ", np.load(f"{mnt}/.npy/embed.weight.npy").shape)
-print("TensorStore:", ts.open({"driver": "zarr3", "kvstore": f"file://{mnt}/.zarr/embed.weight"}, read=True).result().shape)
+print("TensorStore:", ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": f"{mnt}/.zarr/embed.weight/"}}, read=True).result().shape)
 print("zarr:       ", zarr.open_array(f"{mnt}/.zarr/embed.weight", mode="r").shape)
 print("safetensors:", sorted(load_file(f"{mnt}/.safetensors/model.safetensors"))[:3], "...")
 PY

@@ -67,6 +67,14 @@ fn write_model(path: &Path) {
             w.add(&name, d, &[3, 5, 7], &bytes, o).unwrap();
         }
     }
+    // Names the tree escapes (`a/%2E%2E/b`, `%2E/c`) beside the names a
+    // URL's decoding of those escapes would give: each reader must open
+    // its own tensor (a `file://` kvstore decodes them; see views.md).
+    for (i, name) in ["b", "a/../b", "c", "./c"].iter().enumerate() {
+        let bytes = support::pattern(4, 6, 10 + i as u8);
+        w.add(name, DType::Int32, &[6], &bytes, &Options::default())
+            .unwrap();
+    }
     w.add(
         "scalar",
         DType::Float64,
@@ -99,8 +107,9 @@ fn numpy_zarr_tensorstore_and_safetensors_open_a_mounted_zt_v01() {
     let Some(m) = Mount::with(&["--xattrs"], write_model) else {
         return;
     };
-    // 13 dtypes x 3 storages, the scalar, the empty one and the big one.
-    let dense = 13 * 3 + 3;
+    // 13 dtypes x 3 storages, four with escaped names or their twins, the
+    // scalar, the empty one and the big one.
+    let dense = 13 * 3 + 4 + 3;
     let index = m.index();
     let sparse = index["tensors"]
         .as_array()
