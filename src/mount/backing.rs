@@ -43,6 +43,10 @@ const PUBLISH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// longer is left to the filler.
 const SEAL_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Longest a fill waits for a quiet mount before decoding its next piece
+/// anyway (see [`Activity`]).
+const FILL_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The page cache a daemon-served read fills (by `mmap`) is dropped behind
 /// the reader in steps of this many bytes (see [`Behind`]) ...
 const DROP_STEP: u64 = if cfg!(test) { 2 << 20 } else { 64 << 20 };
@@ -347,8 +351,8 @@ impl Through {
     }
 
     /// See [`Partial::offer`].
-    pub fn offer(&self, at: u64, bytes: &[u8]) -> Option<(u64, u64)> {
-        self.0.offer(at, bytes)
+    pub fn offer(&self, at: u64, bytes: &[u8], idle: bool) -> Option<(u64, u64)> {
+        self.0.offer(at, bytes, idle)
     }
 
     /// The range of the file's page cache to drop now (see [`Behind`]),
@@ -445,10 +449,11 @@ impl Partial {
         w.sealed && !w.failed && w.covers(0, self.len)
     }
 
-    /// Writes `bytes`, served at `at`: the written range they are in now,
-    /// or `None` when they could not be written (a full disk leaves the
-    /// file to be dropped at close).
-    pub fn offer(&self, at: u64, bytes: &[u8]) -> Option<(u64, u64)> {
+    /// Writes `bytes`, served at `at` (the copy at the idle priority of the
+    /// CPU when `idle`): the written range they are in now, or `None` when
+    /// they could not be written (a full disk leaves the file to be
+    /// dropped at close).
+    pub fn offer(&self, at: u64, bytes: &[u8], idle: bool) -> Option<(u64, u64)> {
         let end = at + bytes.len() as u64;
         {
             let w = lock(&self.written);
@@ -459,7 +464,12 @@ impl Partial {
                 return Some(r);
             }
         }
-        match self.file.write_all_at(bytes, at) {
+        let write = || self.file.write_all_at(bytes, at);
+        let wrote = match idle {
+            true => super::priority::with_idle_cpu(write),
+            false => write(),
+        };
+        match wrote {
             Ok(()) => Some(lock(&self.written).add(at, end)),
             Err(e) => {
                 log::debug!("cannot write a backing file: {e}");
@@ -1477,9 +1487,9 @@ struct Piece {
 
 /// Writes `segments` into `file` (sized) in order, but for what `skip`
 /// says is there; parts in [`CHUNK`]s taken by one worker per core, each
-/// once the mount is quiet (`activity`): what the reads did not write is
-/// decoded again, and a load going on must not wait for that. The bytes of
-/// parts it wrote.
+/// once the mount is quiet (`activity`) or after [`FILL_PATIENCE`]: what
+/// the reads did not write is decoded again, and a load going on must not
+/// wait for that. The bytes of parts it wrote.
 fn write_all(
     file: &File,
     len: u64,
@@ -1533,7 +1543,10 @@ fn write_all(
         for _ in 0..workers.min(pieces.len()) {
             s.spawn(|| {
                 while lock(&failed).is_none() {
-                    activity.wait_quiet(|| false);
+                    // A mount never quiet (a reader that never pauses)
+                    // still gets its files, a piece now and then.
+                    let asked = std::time::Instant::now();
+                    activity.wait_quiet(|| asked.elapsed() >= FILL_PATIENCE);
                     let Some(p) = pieces.get(next.fetch_add(1, Relaxed)) else {
                         return;
                     };

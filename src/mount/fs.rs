@@ -78,12 +78,13 @@ struct WriteThrough {
 }
 
 impl WriteThrough {
-    /// Writes `bytes` to `p`'s file, then drops the page cache and the
-    /// decoded frames well behind the reader. False when they could not
-    /// be written (the file sealed, a full disk).
-    fn write(&self, p: &Through, bytes: Bytes<'_>) -> bool {
+    /// Writes `bytes` to `p`'s file (the copy at the idle priority of the
+    /// CPU when `idle`), then drops the page cache and the decoded frames
+    /// well behind the reader. False when they could not be written (the
+    /// file sealed, a full disk).
+    fn write(&self, p: &Through, bytes: Bytes<'_>, idle: bool) -> bool {
         let end = self.off + bytes.len() as u64;
-        let Some(written) = p.offer(self.off, &bytes) else {
+        let Some(written) = p.offer(self.off, &bytes, idle) else {
             return false;
         };
         // Let go of the frames first: a held one stays cached.
@@ -1148,7 +1149,7 @@ impl TensorFs {
             .node(ino)
             .and_then(|n| self.part_at(&n.kind, off, bytes.len() as u64))
         else {
-            let _ = p.offer(off, &bytes);
+            let _ = p.offer(off, &bytes, false);
             return;
         };
         if self.data.spilled(tensor, part) {
@@ -1179,7 +1180,7 @@ impl TensorFs {
         // when they wrote all of it (nothing is fetched to complete it),
         // so a write left for later would lose it.
         if self.fetched_part(tensor, part) {
-            to.write(&p, bytes);
+            to.write(&p, bytes, false);
             return;
         }
         match bytes.keep() {
@@ -1189,7 +1190,7 @@ impl TensorFs {
                 let (held, n) = (kept.held(), kept.size());
                 let work = move || {
                     let wrote = match (partial.through_if_open(), kept.get()) {
-                        (Some(p), Some(bytes)) => to.write(&p, bytes),
+                        (Some(p), Some(bytes)) => to.write(&p, bytes, true),
                         _ => false,
                     };
                     let stats = to.data.stats();
@@ -1208,7 +1209,7 @@ impl TensorFs {
                 }
             }
             Err(bytes) => {
-                to.write(&p, bytes);
+                to.write(&p, bytes, false);
             }
         }
     }

@@ -5,14 +5,16 @@
 //! `backing` gives the kernel files it reads itself (FUSE passthrough),
 //! `warmer` reads the pages of clones among them in while the mount idles,
 //! `write_behind` writes served bytes into backing files with CPU nothing
-//! else wants,
-//! `fs` answers filesystem calls without knowing fuser, and `fuse` is the
+//! else wants, `activity` tells whether reads are being served (fills wait
+//! for it), `priority` puts work in the schedulers' idle classes, `fs`
+//! answers filesystem calls without knowing fuser, and `fuse` is the
 //! thin adapter the kernel talks to.
 
 mod activity;
 pub mod backing;
 pub mod fs;
 pub mod fuse;
+mod priority;
 pub mod sidecar;
 pub mod tree;
 mod warmer;

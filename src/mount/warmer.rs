@@ -134,7 +134,7 @@ impl Warmer {
 
 impl Inner {
     fn run(&self) {
-        idle_priority();
+        super::priority::idle();
         let mut buf = vec![0u8; BUF];
         loop {
             let job = self.next();
@@ -267,22 +267,6 @@ fn mem_available(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
-}
-
-/// Puts the calling thread in the idle classes of the CPU and the disk
-/// schedulers. Best effort: a kernel or scheduler without them leaves it
-/// as it was.
-pub(super) fn idle_priority() {
-    /// `IOPRIO_PRIO_VALUE(IOPRIO_CLASS_IDLE, 0)`.
-    const IOPRIO_IDLE: libc::c_long = 3 << 13;
-    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: plain syscalls on the calling thread (0 names it); `param`
-    // is a valid sched_param that outlives the call.
-    unsafe {
-        libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
-        libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, IOPRIO_IDLE);
-    }
 }
 
 #[cfg(test)]

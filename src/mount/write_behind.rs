@@ -1,5 +1,6 @@
-//! Writes served bytes into their backing files on a thread of its own, at
-//! the idle priority of the CPU, so that a first load never waits for them.
+//! Writes served bytes into their backing files on a thread of its own,
+//! the copy at the idle priority of the CPU, so that a first load never
+//! waits for them.
 //!
 //! A decoded tensor's first reads are answered from the cache and then
 //! copied into the file that will back its later opens. That copy lands in
@@ -115,7 +116,9 @@ impl Drop for WriteBehind {
 
 impl Inner {
     fn run(self: Arc<Self>) {
-        super::warmer::idle_priority();
+        // At the normal priority: the work takes locks that serving threads
+        // wait on, and lowers it itself around its copy
+        // (`priority::with_idle_cpu`).
         loop {
             let (bytes, work) = {
                 let mut st = lock(&self.state);
