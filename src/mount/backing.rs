@@ -351,8 +351,8 @@ impl Through {
     }
 
     /// See [`Partial::offer`].
-    pub fn offer(&self, at: u64, bytes: &[u8], idle: bool) -> Option<(u64, u64)> {
-        self.0.offer(at, bytes, idle)
+    pub fn offer(&self, at: u64, bytes: &[u8]) -> Option<(u64, u64)> {
+        self.0.offer(at, bytes)
     }
 
     /// The range of the file's page cache to drop now (see [`Behind`]),
@@ -411,9 +411,12 @@ impl Partial {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 log::debug!(
-                    "sealed a backing file with {} writes still pending",
+                    "sealed a backing file with {} writes still pending: dropped",
                     w.pending
                 );
+                // They land later, beside the fill's writes of the same
+                // bytes: the file is not kept (written once).
+                w.failed = true;
                 break;
             }
             w = self
@@ -449,11 +452,10 @@ impl Partial {
         w.sealed && !w.failed && w.covers(0, self.len)
     }
 
-    /// Writes `bytes`, served at `at` (the copy at the idle priority of the
-    /// CPU when `idle`): the written range they are in now, or `None` when
-    /// they could not be written (a full disk leaves the file to be
-    /// dropped at close).
-    pub fn offer(&self, at: u64, bytes: &[u8], idle: bool) -> Option<(u64, u64)> {
+    /// Writes `bytes`, served at `at`: the written range they are in now,
+    /// or `None` when they could not be written (a full disk leaves the
+    /// file to be dropped at close).
+    pub fn offer(&self, at: u64, bytes: &[u8]) -> Option<(u64, u64)> {
         let end = at + bytes.len() as u64;
         {
             let w = lock(&self.written);
@@ -464,12 +466,7 @@ impl Partial {
                 return Some(r);
             }
         }
-        let write = || self.file.write_all_at(bytes, at);
-        let wrote = match idle {
-            true => super::priority::with_idle_cpu(write),
-            false => write(),
-        };
-        match wrote {
+        match self.file.write_all_at(bytes, at) {
             Ok(()) => Some(lock(&self.written).add(at, end)),
             Err(e) => {
                 log::debug!("cannot write a backing file: {e}");
@@ -1543,13 +1540,13 @@ fn write_all(
         for _ in 0..workers.min(pieces.len()) {
             s.spawn(|| {
                 while lock(&failed).is_none() {
+                    let Some(p) = pieces.get(next.fetch_add(1, Relaxed)) else {
+                        return;
+                    };
                     // A mount never quiet (a reader that never pauses)
                     // still gets its files, a piece now and then.
                     let asked = std::time::Instant::now();
                     activity.wait_quiet(|| asked.elapsed() >= FILL_PATIENCE);
-                    let Some(p) = pieces.get(next.fetch_add(1, Relaxed)) else {
-                        return;
-                    };
                     let r = data
                         .read(p.tensor, p.part, p.at, p.len)
                         .map_err(|e| e.to_string())

@@ -78,13 +78,12 @@ struct WriteThrough {
 }
 
 impl WriteThrough {
-    /// Writes `bytes` to `p`'s file (the copy at the idle priority of the
-    /// CPU when `idle`), then drops the page cache and the decoded frames
-    /// well behind the reader. False when they could not be written (the
-    /// file sealed, a full disk).
-    fn write(&self, p: &Through, bytes: Bytes<'_>, idle: bool) -> bool {
+    /// Writes `bytes` to `p`'s file, then drops the page cache and the
+    /// decoded frames well behind the reader. False when they could not be
+    /// written (the file sealed, a full disk).
+    fn write(&self, p: &Through, bytes: Bytes<'_>) -> bool {
         let end = self.off + bytes.len() as u64;
-        let Some(written) = p.offer(self.off, &bytes, idle) else {
+        let Some(written) = p.offer(self.off, &bytes) else {
             return false;
         };
         // Let go of the frames first: a held one stays cached.
@@ -1133,8 +1132,7 @@ impl TensorFs {
     /// them through to the file's backing file, if it has one coming (see
     /// [`Partial`]). Called once the reply is out, so the reader does not
     /// wait for the write; a local tensor's bytes are written by the
-    /// write-behind thread, with CPU nothing else wants (see
-    /// `write_behind`).
+    /// write-behind thread, when a core is free (see `write_behind`).
     pub fn served(&self, off: u64, read: Served<'_>) {
         let Served {
             bytes,
@@ -1149,7 +1147,7 @@ impl TensorFs {
             .node(ino)
             .and_then(|n| self.part_at(&n.kind, off, bytes.len() as u64))
         else {
-            let _ = p.offer(off, &bytes, false);
+            let _ = p.offer(off, &bytes);
             return;
         };
         if self.data.spilled(tensor, part) {
@@ -1180,7 +1178,7 @@ impl TensorFs {
         // when they wrote all of it (nothing is fetched to complete it),
         // so a write left for later would lose it.
         if self.fetched_part(tensor, part) {
-            to.write(&p, bytes, false);
+            to.write(&p, bytes);
             return;
         }
         match bytes.keep() {
@@ -1190,7 +1188,7 @@ impl TensorFs {
                 let (held, n) = (kept.held(), kept.size());
                 let work = move || {
                     let wrote = match (partial.through_if_open(), kept.get()) {
-                        (Some(p), Some(bytes)) => to.write(&p, bytes, true),
+                        (Some(p), Some(bytes)) => to.write(&p, bytes),
                         _ => false,
                     };
                     let stats = to.data.stats();
@@ -1209,7 +1207,7 @@ impl TensorFs {
                 }
             }
             Err(bytes) => {
-                to.write(&p, bytes, false);
+                to.write(&p, bytes);
             }
         }
     }
@@ -2034,6 +2032,32 @@ mod passthrough_tests {
             panic!("not backed")
         };
         assert_eq!(contents(&b), data);
+    }
+
+    #[test]
+    fn a_write_still_under_way_when_its_close_stops_waiting_drops_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 11 % 239) as u8).collect();
+        let fs = zstd_fs(dir.path(), &data, 1 << 30);
+        fs.set_passthrough(true);
+        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+        let (fh, _) = fs.open(z, false).unwrap();
+        read_all(&fs, z, fh, 2_000_000);
+        // The tail's write never comes while the close waits (2 s): it
+        // would land beside the fill's, so the file is not kept.
+        let tail = fs.read(z, fh, 2_000_000, 1 << 20).unwrap();
+        fs.release(fh);
+        filled(&fs);
+        fs.served(2_000_000, tail);
+        fs.write_behind.flush();
+        assert_eq!(fs.backings.gauges(), (0, 0));
+        let (fh, how) = fs.open(z, false).unwrap();
+        assert!(
+            !matches!(how, Open::Backed(_)),
+            "a file written after its seal"
+        );
+        read_all(&fs, z, fh, data.len());
+        fs.release(fh);
     }
 
     #[test]

@@ -4,8 +4,8 @@
 //! `tree` lays out paths, `sidecar` renders the JSON beside each tensor,
 //! `backing` gives the kernel files it reads itself (FUSE passthrough),
 //! `warmer` reads the pages of clones among them in while the mount idles,
-//! `write_behind` writes served bytes into backing files with CPU nothing
-//! else wants, `activity` tells whether reads are being served (fills wait
+//! `write_behind` writes served bytes into backing files when a core is
+//! free, `activity` tells whether reads are being served (fills wait
 //! for it), `priority` puts work in the schedulers' idle classes, `fs`
 //! answers filesystem calls without knowing fuser, and `fuse` is the
 //! thin adapter the kernel talks to.

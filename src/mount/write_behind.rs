@@ -1,17 +1,22 @@
 //! Writes served bytes into their backing files on a thread of its own,
-//! the copy at the idle priority of the CPU, so that a first load never
-//! waits for them.
+//! when a core is free, so that a first load never waits for them.
 //!
 //! A decoded tensor's first reads are answered from the cache and then
 //! copied into the file that will back its later opens. That copy lands in
 //! new page-cache pages, which took half of the daemon's CPU in a model's
 //! first load on the project's VM (new memory is slow there: BENCHMARKS.md),
 //! twice what the decode took. Done by the FUSE worker after each reply, it
-//! made the load wait for it. Here it takes only CPU nothing else wants:
-//! on a host with cores to spare every read is written, and the tensor is
-//! decoded once; on one whose cores the load keeps busy, the queue fills,
-//! what does not fit is not written, and the backing file's fill decodes
+//! made the load wait for it. Here it waits for a free core (fewer threads
+//! ready to run than there are cores: `/proc/loadavg`): on a host with
+//! cores to spare every read is written, and the tensor is decoded once; on
+//! one whose cores the load keeps busy, the queue waits, what the cache
+//! lets go meanwhile is not written, and the backing file's fill decodes
 //! those bytes again once the mount is idle (see `backing`).
+//!
+//! Not the idle class of the scheduler: the work takes locks serving
+//! threads take (a file's record of what is written, the cache's), and a
+//! thread in that class may not run for as long as the cores are busy,
+//! with them waiting on it (see `priority`).
 //!
 //! The queue does not keep frames cached: it holds slices of cached
 //! frames weakly (a frame the cache let go meanwhile is not written, and
@@ -39,6 +44,30 @@ struct Inner {
 
 /// Most writes queued: each is a few hundred bytes.
 const MAX_QUEUED: usize = 16 << 10;
+
+/// How often a write waiting for a free core looks again.
+const WAIT: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Whether fewer threads are ready to run than there are `cores`, this
+/// one counted (the fourth field of `/proc/loadavg`, `running/total`).
+/// True when it cannot be read: the write is made, as by a worker.
+fn core_free(cores: usize) -> bool {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| running(&s))
+        .is_none_or(|n| n <= cores)
+}
+
+/// The threads ready to run, from a `/proc/loadavg` text.
+fn running(loadavg: &str) -> Option<usize> {
+    loadavg
+        .split_whitespace()
+        .nth(3)?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
+}
 
 #[derive(Default)]
 struct State {
@@ -116,9 +145,7 @@ impl Drop for WriteBehind {
 
 impl Inner {
     fn run(self: Arc<Self>) {
-        // At the normal priority: the work takes locks that serving threads
-        // wait on, and lowers it itself around its copy
-        // (`priority::with_idle_cpu`).
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         loop {
             let (bytes, work) = {
                 let mut st = lock(&self.state);
@@ -133,7 +160,16 @@ impl Inner {
                     st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
                 }
             };
-            work();
+            while !core_free(cores) && lock(&self.state).started {
+                std::thread::sleep(WAIT);
+            }
+            // A bug in one write must not stop the queue (and leave every
+            // later one holding its bytes).
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).is_err() {
+                log::error!(
+                    "a write into a backing file failed unexpectedly; its bytes are left to the fill"
+                );
+            }
             let mut st = lock(&self.state);
             st.held -= bytes;
             st.running = false;
@@ -148,6 +184,30 @@ impl Inner {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+
+    #[test]
+    fn the_threads_ready_to_run_are_read_from_loadavg() {
+        assert_eq!(running("0.52 0.58 0.59 3/456 12345\n"), Some(3));
+        assert_eq!(running("0.52 0.58 0.59"), None);
+        assert_eq!(running("0.52 0.58 0.59 x/456 1"), None);
+        assert!(core_free(usize::MAX));
+    }
+
+    #[test]
+    fn a_work_that_panics_does_not_stop_the_queue() {
+        let wb = WriteBehind::new(100);
+        assert!(wb.push(1, || panic!("a bug")).is_ok());
+        let done = Arc::new(AtomicU64::new(0));
+        let d = done.clone();
+        assert!(
+            wb.push(1, move || {
+                d.store(1, SeqCst);
+            })
+            .is_ok()
+        );
+        wb.flush();
+        assert_eq!(done.load(SeqCst), 1);
+    }
 
     #[test]
     fn work_runs_in_order_and_past_the_bound_is_refused() {

@@ -78,11 +78,12 @@ pub enum Kept {
 }
 
 impl Kept {
-    /// Bytes of memory it holds: none for a slice of a cached unit.
+    /// Bytes of memory it holds: none for a slice of a cached unit (the
+    /// cache counts it), a buffer's capacity for owned bytes.
     pub fn held(&self) -> u64 {
         match self {
             Kept::Cached(..) => 0,
-            Kept::Owned(v) => v.len() as u64,
+            Kept::Owned(v) => v.capacity() as u64,
         }
     }
 

@@ -7,39 +7,63 @@
 //! zstd tensor), so the worker thread that sent the reply keeps the buffer
 //! for its next one.
 //!
+//! A reply's buffer that outlives the reply (kept to be written into a
+//! backing file later, by another thread) comes back to a small pool
+//! shared by all threads, which a thread without a spare takes from.
+//!
 //! Memory: at most one buffer of at most [`KEEP_MAX`] per thread that
-//! served such a read, next to the request buffer each FUSE worker holds.
+//! served such a read, and [`POOL_MAX`] in the pool, next to the request
+//! buffer each FUSE worker holds.
 
 use std::cell::Cell;
+use std::sync::Mutex;
 
 /// Largest buffer kept, whatever `max_read` allows: four default (1 MiB)
 /// requests; a larger request's buffer is freed after its reply.
 const KEEP_MAX: usize = 4 << 20;
 
+/// Most buffers in the shared pool.
+const POOL_MAX: usize = 4;
+
 thread_local! {
     static SPARE: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
 }
 
-/// An empty buffer, this thread's spare if it has one.
+static POOL: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+
+/// An empty buffer: this thread's spare if it has one, else one from the
+/// pool if it has one.
 pub fn take() -> Vec<u8> {
-    SPARE.with(|s| s.take())
+    let v = SPARE.with(|s| s.take());
+    if v.capacity() > 0 {
+        return v;
+    }
+    crate::serve::lock(&POOL).pop().unwrap_or_default()
 }
 
 /// Keeps `v` as this thread's spare (the larger of it and the one kept,
-/// if not over [`KEEP_MAX`]).
+/// if not over [`KEEP_MAX`]); the other goes to the pool if it has room.
 pub fn give_back(mut v: Vec<u8>) {
     if v.capacity() == 0 || v.capacity() > KEEP_MAX {
         return;
     }
     v.clear();
-    SPARE.with(|s| {
+    let other = SPARE.with(|s| {
         let kept = s.take();
-        s.set(if v.capacity() >= kept.capacity() {
-            v
+        let (keep, other) = if v.capacity() >= kept.capacity() {
+            (v, kept)
         } else {
-            kept
-        });
+            (kept, v)
+        };
+        s.set(keep);
+        other
     });
+    if other.capacity() > 0 {
+        let mut pool = crate::serve::lock(&POOL);
+        if pool.len() < POOL_MAX {
+            pool.push(other);
+        }
+    }
 }
 
 #[cfg(test)]
