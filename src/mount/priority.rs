@@ -1,10 +1,13 @@
 //! The idle classes of the CPU and disk schedulers, for a thread whose
 //! work must take only what nothing else wants.
 //!
-//! Such a thread must not take a lock that serving threads take: while
-//! the cores are busy it may not run for a long time, and they would wait
-//! for it (nothing lends it their priority), and it cannot leave those
-//! classes again without `CAP_SYS_NICE`.
+//! While the cores are busy such a thread may not run for a long time, so
+//! a lock it holds meanwhile is one serving threads would wait on for as
+//! long (nothing lends it their priority), and it cannot leave those
+//! classes again without `CAP_SYS_NICE`. The clone warmer runs only while
+//! nothing is being read, and holds the backing files' lock only to
+//! record a clone; work done while reads go on (the write-behind) stays
+//! in the normal class.
 
 /// Puts the calling thread in the idle classes of the CPU and the disk
 /// schedulers, for good. Best effort: a kernel or scheduler without them
