@@ -4,10 +4,11 @@
 //! While the cores are busy such a thread may not run for a long time, so
 //! a lock it holds meanwhile is one serving threads would wait on for as
 //! long (nothing lends it their priority), and it cannot leave those
-//! classes again without `CAP_SYS_NICE`. The clone warmer runs only while
-//! nothing is being read, and holds the backing files' lock only to
-//! record a clone; work done while reads go on (the write-behind) stays
-//! in the normal class.
+//! classes again without `CAP_SYS_NICE`. The clone warmer takes such
+//! locks (its queue's, the backing files', the data layer's for a clone's
+//! checks), but works only while nothing is being read, when the cores are
+//! free to run it; work done while reads go on (the write-behind) stays in
+//! the normal class.
 
 /// Puts the calling thread in the idle classes of the CPU and the disk
 /// schedulers, for good. Best effort: a kernel or scheduler without them
