@@ -614,6 +614,28 @@ impl Drop for Xfs {
     }
 }
 
+/// A filesystem frozen (`fsfreeze`) while it lives: every write to it
+/// waits, as on a disk that does not answer. Thawed when dropped, even
+/// when the test fails.
+struct Frozen<'a>(&'a Path);
+
+impl<'a> Frozen<'a> {
+    fn new(dir: &'a Path) -> Frozen<'a> {
+        let r = run_with_timeout(
+            Command::new("fsfreeze").arg("-f").arg(dir),
+            Duration::from_secs(30),
+        );
+        assert!(r.ok(), "fsfreeze -f {}: {r:?}", dir.display());
+        Frozen(dir)
+    }
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("fsfreeze").arg("-u").arg(self.0).status();
+    }
+}
+
 /// A safetensors file whose data starts on a 4 KiB block and whose
 /// tensors are whole blocks: each raw tensor's range can be cloned.
 fn write_aligned_safetensors(path: &Path, tensors: &[(&str, Vec<f32>)]) -> Vec<u8> {
@@ -651,6 +673,61 @@ fn mount_on_xfs(m: &mut Mount, tensors: &[(&str, Vec<f32>)]) -> Option<(Xfs, Pat
     std::fs::create_dir(&cache).unwrap();
     m.mount(&src, &["--cache-dir", cache.to_str().unwrap()]);
     Some((xfs, src, cache))
+}
+
+/// A `--cache-dir` that does not answer (frozen for a snapshot, a hung
+/// disk) holds no FUSE worker: the first opens of decoded tensors, which
+/// make their backing files there, give up on them after a short wait and
+/// are served, and the rest of the mount answers meanwhile.
+#[test]
+fn a_cache_dir_that_does_not_answer_holds_no_worker() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("z.zt");
+    let names: Vec<String> = (0..6).map(|i| format!("t{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let tensors = write_zstd(&src, &refs, 1 << 20);
+    let Some(xfs) = Xfs::new(m.dir.path()) else {
+        return;
+    };
+    let cache = xfs.dir.join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    m.mount(
+        &src,
+        &["--cache-dir", cache.to_str().unwrap(), "--threads", "4"],
+    );
+    let frozen = Frozen::new(&xfs.dir);
+    // More readers than workers, each opening a tensor the daemon would
+    // make a backing file for.
+    let (tx, rx) = std::sync::mpsc::channel();
+    for (name, want) in tensors.iter().take(6).cloned() {
+        let (tx, path) = (tx.clone(), m.path(&name));
+        std::thread::spawn(move || {
+            let _ = tx.send((std::fs::read(path).map(|got| got == want), name));
+        });
+    }
+    for _ in 0..6 {
+        let (same, name) = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("a reader still waits on the frozen cache directory");
+        assert!(same.unwrap(), "{name}: wrong bytes");
+    }
+    assert_eq!(m.stat_u64("backing_files"), 0, "{}", m.stats());
+    assert!(
+        m.log_text().contains("did not make a backing file within"),
+        "{}",
+        m.log_text()
+    );
+    drop(frozen);
+    // Thawed: the next reads make their files again, and the kernel reads
+    // them.
+    assert!(m.read("t0") == tensors[0].1);
+    m.settled();
+    assert!(m.read("t0") == tensors[0].1);
+    assert!(m.stat_u64("passthrough_opens") >= 1, "{}", m.stats());
+    m.unmount_ok();
 }
 
 /// A clone shares the source's disk blocks, not its page cache: the first

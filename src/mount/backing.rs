@@ -546,6 +546,12 @@ fn ready_filled(inner: &Inner) -> u64 {
         .sum()
 }
 
+/// Why a backing file was not made.
+enum Made {
+    NoRoom(String),
+    Failed(std::io::Error),
+}
+
 /// A file to fill: `len` bytes of `segments` into `file`, then `key`'s.
 struct Job {
     key: Content,
@@ -616,6 +622,8 @@ pub struct Backings {
     /// Set once a backing file could not be created: later failures are
     /// logged at debug level (a full table of descriptors fails every open).
     create_failed: std::sync::atomic::AtomicBool,
+    /// Set once `--cache-dir` did not make a file in time: logged once.
+    slow_dir: std::sync::atomic::AtomicBool,
     /// `--cache-dir`'s block size, which a cloned range must start on,
     /// once it could be read.
     block: std::sync::OnceLock<u64>,
@@ -657,6 +665,7 @@ impl Backings {
             clone_failed: std::sync::atomic::AtomicBool::new(false),
             max_files: AtomicUsize::new(usize::MAX),
             create_failed: std::sync::atomic::AtomicBool::new(false),
+            slow_dir: std::sync::atomic::AtomicBool::new(false),
             block: std::sync::OnceLock::new(),
             warmer: Warmer::default(),
             inner: Mutex::default(),
@@ -1032,25 +1041,46 @@ impl Backings {
         inner.filled += len;
         inner.slots.insert(key.clone(), Slot::Filling(None));
         drop(inner);
-        if let Err(why) = crate::serve::spill::room(&self.opts.dir, len + pending) {
-            log::debug!("no backing file of {len} bytes: {why}");
-            self.forget(key, len);
-            return None;
-        }
-        // Sized, not reserved: pieces are written with pwrite, so a disk
-        // that fills fails that write (and the fill), never a fault; and a
-        // file written into `fallocate`d space reads back slower (40 ms
-        // against 28 for 64 MiB here).
-        let made = tempfile::tempfile_in(&self.opts.dir).and_then(|f| f.set_len(len).map(|_| f));
+        // On the cache directory's thread, waited for a short while: a
+        // worker must not wait on a disk that does not answer.
+        let dir = self.opts.dir.clone();
+        let made = super::deadline::within(move || {
+            crate::serve::spill::room(&dir, len + pending).map_err(Made::NoRoom)?;
+            // Sized, not reserved: pieces are written with pwrite, so a
+            // disk that fills fails that write (and the fill), never a
+            // fault; and a file written into `fallocate`d space reads back
+            // slower (40 ms against 28 for 64 MiB here).
+            tempfile::tempfile_in(&dir)
+                .and_then(|f| f.set_len(len).map(|_| f))
+                .map_err(Made::Failed)
+        });
         match made {
-            Ok(f) => Some(f),
-            Err(e) => {
+            Some(Ok(f)) => Some(f),
+            Some(Err(Made::NoRoom(why))) => {
+                log::debug!("no backing file of {len} bytes: {why}");
+                self.forget(key, len);
+                None
+            }
+            Some(Err(Made::Failed(e))) => {
                 warn_once(
                     &self.create_failed,
                     format_args!(
                         "cannot create a backing file in {}: {e} (the file is served by the \
                          daemon; later failures are logged at debug level)",
                         self.opts.dir.display()
+                    ),
+                );
+                self.forget(key, len);
+                None
+            }
+            None => {
+                warn_once(
+                    &self.slow_dir,
+                    format_args!(
+                        "{} did not make a backing file within {:?} (a frozen or hung \
+                         disk?): files are served by the daemon until it does (logged once)",
+                        self.opts.dir.display(),
+                        super::deadline::DEADLINE
                     ),
                 );
                 self.forget(key, len);

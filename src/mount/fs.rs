@@ -73,8 +73,8 @@ struct WriteThrough {
     ino: Ino,
     off: u64,
     /// The tensor part the read met first: (tensor, part, where it starts
-    /// in the file, its length).
-    part: (usize, usize, u64, u64),
+    /// in the file, its length); `None` for a read of a view's header.
+    part: Option<(usize, usize, u64, u64)>,
 }
 
 impl WriteThrough {
@@ -99,7 +99,9 @@ impl WriteThrough {
         if let Some(range) = p.behind(self.off, (from, to)) {
             self.backings.drop_behind(self.ino, range);
         }
-        let (tensor, part, start, len) = self.part;
+        let Some((tensor, part, start, len)) = self.part else {
+            return;
+        };
         // In the part's own offsets: what this read touched, and all that
         // is written around it.
         let inside = |x: u64| (x.max(start) - start).min(len);
@@ -1142,73 +1144,72 @@ impl TensorFs {
         let Some((ino, p)) = through else {
             return;
         };
-        let Some((tensor, part, start, len)) = self
+        let part = self
             .tree
             .node(ino)
-            .and_then(|n| self.part_at(&n.kind, off, bytes.len() as u64))
-        else {
-            let _ = p.offer(off, &bytes);
-            return;
-        };
-        if self.data.spilled(tensor, part) {
-            return; // the fill reads the spill back
-        }
+            .and_then(|n| self.part_at(&n.kind, off, bytes.len() as u64));
         let to = WriteThrough {
             data: self.data.clone(),
             backings: self.backings.clone(),
             ino,
             off,
-            part: (tensor, part, start, len),
+            part,
         };
-        // A tensor file whose unit is decoded into a file: that file
-        // becomes its backing as it is, so nothing is written; every byte
-        // served is in it.
-        let in_file = matches!(
-            self.tree.node(ino).map(|n| &n.kind),
-            Some(NodeKind::File(Content::Part { .. }))
-        ) && !self.fetched_part(tensor, part)
-            && self.data.decodes_into_file(tensor, part);
-        if in_file {
-            let end = off + bytes.len() as u64;
-            drop(bytes);
-            // The unit stays cached until its file is adopted.
-            return to.written(&p, end, (0, end), false);
+        if let Some((tensor, part, ..)) = part {
+            if self.data.spilled(tensor, part) {
+                return; // the fill reads the spill back
+            }
+            // A tensor file whose unit is decoded into a file: that file
+            // becomes its backing as it is, so nothing is written; every
+            // byte served is in it.
+            let in_file = matches!(
+                self.tree.node(ino).map(|n| &n.kind),
+                Some(NodeKind::File(Content::Part { .. }))
+            ) && !self.fetched_part(tensor, part)
+                && self.data.decodes_into_file(tensor, part);
+            if in_file {
+                let end = off + bytes.len() as u64;
+                drop(bytes);
+                // The unit stays cached until its file is adopted.
+                return to.written(&p, end, (0, end), false);
+            }
         }
-        // A remote tensor's reads are written now: its file is kept only
-        // when they wrote all of it (nothing is fetched to complete it),
-        // so a write left for later would lose it.
-        if self.fetched_part(tensor, part) {
+        // A remote file's reads are written now: its backing file is kept
+        // only when they wrote all of it (nothing is fetched to complete
+        // it), so a write left for later would lose it.
+        let remote = self
+            .tree
+            .node(ino)
+            .is_some_and(|n| matches!(&n.kind, NodeKind::File(c) if self.fetched(c)));
+        if remote {
             to.write(&p, bytes);
             return;
         }
-        match bytes.keep() {
-            Ok(kept) => {
-                let partial = p.partial();
-                drop(p);
-                let (held, n) = (kept.held(), kept.size());
-                let work = move || {
-                    let wrote = match (partial.through_if_open(), kept.get()) {
-                        (Some(p), Some(bytes)) => to.write(&p, bytes),
-                        _ => false,
-                    };
-                    let stats = to.data.stats();
-                    Stats::add(
-                        if wrote {
-                            &stats.write_behind_bytes
-                        } else {
-                            &stats.write_behind_skipped_bytes
-                        },
-                        n,
-                    );
-                };
-                // Not queued (a full queue): the fill writes them.
-                if self.write_behind.push(held, work).is_err() {
-                    Stats::add(&self.data.stats().write_behind_skipped_bytes, n);
-                }
-            }
-            Err(bytes) => {
-                to.write(&p, bytes);
-            }
+        let n = bytes.len() as u64;
+        let stats = self.data.stats();
+        // Raw bytes straight from a source's mapping (a view of raw and
+        // decoded tensors) are not kept: the fill copies them, no decode.
+        let Ok(kept) = bytes.keep() else {
+            return Stats::add(&stats.write_behind_skipped_bytes, n);
+        };
+        let partial = p.partial();
+        drop(p);
+        let held = kept.held();
+        let work = move || {
+            let wrote = match (partial.through_if_open(), kept.get()) {
+                (Some(p), Some(bytes)) => to.write(&p, bytes),
+                _ => false,
+            };
+            let stats = to.data.stats();
+            let counter = match wrote {
+                true => &stats.write_behind_bytes,
+                false => &stats.write_behind_skipped_bytes,
+            };
+            Stats::add(counter, n);
+        };
+        // Not queued (a full queue): the fill writes them.
+        if self.write_behind.push(held, work).is_err() {
+            Stats::add(&stats.write_behind_skipped_bytes, n);
         }
     }
 
