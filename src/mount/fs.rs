@@ -1144,10 +1144,13 @@ impl TensorFs {
         let Some((ino, p)) = through else {
             return;
         };
-        let part = self
-            .tree
-            .node(ino)
-            .and_then(|n| self.part_at(&n.kind, off, bytes.len() as u64));
+        let Some(kind) = self.tree.node(ino).map(|n| &n.kind) else {
+            return;
+        };
+        let NodeKind::File(c) = kind else {
+            return;
+        };
+        let part = self.part_at(kind, off, bytes.len() as u64);
         let to = WriteThrough {
             data: self.data.clone(),
             backings: self.backings.clone(),
@@ -1162,12 +1165,10 @@ impl TensorFs {
             // A tensor file whose unit is decoded into a file: that file
             // becomes its backing as it is, so nothing is written; every
             // byte served is in it.
-            let in_file = matches!(
-                self.tree.node(ino).map(|n| &n.kind),
-                Some(NodeKind::File(Content::Part { .. }))
-            ) && !self.fetched_part(tensor, part)
-                && self.data.decodes_into_file(tensor, part);
-            if in_file {
+            if matches!(c, Content::Part { .. })
+                && !self.fetched_part(tensor, part)
+                && self.data.decodes_into_file(tensor, part)
+            {
                 let end = off + bytes.len() as u64;
                 drop(bytes);
                 // The unit stays cached until its file is adopted.
@@ -1177,14 +1178,16 @@ impl TensorFs {
         // A remote file's reads are written now: its backing file is kept
         // only when they wrote all of it (nothing is fetched to complete
         // it), so a write left for later would lose it.
-        let remote = self
-            .tree
-            .node(ino)
-            .is_some_and(|n| matches!(&n.kind, NodeKind::File(c) if self.fetched(c)));
-        if remote {
+        if self.fetched(c) {
             to.write(&p, bytes);
             return;
         }
+        self.write_behind(p, to, bytes);
+    }
+
+    /// Queues `bytes` to be written by the write-behind (see
+    /// `write_behind`), or counts them left to the fill.
+    fn write_behind(&self, p: Through, to: WriteThrough, bytes: Bytes<'_>) {
         let n = bytes.len() as u64;
         let stats = self.data.stats();
         // Raw bytes straight from a source's mapping (a view of raw and
@@ -1193,10 +1196,12 @@ impl TensorFs {
             return Stats::add(&stats.write_behind_skipped_bytes, n);
         };
         let partial = p.partial();
+        // Not held while queued: a close does not wait for it.
         drop(p);
         let held = kept.held();
         let work = move || {
-            let wrote = match (partial.through_if_open(), kept.get()) {
+            let through = partial.through_if_open();
+            let wrote = match (through, kept.get()) {
                 (Some(p), Some(bytes)) => to.write(&p, bytes),
                 _ => false,
             };
