@@ -614,6 +614,31 @@ impl Drop for Xfs {
     }
 }
 
+/// A thread spinning on each core while it lives: no core is free.
+struct BusyCores(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl BusyCores {
+    fn new() -> BusyCores {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for _ in 0..cores {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            });
+        }
+        BusyCores(stop)
+    }
+}
+
+impl Drop for BusyCores {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// A filesystem frozen (`fsfreeze`) while it lives: every write to it
 /// waits, as on a disk that does not answer. Thawed when dropped, even
 /// when the test fails.
@@ -1032,6 +1057,9 @@ fn backing_files_stay_within_the_descriptors_the_daemon_may_hold() {
     let r = m.run_under(&["prlimit", "--nofile=128:128"], &src, &[]);
     assert!(r.ok(), "{}{}", r.stderr, m.log_text());
     let pid = m.pid.unwrap();
+    // Every core kept busy: the write-behind's writes wait in its queue,
+    // which must hold no file (a descriptor) that gave way meanwhile.
+    let _busy = BusyCores::new();
     // Each backing file published before the next read: the least
     // recently opened is then the least recently read (the filler may
     // otherwise publish them out of order on a busy machine).

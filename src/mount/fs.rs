@@ -1195,12 +1195,14 @@ impl TensorFs {
         let Ok(kept) = bytes.keep() else {
             return Stats::add(&stats.write_behind_skipped_bytes, n);
         };
-        let partial = p.partial();
-        // Not held while queued: a close does not wait for it.
+        // Weakly, and no `Through` while queued: a close does not wait for
+        // the write, and a file dropped meanwhile (its descriptor, its
+        // disk) is not kept for it.
+        let partial = Arc::downgrade(&p.partial());
         drop(p);
         let held = kept.held();
         let work = move || {
-            let through = partial.through_if_open();
+            let through = partial.upgrade().and_then(|p| p.through_if_open());
             let wrote = match (through, kept.get()) {
                 (Some(p), Some(bytes)) => to.write(&p, bytes),
                 _ => false,
