@@ -1178,7 +1178,14 @@ impl TensorFs {
         // A remote file's reads are written now: its backing file is kept
         // only when they wrote all of it (nothing is fetched to complete
         // it), so a write left for later would lose it.
-        if self.fetched(c) {
+        // (The part the read met, not every part of a view: a view of 10^5
+        // tensors would be walked at each read; a view's header alone asks
+        // of them all, once per file.)
+        let remote = match part {
+            Some((tensor, part, ..)) => self.fetched_part(tensor, part),
+            None => self.fetched(c),
+        };
+        if remote {
             to.write(&p, bytes);
             return;
         }

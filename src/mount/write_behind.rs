@@ -121,9 +121,7 @@ impl WriteBehind {
         }
         st.started
     }
-}
 
-impl WriteBehind {
     /// Waits until every write queued so far is done.
     #[cfg(test)]
     pub fn flush(&self) {

@@ -1627,10 +1627,11 @@ impl Data {
 
     /// Blob `bi`'s spill's share of `--decoded-cache-size`, once its
     /// tensor's unwritten write-through file, idle spills and idle backing
-    /// files have made room for it; `None` when they cannot. A reader that has just closed a spilled tensor may
-    /// not have let go of its spill yet (the kernel sends the release
-    /// after close returns): that is waited for a moment (half a second,
-    /// with the tensor's spill slot held, so not long).
+    /// files have made room for it; `None` when they cannot. A reader that
+    /// has just closed a spilled tensor may not have let go of its spill
+    /// yet (the kernel sends the release after close returns): that is
+    /// waited for a moment (half a second, with the tensor's spill slot
+    /// held, so not long).
     fn charge_for_spill(&self, bi: usize, decoded: u64) -> Option<SpillCharge> {
         let fits = || self.disk.used().saturating_add(decoded) <= self.disk.limit();
         let until = std::time::Instant::now() + std::time::Duration::from_millis(500);

@@ -7,10 +7,13 @@
 //! file adopts it.) Each charge is checked against both kinds at once,
 //! so fills and spills made side by side cannot pass the bound together.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
+use super::lock;
+
 pub struct DecodedDisk {
-    limit: std::sync::atomic::AtomicU64,
+    limit: AtomicU64,
     used: Mutex<Used>,
 }
 
@@ -25,7 +28,7 @@ struct Used {
 impl Default for DecodedDisk {
     fn default() -> Self {
         DecodedDisk {
-            limit: std::sync::atomic::AtomicU64::new(u64::MAX),
+            limit: AtomicU64::new(u64::MAX),
             used: Mutex::default(),
         }
     }
@@ -33,16 +36,15 @@ impl Default for DecodedDisk {
 
 impl DecodedDisk {
     pub fn set_limit(&self, limit: u64) {
-        self.limit
-            .store(limit, std::sync::atomic::Ordering::Relaxed);
+        self.limit.store(limit, Relaxed);
     }
 
     pub fn limit(&self) -> u64 {
-        self.limit.load(std::sync::atomic::Ordering::Relaxed)
+        self.limit.load(Relaxed)
     }
 
     fn used_now(&self) -> Used {
-        *self.used.lock().unwrap_or_else(|e| e.into_inner())
+        *lock(&self.used)
     }
 
     /// Bytes of the spills held now.
@@ -59,7 +61,7 @@ impl DecodedDisk {
     /// Adds `len` to the count `pick` chooses when the total stays within
     /// the bound.
     fn charge(&self, len: u64, pick: fn(&mut Used) -> &mut u64) -> bool {
-        let mut u = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        let mut u = lock(&self.used);
         let total = u.spills.saturating_add(u.filled).saturating_add(len);
         if total > self.limit() {
             return false;
@@ -69,7 +71,7 @@ impl DecodedDisk {
     }
 
     fn release(&self, len: u64, pick: fn(&mut Used) -> &mut u64) {
-        let mut u = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        let mut u = lock(&self.used);
         let n = pick(&mut u);
         *n = n.saturating_sub(len);
     }
