@@ -687,6 +687,34 @@ fn cases() -> Vec<Case> {
         Want::Unsupported(&["plain"], "a first argument that is not a storage"),
     );
     add(
+        "a later persistent id of a key names another class",
+        "shared.pt",
+        Box::new(|_| {
+            repickled("shared.pt", |p| {
+                // rows' pid names storage "0" a DoubleStorage: torch keeps
+                // the FloatStorage its first pid loaded.
+                replace(
+                    p,
+                    b"h\x02((h\x03h\x04h\x05h\x06K\x18tq\x0f",
+                    b"h\x02((h\x03ctorch\nDoubleStorage\nh\x05h\x06K\x18tq\x0f",
+                )
+            })
+        }),
+        Want::Serves(&["base", "rows", "last", "tied"]),
+    );
+    add(
+        "a storage whose count of elements is under its record's",
+        "shared.pt",
+        Box::new(|_| {
+            repickled("shared.pt", |p| {
+                // The first pid of storage "0" says 20 floats (the record
+                // holds 24, and later pids say 24): torch makes it 20.
+                replace(p, b"q\x06K\x18tq\x07Q", b"q\x06K\x14tq\x07Q")
+            })
+        }),
+        Want::Unsupported(&["base", "last", "tied"], "of its storage, which holds 20"),
+    );
+    add(
         "a quantized tensor's rebuild function",
         "strided.pt",
         Box::new(|_| {

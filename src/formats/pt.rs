@@ -267,7 +267,11 @@ fn tensor_of(
     meta.insert("stride".into(), t.stride.clone().into());
     let dtype_name = format!("torch.{}", t.dtype);
     let parts = match storages.get(&storage.key) {
-        Some(Ok(at)) => place(src, blobs, &name, &t, *at, &mut meta),
+        // torch's storage is its persistent id's size; the record may hold
+        // more, which no tensor of it reaches.
+        Some(Ok((start, len))) => storage
+            .nbytes()
+            .and_then(|n| place(src, blobs, &name, &t, (*start, n.min(*len)), &mut meta)),
         Some(Err(why)) => Err(why.clone()),
         None => Err("its storage was not looked up".into()),
     };
@@ -669,6 +673,28 @@ struct StorageRef {
     /// torch's dtype name for a typed storage; `None` for an untyped one
     /// (`torch.storage.UntypedStorage`: the tensor names its dtype).
     dtype: Option<String>,
+    /// Its elements, as the persistent id says (`None` when it says no
+    /// count): torch makes the storage that size, whatever the record's.
+    numel: Option<u64>,
+}
+
+impl StorageRef {
+    /// The storage's size in bytes, as torch makes it: its count of
+    /// elements of its own dtype (bytes for an untyped one).
+    fn nbytes(&self) -> std::result::Result<u64, String> {
+        let numel = self
+            .numel
+            .ok_or("its storage's persistent id gives no element count (numel)")?;
+        let size = match &self.dtype {
+            None => 1,
+            Some(d) => element_type(d)
+                .ok_or_else(|| format!("its storage's torch.{d} has no element type here"))?
+                .size(),
+        };
+        numel
+            .checked_mul(size)
+            .ok_or_else(|| "its storage's size overflows".to_string())
+    }
 }
 
 /// A value on the stack. Containers live in `Vm::nodes` and are named by
@@ -702,6 +728,10 @@ struct Vm<'a> {
     memo: HashMap<u64, Val>,
     nodes: Vec<Node>,
     storages: Vec<StorageRef>,
+    /// Index in `storages` of each key's first persistent id: torch loads
+    /// a key once, and later ids of it (even naming another class or
+    /// count) get that storage.
+    by_key: HashMap<String, usize>,
     /// Each tensor rebuilt, or why its arguments could not be read.
     tensors: Vec<std::result::Result<TensorRef, String>>,
     /// Values held in containers, the stack and the memo, against `cap`.
@@ -726,6 +756,7 @@ impl<'a> Vm<'a> {
             memo: HashMap::new(),
             nodes: Vec::new(),
             storages: Vec::new(),
+            by_key: HashMap::new(),
             tensors: Vec::new(),
             cells: 0,
             // A cell takes about 32 bytes with its share of a container.
@@ -1340,11 +1371,23 @@ impl<'a> Vm<'a> {
             ("torch.storage", "UntypedStorage") | ("torch", "UntypedStorage") => None,
             (_, c) => Some(storage_dtype(c)),
         };
+        let numel = match items.get(4) {
+            Some(Val::Int(n)) => u64::try_from(*n).ok(),
+            _ => None,
+        };
         // Its own copy of the key: a long key got from the memo again and
         // again is counted.
         let (key, class) = (key.to_string(), class.len());
         self.count(1 + (key.len() + class) as u64 / 32)?;
-        self.storages.push(StorageRef { key, dtype });
+        if let Some(&first) = self.by_key.get(&key) {
+            return Ok(Val::Storage(first));
+        }
+        self.storages.push(StorageRef {
+            key: key.clone(),
+            dtype,
+            numel,
+        });
+        self.by_key.insert(key, self.storages.len() - 1);
         Ok(Val::Storage(self.storages.len() - 1))
     }
 
