@@ -37,7 +37,9 @@ pub struct Busy<'a>(&'a Activity);
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
         let a = self.0;
-        a.last.store(a.now(), Relaxed);
+        // Two reads ending together may reach here out of order: keep the
+        // later end.
+        a.last.fetch_max(a.now(), Relaxed);
         a.reading.fetch_sub(1, Relaxed);
     }
 }
