@@ -539,12 +539,14 @@ impl Data {
             Codec::Raw => self.read_raw(s, bi, part, off, len),
             Codec::Computed(p) => {
                 if let Some(spill) = self.computed_spill(s, bi, p)? {
-                    return expose::gather_into(scratch::take(), part, off, len, |at, out| {
+                    let out = expose::gather_into(scratch::take(), part, off, len, |at, out| {
                         spill
                             .read(at, out)
                             .map_err(|why| self.unit_error(s, bi, why))
-                    })
-                    .map(Bytes::Owned);
+                    })?;
+                    // The spill may have been made before the file changed.
+                    s.guard.verdict()?;
+                    return Ok(Bytes::Owned(out));
                 }
                 let buf = self.computed(s, bi, p)?;
                 let from_unit = |at: u64, out: &mut [u8]| {
@@ -1288,6 +1290,7 @@ impl Data {
         let charge = self.room_for_spill(bi, dir, decoded)?;
         self.ensure_blob(s, bi)?;
         let (blob, name, stats) = (b.clone(), p.name, self.stats.clone());
+        let guard = s.guard.clone();
         let run = Box::new(
             move |write: &mut dyn FnMut(&[u8]) -> Result<(), String>| -> Result<(), String> {
                 // The blob's checks over the pieces as they come; the
@@ -1300,6 +1303,10 @@ impl Data {
                     write(piece)
                 })
                 .map_err(|why| format!("the {name} reader: {why}"))?;
+                // The reader reads the file with pread, which a rewrite in
+                // place does not stop: bytes read across a change are a
+                // mix, and not served.
+                guard.check()?;
                 if let Some(d) = digest
                     && let Err(f) = d.finish()
                 {

@@ -200,3 +200,35 @@ fn a_computed_blob_over_half_the_cache_without_a_stream_is_refused_as_too_large(
     assert_eq!(err.errno(), libc::EFBIG, "{err}");
     assert!(err.to_string().contains("--cache-size"), "{err}");
 }
+
+#[test]
+fn a_computed_spill_whose_file_changes_while_it_is_made_is_not_served() {
+    // 5 MiB streamed against an 8 MiB cache: spilled. Halfway through, the
+    // source is rewritten in place, as another program would; what the
+    // reader read across the change is a mix, and the read says ESTALE.
+    static MADE: [u8; 5 << 20] = [7; 5 << 20];
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, files) = catalog_of(dir.path(), &[("big", &MADE)]);
+    let src = dir.path().join("data");
+    c.blobs[0].codec = Codec::Computed(Producer {
+        name: "test",
+        produce: Arc::new(|out: &mut Vec<u8>| {
+            out.extend_from_slice(&MADE);
+            Ok(())
+        }),
+        stream: Some(Arc::new(
+            move |put: &mut dyn FnMut(&[u8]) -> Result<(), String>| {
+                let (a, b) = MADE.split_at(MADE.len() / 2);
+                put(a)?;
+                let f = std::fs::OpenOptions::new().write(true).open(&src).unwrap();
+                std::os::unix::fs::FileExt::write_at(&f, b"changed", 0).unwrap();
+                let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+                f.set_modified(later).unwrap();
+                put(b)
+            },
+        )),
+    });
+    let d = Data::new(c, files, opts(dir.path()), Arc::new(Stats::default())).unwrap();
+    let err = d.read(0, 0, 0, 4096).err().unwrap();
+    assert_eq!(err.errno(), libc::ESTALE, "{err}");
+}
