@@ -755,6 +755,50 @@ fn a_cache_dir_that_does_not_answer_holds_no_worker() {
     m.unmount_ok();
 }
 
+/// The same for a tensor of one frame over 8 MiB, which is decoded into a
+/// file under `--cache-dir` where it can: frozen, it is decoded into
+/// memory, and neither its readers nor anyone else wait on the disk.
+#[test]
+fn a_cache_dir_that_does_not_answer_holds_no_reader_of_a_large_frame() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("z.zt");
+    let want = write_one_frame(&src);
+    let Some(xfs) = Xfs::new(m.dir.path()) else {
+        return;
+    };
+    let cache = xfs.dir.join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    m.mount(
+        &src,
+        &["--cache-dir", cache.to_str().unwrap(), "--threads", "4"],
+    );
+    let frozen = Frozen::new(&xfs.dir);
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..6 {
+        let (tx, path) = (tx.clone(), m.path("z"));
+        std::thread::spawn(move || {
+            let _ = tx.send(std::fs::read(path));
+        });
+    }
+    for _ in 0..6 {
+        let got = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("a reader still waits on the frozen cache directory");
+        assert!(got.unwrap() == want, "wrong bytes");
+    }
+    assert!(m.stat_u64("bytes_served") >= want.len() as u64);
+    assert!(
+        m.log_text().contains("did not make a file within"),
+        "{}",
+        m.log_text()
+    );
+    drop(frozen);
+    m.unmount_ok();
+}
+
 /// A clone shares the source's disk blocks, not its page cache: the first
 /// reads are the daemon's, from the source; the clone made at their close
 /// backs every later open, once its pages are read in. So does a file of

@@ -1044,7 +1044,7 @@ impl Backings {
         // On the cache directory's thread, waited for a short while: a
         // worker must not wait on a disk that does not answer.
         let dir = self.opts.dir.clone();
-        let made = super::deadline::within(move || {
+        let made = crate::serve::deadline::within(move || {
             crate::serve::spill::room(&dir, len + pending).map_err(Made::NoRoom)?;
             // Sized, not reserved: pieces are written with pwrite, so a
             // disk that fills fails that write (and the fill), never a
@@ -1080,7 +1080,7 @@ impl Backings {
                         "{} did not make a backing file within {:?} (a frozen or hung \
                          disk?): files are served by the daemon until it does (logged once)",
                         self.opts.dir.display(),
-                        super::deadline::DEADLINE
+                        crate::serve::deadline::DEADLINE
                     ),
                 );
                 self.forget(key, len);

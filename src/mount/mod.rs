@@ -6,14 +6,12 @@
 //! `warmer` reads the pages of clones among them in while the mount idles,
 //! `write_behind` writes served bytes into backing files when a core is
 //! free, `activity` tells whether reads are being served (fills wait
-//! for it), `deadline` makes the files a worker asks of `--cache-dir` on a
-//! thread of its own, `priority` puts work in the schedulers' idle classes, `fs`
+//! for it), `priority` puts work in the schedulers' idle classes, `fs`
 //! answers filesystem calls without knowing fuser, and `fuse` is the
 //! thin adapter the kernel talks to.
 
 mod activity;
 pub mod backing;
-mod deadline;
 pub mod fs;
 pub mod fuse;
 mod priority;

@@ -224,6 +224,9 @@ pub struct Data {
     /// `--cache-dir` rather than memory: set while the kernel takes backing
     /// files, so that such a file can then back its tensor's file as it is.
     units_in_files: AtomicBool,
+    /// Set once `--cache-dir` did not make a unit's file in time (logged
+    /// once).
+    unit_file_late: AtomicBool,
 }
 
 pub type FreeDisk = Box<dyn Fn() -> bool + Send + Sync>;
@@ -275,6 +278,7 @@ impl Data {
             disk: Arc::default(),
             max_spills: AtomicUsize::new(usize::MAX),
             units_in_files: AtomicBool::new(false),
+            unit_file_late: AtomicBool::new(false),
         }))
     }
 
@@ -1382,8 +1386,22 @@ impl Data {
         if !self.units_in_files.load(Relaxed) {
             return None;
         }
-        spill::reserved_file(&self.opts.cache_dir, len)
-            .map_err(|why| log::debug!("a {len}-byte unit is decoded into memory: {why}"))
+        // On the cache directory's thread: a directory that does not answer
+        // (frozen for a snapshot) must not hold this worker, nor the readers
+        // waiting on this unit.
+        let dir = self.opts.cache_dir.clone();
+        let Some(made) = super::deadline::within(move || spill::reserved_file(&dir, len)) else {
+            if !self.unit_file_late.swap(true, Relaxed) {
+                log::warn!(
+                    "{} did not make a file within {:?}: large units are decoded into memory \
+                     until it answers",
+                    self.opts.cache_dir.display(),
+                    super::deadline::DEADLINE
+                );
+            }
+            return None;
+        };
+        made.map_err(|why| log::debug!("a {len}-byte unit is decoded into memory: {why}"))
             .ok()
     }
 

@@ -7,10 +7,13 @@
 //! `spill` (units too big for it, decoded to `--cache-dir`), `window` (the
 //! source's mapping), `guard` (a source changed or faulted since mount) and
 //! `prefetch` (read-ahead); `filling` lets readers wait on bytes still being
-//! decoded; `error` is a failed read and its errno; `stats` the counters.
+//! decoded; `deadline` runs what a reader asks of `--cache-dir` on a thread
+//! of its own, waiting a bounded time; `error` is a failed read and its
+//! errno; `stats` the counters.
 
 pub mod cache;
 pub mod data;
+pub mod deadline;
 pub mod decoded_disk;
 pub mod error;
 pub mod filling;

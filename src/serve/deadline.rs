@@ -5,11 +5,15 @@
 //! frozen by `fsfreeze` for a snapshot, a hung network disk) is one fewer
 //! to serve the mount, and once they all wait every request to it does:
 //! opens of other files, `ls`, `.ztensor/stats`. What a worker asks of
-//! `--cache-dir` is optional (a backing file to write a tensor's reads
-//! into), so past the deadline it goes on without it. The call goes on
-//! on this thread; when it ends, what it made is dropped (an unlinked
-//! file: nothing is left).
+//! `--cache-dir` this way is optional (a backing file to write a tensor's
+//! reads into, a file to decode a large unit into instead of memory), so
+//! past the deadline it goes on without it. The call goes on on this
+//! thread; when it ends, what it made is dropped (an unlinked file:
+//! nothing is left). While calls wait behind one that does not end, new
+//! ones are not queued but given up at once: the queue stays small
+//! however long the disk takes.
 
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
@@ -17,7 +21,14 @@ use std::time::Duration;
 /// Longest a worker waits for a call on `--cache-dir`.
 pub const DEADLINE: Duration = Duration::from_millis(200);
 
+/// Calls queued or running at most: past it the thread is stuck, and a
+/// new call is given up without being queued.
+const MOST_QUEUED: usize = 8;
+
 type Call = Box<dyn FnOnce() + Send>;
+
+/// Calls sent and not yet ended.
+static QUEUED: AtomicUsize = AtomicUsize::new(0);
 
 /// The thread's queue, made at the first call.
 static CALLS: OnceLock<Option<Mutex<Sender<Call>>>> = OnceLock::new();
@@ -39,6 +50,7 @@ fn calls() -> Option<&'static Mutex<Sender<Call>>> {
 fn run(rx: Receiver<Call>) {
     while let Ok(call) = rx.recv() {
         call();
+        QUEUED.fetch_sub(1, Relaxed);
     }
 }
 
@@ -56,12 +68,19 @@ fn within_for<T: Send + 'static>(
     let Some(calls) = calls() else {
         return Some(f());
     };
+    if QUEUED.fetch_add(1, Relaxed) >= MOST_QUEUED {
+        QUEUED.fetch_sub(1, Relaxed);
+        return None;
+    }
     let (tx, rx) = channel();
     let call: Call = Box::new(move || {
         // A receiver gone (past its deadline) drops the value here.
         let _ = tx.send(f());
     });
-    crate::serve::lock(calls).send(call).ok()?;
+    if crate::serve::lock(calls).send(call).is_err() {
+        QUEUED.fetch_sub(1, Relaxed);
+        return None;
+    }
     rx.recv_timeout(deadline).ok()
 }
 
@@ -84,10 +103,19 @@ mod tests {
             1
         });
         assert_eq!(stuck, None);
-        // Queued behind it: given up too, while the disk is stuck.
-        assert_eq!(within_for(Duration::from_millis(50), || 2), None);
+        // Queued behind it: given up too, while the disk is stuck; and
+        // past a few, not even queued.
+        let ran = Arc::new(AtomicUsize::new(0));
+        for _ in 0..3 * MOST_QUEUED {
+            let ran = ran.clone();
+            let call = move || ran.fetch_add(1, SeqCst);
+            assert_eq!(within_for(Duration::from_millis(5), call), None);
+            assert!(QUEUED.load(SeqCst) <= MOST_QUEUED);
+        }
         drop(held);
         assert_eq!(within(|| 3), Some(3));
         assert!(open.load(SeqCst));
+        let ran = ran.load(SeqCst);
+        assert!(ran < MOST_QUEUED, "{ran} calls queued behind the stuck one");
     }
 }
