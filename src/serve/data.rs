@@ -644,6 +644,7 @@ impl Data {
             && !matches!(b.codec, Codec::Computed(_))
         {
             self.ensure_blob(s, bi)?;
+            self.spilled_whole(s, bi)?;
         }
         self.states[bi]
             .checked
@@ -745,9 +746,46 @@ impl Data {
                 let unit = self.whole(s, bi, *one_frame).map_err(data)?;
                 d.feed(unit.range(0, unit.len()).map_err(range)?);
             }
-            Plan::Spill { .. } => checks::stream(b, &self.span(s, bi), &s.guard, &mut d)?,
+            Plan::Spill { one_frame } => {
+                // Read back from the spill (whole: see `checked`), not
+                // decoded again: a second decoder would want the frame's
+                // whole window in memory, outside the cache.
+                let spill = self.spill(s, bi, *one_frame).map_err(data)?;
+                let mut buf = scratch::take();
+                buf.resize((1 << 20).min(b.decoded_len) as usize, 0);
+                let mut at = 0;
+                while at < b.decoded_len {
+                    let n = (b.decoded_len - at).min(buf.len() as u64) as usize;
+                    let read = spill.read(at, &mut buf[..n]);
+                    read.map_err(|why| data(self.unit_error(s, bi, why)))?;
+                    d.feed(&buf[..n]);
+                    at += n as u64;
+                }
+                scratch::give_back(buf);
+                s.guard.verdict().map_err(data)?;
+            }
         }
         d.finish()
+    }
+
+    /// For a blob spilled whole, waits for its spill to end, outside the
+    /// once-only check: a spill that fails for want of disk fails this
+    /// read, and the next one tries again.
+    fn spilled_whole(&self, s: &Served, bi: usize) -> Result<(), ReadError> {
+        let b = self.blob(bi);
+        if !matches!(b.codec, Codec::Zstd { .. }) || checks::Decoded::new(b).is_none() {
+            return Ok(());
+        }
+        let Plan::Spill { one_frame } = self.plan(s, bi)? else {
+            return Ok(());
+        };
+        let Some(last) = b.decoded_len.checked_sub(1) else {
+            return Ok(());
+        };
+        let spill = self.spill(s, bi, *one_frame)?;
+        spill
+            .read(last, &mut [0u8])
+            .map_err(|why| self.unit_error(s, bi, why))
     }
 
     fn plan(&self, s: &Served, bi: usize) -> Result<&Plan, ReadError> {

@@ -4,7 +4,6 @@
 
 use crate::catalog::{Blob, Catalog, Check, Checksum, Codec, Verdict};
 use crate::codec::digest::Hasher;
-use crate::codec::zstd as zstd_blob;
 use crate::serve::error::ReadError;
 use crate::serve::guard::Guard;
 use crate::source::{MappedFile, Span};
@@ -119,18 +118,6 @@ impl Decoded {
         }
         self.rules.verdict()
     }
-}
-
-/// Feeds a whole zstd blob, decoded as a stream, to `d` (for a blob that
-/// is neither in frames nor fits the cache).
-pub fn stream(b: &Blob, span: &Span, guard: &Guard, d: &mut Decoded) -> Result<(), Failed> {
-    let r = zstd_blob::decode_stream(span.bytes(), b.decoded_len, |chunk| {
-        d.feed(chunk);
-        Ok(())
-    });
-    span.release_all();
-    guard.verdict().map_err(Failed::Whole)?;
-    r.map_err(Failed::Data)
 }
 
 /// Runs the checks of a computed blob over the bytes it produced (it has

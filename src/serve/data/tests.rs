@@ -232,3 +232,32 @@ fn a_computed_spill_whose_file_changes_while_it_is_made_is_not_served() {
     let err = d.read(0, 0, 0, 4096).err().unwrap();
     assert_eq!(err.errno(), libc::ESTALE, "{err}");
 }
+
+#[test]
+fn a_spilled_blob_with_a_digest_is_checked_over_its_spill_whatever_its_window() {
+    // 5 MiB against an 8 MiB cache: spilled. Its frame declares a 256 MiB
+    // window (no size given, --long=28): the spill decodes it into its
+    // file; the digest is taken over what the spill holds, not over a
+    // second decode, which would want that window in memory (and refuses
+    // a window past 128 MiB).
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..(5u32 << 20))
+        .map(|i| (i % 251) as u8 ^ (i >> 13) as u8)
+        .collect();
+    let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+    enc.window_log(28).unwrap();
+    enc.long_distance_matching(true).unwrap();
+    std::io::Write::write_all(&mut enc, &data).unwrap();
+    let blob = enc.finish().unwrap();
+    for (digest, right) in [(&data[..], true), (&b"other"[..], false)] {
+        let (mut c, files) = zstd_catalog(dir.path(), &blob, data.len());
+        c.blobs[0].checks = vec![Check::Decoded(compute(Algorithm::Xxh3, digest))];
+        let d = Data::new(c, files, opts(dir.path()), Arc::new(Stats::default())).unwrap();
+        match d.read(0, 0, 1 << 20, 4096) {
+            Ok(got) if right => assert_eq!(&got[..], &data[1 << 20..(1 << 20) + 4096]),
+            Ok(_) => panic!("bytes that fail their digest were served"),
+            Err(e) if right => panic!("{e}"),
+            Err(e) => assert!(e.to_string().contains("checksum mismatch"), "{e}"),
+        }
+    }
+}
