@@ -469,7 +469,10 @@ impl Partial {
         match self.file.write_all_at(bytes, at) {
             Ok(()) => Some(lock(&self.written).add(at, end)),
             Err(e) => {
-                log::debug!("cannot write a backing file: {e}");
+                warn_once(
+                    &WRITE_FAILED,
+                    format_args!("cannot write a backing file, served by the daemon: {e}"),
+                );
                 lock(&self.written).failed = true;
                 None
             }
@@ -1135,7 +1138,14 @@ impl Backings {
                     }
                 }
             };
-            self.fill(job);
+            // A fill that panics leaves its file to the daemon and the
+            // queue running: the files behind it still get filled.
+            let (key, charge) = (job.key.clone(), charge_of(job.len, &job.holds));
+            let fill = std::panic::AssertUnwindSafe(|| self.fill(job));
+            if std::panic::catch_unwind(fill).is_err() {
+                log::error!("filling {key:?} failed (a panic): it stays served by the daemon");
+                self.forget(&key, charge);
+            }
         }
     }
 
@@ -1336,7 +1346,10 @@ impl Backings {
         let wrote = match write_all(&file, len, &data, &segments, &skip, &self.activity) {
             Ok(n) => n,
             Err(why) => {
-                log::debug!("{key:?} stays served by the daemon: {why}");
+                warn_once(
+                    &WRITE_FAILED,
+                    format_args!("{key:?} stays served by the daemon: {why}"),
+                );
                 self.forget(&key, charge_of(len, &holds));
                 return;
             }
@@ -1408,6 +1421,12 @@ fn cannot_share(e: &std::io::Error) -> bool {
         Some(libc::EXDEV | libc::EOPNOTSUPP | libc::EINVAL | libc::ENOTTY | libc::EPERM)
     )
 }
+
+/// Raised once a backing file could not be written or filled (a disk
+/// error, no room on `--cache-dir`, a read of the source that failed):
+/// the first is a warning, so that a mount whose files stay served by the
+/// daemon says why; the rest are for debugging only.
+static WRITE_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Logs `why` as a warning the first time `flag` is raised, then for
 /// debugging only: a model's load would repeat it for every tensor.

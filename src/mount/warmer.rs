@@ -145,9 +145,17 @@ impl Inner {
                      of the memory available",
                     job.len
                 );
-            } else if let Some(b) = (job.make)() {
-                let all = self.read_in(&b, &mut buf);
-                (job.done)(all);
+            } else {
+                // A job that panics is dropped, and the warmer goes on.
+                let warm = std::panic::AssertUnwindSafe(|| {
+                    if let Some(b) = (job.make)() {
+                        let all = self.read_in(&b, &mut buf);
+                        (job.done)(all);
+                    }
+                });
+                if std::panic::catch_unwind(warm).is_err() {
+                    log::error!("making a clone failed (a panic): its tensor stays the daemon's");
+                }
             }
             lock(&self.state).keys.remove(&key);
             self.pending.fetch_sub(1, Relaxed);

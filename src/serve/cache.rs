@@ -382,6 +382,14 @@ impl Cache {
                 flight
             }
         };
+        // `file` runs a call on `--cache-dir`: if it unwinds, the readers
+        // waiting on this claim get an error, not a wait for ever.
+        let unsettled = Unsettled {
+            cache: self,
+            key,
+            flight: &flight,
+            charge: len + ENTRY_COST,
+        };
         // A file that cannot be mapped (a filesystem without shared
         // mappings, no mapping left): memory, as without one.
         let made = match file().map(|f| Filling::in_file(f, len as usize)) {
@@ -405,6 +413,7 @@ impl Cache {
                 Err(format!("cannot map {len} bytes for decoding: {e}"))
             }
         };
+        std::mem::forget(unsettled);
         let outcome = self.settle(key, &flight, outcome);
         if let Ok(b) = &outcome {
             start(b.clone());
@@ -656,6 +665,30 @@ mod tests {
             Ok(())
         });
         assert_eq!(b.unwrap().ready()[999], 5);
+    }
+
+    #[test]
+    fn a_unit_file_that_panics_fails_its_waiters_and_gives_back_its_room() {
+        let stats = Arc::new(Stats::default());
+        let c = Arc::new(Cache::new(1 << 20, stats.clone()));
+        let started = Arc::new(std::sync::Barrier::new(2));
+        let (c2, s2) = (c.clone(), started.clone());
+        let filler = std::thread::spawn(move || {
+            let file = || {
+                s2.wait();
+                while stats.cache_hits.load(Relaxed) == 0 {
+                    std::thread::yield_now();
+                }
+                panic!("cache dir bug")
+            };
+            c2.get_filling((0, 0), 1000, file, |_| {})
+        });
+        started.wait();
+        let waited = c.get_filling((0, 0), 1000, || unreachable!(), |_| unreachable!());
+        assert!(waited.is_err_and(|e| e.contains("bug")));
+        assert!(filler.join().is_err());
+        assert_eq!(c.gauges().cache_bytes, 0);
+        assert_eq!(c.gauges().inflight_decodes, 0);
     }
 
     #[test]
