@@ -1427,12 +1427,8 @@ impl<'a> Vm<'a> {
             }
             Val::Dict(i) => {
                 if let Some(Node::Dict(entries)) = self.nodes.get(*i) {
-                    for (k, v) in entries {
-                        let key = match k {
-                            Val::Str(s) => s.to_string(),
-                            Val::Int(n) => n.to_string(),
-                            _ => continue,
-                        };
+                    for (place, (k, v)) in entries.iter().enumerate() {
+                        let key = self.key_name(k).unwrap_or_else(|| format!("#{place}"));
                         self.collect(v, join(&key)?, depth + 1, budget, out)?;
                     }
                 }
@@ -1447,6 +1443,37 @@ impl<'a> Vm<'a> {
             _ => {}
         }
         Ok(())
+    }
+}
+
+impl Vm<'_> {
+    /// A dict key as a name: a string as it is, an integer in decimal,
+    /// `None`, a tuple of those as Python shows it (`(1, 'a')`). `None`
+    /// for any other key (a float, bytes, a bool, an object), which the
+    /// caller names by its place in the dict.
+    fn key_name(&self, k: &Val) -> Option<String> {
+        let item = |k: &Val| match k {
+            Val::Str(s) => Some(format!("'{s}'")),
+            Val::Int(n) => Some(n.to_string()),
+            Val::None => Some("None".into()),
+            _ => None,
+        };
+        match k {
+            Val::Str(s) => Some(s.to_string()),
+            Val::Int(_) | Val::None => item(k),
+            Val::Seq(i) => match self.nodes.get(*i) {
+                Some(Node::Seq(items)) if items.len() <= 16 => {
+                    let parts: Option<Vec<String>> = items.iter().map(item).collect();
+                    let parts = parts?;
+                    Some(match parts.len() {
+                        1 => format!("({},)", parts[0]),
+                        _ => format!("({})", parts.join(", ")),
+                    })
+                }
+                _ => None,
+            },
+            _ => None,
+        }
     }
 }
 
@@ -1592,6 +1619,38 @@ mod tests {
             .collect(&v, String::new(), 0, &mut budget, &mut out)
             .unwrap_err();
         assert!(e.contains("tensor name over"), "{e}");
+    }
+
+    #[test]
+    fn every_dict_key_names_its_tensors() {
+        // {"ok": t, (1, 2): t, None: t, 1.5: t, True: t, 7: t}, each t a
+        // float32 [2] of storage "0": torch.load keeps every key.
+        let mut t = b"ctorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storage".to_vec();
+        t.extend_from_slice(b"ctorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpu");
+        t.extend_from_slice(b"K\x10tQK\x00K\x02\x85K\x01\x85tR");
+        let mut p = b"}(".to_vec();
+        let float = [&b"G"[..], &1.5f64.to_be_bytes()].concat();
+        let keys: [&[u8]; 6] = [
+            b"X\x02\x00\x00\x00ok",
+            b"K\x01K\x02\x86",
+            b"N",
+            &float,
+            b"\x88",
+            b"K\x07",
+        ];
+        for k in keys {
+            p.extend_from_slice(k);
+            p.extend_from_slice(&t);
+        }
+        p.extend_from_slice(b"u.");
+        let mut vm = Vm::new(&p, 1 << 20);
+        let v = vm.run().unwrap();
+        let (mut out, mut budget) = (Vec::new(), 1000);
+        vm.collect(&v, String::new(), 0, &mut budget, &mut out)
+            .unwrap();
+        let names: Vec<_> = out.iter().map(|(n, t)| (n.as_str(), t.is_ok())).collect();
+        let want = ["ok", "(1, 2)", "None", "#3", "#4", "7"];
+        assert_eq!(names, want.map(|n| (n, true)));
     }
 
     #[test]
