@@ -163,6 +163,65 @@ fn safetensors_plain_and_sharded() {
         }
         check_mount(&snap.join("model.safetensors.index.json"), &exp["sharded"]);
     }
+    // An index that leaves a tensor out, and puts another in a shard that
+    // does not hold it: the first is listed after the rest and served, the
+    // second listed as absent where the index puts it, its bytes as a
+    // duplicate where they are.
+    let idx: serde_json::Value = serde_json::from_slice(&std::fs::read(&index).unwrap()).unwrap();
+    let map = idx["weight_map"].as_object().unwrap();
+    let mut names: Vec<&String> = map.keys().collect();
+    names.sort();
+    let (left_out, moved) = (names[0].clone(), names[1].clone());
+    let (from, to) = (map[&moved].as_str().unwrap().to_string(), {
+        let other = map.values().find(|f| *f != &map[&moved]).unwrap();
+        other.as_str().unwrap().to_string()
+    });
+    let mut edited = idx.clone();
+    let wm = edited["weight_map"].as_object_mut().unwrap();
+    wm.remove(&left_out);
+    wm.insert(moved.clone(), to.clone().into());
+    let odd = dir.path().join("odd");
+    std::fs::create_dir(&odd).unwrap();
+    for e in std::fs::read_dir(&set).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), odd.join(e.file_name())).unwrap();
+    }
+    let odd_index = odd.join("model.safetensors.index.json");
+    std::fs::write(&odd_index, serde_json::to_vec(&edited).unwrap()).unwrap();
+    let opened = formats::open(&odd_index, Limits::default()).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let data = serve(opened, scratch.path(), 64 << 20);
+    let cat = data.catalog();
+    let read = |name: &str| {
+        let ti = cat.tensors.iter().position(|t| t.name == name).unwrap();
+        (
+            data.read(ti, 0, 0, 1 << 20).map(|b| b.to_vec()),
+            &cat.tensors[ti],
+        )
+    };
+    let (bytes, t) = read(&left_out);
+    assert_eq!(
+        sha256_hex(&bytes.unwrap()),
+        exp["sharded"][&left_out]["sha256"]
+    );
+    assert_eq!(t.meta.to_map()["in_index"], false);
+    let (got, _) = read(&moved);
+    let why = got.unwrap_err().to_string();
+    assert!(
+        why.contains(&format!(
+            "the index puts it in {to}, which does not hold it"
+        )),
+        "{why}"
+    );
+    let (got, t) = read(&format!("{moved} (duplicate in {from})"));
+    assert!(got.is_err());
+    assert!(
+        t.parts
+            .as_ref()
+            .unwrap_err()
+            .contains("another shard holds")
+    );
+    assert_eq!(cat.len(), 15);
     // A missing shard: its tensors fail with the reason, the rest serve.
     let gone = set.join("model-00002-of-00003.safetensors");
     std::fs::remove_file(&gone).unwrap();

@@ -15,7 +15,12 @@
 //!   `NAME (unusable shard)`.
 //! - A tensor the index puts in a shard that does not hold it: listed,
 //!   failing, saying so. What a shard holds that the index does not put
-//!   in it is not shown.
+//!   in it is listed after every tensor the index places, where the
+//!   format lists duplicates (a Hugging Face index, which loaders read
+//!   shard by shard): served under its name where no other tensor has it,
+//!   else as a duplicate (below). Where the format refuses duplicates (a
+//!   deathtensors index, which lists every tensor of the set) it is not
+//!   shown; the log says how many.
 //! - A shard altered after mount: its guard fails its reads with `ESTALE`
 //!   (as for any source), and a digest the format records is checked
 //!   before its first byte is served.
@@ -117,6 +122,9 @@ pub struct Set {
     duplicates: Duplicates,
     /// The first name held twice, when [`Duplicates::Refuse`].
     duplicate: Option<String>,
+    /// Tensors shards hold that the index does not put there: added last,
+    /// so that the index's placement of a name wins.
+    unplaced: Vec<Tensor>,
 }
 
 impl Set {
@@ -131,6 +139,7 @@ impl Set {
             names: HashSet::new(),
             duplicates,
             duplicate: None,
+            unplaced: Vec::new(),
         }
     }
 
@@ -183,13 +192,6 @@ impl Set {
             wanted.map(|w| w.iter().map(String::as_str).collect());
         let mut have = HashSet::new();
         for mut t in c.tensors {
-            if wanted_set
-                .as_ref()
-                .is_some_and(|w| !w.contains(t.name.as_str()))
-            {
-                continue;
-            }
-            have.insert(t.name.clone());
             if let Ok(ps) = &mut t.parts {
                 for p in ps {
                     p.blob += base;
@@ -198,6 +200,15 @@ impl Set {
             if let Some(f) = file {
                 t.meta.insert("shard", f.into());
             }
+            if wanted_set
+                .as_ref()
+                .is_some_and(|w| !w.contains(t.name.as_str()))
+            {
+                t.meta.insert("in_index", false.into());
+                self.unplaced.push(t);
+                continue;
+            }
+            have.insert(t.name.clone());
             self.push(t);
         }
         let file = file.unwrap_or_default();
@@ -233,7 +244,8 @@ impl Set {
                 return;
             }
             t.parts = Err("another shard holds a tensor of the same name".into());
-            let shard = t.meta.get("shard").unwrap_or_default();
+            let shard = t.meta.get("shard");
+            let shard = shard.as_ref().and_then(|s| s.as_str()).unwrap_or_default();
             t.name = format!("{} (duplicate in {shard})", t.name);
             if !self.names.insert(t.name.clone()) {
                 return;
@@ -244,7 +256,24 @@ impl Set {
 
     /// The joined set; refused if a name was held twice and the format
     /// refuses that.
-    pub fn finish(self) -> Result<Opened> {
+    pub fn finish(mut self) -> Result<Opened> {
+        let unplaced = std::mem::take(&mut self.unplaced);
+        if !unplaced.is_empty() {
+            let listed = self.duplicates == Duplicates::List;
+            log::info!(
+                "{}: {} tensors its shards hold are not in its index; {}",
+                self.catalog.label,
+                unplaced.len(),
+                if listed {
+                    "listed after the rest"
+                } else {
+                    "not shown (the index is the set's list of tensors)"
+                }
+            );
+            for t in unplaced.into_iter().filter(|_| listed) {
+                self.push(t);
+            }
+        }
         if let Some(name) = self.duplicate {
             return Err(Error::new(
                 ErrorKind::Duplicate,
