@@ -133,6 +133,7 @@ fn write_repos(dir: &Path) -> Repos {
     std::fs::write(dir.join("q8.gguf"), noise(8, 1000)).unwrap();
     let config = json!({
         "tokens": [TOKEN],
+        "renamed": {"old/single": "org/single"},
         "repos": {
             "org/single": {
                 "refs": {"main": C1, "v1": C1, "dev": C2},
@@ -325,6 +326,9 @@ print("gated with token", hashlib.sha256(open(p, "rb").read()).hexdigest())
 print(fails(repo_id="org/none", filename="x", token=False))
 print(fails(repo_id="org/single", filename="x", revision="nope", token=False))
 print(fails(repo_id="org/single", filename="nope.bin", token=False))
+print("renamed", HfApi(endpoint=ep).model_info("old/single", revision="v1").sha)
+p = hf_hub_download("old/single", "model.safetensors", cache_dir=cache, endpoint=ep, token=False)
+print("renamed", hashlib.sha256(open(p, "rb").read()).hexdigest())
 d = HfApi(endpoint=ep).dataset_info("org/data", files_metadata=True)
 p = hf_hub_download("org/data", "data.safetensors", repo_type="dataset", cache_dir=cache, endpoint=ep, token=False)
 print("dataset", d.sha, sorted(s.rfilename for s in d.siblings), hashlib.sha256(open(p, "rb").read()).hexdigest())
@@ -365,6 +369,8 @@ print("dataset", d.sha, sorted(s.rfilename for s in d.siblings), hashlib.sha256(
          RepositoryNotFoundError\n\
          RevisionNotFoundError\n\
          RemoteEntryNotFoundError\n\
+         renamed {C1}\n\
+         renamed {}\n\
          dataset {C2} ['README.md', 'data.safetensors'] {}\n",
         size("config.json"),
         size("c1.safetensors"),
@@ -372,6 +378,7 @@ print("dataset", d.sha, sorted(s.rfilename for s in d.siblings), hashlib.sha256(
         sha(&f("c1.safetensors")),
         sha(&f("c2.safetensors")),
         sha(&f("config.json")),
+        sha(&f("c1.safetensors")),
         sha(&f("c1.safetensors")),
         sha(&f("c1.safetensors")),
     );
@@ -488,8 +495,10 @@ fn a_branch_a_tag_a_commit_a_path_and_revision_choose_what_is_mounted() {
     let (_s, mut m, repos, hub) = setup();
     let cache = m.scratch_path("cache");
     let ep = hub.endpoint();
-    let cases: [(&str, &[&str], &str, &Tensors); 5] = [
+    // A renamed repo's old name: the Hub redirects it to the new one.
+    let cases: [(&str, &[&str], &str, &Tensors); 6] = [
         ("hf://org/single@dev", &[], C2, &repos.c2),
+        ("hf://old/single@v1", &[], C1, &repos.c1),
         ("hf://org/single@v1", &[], C1, &repos.c1),
         (&format!("hf://org/single@{C2}"), &[], C2, &repos.c2),
         (
@@ -616,6 +625,19 @@ fn an_unknown_repo_revision_or_file_and_an_ambiguous_repo_are_refused_in_one_lin
     assert_eq!(
         refused(&r),
         "ztensor-mount: hf://org/none@main: no such repo, or the token cannot see it"
+    );
+    // No header can carry it: said by name, not by the HTTP client.
+    let r = hf_run(
+        &mut m,
+        &ep,
+        "hf://org/single",
+        &cache,
+        &[("HF_TOKEN", "hf_a\u{1}b")],
+    );
+    assert!(
+        refused(&r).ends_with("HF_TOKEN holds a control character"),
+        "{}",
+        refused(&r)
     );
 }
 

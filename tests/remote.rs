@@ -951,6 +951,20 @@ fn a_missing_object_refuses_the_mount_in_one_line() {
     assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
     assert!(r.stderr.contains("no such object"), "{}", r.stderr);
     assert!(!m.is_mounted());
+    // A password in the URL is not sent, and would show in the mount
+    // table: refused, without it in the line.
+    let with_password = srv
+        .url("/nothing.zt")
+        .replace("http://", "http://me:s3cret@");
+    let r = m.run(
+        Path::new(&with_password),
+        &["--cache-dir", cache.to_str().unwrap()],
+    );
+    assert!(!r.ok());
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    assert!(r.stderr.contains("user name or password"), "{}", r.stderr);
+    assert!(!r.stderr.contains("s3cret"), "{}", r.stderr);
+    assert!(!m.is_mounted());
 }
 
 /// A server that gives an object's size as more than any cache tracks
@@ -1367,6 +1381,34 @@ fn a_server_without_head_is_asked_for_the_first_byte() {
     }
 }
 
+/// A server whose ETags are weak and which compares `If-Match` strongly,
+/// as RFC 9110 says and nginx does (a weak tag never matches: every
+/// ranged GET that sent it got 412), is served; so is one without HEAD
+/// that ignores Range too, pinned by its 200's headers and fetched whole.
+#[test]
+fn weak_etags_and_a_server_without_head_or_ranges_are_served() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let (tensors, srv, cache) = served_model(&py, &m);
+    let read_all = |m: &Mount| {
+        for (name, data) in &tensors {
+            assert!(std::fs::read(m.path(name)).unwrap() == *data, "{name}");
+        }
+    };
+    srv.control("/__mode?m=weak_etag");
+    mount_remote(&mut m, &srv.url("/model.zt"), &cache, &[]);
+    read_all(&m);
+    m.unmount_ok();
+    srv.control("/__mode?m=all");
+    srv.control("/__nohead");
+    srv.control("/__noranges");
+    let fresh = m.scratch_path("cache2");
+    mount_remote(&mut m, &srv.url("/model.zt"), &fresh, &[]);
+    read_all(&m);
+    m.unmount_ok();
+}
+
 fn s3_env<'a>(cmd: &'a mut Command, key: &str) -> &'a mut Command {
     for k in AWS_VARS {
         cmd.env_remove(k);
@@ -1465,6 +1507,66 @@ fn s3_mount_serves_the_local_tree() {
         remote.unmount_ok();
         local.unmount_ok();
     }
+}
+
+/// A key is sent as typed, as the AWS CLI sends it: `#`, `?` and `%2F`
+/// are part of it (a URL parser made `a#b.zt` key `a`), and a key with a
+/// `..` segment, which the client cannot send as it is, is refused. And
+/// one object on two servers (`--endpoint`) is two objects: a mount of the
+/// second fetches from it, not from the first one's cache file.
+#[test]
+fn s3_keys_are_sent_as_typed_and_two_endpoints_share_no_cache_file() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some((mut local, mut remote, files)) = local_and_remote() else {
+        return;
+    };
+    let (zt, decoy) = (files.join("model.zt"), files.join("decoy.zt"));
+    write_model(&zt);
+    std::fs::write(&decoy, b"not this one").unwrap();
+    let (a, b) = (Server::moto(&py, false), Server::moto(&py, false));
+    let keys = ["a#b.zt", "q?x=1.zt", "p%2Fq.zt"];
+    let mut uploads: Vec<(String, PathBuf)> =
+        keys.iter().map(|k| (k.to_string(), zt.clone())).collect();
+    for decoy_key in ["a", "q", "p/q.zt"] {
+        uploads.push((decoy_key.into(), decoy.clone()));
+    }
+    upload_to_bucket(&py, &a, &uploads);
+    upload_to_bucket(&py, &b, &uploads[..1]);
+    local.mount(&zt, &[]);
+    let cache = remote.scratch_path("cache");
+    for key in keys {
+        mount_remote(
+            &mut remote,
+            &format!("s3://bucket/{key}"),
+            &cache,
+            &["--endpoint", &a.url("")],
+        );
+        same_tree(&local.mp, &remote.mp);
+        remote.unmount_ok();
+    }
+    let r = remote.run(
+        Path::new("s3://bucket/dir/../a#b.zt"),
+        &["--endpoint", &a.url("")],
+    );
+    assert!(!r.ok());
+    assert!(r.stderr.contains("`..` segment"), "{}", r.stderr);
+    // The same key and bytes (so the same ETag) on server b.
+    b.moto_restart_recording();
+    mount_remote(
+        &mut remote,
+        "s3://bucket/a#b.zt",
+        &cache,
+        &["--endpoint", &b.url("")],
+    );
+    same_tree(&local.mp, &remote.mp);
+    assert!(
+        b.moto_recording().contains("\"GET\""),
+        "b was not asked: {}",
+        b.moto_recording()
+    );
+    remote.unmount_ok();
+    local.unmount_ok();
 }
 
 #[test]

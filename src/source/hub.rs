@@ -142,6 +142,9 @@ fn parse(arg: &str, revision: Option<&str>) -> std::result::Result<Spec, String>
     })
 }
 
+/// The Hub's own address, `huggingface_hub`'s default endpoint.
+const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
+
 /// How to reach the Hub, from the environment `huggingface_hub` reads.
 #[derive(Debug, Clone)]
 pub struct Hub {
@@ -165,7 +168,7 @@ fn token_file() -> Option<PathBuf> {
 
 impl Hub {
     fn from_env() -> std::result::Result<Hub, String> {
-        let ep = env("HF_ENDPOINT").unwrap_or_else(|| "https://huggingface.co".into());
+        let ep = env("HF_ENDPOINT").unwrap_or_else(|| DEFAULT_ENDPOINT.into());
         let endpoint = url::Url::parse(ep.trim_end_matches('/'))
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
@@ -179,6 +182,20 @@ impl Hub {
                 let t = super::read_small(&token_file()?, 64 << 10).ok()?;
                 Some(String::from_utf8_lossy(&t).trim().to_string()).filter(|t| !t.is_empty())
             });
+        // No HTTP header can carry a control character: said here, by
+        // name, not by the client at the first request.
+        if token
+            .as_deref()
+            .is_some_and(|t| t.chars().any(char::is_control))
+        {
+            return Err(match env("HF_TOKEN") {
+                Some(_) => "HF_TOKEN holds a control character".to_string(),
+                None => format!(
+                    "the token file {} holds a control character",
+                    token_file().map_or(String::new(), |p| p.display().to_string())
+                ),
+            });
+        }
         let offline = env("HF_HUB_OFFLINE")
             .is_some_and(|v| ["1", "on", "yes", "true"].contains(&v.to_ascii_lowercase().as_str()));
         Ok(Hub {
@@ -279,10 +296,33 @@ async fn fetch_info(hub: &Hub, spec: &Spec, opts: &Options) -> std::result::Resu
     let (org, name) = repo.split_once('/').unwrap_or((repo, ""));
     let mut url = hub.url(["api", kind, org, name, "revision", &spec.revision]);
     url.set_query(Some("blobs=true"));
-    let r = send(opts, (&spec.repo, Who::Hub), || {
-        with_token(hub, client.get(url.clone()))
-    })
-    .await?;
+    let mut hops = 0;
+    let r = loop {
+        let r = send(opts, (&spec.repo, Who::Hub), || {
+            with_token(hub, client.get(url.clone()))
+        })
+        .await?;
+        // A renamed repo: the Hub answers its old name with a redirect to
+        // the new one, on its own host, which huggingface_hub follows (the
+        // token may go there; it goes to no other host).
+        let next = r
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|l| url.join(l.to_str().ok()?).ok())
+            .filter(|n| r.status().is_redirection() && hub.is_hub_host(n));
+        match next {
+            Some(next) if hops < 5 => {
+                log::info!(
+                    "{}: the Hub sends the repo's API to {}",
+                    spec.repo,
+                    next.path()
+                );
+                url = next;
+                hops += 1;
+            }
+            _ => break r,
+        }
+    };
     if !r.status().is_success() {
         return Err(refusal(hub, r.status(), r.headers(), ""));
     }
@@ -494,6 +534,13 @@ impl Repo {
             Some(p) => format!("hf://{}@{}/{p}", self.repo, self.commit),
             None => url.to_string(),
         }
+    }
+
+    /// The Hub's endpoint where it is not `huggingface.co` (`HF_ENDPOINT`, a
+    /// mirror): a mirror may serve other bytes under the same ETag.
+    pub fn mirror(&self) -> Option<String> {
+        let e = self.hub.endpoint.as_str().trim_end_matches('/');
+        (e != DEFAULT_ENDPOINT).then(|| e.to_string())
     }
 
     fn resolve_url(&self, path: &str) -> url::Url {

@@ -105,6 +105,38 @@ const SCHEMES: &[&str] = &[
     "s3", "s3a", "gs", "az", "adl", "azure", "abfs", "abfss", "http", "https",
 ];
 
+/// For an object store's URL (`s3://BUCKET/KEY`, `gs://`, `az://`, ...),
+/// the key as it was typed: stores take any bytes in a key, as the AWS
+/// CLI does, where a URL parser would cut it at `#` or `?`, resolve `.`
+/// and `..` and decode `%2F`, and so name another object.
+fn typed_key(url: &str) -> Option<&str> {
+    let (scheme, rest) = url.split_once("://")?;
+    let scheme = scheme.to_ascii_lowercase();
+    if !SCHEMES.contains(&scheme.as_str()) || matches!(scheme.as_str(), "http" | "https") {
+        return None;
+    }
+    Some(rest.split_once('/').map_or("", |(_, key)| key))
+}
+
+/// An object store's key as typed, as the store's client will send it; an
+/// error for one it cannot send as it is.
+fn store_key(key: &str) -> std::result::Result<Key, String> {
+    if key.is_empty() || key.ends_with('/') {
+        return Err("the URL names no object (it ends in /)".into());
+    }
+    let sendable = !key.starts_with('/')
+        && key
+            .split('/')
+            .all(|s| !s.is_empty() && s != "." && s != "..");
+    match Key::parse(key) {
+        Ok(k) if sendable => Ok(k),
+        _ => Err(format!(
+            "the key {key:?} has an empty, `.` or `..` segment or a control character, \
+             which this client cannot ask the store for as it is"
+        )),
+    }
+}
+
 /// Whether `arg` is a URL this module opens (rather than a path).
 pub fn is_url(arg: &str) -> bool {
     arg.split_once("://")
@@ -225,6 +257,10 @@ struct Client {
     /// Where the server redirects the object, asked once after a failure
     /// ([`Client::redirect_of`]).
     redirect: tokio::sync::OnceCell<Option<String>>,
+    /// The server the store's builder was given, where it is not the
+    /// store's own (`--endpoint`, `AWS_ENDPOINT_URL`, an emulator's):
+    /// objects of one name and ETag on two servers are two objects.
+    endpoint: std::sync::OnceLock<Option<String>>,
 }
 
 /// The settings a store's builder takes from the environment's variables
@@ -344,14 +380,15 @@ impl Client {
         let url = self.url.as_str();
         let scheme = self.url.scheme().to_ascii_lowercase();
         Ok(match scheme.as_str() {
-            "s3" | "s3a" => Arc::new(
-                s3_builder(o.endpoint.as_deref())?
+            "s3" | "s3a" => {
+                use object_store::aws::AmazonS3ConfigKey::Endpoint;
+                let b = s3_builder(o.endpoint.as_deref())?
                     .with_url(url)
                     .with_client_options(client)
-                    .with_retry(retry)
-                    .build()
-                    .map_err(one_line)?,
-            ),
+                    .with_retry(retry);
+                self.served_by(b.get_config_value(&Endpoint));
+                Arc::new(b.build().map_err(one_line)?)
+            }
             "gs" => {
                 let mut b = env_config("GOOGLE_", &[])?
                     .into_iter()
@@ -374,6 +411,8 @@ impl Client {
                 ]) {
                     b = b.with_skip_signature(true);
                 }
+                use object_store::gcp::GoogleConfigKey::BaseUrl;
+                self.served_by(b.get_config_value(&BaseUrl));
                 Arc::new(b.build().map_err(one_line)?)
             }
             "http" | "https" if super::signed_url::is_signed(&self.url) => {
@@ -420,9 +459,31 @@ impl Client {
                 ]) {
                     b = b.with_skip_signature(true);
                 }
+                use object_store::azure::AzureConfigKey::{Endpoint, UseEmulator};
+                let emulator = b.get_config_value(&UseEmulator).filter(|v| v == "true");
+                self.served_by(
+                    b.get_config_value(&Endpoint)
+                        .or(emulator.map(|_| "emulator".into())),
+                );
                 Arc::new(b.build().map_err(one_line)?)
             }
         })
+    }
+
+    /// Notes the server the store's builder was given (see
+    /// [`Client::endpoint`]).
+    fn served_by(&self, server: Option<String>) {
+        let _ = self.endpoint.set(server.filter(|s| !s.is_empty()));
+    }
+
+    /// The server that holds the object where it is not the one its name
+    /// says (a Hub mirror, `--endpoint`), for the cache to tell objects of
+    /// one name and ETag on two servers apart.
+    fn endpoint(&self) -> Option<String> {
+        match &self.hub {
+            Some(repo) => repo.mirror(),
+            None => self.endpoint.get().cloned().flatten(),
+        }
     }
 }
 
@@ -515,6 +576,18 @@ const MAX_URL: usize = u16::MAX as usize - 1;
 pub fn open(url: &str, opts: &Options) -> Result<MappedFile> {
     let parsed = url::Url::parse(url)
         .map_err(|e| fail(&without_queries(url), format!("not a valid URL: {e}")))?;
+    if typed_key(url).is_none() && (!parsed.username().is_empty() || parsed.password().is_some()) {
+        // Named without them: the label goes to the log, the mount table
+        // (which every user reads) and the index.
+        let mut shown = parsed.clone();
+        let _ = shown.set_username("");
+        let _ = shown.set_password(None);
+        return Err(fail(
+            &without_queries(shown.as_str()),
+            "a user name or password in the URL is not sent by this client (and would show in \
+             the mount table); give the server's credentials in a signed URL's query instead",
+        ));
+    }
     if parsed.as_str().len() > MAX_URL {
         return Err(fail(
             &without_queries(url),
@@ -530,8 +603,13 @@ pub fn open(url: &str, opts: &Options) -> Result<MappedFile> {
         store: super::shared::PerProcess::new(),
         redirect: tokio::sync::OnceCell::new(),
         hub: None,
+        endpoint: std::sync::OnceLock::new(),
     });
-    open_with(client, parsed)
+    let typed = typed_key(url).map(|k| Typed {
+        label: url.to_string(),
+        key: k.to_string(),
+    });
+    open_with(client, parsed, typed)
 }
 
 /// Opens the file of a Hub repo whose resolve URL is `url`, fetched
@@ -547,15 +625,41 @@ pub(super) fn open_hub(
         store: super::shared::PerProcess::new(),
         redirect: tokio::sync::OnceCell::new(),
         hub: Some(repo),
+        endpoint: std::sync::OnceLock::new(),
     });
-    open_with(client, url)
+    open_with(client, url, None)
 }
 
-fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
+/// An object store's URL as typed and its key ([`typed_key`]): what the
+/// object is called and asked for, rather than what a URL parser makes of
+/// it.
+#[derive(Clone)]
+struct Typed {
+    label: String,
+    key: String,
+}
+
+impl Typed {
+    /// The object `name` beside this one.
+    fn sibling(&self, name: &str) -> Typed {
+        let key = match self.key.rsplit_once('/') {
+            Some((dir, _)) => format!("{dir}/{name}"),
+            None => name.to_string(),
+        };
+        let base = self.label.len() - self.key.len();
+        Typed {
+            label: format!("{}{key}", &self.label[..base]),
+            key,
+        }
+    }
+}
+
+fn open_with(client: Arc<Client>, url: url::Url, typed: Option<Typed>) -> Result<MappedFile> {
     // A signed URL's query is a credential: never in a log line or a message.
-    let label = match &client.hub {
-        Some(repo) => repo.label(&url),
-        None => without_queries(url.as_str()),
+    let label = match (&client.hub, &typed) {
+        (Some(repo), _) => repo.label(&url),
+        (None, Some(t)) => t.label.clone(),
+        (None, None) => without_queries(url.as_str()),
     };
     let opts = &client.opts;
     if opts.block_size == 0 || !opts.block_size.is_multiple_of(super::page_size() as u64) {
@@ -567,7 +671,11 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
             ),
         ));
     }
-    let key = key_of(&url).map_err(|e| fail(&label, e))?;
+    let key = match &typed {
+        Some(t) => store_key(&t.key),
+        None => key_of(&url),
+    }
+    .map_err(|e| fail(&label, e))?;
     let rt = runtime().map_err(|e| fail(&label, format!("cannot start the I/O runtime: {e}")))?;
     let store = client.store().map_err(|e| fail(&label, e))?;
     // Whether the pin came from a GET's answer (a signed URL's store asks
@@ -609,6 +717,10 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         true => super::signed_url::identity(&url),
         false => label.clone(),
     };
+    let identity = match client.endpoint() {
+        Some(server) => format!("{identity} from {server}"),
+        None => identity,
+    };
     let cache = Cache::open(opts, (&label, &identity), pin.as_deref(), meta.size)?;
     if cache.block != opts.block_size {
         log::info!(
@@ -627,6 +739,7 @@ fn open_with(client: Arc<Client>, url: url::Url) -> Result<MappedFile> {
         me: me.clone(),
         client: client.clone(),
         url: url.clone(),
+        typed: typed.clone(),
         label: label.clone(),
         key,
         size: meta.size,
@@ -703,7 +816,15 @@ async fn first_byte(
         range: Some(GetRange::Bounded(0..1)),
         ..Default::default()
     };
-    store.get_opts(key, opts).await.map(|got| got.meta)
+    match store.get_opts(key, opts).await {
+        // A server that ignores Range too: its 200's headers pin it (the
+        // body is not read; reads fetch the object whole).
+        Err(object_store::Error::NotSupported { .. }) => store
+            .get_opts(key, GetOptions::default())
+            .await
+            .map(|got| got.meta),
+        got => got.map(|got| got.meta),
+    }
 }
 
 /// A failed GET as a fetch error: its kind from what the store said (its
@@ -1386,6 +1507,8 @@ pub struct Object {
     me: Weak<Object>,
     client: Arc<Client>,
     url: url::Url,
+    /// Its URL and key as typed, for an object store's.
+    typed: Option<Typed>,
     label: String,
     key: Key,
     size: u64,
@@ -1845,7 +1968,7 @@ impl Object {
             .map_err(|e| FetchError::failed(format!("{what}: {e}")))?;
         let store = self.client.store().map_err(FetchError::failed)?;
         let opts = GetOptions {
-            if_match: self.etag.clone(),
+            if_match: self.if_match(),
             version: self.version.clone(),
             range: Some(GetRange::Bounded(start..end)),
             ..Default::default()
@@ -1975,7 +2098,7 @@ impl Object {
             .map_err(|e| FetchError::failed(format!("{what}: {e}")))?;
         let store = self.client.store().map_err(FetchError::failed)?;
         let opts = GetOptions {
-            if_match: self.etag.clone(),
+            if_match: self.if_match(),
             version: self.version.clone(),
             ..Default::default()
         };
@@ -2011,6 +2134,14 @@ impl Object {
             )));
         }
         Ok(())
+    }
+
+    /// The `If-Match` of a GET: the pinned ETag, but a weak one (`W/"…"`),
+    /// which never matches there (RFC 9110 compares strongly: a strict
+    /// server answers 412 to every GET). Every answer's ETag is compared
+    /// with the pinned one all the same ([`Object::same_object`]).
+    fn if_match(&self) -> Option<String> {
+        self.etag.clone().filter(|e| !e.starts_with("W/"))
     }
 
     /// Whether an answer is of the object pinned at mount: its size, and
@@ -2119,7 +2250,8 @@ impl Backing for Object {
         }
         let url = sibling_url(&self.url, name)
             .ok_or_else(|| fail(&self.label, format!("sibling {name:?}: not beside it")))?;
-        open_with(self.client.clone(), url)
+        let typed = self.typed.as_ref().map(|t| t.sibling(name));
+        open_with(self.client.clone(), url, typed)
     }
 }
 

@@ -6,6 +6,7 @@ tests (tests/hub.rs): the parts `huggingface_hub` and ztensor-mount use.
 CONFIG names the repos:
 
     {"tokens": ["hf_ok"],                       # tokens that may read gated repos
+     "renamed": {"old/name": "org/name"},       # repos moved: 307 to the new name
      "repos": {"org/name": {"gated": false,
                             "refs": {"main": SHA, "v1": SHA},
                             "commits": {SHA: {"PATH": "/abs/local/file", ...}}}}}
@@ -27,6 +28,8 @@ is. Routes, as the Hub answers them:
     HEAD|GET http://localhost:PORT/__cdn/SHA256?sig=N
          the bytes, honouring Range (206 + Content-Range); 403 once the
          signature has expired
+    a renamed repo's old name, in the API or resolve: 307 to the same path
+    with the new name (relative, on the Hub's host), as the Hub answers
     errors: 401 + X-Error-Code: GatedRepo (gated, no token), 403 GatedRepo
     (a token not granted), 401/404 RepoNotFound, 404 RevisionNotFound,
     404 EntryNotFound, each with X-Error-Message
@@ -141,6 +144,11 @@ class Handler(BaseHTTPRequestHandler):
             cut = fault is not None and fault["kind"] == "drop"
             return self.serve_cdn(url.path[len("/__cdn/"):], q, cut)
         parts = [unquote(p) for p in url.path.split("/")[1:]]
+        moved = self.renamed(parts)
+        if moved is not None:
+            to = "/" + "/".join(quote(p, safe="") for p in moved)
+            to += "?" + url.query if url.query else ""
+            return self.send(307, b"", {"Location": to})
         if parts[0] == "api" and len(parts) >= 6 and parts[1] in KINDS and parts[4] == "revision":
             return self.api(KINDS[parts[1]], "/".join(parts[2:4]), "/".join(parts[5:]), "blobs" in q)
         if parts[0] == "api" and len(parts) == 4 and parts[1] in KINDS:
@@ -151,6 +159,16 @@ class Handler(BaseHTTPRequestHandler):
         if len(rest) >= 5 and rest[2] == "resolve":
             return self.resolve(prefix + "/".join(rest[:2]), rest[3], "/".join(rest[4:]))
         self.error(404, "", "no such route")
+
+    def renamed(self, parts):
+        """The path's parts with a renamed repo's old name replaced by the
+        new one, or None."""
+        at = 2 if parts[0] == "api" else 0
+        name = "/".join(parts[at : at + 2])
+        new = CONFIG.get("renamed", {}).get(name)
+        if new is None or len(parts) < at + 2:
+            return None
+        return parts[:at] + new.split("/") + parts[at + 2 :]
 
     def control(self, path, q):
         one = lambda k, d=None: q.get(k, [d])[0]

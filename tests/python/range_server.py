@@ -34,6 +34,8 @@ exits when stdin closes (or it is killed). Control requests (not counted):
         GETs of /x answer 302 to URL
     GET /__nohead
         every HEAD answers 405 (a server that does not offer HEAD)
+    GET /__noranges
+        every GET ignores Range and answers 200 with the whole object
     GET /__mode?m=M
         from now on, the validators sent (If-Match is then ignored):
         no_etag    no ETag (nginx's `etag off`): an object is known by its
@@ -43,6 +45,9 @@ exits when stdin closes (or it is killed). Control requests (not counted):
         drop_etag  the ETag until the object is replaced, none after, and a
                    Last-Modified a replace does not move (a server that
                    drops the ETag and ignores If-Match)
+        weak_etag  the ETag weak (W/"..."), and If-Match compared strongly,
+                   as RFC 9110 says and nginx does: any If-Match but * fails
+                   with 412
 """
 
 import gzip
@@ -133,6 +138,8 @@ class Handler(BaseHTTPRequestHandler):
                 STATE.setdefault("redirects", {})[q["path"]] = q["to"]
             elif url.path == "/__nohead":
                 STATE["no_head"] = True
+            elif url.path == "/__noranges":
+                STATE["no_ranges"] = True
             elif url.path == "/__claim":
                 STATE.setdefault("claims", {})[q["path"]] = int(q["size"])
             elif url.path == "/__fault":
@@ -192,6 +199,10 @@ class Handler(BaseHTTPRequestHandler):
         want = self.headers.get("If-Match")
         if mode == "all" and want is not None and want != etag and want != "*":
             return self.answer(412, b"precondition failed")
+        if mode == "weak_etag" and want is not None and want != "*":
+            return self.answer(412, b"precondition failed")
+        if STATE.get("no_ranges"):
+            rng = None
         fault = None if head or rng is None else take_fault(url.path)
         if fault and fault["kind"] == "status":
             return self.answer(fault["status"], b"injected failure")
@@ -230,7 +241,9 @@ class Handler(BaseHTTPRequestHandler):
         first = STATE["gen"].get(url.path, 0) == 0
         if mode == "all" or (mode == "head_etag" and head) or (mode == "drop_etag" and first):
             self.send_header("ETag", etag)
-        if mode in ("all", "drop_etag"):
+        if mode == "weak_etag":
+            self.send_header("ETag", "W/" + etag)
+        if mode in ("all", "drop_etag", "weak_etag"):
             self.send_header("Last-Modified", formatdate(STARTED, usegmt=True))
         elif mode != "none":
             gen = STATE["gen"].get(url.path, 0)
