@@ -151,9 +151,21 @@ impl Reader<'_> {
         let tensors = self.u64()?;
         let kvs = self.u64()?;
         let mut cost = 0u64;
+        // gguf-py and llama.cpp refuse a key given twice; the crate keeps
+        // the last, which for `general.alignment` moves every tensor.
+        let mut seen = std::collections::HashSet::new();
+        let bytes = self.b;
         for _ in 0..kvs {
             let key = self.u64()?;
-            let name = self.take(key)?;
+            let from = self.at;
+            self.take(key)?;
+            let name = &bytes[from..self.at];
+            if !seen.insert(name) {
+                return Err(format!(
+                    "the key {:?} is given twice",
+                    String::from_utf8_lossy(name)
+                ));
+            }
             let is_alignment = name == b"general.alignment";
             let ty = self.u32()?;
             if is_alignment
