@@ -343,7 +343,9 @@ fn want(what: &str) -> Want {
         "huge array count" => Refused("a length of 4611686018427387904 bytes at 49 runs past"),
         "unknown value type" => Refused("unknown GGUF value type 99"),
         "arrays nested 40 deep" => Refused("arrays nested too deeply"),
-        "unknown ggml type" => Refused("gguf tensor type id 99 has no registered projection"),
+        "unknown ggml type" => {
+            Refused("tensor \"a\" is of ggml type 99, which this version does not read")
+        }
         "tensor past the end" => Refused("tensor \"a\" extends past end of file"),
         "tensor offset huge" => Refused("gguf tensor offset: 64 + 18446744073709551613 overflows"),
         "tensors overlapping" => {

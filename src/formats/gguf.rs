@@ -46,7 +46,7 @@ pub fn looks_like(bytes: &[u8]) -> bool {
 /// open made present ([`super::prepare`]).
 pub fn open(src: MappedFile, limits: Limits) -> Result<(Catalog, MappedFile)> {
     bounded(&src, limits)?;
-    let source = crate_open(&src).map_err(|e| gguf_name_overlap(&src, e))?;
+    let source = crate_open(&src).map_err(|e| gguf_name_type(&src, gguf_name_overlap(&src, e)))?;
     let mut catalog = project(&src, Arc::new(source))?;
     gguf_file_order(&src, &mut catalog)?;
     gguf_no_aliasing(&src, &catalog)?;
@@ -67,6 +67,41 @@ fn bounded(src: &MappedFile, limits: Limits) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// The crate's "gguf tensor type id N has no registered projection" names
+/// no tensor: the first tensor of that type is named, with the type's
+/// name where ggml gives it one.
+fn gguf_name_type(src: &MappedFile, mut e: Error) -> Error {
+    const AT: &str = "gguf tensor type id ";
+    let Some(i) = e.message.find(AT) else {
+        return e;
+    };
+    let Some(id) = e.message[i + AT.len()..]
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse::<u32>().ok())
+    else {
+        return e;
+    };
+    let Ok(infos) = super::gguf_header::tensor_infos(src.bytes()) else {
+        return e;
+    };
+    let Some((name, _, _)) = infos.iter().find(|(_, _, ty)| *ty == id) else {
+        return e;
+    };
+    let known = match id {
+        34 => " (TQ1_0)",
+        35 => " (TQ2_0)",
+        40 => " (NVFP4)",
+        41 => " (Q1_0)",
+        _ => "",
+    };
+    e.message = format!(
+        "tensor {name:?} is of ggml type {id}{known}, which this version does not read (its \
+         GGUF reader knows the types up to MXFP4, 39)"
+    );
+    e
 }
 
 /// The crate's "tensor ranges overlap at X and Y" gives file offsets only:

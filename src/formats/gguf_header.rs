@@ -53,6 +53,15 @@ const DEFAULT_ALIGNMENT: u64 = 32;
 /// of the header's tensor-info table (to name the tensors of a refusal
 /// that gives only offsets).
 pub fn tensor_starts(b: &[u8]) -> Result<Vec<(String, u64)>, String> {
+    Ok(tensor_infos(b)?
+        .into_iter()
+        .map(|(n, start, _)| (n, start))
+        .collect())
+}
+
+/// Each tensor's name, the file offset its bytes start at and its ggml
+/// type, in the order of the header's tensor-info table.
+pub fn tensor_infos(b: &[u8]) -> Result<Vec<(String, u64, u32)>, String> {
     let mut r = Reader {
         b,
         whole: b.len() as u64,
@@ -66,14 +75,15 @@ pub fn tensor_starts(b: &[u8]) -> Result<Vec<(String, u64)>, String> {
         let n = r.u64()?;
         let name = String::from_utf8_lossy(r.take(n)?).into_owned();
         let dims = r.u32()?;
-        r.skip(u64::from(dims) * 8 + 4)?;
-        infos.push((name, r.u64()?));
+        r.skip(u64::from(dims) * 8)?;
+        let ty = r.u32()?;
+        infos.push((name, r.u64()?, ty));
     }
     let align = r.alignment.max(1);
     let data = (r.at as u64).div_ceil(align).saturating_mul(align);
     Ok(infos
         .into_iter()
-        .map(|(n, off)| (n, data.saturating_add(off)))
+        .map(|(n, off, ty)| (n, data.saturating_add(off), ty))
         .collect())
 }
 
