@@ -1409,6 +1409,30 @@ fn weak_etags_and_a_server_without_head_or_ranges_are_served() {
     m.unmount_ok();
 }
 
+/// A server that stops honouring Range after mount, for an object over
+/// what may be fetched whole: the read fails with EIO, and the log says
+/// why, naming the object.
+#[test]
+fn a_server_that_stops_honouring_range_fails_the_read_and_says_why_in_the_log() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let (tensors, srv, cache) = served_model(&py, &m);
+    let url = srv.url("/model.zt");
+    mount_remote(&mut m, &url, &cache, &["--index-memory", "1M"]);
+    srv.control("/__noranges");
+    let (name, _) = tensors.iter().max_by_key(|(_, d)| d.len()).unwrap();
+    let e = std::fs::read(m.path(name)).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    let log = m.log_text();
+    let line = log.lines().find(|l| l.contains("ignores Range requests"));
+    assert!(
+        line.is_some_and(|l| l.contains("ERROR") && l.contains(&url)),
+        "{log}"
+    );
+    m.unmount_ok();
+}
+
 fn s3_env<'a>(cmd: &'a mut Command, key: &str) -> &'a mut Command {
     for k in AWS_VARS {
         cmd.env_remove(k);

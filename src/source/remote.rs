@@ -2052,10 +2052,11 @@ impl Object {
                  download it and mount the local copy",
                 self.size
             );
-            // Every later read fails the same way, at once.
-            let _ = self
-                .broken
-                .set(FetchError::failed(format!("{}: {msg}", self.label)));
+            // Every later read fails the same way, at once; said once.
+            let whole = format!("{}: {msg}", self.label);
+            if self.broken.set(FetchError::failed(whole.clone())).is_ok() {
+                log::error!("{whole}");
+            }
             Err(FetchError::failed(msg))
         } else {
             log::info!(
