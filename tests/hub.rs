@@ -832,6 +832,16 @@ fn an_offline_remount_serves_what_the_cache_holds_without_the_hub() {
     assert_eq!(source(&m)["commit"], C1);
     assert_eq!(m.stat_u64("remote_requests"), 0);
     m.unmount_ok();
+    // By the commit the index names, as well as by the branch.
+    hf_mount(
+        &mut m,
+        &ep,
+        &format!("hf://org/single@{C1}"),
+        &cache,
+        &offline,
+    );
+    assert_tensors(&m, &repos.c1);
+    m.unmount_ok();
     let r = hf_run(&mut m, &ep, "hf://org/single@dev", &cache, &offline);
     assert_eq!(
         refused(&r),

@@ -940,6 +940,12 @@ fn repo_info(hub: &Hub, spec: &Spec, opts: &Options, label: &str) -> Result<Repo
         .block_on(fetch_info(hub, spec, opts))
         .map_err(|e| fail(label, e))?;
     save_record(&record, &info);
+    // The commit names itself: an offline remount by the commit the log
+    // and the index name finds it too.
+    if spec.revision != info.commit {
+        let by_commit = [hub.endpoint.as_str(), &spec.repo, &info.commit];
+        save_record(&record_path(opts, "rev", &by_commit), &info);
+    }
     Ok(info)
 }
 
