@@ -1433,6 +1433,31 @@ fn a_server_that_stops_honouring_range_fails_the_read_and_says_why_in_the_log() 
     m.unmount_ok();
 }
 
+/// A server whose ranged answers are chunked (no Content-Length), which
+/// the HTTP client cannot take a range from: refused in one line saying
+/// so, not "Content-Length Header missing from response".
+#[test]
+fn a_server_that_sends_ranges_chunked_is_refused_saying_so() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let (_, srv, cache) = served_model(&py, &m);
+    srv.control("/__chunked");
+    std::fs::create_dir_all(&cache).unwrap();
+    let r = m.run(
+        Path::new(&srv.url("/model.zt")),
+        &["--cache-dir", cache.to_str().unwrap()],
+    );
+    assert!(!r.ok());
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("without a Content-Length (chunked)"),
+        "{}",
+        r.stderr
+    );
+    assert!(!m.is_mounted());
+}
+
 fn s3_env<'a>(cmd: &'a mut Command, key: &str) -> &'a mut Command {
     for k in AWS_VARS {
         cmd.env_remove(k);

@@ -900,6 +900,14 @@ fn describe(e: &object_store::Error) -> String {
                 one_line(source)
             )
         }
+        // object_store's HTTP client takes a ranged answer's length from
+        // its Content-Length, which a chunked answer has not.
+        other if other.to_string().contains("Content-Length Header missing") => {
+            "the server sends its answers without a Content-Length (chunked), which this \
+             client needs to take a range: serve the file from a server that gives it (an \
+             object store, nginx, caddy)"
+                .into()
+        }
         other => one_line(with_causes(other)),
     }
 }

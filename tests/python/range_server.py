@@ -36,6 +36,9 @@ exits when stdin closes (or it is killed). Control requests (not counted):
         every HEAD answers 405 (a server that does not offer HEAD)
     GET /__noranges
         every GET ignores Range and answers 200 with the whole object
+    GET /__chunked
+        every GET's body is sent chunked (Transfer-Encoding: chunked, no
+        Content-Length), as HTTP/1.1 allows
     GET /__mode?m=M
         from now on, the validators sent (If-Match is then ignored):
         no_etag    no ETag (nginx's `etag off`): an object is known by its
@@ -140,6 +143,8 @@ class Handler(BaseHTTPRequestHandler):
                 STATE["no_head"] = True
             elif url.path == "/__noranges":
                 STATE["no_ranges"] = True
+            elif url.path == "/__chunked":
+                STATE["chunked"] = True
             elif url.path == "/__claim":
                 STATE.setdefault("claims", {})[q["path"]] = int(q["size"])
             elif url.path == "/__fault":
@@ -235,7 +240,11 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         claimed = STATE.get("claims", {}).get(url.path) if head else None
         length = len(body) if kind in ("gzip", "long") else end - start
-        self.send_header("Content-Length", str(length if claimed is None else claimed))
+        chunked = STATE.get("chunked") and not head
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(length if claimed is None else claimed))
         if kind == "gzip":
             self.send_header("Content-Encoding", "gzip")
         first = STATE["gen"].get(url.path, 0) == 0
@@ -263,6 +272,8 @@ class Handler(BaseHTTPRequestHandler):
             except OSError:
                 pass
             return
+        if chunked:
+            body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) if body else b"0\r\n\r\n"
         self.wfile.write(body)
 
     def answer(self, status, body):
