@@ -249,7 +249,8 @@ impl Data {
         opts: DataOptions,
         stats: Arc<Stats>,
     ) -> std::io::Result<Arc<Data>> {
-        let catalog = catalog.into();
+        let mut catalog = catalog.into();
+        list_too_large(&mut catalog, opts.cache_size);
         // One budget of mapped pages for every file: a set of many shards
         // keeps what one file does mapped.
         let pool = MapPool::new(window::BUDGET);
@@ -1312,13 +1313,7 @@ impl Data {
         if b.decoded_len <= limit / 2 {
             return Ok(None);
         }
-        let streamable = b.checks.iter().all(|c| {
-            matches!(
-                c,
-                Check::BoolBytes | Check::Decoded(_) | Check::ZeroLastNibble
-            )
-        });
-        let Some(stream) = p.stream.clone().filter(|_| streamable) else {
+        let Some(stream) = p.stream.clone().filter(|_| streamable(b)) else {
             return Err(self.too_large(bi, p));
         };
         let mut slot = super::lock(&self.states[bi].spill);
@@ -1402,6 +1397,54 @@ impl Data {
         );
         *slot = Some(spill.clone());
         Ok(spill)
+    }
+}
+
+/// Whether a computed blob's checks can run over its pieces as its reader
+/// streams them (see [`Data::computed_spill`]).
+fn streamable(b: &crate::catalog::Blob) -> bool {
+    b.checks.iter().all(|c| {
+        matches!(
+            c,
+            Check::BoolBytes | Check::Decoded(_) | Check::ZeroLastNibble
+        )
+    })
+}
+
+/// Lists as unsupported, with the reason, each tensor with a part no read
+/// can be served from under a cache of `cache` bytes: one only its
+/// format's reader makes, whole, over half the cache. Its size and the
+/// limit are known at mount, so it is not listed as a file whose every
+/// read fails (`np.fromfile` takes such a failure for the end of the file
+/// and returns zeros).
+fn list_too_large(catalog: &mut Arc<Catalog>, cache: u64) {
+    let whole_only = |b: &crate::catalog::Blob| match &b.codec {
+        Codec::Computed(p) => b.decoded_len > cache / 2 && (p.stream.is_none() || !streamable(b)),
+        _ => false,
+    };
+    let too_large: Vec<bool> = catalog.blobs.iter().map(whole_only).collect();
+    if !too_large.contains(&true) {
+        return;
+    }
+    let c = Arc::make_mut(catalog);
+    for t in &mut c.tensors {
+        let Ok(parts) = &t.parts else { continue };
+        let Some(b) = parts
+            .iter()
+            .map(|p| p.blob)
+            .find(|&bi| too_large.get(bi).copied().unwrap_or(false))
+        else {
+            continue;
+        };
+        let (len, name) = match &c.blobs[b].codec {
+            Codec::Computed(p) => (c.blobs[b].decoded_len, p.name),
+            _ => continue,
+        };
+        t.parts = Err(format!(
+            "its {len} bytes are made whole by the {name} reader, over half of --cache-size \
+             ({cache} bytes): mount with --cache-size {}M or more to read it",
+            len.saturating_mul(2).div_ceil(1 << 20)
+        ));
     }
 }
 
