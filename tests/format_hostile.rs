@@ -281,6 +281,15 @@ fn gguf_cases() -> Vec<(&'static str, Vec<u8>)> {
                 .data(&[0; 16]),
         ),
         (
+            "a string value not UTF-8",
+            Gguf::new(3, 0, 1)
+                .str("tokenizer.ggml.tokens")
+                .u32(8)
+                .u64(4)
+                .u32(0xffff_fffe)
+                .data(&[]),
+        ),
+        (
             "invalid UTF-8 name",
             Gguf::new(3, 0, 1)
                 .u64(4)
@@ -361,7 +370,10 @@ fn want(what: &str) -> Want {
             Refused("tensor \"q\": fastest dim 31 not divisible by block size 32")
         }
         "duplicate tensor names" => Refused("duplicate tensor name \"a\""),
-        "invalid UTF-8 name" => Refused("invalid UTF-8 in string"),
+        "invalid UTF-8 name" => Refused("GGUF header: the key at byte 32 is not UTF-8"),
+        "a string value not UTF-8" => Refused(
+            "GGUF header: the value of key \"tokenizer.ggml.tokens\": the string at byte 65 is not UTF-8",
+        ),
         other => panic!("no expected outcome for the case {other:?}"),
     }
 }

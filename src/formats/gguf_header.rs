@@ -161,8 +161,8 @@ impl Reader<'_> {
         let tensors = self.u64()?;
         let kvs = self.u64()?;
         let mut cost = 0u64;
-        // gguf-py and llama.cpp refuse a key given twice; the crate keeps
-        // the last, which for `general.alignment` moves every tensor.
+        // llama.cpp refuses a key given twice (gguf-py warns); the crate
+        // keeps the last, which for `general.alignment` moves every tensor.
         let mut seen = std::collections::HashSet::new();
         let bytes = self.b;
         for _ in 0..kvs {
@@ -170,6 +170,9 @@ impl Reader<'_> {
             let from = self.at;
             self.take(key)?;
             let name = &bytes[from..self.at];
+            let Ok(shown) = std::str::from_utf8(name) else {
+                return Err(format!("the key at byte {from} is not UTF-8"));
+            };
             if !seen.insert(name) {
                 return Err(format!(
                     "the key {:?} is given twice",
@@ -185,7 +188,10 @@ impl Reader<'_> {
                 self.alignment = u64::from(u32::from_le_bytes([v[0], v[1], v[2], v[3]]));
             }
             cost = cost.saturating_add(PER_VALUE.saturating_add(key.saturating_mul(STRING_COPIES)));
-            cost = cost.saturating_add(self.value(ty, 0)?);
+            let value = self
+                .value(ty, 0)
+                .map_err(|why| format!("the value of key {shown:?}: {why}"))?;
+            cost = cost.saturating_add(value);
         }
         Ok((tensors, cost))
     }
@@ -230,7 +236,12 @@ impl Reader<'_> {
         match ty {
             8 => {
                 let n = self.u64()?;
-                self.skip(n)?;
+                let at = self.at;
+                // The crate refuses a string that is not UTF-8 in words that
+                // name no key: said here, and the caller names the key.
+                if std::str::from_utf8(self.take(n)?).is_err() {
+                    return Err(format!("the string at byte {at} is not UTF-8"));
+                }
                 Ok(n.saturating_mul(STRING_COPIES))
             }
             9 if depth < 4 => {
