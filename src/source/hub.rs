@@ -311,12 +311,16 @@ async fn fetch_info(hub: &Hub, spec: &Spec, opts: &Options) -> std::result::Resu
             .and_then(|l| url.join(l.to_str().ok()?).ok())
             .filter(|n| r.status().is_redirection() && hub.is_hub_host(n));
         match next {
-            Some(next) if hops < 5 => {
+            Some(mut next) if hops < 5 => {
                 log::info!(
                     "{}: the Hub sends the repo's API to {}",
                     spec.repo,
                     next.path()
                 );
+                // The file list's sizes, asked again if the target lacks it.
+                if !next.query_pairs().any(|(k, _)| k == "blobs") {
+                    next.query_pairs_mut().append_pair("blobs", "true");
+                }
                 url = next;
                 hops += 1;
             }

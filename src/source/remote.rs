@@ -381,12 +381,15 @@ impl Client {
         let scheme = self.url.scheme().to_ascii_lowercase();
         Ok(match scheme.as_str() {
             "s3" | "s3a" => {
-                use object_store::aws::AmazonS3ConfigKey::Endpoint;
+                use object_store::aws::AmazonS3ConfigKey::{Endpoint, S3Endpoint};
                 let b = s3_builder(o.endpoint.as_deref())?
                     .with_url(url)
                     .with_client_options(client)
                     .with_retry(retry);
-                self.served_by(b.get_config_value(&Endpoint));
+                // The client asks AWS_ENDPOINT_URL_S3's server before the
+                // generic one.
+                let server = b.get_config_value(&S3Endpoint);
+                self.served_by(server.or_else(|| b.get_config_value(&Endpoint)));
                 Arc::new(b.build().map_err(one_line)?)
             }
             "gs" => {
@@ -460,7 +463,9 @@ impl Client {
                     b = b.with_skip_signature(true);
                 }
                 use object_store::azure::AzureConfigKey::{Endpoint, UseEmulator};
-                let emulator = b.get_config_value(&UseEmulator).filter(|v| v == "true");
+                let emulator = b.get_config_value(&UseEmulator).filter(|v| {
+                    ["1", "true", "yes", "on"].contains(&v.trim().to_ascii_lowercase().as_str())
+                });
                 self.served_by(
                     b.get_config_value(&Endpoint)
                         .or(emulator.map(|_| "emulator".into())),
@@ -539,7 +544,13 @@ fn s3_builder(
         .map(str::to_string)
         .or(files.endpoint.filter(|_| !env_endpoint));
     if let Some(e) = endpoint {
-        b = b.with_endpoint(e).with_allow_http(true);
+        // Also as the S3-only endpoint, which the client takes before the
+        // generic one: `--endpoint` comes before AWS_ENDPOINT_URL_S3 too.
+        let s3_only = object_store::aws::AmazonS3ConfigKey::S3Endpoint;
+        b = b
+            .with_config(s3_only, e.clone())
+            .with_endpoint(e)
+            .with_allow_http(true);
     }
     Ok(b)
 }
@@ -576,6 +587,18 @@ const MAX_URL: usize = u16::MAX as usize - 1;
 pub fn open(url: &str, opts: &Options) -> Result<MappedFile> {
     let parsed = url::Url::parse(url)
         .map_err(|e| fail(&without_queries(url), format!("not a valid URL: {e}")))?;
+    // A bucket name has no `@`; Azure's `container@account` has.
+    let bucket_userinfo = matches!(parsed.scheme(), "s3" | "s3a" | "gs")
+        && url
+            .split_once("://")
+            .is_some_and(|(_, rest)| rest.split('/').next().is_some_and(|a| a.contains('@')));
+    if bucket_userinfo {
+        return Err(fail(
+            &format!("{}://…", parsed.scheme()),
+            "a user name or password in the URL is not sent by this client (and would show in \
+             the mount table); give the store's credentials in its variables or files instead",
+        ));
+    }
     if typed_key(url).is_none() && (!parsed.username().is_empty() || parsed.password().is_some()) {
         // Named without them: the label goes to the log, the mount table
         // (which every user reads) and the index.
