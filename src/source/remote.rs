@@ -587,30 +587,7 @@ const MAX_URL: usize = u16::MAX as usize - 1;
 pub fn open(url: &str, opts: &Options) -> Result<MappedFile> {
     let parsed = url::Url::parse(url)
         .map_err(|e| fail(&without_queries(url), format!("not a valid URL: {e}")))?;
-    // A bucket name has no `@`; Azure's `container@account` has.
-    let bucket_userinfo = matches!(parsed.scheme(), "s3" | "s3a" | "gs")
-        && url
-            .split_once("://")
-            .is_some_and(|(_, rest)| rest.split('/').next().is_some_and(|a| a.contains('@')));
-    if bucket_userinfo {
-        return Err(fail(
-            &format!("{}://…", parsed.scheme()),
-            "a user name or password in the URL is not sent by this client (and would show in \
-             the mount table); give the store's credentials in its variables or files instead",
-        ));
-    }
-    if typed_key(url).is_none() && (!parsed.username().is_empty() || parsed.password().is_some()) {
-        // Named without them: the label goes to the log, the mount table
-        // (which every user reads) and the index.
-        let mut shown = parsed.clone();
-        let _ = shown.set_username("");
-        let _ = shown.set_password(None);
-        return Err(fail(
-            &without_queries(shown.as_str()),
-            "a user name or password in the URL is not sent by this client (and would show in \
-             the mount table); give the server's credentials in a signed URL's query instead",
-        ));
-    }
+    no_credentials(url, &parsed)?;
     if parsed.as_str().len() > MAX_URL {
         return Err(fail(
             &without_queries(url),
@@ -633,6 +610,35 @@ pub fn open(url: &str, opts: &Options) -> Result<MappedFile> {
         key: k.to_string(),
     });
     open_with(client, parsed, typed)
+}
+
+/// Refuses a URL that holds a user name or password, named without them:
+/// this client does not send them, and the URL is the mount's label, in
+/// the log, the index and the mount table (which every user reads).
+fn no_credentials(url: &str, parsed: &url::Url) -> Result<()> {
+    const WHY: &str = "a user name or password in the URL is not sent by this client (and \
+                       would show in the mount table)";
+    // A bucket name has no `@`; Azure's `container@account` has.
+    let in_bucket = matches!(parsed.scheme(), "s3" | "s3a" | "gs")
+        && url
+            .split_once("://")
+            .is_some_and(|(_, rest)| rest.split('/').next().is_some_and(|a| a.contains('@')));
+    if in_bucket {
+        return Err(fail(
+            &format!("{}://…", parsed.scheme()),
+            format!("{WHY}; give the store's credentials in its variables or files instead"),
+        ));
+    }
+    if typed_key(url).is_none() && (!parsed.username().is_empty() || parsed.password().is_some()) {
+        let mut shown = parsed.clone();
+        let _ = shown.set_username("");
+        let _ = shown.set_password(None);
+        return Err(fail(
+            &without_queries(shown.as_str()),
+            format!("{WHY}; give the server's credentials in a signed URL's query instead"),
+        ));
+    }
+    Ok(())
 }
 
 /// Opens the file of a Hub repo whose resolve URL is `url`, fetched
