@@ -700,6 +700,16 @@ fn mount_on_xfs(m: &mut Mount, tensors: &[(&str, Vec<f32>)]) -> Option<(Xfs, Pat
     Some((xfs, src, cache))
 }
 
+/// Mounts `src` with four FUSE workers and `--cache-dir` on `xfs`.
+fn mount_four_workers_caching_on(m: &mut Mount, src: &Path, xfs: &Xfs) {
+    let cache = xfs.dir.join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    m.mount(
+        src,
+        &["--cache-dir", cache.to_str().unwrap(), "--threads", "4"],
+    );
+}
+
 /// A `--cache-dir` that does not answer (frozen for a snapshot, a hung
 /// disk) holds no FUSE worker: the first opens of decoded tensors, which
 /// make their backing files there, give up on them after a short wait and
@@ -717,12 +727,7 @@ fn a_cache_dir_that_does_not_answer_holds_no_worker() {
     let Some(xfs) = Xfs::new(m.dir.path()) else {
         return;
     };
-    let cache = xfs.dir.join("cache");
-    std::fs::create_dir(&cache).unwrap();
-    m.mount(
-        &src,
-        &["--cache-dir", cache.to_str().unwrap(), "--threads", "4"],
-    );
+    mount_four_workers_caching_on(&mut m, &src, &xfs);
     let frozen = Frozen::new(&xfs.dir);
     // More readers than workers, each opening a tensor the daemon would
     // make a backing file for.
@@ -769,12 +774,7 @@ fn a_cache_dir_that_does_not_answer_holds_no_reader_of_a_large_frame() {
     let Some(xfs) = Xfs::new(m.dir.path()) else {
         return;
     };
-    let cache = xfs.dir.join("cache");
-    std::fs::create_dir(&cache).unwrap();
-    m.mount(
-        &src,
-        &["--cache-dir", cache.to_str().unwrap(), "--threads", "4"],
-    );
+    mount_four_workers_caching_on(&mut m, &src, &xfs);
     let frozen = Frozen::new(&xfs.dir);
     let (tx, rx) = std::sync::mpsc::channel();
     for _ in 0..6 {
