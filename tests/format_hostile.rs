@@ -290,6 +290,17 @@ fn gguf_cases() -> Vec<(&'static str, Vec<u8>)> {
                 .data(&[]),
         ),
         (
+            "a tensor name not UTF-8",
+            Gguf::new(3, 1, 0)
+                .u64(4)
+                .u32(0xffff_fffe)
+                .u32(1)
+                .u64(2)
+                .u32(0)
+                .u64(0)
+                .data(&[0; 8]),
+        ),
+        (
             "invalid UTF-8 name",
             Gguf::new(3, 0, 1)
                 .u64(4)
@@ -371,6 +382,9 @@ fn want(what: &str) -> Want {
         }
         "duplicate tensor names" => Refused("duplicate tensor name \"a\""),
         "invalid UTF-8 name" => Refused("GGUF header: the key at byte 32 is not UTF-8"),
+        "a tensor name not UTF-8" => {
+            Refused("GGUF header: the name of tensor 0 (at byte 32) is not UTF-8")
+        }
         "a string value not UTF-8" => Refused(
             "GGUF header: the value of key \"tokenizer.ggml.tokens\": the string at byte 65 is not UTF-8",
         ),

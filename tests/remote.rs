@@ -965,6 +965,24 @@ fn a_missing_object_refuses_the_mount_in_one_line() {
     assert!(r.stderr.contains("user name or password"), "{}", r.stderr);
     assert!(!r.stderr.contains("s3cret"), "{}", r.stderr);
     assert!(!m.is_mounted());
+    // Object stores' URLs too; Azure's `container@account` is no password.
+    for url in [
+        "s3://me:s3cret@bucket/m.zt",
+        "gs://me@bucket/m.zt",
+        "abfs://ctr:s3cret@account.dfs.core.windows.net/m.zt",
+        "az://me:s3cret@ctr/m.zt",
+    ] {
+        let r = m.run(Path::new(url), &["--cache-dir", cache.to_str().unwrap()]);
+        assert!(!r.ok(), "{url}");
+        assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+        assert!(r.stderr.contains("user name or password"), "{}", r.stderr);
+        assert!(!r.stderr.contains("s3cret"), "{}", r.stderr);
+    }
+    let r = m.run(
+        Path::new("s3://bucket"),
+        &["--cache-dir", cache.to_str().unwrap()],
+    );
+    assert!(r.stderr.contains("no key after the bucket"), "{}", r.stderr);
 }
 
 /// A server that gives an object's size as more than any cache tracks

@@ -30,10 +30,17 @@ pub fn decoded_cost(b: &[u8]) -> Result<u64, String> {
         alignment: DEFAULT_ALIGNMENT,
     };
     let (tensors, mut total) = r.kvs()?;
-    for _ in 0..tensors {
+    for i in 0..tensors {
         let Ok(n) = r.u64() else { break };
+        let at = r.at;
         let Ok(name) = r.take(n) else { break };
-        let name = cost::name_cost(&String::from_utf8_lossy(name));
+        // Named here, as the crate's refusal names neither tensor nor byte.
+        let Ok(name) = std::str::from_utf8(name) else {
+            return Err(format!(
+                "the name of tensor {i} (at byte {at}) is not UTF-8"
+            ));
+        };
+        let name = cost::name_cost(name);
         let Ok(dims) = r.u32() else { break };
         total = total
             .saturating_add(name)

@@ -1453,7 +1453,7 @@ impl Vm<'_> {
     /// caller names by its place in the dict.
     fn key_name(&self, k: &Val) -> Option<String> {
         let item = |k: &Val| match k {
-            Val::Str(s) => Some(format!("'{s}'")),
+            Val::Str(s) => Some(py_repr(s)),
             Val::Int(n) => Some(n.to_string()),
             Val::None => Some("None".into()),
             _ => None,
@@ -1475,6 +1475,34 @@ impl Vm<'_> {
             _ => None,
         }
     }
+}
+
+/// A string as Python's `repr` shows it (quotes and escapes), for a
+/// string inside a tuple key.
+fn py_repr(s: &str) -> String {
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if c.is_ascii_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+    out
 }
 
 fn pairs(items: Vec<Val>) -> Vec<(Val, Val)> {
@@ -1619,6 +1647,14 @@ mod tests {
             .collect(&v, String::new(), 0, &mut budget, &mut out)
             .unwrap_err();
         assert!(e.contains("tensor name over"), "{e}");
+    }
+
+    #[test]
+    fn strings_in_tuple_keys_are_shown_as_python_shows_them() {
+        assert_eq!(py_repr("a"), "'a'");
+        assert_eq!(py_repr("a'b"), "\"a'b\"");
+        assert_eq!(py_repr("a'b\""), "'a\\'b\"'");
+        assert_eq!(py_repr("c\\d\te\u{1}"), "'c\\\\d\\te\\x01'");
     }
 
     #[test]

@@ -121,7 +121,10 @@ fn typed_key(url: &str) -> Option<&str> {
 /// An object store's key as typed, as the store's client will send it; an
 /// error for one it cannot send as it is.
 fn store_key(key: &str) -> std::result::Result<Key, String> {
-    if key.is_empty() || key.ends_with('/') {
+    if key.is_empty() {
+        return Err("the URL names no object (no key after the bucket)".into());
+    }
+    if key.ends_with('/') {
         return Err("the URL names no object (it ends in /)".into());
     }
     let sendable = !key.starts_with('/')
@@ -618,12 +621,16 @@ pub fn open(url: &str, opts: &Options) -> Result<MappedFile> {
 fn no_credentials(url: &str, parsed: &url::Url) -> Result<()> {
     const WHY: &str = "a user name or password in the URL is not sent by this client (and \
                        would show in the mount table)";
-    // A bucket name has no `@`; Azure's `container@account` has.
-    let in_bucket = matches!(parsed.scheme(), "s3" | "s3a" | "gs")
-        && url
-            .split_once("://")
-            .is_some_and(|(_, rest)| rest.split('/').next().is_some_and(|a| a.contains('@')));
-    if in_bucket {
+    // A bucket name has no `@`; Azure's `container@account` has, but no
+    // `:` before it (a password).
+    let authority = url
+        .split_once("://")
+        .map_or("", |(_, rest)| rest.split('/').next().unwrap_or(""));
+    let in_bucket = match authority.rsplit_once('@') {
+        None => false,
+        Some((user, _)) => matches!(parsed.scheme(), "s3" | "s3a" | "gs") || user.contains(':'),
+    };
+    if typed_key(url).is_some() && in_bucket {
         return Err(fail(
             &format!("{}://…", parsed.scheme()),
             format!("{WHY}; give the store's credentials in its variables or files instead"),
