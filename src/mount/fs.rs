@@ -1725,6 +1725,13 @@ mod passthrough_tests {
         }
     }
 
+    /// The inode of tensor `z` and a new open of it.
+    fn open_z(fs: &TensorFs) -> (Ino, u64) {
+        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+        let (fh, _) = fs.open(z, false).unwrap();
+        (z, fh)
+    }
+
     fn read_all(fs: &TensorFs, ino: Ino, fh: u64, len: usize) {
         let mut at = 0;
         while at < len {
@@ -1858,8 +1865,7 @@ mod passthrough_tests {
         };
         let fs = zstd_fs_checked(dir.path(), &data, 1 << 30, vec![check]);
         fs.set_passthrough(true);
-        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
-        let (fh, _) = fs.open(z, false).unwrap();
+        let (z, fh) = open_z(&fs);
         assert_eq!(fs.read(z, fh, 0, 1 << 20).err(), Some(libc::EIO));
         fs.release(fh);
         filled(&fs);
@@ -1877,8 +1883,7 @@ mod passthrough_tests {
         let data: Vec<u8> = (0..9_000_000u32).map(|i| (i / 19 % 211) as u8).collect();
         let fs = zstd_fs(dir.path(), &data, 1 << 30);
         fs.set_passthrough(true);
-        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
-        let (fh, _) = fs.open(z, false).unwrap();
+        let (z, fh) = open_z(&fs);
         read_all(&fs, z, fh, data.len());
         // Rewritten in place, the same size: other bytes, a new mtime.
         let src = dir.path().join("data");
@@ -1902,8 +1907,7 @@ mod passthrough_tests {
         let data: Vec<u8> = (0..40_000_000u32).map(|i| (i / 17 % 233) as u8).collect();
         let fs = zstd_fs(dir.path(), &data, 1 << 30);
         fs.set_passthrough(true);
-        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
-        let (fh, _) = fs.open(z, false).unwrap();
+        let (z, fh) = open_z(&fs);
         read_all(&fs, z, fh, data.len());
         assert!(fs.data().spilled(0, 0));
         let spill = fs.data().decoded_file(0, 0).expect("the spill file").file;
@@ -1926,8 +1930,7 @@ mod passthrough_tests {
         let data: Vec<u8> = (0..9_000_000u32).map(|i| (i / 13 % 229) as u8).collect();
         let fs = zstd_fs(dir.path(), &data, 1 << 30);
         fs.set_passthrough(false);
-        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
-        let (fh, _) = fs.open(z, false).unwrap();
+        let (z, fh) = open_z(&fs);
         let mut got = Vec::new();
         while got.len() < data.len() {
             let bytes = fs.read(z, fh, got.len() as u64, 1 << 20).unwrap();
@@ -1946,8 +1949,7 @@ mod passthrough_tests {
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 5 % 241) as u8).collect();
         let fs = zstd_fs(dir.path(), &data, 1 << 30);
         fs.set_passthrough(true);
-        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
-        let (fh, _) = fs.open(z, false).unwrap();
+        let (z, fh) = open_z(&fs);
         read_all(&fs, z, fh, data.len());
         // Its one decoded unit is all written: it left the cache.
         assert_eq!(fs.data().cache().gauges().cache_entries, 0);
@@ -1997,8 +1999,7 @@ mod passthrough_tests {
         let _ = fs.behind_hook().set(Box::new(move |ino, at, len| {
             d.lock().unwrap().push((ino, at, len));
         }));
-        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
-        let (fh, _) = fs.open(z, false).unwrap();
+        let (z, fh) = open_z(&fs);
         // 1 MiB reads; in tests a step is 2 MiB, ending 1 MiB behind the
         // reader: dropped when the reader is at 3, 5 and 7 MiB.
         read_all(&fs, z, fh, data.len());
@@ -2020,8 +2021,7 @@ mod passthrough_tests {
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 7 % 233) as u8).collect();
         let fs = zstd_fs(dir.path(), &data, 1 << 30);
         fs.set_passthrough(true);
-        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
-        let (fh, _) = fs.open(z, false).unwrap();
+        let (z, fh) = open_z(&fs);
         let last = 2_000_000;
         read_all(&fs, z, fh, last);
         let tail = fs.read(z, fh, last as u64, 1 << 20).unwrap();
@@ -2055,8 +2055,7 @@ mod passthrough_tests {
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 11 % 239) as u8).collect();
         let fs = zstd_fs(dir.path(), &data, 1 << 30);
         fs.set_passthrough(true);
-        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
-        let (fh, _) = fs.open(z, false).unwrap();
+        let (z, fh) = open_z(&fs);
         read_all(&fs, z, fh, 2_000_000);
         // The tail's write never comes while the close waits (2 s): it
         // would land beside the fill's, so the file is not kept.
@@ -2125,8 +2124,7 @@ mod passthrough_tests {
             std::thread::sleep(std::time::Duration::from_millis(300));
             d.store(true, Relaxed);
         }));
-        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
-        let (fh, _) = fs.open(z, false).unwrap();
+        let (z, fh) = open_z(&fs);
         read_all(&fs, z, fh, data.len());
         fs.release(fh);
         // Every byte is written: the next open waits for the publication
@@ -2149,8 +2147,7 @@ mod passthrough_tests {
         let data = vec![9u8; 1 << 20];
         let fs = zstd_fs(dir.path(), &data, 1 << 30);
         fs.set_passthrough(true);
-        let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
-        let (fh, _) = fs.open(z, false).unwrap();
+        let (z, fh) = open_z(&fs);
         read_all(&fs, z, fh, data.len());
         fs.release(fh);
         filled(&fs);
