@@ -2,4 +2,5 @@
 //! (`zstd`), and the digests that vouch for either (`digest`).
 
 pub mod digest;
+pub mod read_ahead;
 pub mod zstd;

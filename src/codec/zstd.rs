@@ -6,6 +6,8 @@ use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::ptr::NonNull;
 
+use super::read_ahead::ReadAhead;
+
 use ::zstd::zstd_safe;
 use zstd_safe::zstd_sys as sys;
 
@@ -406,6 +408,12 @@ pub struct DirectDecoder<'a> {
     /// For [`Source::File`]: the piece read last, starting at `buf_at`.
     buf: Vec<u8>,
     buf_at: usize,
+    /// For [`Source::File`]: the pieces after `buf`, read on another
+    /// thread, and where the next one starts; `None` before the first
+    /// piece and after a failed one.
+    ahead: Option<(ReadAhead, usize)>,
+    /// No read-ahead thread could be started: pieces are read by `step`.
+    read_here: bool,
     out: sys::ZSTD_outBuffer,
     /// The last step that moved ended a frame (so the stream may end here).
     at_frame_end: bool,
@@ -469,6 +477,8 @@ impl<'a> DirectDecoder<'a> {
             consumed: 0,
             buf: Vec::new(),
             buf_at: 0,
+            ahead: None,
+            read_here: false,
             out: sys::ZSTD_outBuffer {
                 dst: out.cast(),
                 size: len,
@@ -515,10 +525,7 @@ impl<'a> DirectDecoder<'a> {
                 // The piece read last, until zstd has used it up.
                 let have = self.buf_at..self.buf_at + self.buf.len();
                 if !have.contains(&self.consumed) && self.consumed < self.total {
-                    let n = FILE_PIECE.min(self.total - self.consumed);
-                    self.buf.resize(n, 0);
-                    if let Err(e) = file.read_exact_at(&mut self.buf, offset + self.consumed as u64)
-                    {
+                    if let Err(e) = self.next_piece(file, offset) {
                         // Nothing of a failed read may pass for data later.
                         self.buf.clear();
                         // A short read is a file cut short (the mount's
@@ -531,6 +538,44 @@ impl<'a> DirectDecoder<'a> {
                 let from = (self.consumed - self.buf_at).min(self.buf.len());
                 let n = (end - self.consumed).min(self.buf.len() - from);
                 Ok((self.buf[from..].as_ptr(), n))
+            }
+        }
+    }
+
+    /// Replaces `buf` with the piece at `consumed()`: from the read-ahead
+    /// thread (started at the first piece, and again after a failed one),
+    /// or read here where none could start.
+    fn next_piece(&mut self, file: &File, offset: u64) -> std::io::Result<()> {
+        let at = self.consumed;
+        if self.ahead.as_ref().is_some_and(|(_, next)| *next != at) {
+            self.ahead = None;
+        }
+        if self.ahead.is_none() && !self.read_here {
+            self.ahead = ReadAhead::start(file, offset + at as u64, self.total - at, FILE_PIECE)
+                .map(|r| (r, at));
+            self.read_here = self.ahead.is_none();
+        }
+        let used = std::mem::take(&mut self.buf);
+        let Some((ahead, next)) = &mut self.ahead else {
+            self.buf = used;
+            self.buf.resize(FILE_PIECE.min(self.total - at), 0);
+            return file.read_exact_at(&mut self.buf, offset + at as u64);
+        };
+        ahead.give_back(used);
+        match ahead.next() {
+            Some(Ok(piece)) => {
+                *next += piece.len();
+                self.buf = piece;
+                Ok(())
+            }
+            // The thread has ended: the next piece starts another.
+            Some(Err(e)) => {
+                self.ahead = None;
+                Err(e)
+            }
+            None => {
+                self.ahead = None;
+                Err(std::io::Error::other("the read-ahead thread ended early"))
             }
         }
     }
