@@ -9,7 +9,7 @@
 mod support;
 
 use std::io::Read;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -1079,6 +1079,53 @@ fn a_first_read_with_cpu_to_spare_is_written_behind_and_decodes_each_frame_once(
     );
     let served = m.stat_u64("bytes_served");
     assert!(m.read("z") == *want, "backed read");
+    assert_eq!(m.stat_u64("bytes_served"), served, "{}", m.stats());
+    m.unmount_ok();
+}
+
+#[test]
+fn a_first_read_in_order_on_busy_cores_keeps_few_frames_and_the_fill_makes_the_rest() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("z.zt");
+    // 40 frames of 1 MiB in `a`, 12 in `b`, under the default cache, which
+    // holds them all.
+    let tensors = write_zstd(&src, &["a", "b"], 10 << 20);
+    let (a, b) = (&tensors[0].1, &tensors[1].1[..12 << 20]);
+    m.mount(&src, &[]);
+    let busy = BusyCores::new();
+    // In order, every core busy (nothing is written behind): the frames
+    // more than 16 MiB behind the reader leave the cache as it goes.
+    let mut f = std::fs::File::open(m.path("a")).unwrap();
+    let mut got = vec![0u8; a.len()];
+    for chunk in got.chunks_mut(1 << 20) {
+        f.read_exact(chunk).unwrap();
+    }
+    assert!(got == *a, "first read");
+    assert!(m.stat_u64("cache_bytes") <= 24 << 20, "{}", m.stats());
+    // Out of order (back to front): nothing is behind a reader that
+    // jumps, and every frame stays.
+    let g = std::fs::File::open(m.path("b")).unwrap();
+    let back_to_front = || {
+        let mut got = vec![0u8; b.len()];
+        for (i, chunk) in got.chunks_mut(1 << 20).enumerate().rev() {
+            g.read_exact_at(chunk, (i as u64) << 20).unwrap();
+        }
+        assert!(got == b, "read back to front");
+    };
+    back_to_front();
+    let decoded = m.stat_u64("decompressions");
+    back_to_front();
+    assert_eq!(m.stat_u64("decompressions"), decoded, "{}", m.stats());
+    drop(busy);
+    drop((f, g));
+    // The fill decodes what left the cache unwritten: the backing file is
+    // whole, and the next read is the kernel's.
+    m.settled();
+    let served = m.stat_u64("bytes_served");
+    assert!(m.read("a") == *a, "backed read");
     assert_eq!(m.stat_u64("bytes_served"), served, "{}", m.stats());
     m.unmount_ok();
 }

@@ -1189,6 +1189,12 @@ impl TensorFs {
             to.write(&p, bytes);
             return;
         }
+        if let Some((tensor, part, start, len)) = part {
+            let inside = |x: u64| (x.max(start) - start).min(len);
+            let end = off + bytes.len() as u64;
+            self.data
+                .left_behind(tensor, part, (inside(off), inside(end)));
+        }
         self.write_behind(p, to, bytes);
     }
 

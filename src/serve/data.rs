@@ -131,6 +131,11 @@ pub struct DataOptions {
 /// before a thread would have started.
 pub const PROGRESSIVE_MIN: u64 = 8 << 20;
 
+/// How far behind an in-order reader of a backed tensor its frames stay
+/// cached (see [`Data::left_behind`]): readers side by side, and the
+/// write-behind that copies them to the backing file, still use them.
+pub const KEEP_BEHIND: u64 = 16 << 20;
+
 /// How many frames past the one being read are decoded ahead.
 const PREFETCH_DEPTH: u64 = 4;
 
@@ -166,6 +171,8 @@ struct BlobState {
     last_frame: AtomicUsize,
     /// The furthest frame queued for read-ahead.
     ahead: AtomicUsize,
+    /// The last step to `last_frame` was to the next frame (or the same).
+    in_order: AtomicBool,
 }
 
 /// One source file as served: its mapping, what of the mapping replies
@@ -1044,7 +1051,9 @@ impl Data {
     fn read_ahead(&self, bi: usize, k: usize) {
         let st = &self.states[bi];
         let prev = st.last_frame.swap(k, Relaxed);
-        if prev != k && prev.wrapping_add(1) != k {
+        let in_order = prev == k || prev.wrapping_add(1) == k;
+        st.in_order.store(in_order, Relaxed);
+        if !in_order {
             // A jump: what was queued ahead of the old position says
             // nothing about this one (a new pass starts at frame 0).
             st.ahead.store(k, Relaxed);
@@ -1625,6 +1634,48 @@ impl Data {
             if f.d_start >= c0 {
                 self.cache.drop_idle((part.blob as u32, k as u32));
             }
+        }
+    }
+
+    /// A reader reading part `pi` of tensor `ti` in order just read
+    /// `touched` (the part's offsets), and what it reads goes to a backing
+    /// file: the frames wholly more than [`KEEP_BEHIND`] behind it leave the
+    /// cache unless someone holds them, written there or not, and their
+    /// buffers serve the next decodes. A pass over a tensor then keeps a
+    /// few frames in memory, not the tensor, and decodes into memory it
+    /// used already, not into new memory (each new page is a fault: a
+    /// fifth of the CPU of a first read here, BENCHMARKS.md). What the
+    /// write-behind had not written is decoded again by the fill, once the
+    /// mount is idle. Nothing goes for a reader out of order (a jump):
+    /// frames behind one position are not behind another's.
+    pub fn left_behind(&self, ti: usize, pi: usize, touched: (u64, u64)) {
+        let Some(part) = self.part_of(ti, pi) else {
+            return;
+        };
+        let Some(st) = self.states.get(part.blob) else {
+            return;
+        };
+        let Some(Ok(Plan::Frames(frames))) = st.plan.get() else {
+            return;
+        };
+        let Some((t0, n)) =
+            expose::direct_range(part, touched.0, touched.1.saturating_sub(touched.0))
+        else {
+            return;
+        };
+        let here = frame_at(frames, (t0 + n).saturating_sub(1));
+        if !st.in_order.load(Relaxed) || st.last_frame.load(Relaxed) != here {
+            return;
+        }
+        // The frames that this read moved past KEEP_BEHIND, and a few more
+        // (a read that ended in the middle of one).
+        let edge = t0.saturating_sub(KEEP_BEHIND);
+        let first_after = frames.partition_point(|f| f.d_start + f.d_len <= edge);
+        let from = frames
+            .partition_point(|f| f.d_start + f.d_len <= edge.saturating_sub(n))
+            .saturating_sub(4);
+        for k in from..first_after {
+            self.cache.drop_idle((part.blob as u32, k as u32));
         }
     }
 
