@@ -1090,10 +1090,11 @@ fn a_first_read_in_order_on_busy_cores_keeps_few_frames_and_the_fill_makes_the_r
         return;
     };
     let src = m.scratch_path("z.zt");
-    // 40 frames of 1 MiB in `a`, 12 in `b`, under the default cache, which
-    // holds them all.
-    let tensors = write_zstd(&src, &["a", "b"], 10 << 20);
-    let (a, b) = (&tensors[0].1, &tensors[1].1[..12 << 20]);
+    // 40 frames of 1 MiB in each, under the default cache, which holds
+    // them all.
+    let tensors = write_zstd(&src, &["a", "b", "c"], 10 << 20);
+    let (a, b, c) = (&tensors[0].1, &tensors[1].1, &tensors[2].1);
+    let frames = (a.len() >> 20) as u64;
     m.mount(&src, &[]);
     let busy = BusyCores::new();
     // In order, every core busy (nothing is written behind): the frames
@@ -1105,22 +1106,47 @@ fn a_first_read_in_order_on_busy_cores_keeps_few_frames_and_the_fill_makes_the_r
     }
     assert!(got == *a, "first read");
     assert!(m.stat_u64("cache_bytes") <= 24 << 20, "{}", m.stats());
-    // Out of order (back to front): nothing is behind a reader that
-    // jumps, and every frame stays.
+    // Back to front in 2 MiB reads (each two requests in order): no read
+    // passes more than 2 MiB in order, so nothing is behind, and a second
+    // pass decodes nothing.
     let g = std::fs::File::open(m.path("b")).unwrap();
     let back_to_front = || {
         let mut got = vec![0u8; b.len()];
-        for (i, chunk) in got.chunks_mut(1 << 20).enumerate().rev() {
-            g.read_exact_at(chunk, (i as u64) << 20).unwrap();
+        for (i, chunk) in got.chunks_mut(2 << 20).enumerate().rev() {
+            g.read_exact_at(chunk, (i as u64) << 21).unwrap();
         }
-        assert!(got == b, "read back to front");
+        assert!(got == *b, "read back to front");
     };
     back_to_front();
     let decoded = m.stat_u64("decompressions");
     back_to_front();
     assert_eq!(m.stat_u64("decompressions"), decoded, "{}", m.stats());
+    // Two readers 20 MiB apart, taking turns: neither reads in order, so
+    // each frame is decoded once.
+    let h = [
+        std::fs::File::open(m.path("c")).unwrap(),
+        std::fs::File::open(m.path("c")).unwrap(),
+    ];
+    let mut got = vec![0u8; c.len()];
+    let (front, back) = got.split_at_mut(20 << 20);
+    for (i, (x, y)) in front
+        .chunks_mut(2 << 20)
+        .zip(back.chunks_mut(2 << 20))
+        .enumerate()
+    {
+        h[0].read_exact_at(x, (i as u64) << 21).unwrap();
+        h[1].read_exact_at(y, (20 << 20) + ((i as u64) << 21))
+            .unwrap();
+    }
+    assert!(got == *c, "two readers");
+    assert_eq!(
+        m.stat_u64("decompressions"),
+        decoded + frames,
+        "{}",
+        m.stats()
+    );
     drop(busy);
-    drop((f, g));
+    drop((f, g, h));
     // The fill decodes what left the cache unwritten: the backing file is
     // whole, and the next read is the kernel's.
     m.settled();

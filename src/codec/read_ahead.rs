@@ -1,5 +1,5 @@
-//! A byte range of a file read front to back in pieces, one piece ahead of
-//! its consumer on a thread of its own.
+//! A byte range of a file read front to back in pieces, on a thread of its
+//! own, up to two pieces ahead of its consumer.
 //!
 //! A one-frame zstd blob is decoded by one thread, and that thread is the
 //! bound: the copy of each compressed piece out of the page cache (`pread`)
@@ -113,12 +113,26 @@ mod tests {
     }
 
     #[test]
-    fn the_thread_ends_when_its_consumer_is_gone() {
-        let f = file_of(&[1u8; 64_000]);
-        let r = ReadAhead::start(&f, 0, 64_000, 10).unwrap();
+    fn the_thread_lets_go_of_the_file_when_its_consumer_is_gone() {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(&[1u8; 64_000]).unwrap();
+        let path = f.path().to_path_buf();
+        let opens = || {
+            std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter(|p| *p == path)
+                .count()
+        };
+        let r = ReadAhead::start(f.as_file(), 0, 64_000, 10).unwrap();
         assert!(r.next().is_some());
+        assert_eq!(opens(), 2, "the file and the thread's copy of it");
         drop(r);
-        // Nothing to join: the thread's next send fails and it returns.
-        // What is checked is that dropping does not block.
+        // The thread's next send fails; it returns, closing its copy.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while opens() > 1 && std::time::Instant::now() < until {
+            std::thread::yield_now();
+        }
+        assert_eq!(opens(), 1);
     }
 }

@@ -136,6 +136,11 @@ pub const PROGRESSIVE_MIN: u64 = 8 << 20;
 /// write-behind that copies them to the backing file, still use them.
 pub const KEEP_BEHIND: u64 = 16 << 20;
 
+/// How far past the end of a run of in-order reads a read may start and
+/// still continue it (see [`Data::left_behind`]): a few requests whose
+/// calls came late.
+const RUN_SLACK: u64 = 4 << 20;
+
 /// How many frames past the one being read are decoded ahead.
 const PREFETCH_DEPTH: u64 = 4;
 
@@ -171,8 +176,10 @@ struct BlobState {
     last_frame: AtomicUsize,
     /// The furthest frame queued for read-ahead.
     ahead: AtomicUsize,
-    /// The last step to `last_frame` was to the next frame (or the same).
-    in_order: AtomicBool,
+    /// The run of in-order reads whose bytes go to a backing file: where
+    /// it started and where its last read ended, in decoded offsets (see
+    /// [`Data::left_behind`]).
+    run: Mutex<(u64, u64)>,
 }
 
 /// One source file as served: its mapping, what of the mapping replies
@@ -1051,9 +1058,7 @@ impl Data {
     fn read_ahead(&self, bi: usize, k: usize) {
         let st = &self.states[bi];
         let prev = st.last_frame.swap(k, Relaxed);
-        let in_order = prev == k || prev.wrapping_add(1) == k;
-        st.in_order.store(in_order, Relaxed);
-        if !in_order {
+        if prev != k && prev.wrapping_add(1) != k {
             // A jump: what was queued ahead of the old position says
             // nothing about this one (a new pass starts at frame 0).
             st.ahead.store(k, Relaxed);
@@ -1637,17 +1642,24 @@ impl Data {
         }
     }
 
-    /// A reader reading part `pi` of tensor `ti` in order just read
-    /// `touched` (the part's offsets), and what it reads goes to a backing
-    /// file: the frames wholly more than [`KEEP_BEHIND`] behind it leave the
-    /// cache unless someone holds them, written there or not, and their
-    /// buffers serve the next decodes. A pass over a tensor then keeps a
-    /// few frames in memory, not the tensor, and decodes into memory it
-    /// used already, not into new memory (each new page is a fault: a
-    /// fifth of the CPU of a first read here, BENCHMARKS.md). What the
-    /// write-behind had not written is decoded again by the fill, once the
-    /// mount is idle. Nothing goes for a reader out of order (a jump):
-    /// frames behind one position are not behind another's.
+    /// A read of part `pi` of tensor `ti` just served `touched` (the
+    /// part's offsets), and its bytes go to a backing file: the frames
+    /// that the run of in-order reads it continues has itself passed by
+    /// more than [`KEEP_BEHIND`] leave the cache unless someone holds
+    /// them, written there or not, and their buffers serve the next
+    /// decodes. A pass over a tensor then keeps a few frames in memory,
+    /// not the tensor, and decodes into memory it used already, not new
+    /// memory (each new page is a fault: a fifth of the CPU of a first read
+    /// here, BENCHMARKS.md). What the write-behind had not written is
+    /// decoded again by the fill, once the mount is idle.
+    ///
+    /// A run is reads each starting inside what the run covers so far or
+    /// at most [`RUN_SLACK`] past its end, in the blob's decoded offsets
+    /// (this is called once a reply is out, and one worker's call may come
+    /// after the next request's); any other read starts a new one. So a
+    /// reader that goes back, or jumps, lets go of nothing it has not
+    /// itself passed in order, and neither do two readers far apart whose
+    /// reads take turns.
     pub fn left_behind(&self, ti: usize, pi: usize, touched: (u64, u64)) {
         let Some(part) = self.part_of(ti, pi) else {
             return;
@@ -1663,19 +1675,28 @@ impl Data {
         else {
             return;
         };
-        let here = frame_at(frames, (t0 + n).saturating_sub(1));
-        if !st.in_order.load(Relaxed) || st.last_frame.load(Relaxed) != here {
+        let start = {
+            let mut run = super::lock(&st.run);
+            if t0 < run.0 || t0 > run.1.saturating_add(RUN_SLACK) {
+                *run = (t0, t0);
+            }
+            run.1 = run.1.max(t0 + n);
+            run.0
+        };
+        let edge = t0.saturating_sub(KEEP_BEHIND);
+        if edge <= start {
             return;
         }
-        // The frames that this read moved past KEEP_BEHIND, and a few more
-        // (a read that ended in the middle of one).
-        let edge = t0.saturating_sub(KEEP_BEHIND);
+        // The frames this read moved past the edge (and one before, for a
+        // read that ended inside one), those wholly inside the run.
         let first_after = frames.partition_point(|f| f.d_start + f.d_len <= edge);
         let from = frames
             .partition_point(|f| f.d_start + f.d_len <= edge.saturating_sub(n))
-            .saturating_sub(4);
-        for k in from..first_after {
-            self.cache.drop_idle((part.blob as u32, k as u32));
+            .saturating_sub(1);
+        for (k, f) in frames.iter().enumerate().take(first_after).skip(from) {
+            if f.d_start >= start {
+                self.cache.drop_idle((part.blob as u32, k as u32));
+            }
         }
     }
 
