@@ -1157,6 +1157,57 @@ fn a_first_read_in_order_on_busy_cores_keeps_few_frames_and_the_fill_makes_the_r
 }
 
 #[test]
+fn a_reader_coming_back_over_the_safetensors_view_reads_what_it_wrote() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    // One zstd tensor of 24 frames of 1 MiB under an 8 MiB cache: frames
+    // written behind the reader leave the cache.
+    let src = m.scratch_path("z.zt");
+    let mut w = Writer::create(&src).unwrap();
+    let zstd = Options {
+        compression: Compression::zstd(),
+        ..Options::default()
+    };
+    let le = support::compressible(1, 24 << 20);
+    w.add("z", DType::Float32, &[6 << 20], &le, &zstd).unwrap();
+    w.finish().unwrap();
+    m.mount(&src, &["--cache-size", "8M"]);
+    let view = ".safetensors/model.safetensors";
+    let len = std::fs::metadata(m.path(view)).unwrap().len() as usize;
+    // The first pass, one MiB at a time, each written behind before the
+    // next (every byte: the header and the decoded tensor).
+    let f = std::fs::File::open(m.path(view)).unwrap();
+    let mut first = vec![0u8; len];
+    let skipped = m.stat_u64("write_behind_skipped_bytes");
+    let before = m.stat_u64("write_behind_bytes") + skipped;
+    let mut at = 0;
+    for chunk in first.chunks_mut(1 << 20) {
+        f.read_exact_at(chunk, at as u64).unwrap();
+        at += chunk.len();
+        assert_eq!(
+            m.written_behind(before + at as u64),
+            skipped,
+            "{}",
+            m.stats()
+        );
+    }
+    assert!(first.ends_with(&le), "first pass");
+    // The same open comes back over it: what it wrote is read from the
+    // backing file, not decoded again.
+    let decoded = m.stat_u64("decompressions");
+    let mut again = vec![0u8; len];
+    for (i, chunk) in again.chunks_mut(1 << 20).enumerate() {
+        f.read_exact_at(chunk, (i as u64) << 20).unwrap();
+    }
+    assert!(again == first, "second pass");
+    assert_eq!(m.stat_u64("decompressions"), decoded, "{}", m.stats());
+    drop(f);
+    m.unmount_ok();
+}
+
+#[test]
 fn backing_files_stay_within_the_descriptors_the_daemon_may_hold() {
     // 100 zstd tensors, each worth a backing file, read by a daemon
     // allowed 128 descriptors (soft and hard): at most half of what is

@@ -1284,9 +1284,23 @@ impl TensorFs {
         let NodeKind::File(c) = kind else {
             return None;
         };
-        let (tensor, part, _) = self.one_part(c)?;
+        if let Some((tensor, part, _)) = self.one_part(c) {
+            let bytes = p.read(off, size as u64)?;
+            return self.data.unchanged(tensor, part).then_some(bytes);
+        }
+        // A view's file of several tensors (the `.safetensors` view): its
+        // header is the daemon's own, and each tensor the range meets must
+        // be as it was. Else a reader coming back over bytes it already
+        // wrote decoded them again, and wrote them again, at every pass.
+        let f = self.composed(c)?;
         let bytes = p.read(off, size as u64)?;
-        self.data.unchanged(tensor, part).then_some(bytes)
+        let end = off + bytes.len() as u64;
+        let first = f.entries.partition_point(|e| e.start + e.len <= off);
+        let unchanged = f.entries[first..]
+            .iter()
+            .take_while(|e| e.start < end)
+            .all(|e| self.data.unchanged(e.tensor, 0));
+        unchanged.then_some(bytes)
     }
 
     fn read_node(
