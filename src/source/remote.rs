@@ -630,13 +630,14 @@ fn no_credentials(url: &str, parsed: &url::Url) -> Result<()> {
         None => false,
         Some((user, _)) => matches!(parsed.scheme(), "s3" | "s3a" | "gs") || user.contains(':'),
     };
-    if typed_key(url).is_some() && in_bucket {
+    let store = typed_key(url).is_some();
+    if store && in_bucket {
         return Err(fail(
             &format!("{}://…", parsed.scheme()),
             format!("{WHY}; give the store's credentials in its variables or files instead"),
         ));
     }
-    if typed_key(url).is_none() && (!parsed.username().is_empty() || parsed.password().is_some()) {
+    if !store && (!parsed.username().is_empty() || parsed.password().is_some()) {
         let mut shown = parsed.clone();
         let _ = shown.set_username("");
         let _ = shown.set_password(None);
