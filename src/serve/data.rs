@@ -144,9 +144,14 @@ const RUN_SLACK: u64 = 4 << 20;
 /// How many frames past the one being read are decoded ahead.
 const PREFETCH_DEPTH: u64 = 4;
 
-/// Compressed bytes a progressive decoder takes per step (it publishes its
-/// output after each).
+/// Decoded bytes a progressive decoder makes per step (it publishes them
+/// after each).
 const PROGRESSIVE_STEP: usize = 512 << 10;
+
+/// How far past what it asked for a decoder step may write: the block it
+/// ends in (128 KiB at most), the literals zstd may stage in the output
+/// ahead of that block, and its 32-byte over-copies, with room to spare.
+const STEP_REACH: usize = 256 << 10;
 
 /// How a zstd blob is decoded.
 enum Plan {
@@ -1275,8 +1280,9 @@ impl Data {
         w.finish(r.map_err(|e| e.to_string()));
     }
 
-    /// Decodes `src` straight into `w`. With `early`, what is there is
-    /// published after each step of compressed input, the last byte only
+    /// Decodes `src` straight into `w`, claiming each step's reach first
+    /// (see [`Writer::claim`]). With `early`, what is there is
+    /// published after each step, the last byte only
     /// once the stream has been checked to its end, so a reader of the
     /// whole tensor never gets all of a blob that fails after it; without,
     /// nothing is published before that end (a frame checksum covers it).
@@ -1297,7 +1303,8 @@ impl Data {
         // or past what was committed.
         let mut dec = unsafe { zstd_blob::DirectDecoder::new(src, w.as_mut_ptr(), len) }?;
         while dec.produced() < len {
-            let stepped = dec.step(PROGRESSIVE_STEP);
+            w.claim(dec.produced() + PROGRESSIVE_STEP + STEP_REACH);
+            let stepped = dec.step_output(PROGRESSIVE_STEP);
             // Bytes decoded from a file that changed are not published; and
             // a change explains a failed step (a short read) best.
             guard.check()?;
