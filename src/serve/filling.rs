@@ -5,10 +5,11 @@
 //! It is an anonymous mapping of its own, or a shared mapping of an unlinked
 //! file under `--cache-dir` ([`Filling::in_file`]) when that file can then
 //! back the tensor's own file, so that its bytes are written once, by the
-//! decoder, and not copied into a backing file afterwards. Either is
-//! released in one `munmap` when the last reader lets go. Such a file is
-//! unlinked, never written or truncated by anyone else (the kernel only
-//! reads a backing file) and has its disk reserved, so no page of it
+//! decoder (over zeros, below), and not copied into a backing file
+//! afterwards. Either is released in one `munmap` when the last reader
+//! lets go. Such a file is unlinked, written by nobody else (the kernel
+//! only reads a backing file), never truncated, and has its disk
+//! reserved, so no page of it
 //! vanishes or fails to be written while mapped. Not caught: a disk that
 //! fails to read back a page once the kernel wrote it back and dropped it
 //! (the access faults), as for any file the daemon maps.
@@ -28,7 +29,8 @@
 //!
 //! Safety rests on one rule: the writer only ever holds `&mut` to bytes at
 //! or past `filled`, readers only ever see bytes before it, and `filled`
-//! only grows (published with `Release`, read with `Acquire`).
+//! only grows (published with `Release`, read with `Acquire`). Zeros are
+//! written only at or past the writer's claim, which is past `filled`.
 
 use std::fs::File;
 use std::ops::Range;
@@ -55,6 +57,9 @@ pub struct Filling {
     /// For a file: where zeros may be written ahead of the writer.
     ahead: Mutex<Ahead>,
     ahead_cond: Condvar,
+    /// A pause before each slice of zeros, for tests to catch it busy.
+    #[cfg(test)]
+    zero_delay: Duration,
 }
 
 /// The writer writes only below `claimed`. The populate thread writes
@@ -67,11 +72,14 @@ struct Ahead {
     claimed: usize,
     busy: Option<Range<usize>>,
     zeroed: Range<usize>,
-    /// Pieces of zeros written ahead, and the time they took.
-    pieces: u32,
+    /// Bytes of zeros written ahead, and the time that took.
+    bytes: usize,
     spent: Duration,
     /// They took so long that faults on the mapping are used instead.
     slow: bool,
+    /// Claims that waited for a busy slice.
+    #[cfg(test)]
+    waits: u32,
 }
 
 /// Past this per piece on average, over 4 pieces or more, zeros are slower
@@ -79,6 +87,11 @@ struct Ahead {
 /// that where a virtual machine's host must first give it back, and the
 /// large folios the zeros make come from the blocks it took back first).
 const SLOW_PIECE: Duration = Duration::from_micros(1500);
+
+/// Zeros are written a slice at a time, each busy on its own, so a writer
+/// that reaches them waits for one slice at most (the thread writing them
+/// runs at a lower priority), and the rest of the piece is then left to it.
+const SLICE: usize = 256 << 10;
 
 /// How far past the writer's claim the populate thread starts again when
 /// the writer has caught up with it: the writer makes the pages between
@@ -120,6 +133,8 @@ impl Filling {
             cond: Condvar::new(),
             ahead: Mutex::default(),
             ahead_cond: Condvar::new(),
+            #[cfg(test)]
+            zero_delay: Duration::ZERO,
         }
     }
 
@@ -158,8 +173,8 @@ impl Filling {
         let n = self.filled.load(Ordering::Acquire);
         // SAFETY: bytes before `filled` are initialised and no longer written
         // (see the module comment: a mapped file is ours alone, never
-        // written or truncated by anyone else); the mapping lives as long
-        // as `self`.
+        // truncated, and our own zeros go only past `filled`); the mapping
+        // lives as long as `self`.
         unsafe { std::slice::from_raw_parts(self.map.as_ptr(), n) }
     }
 
@@ -190,12 +205,13 @@ impl Filling {
     }
 
     /// Faults the next piece of the buffer in ahead of its writer, on the
-    /// calling thread (another than the writer's): first touches of new
-    /// memory took a third of a decoder's time. `at` is where the last call
-    /// ended (start at 0). False once there is nothing more to do: the end
-    /// reached, the writer done, or the kernel saying no (before 5.14).
-    /// One piece (2 MiB) per call, so the caller need not keep the buffer
-    /// alive in between.
+    /// calling thread (another than the writer's, and only one such
+    /// thread): first touches of new memory took a third of a decoder's
+    /// time. `at` is where the last call ended (start at 0). False once
+    /// there is nothing more to do: the end reached, the writer done, zeros
+    /// that could not be written, or the kernel saying no (before 5.14).
+    /// One piece (2 MiB) at most per call, so the caller need not keep the
+    /// buffer alive in between.
     pub fn populate_step(&self, at: &mut usize) -> bool {
         if *at >= self.len || self.end.lock().map_or(true, |g| g.is_some()) {
             return false;
@@ -212,8 +228,10 @@ impl Filling {
                 from..(from + PIECE).min(self.len)
             }
         };
-        if range.is_empty()
-            || self
+        // Empty where the writer reached the piece first: the next call
+        // starts past it.
+        if !range.is_empty()
+            && self
                 .map
                 .advise_range(Advice::PopulateWrite, range.start, range.len())
                 .is_err()
@@ -230,12 +248,12 @@ impl Filling {
     /// or `None` past the end or when the write failed (the writer then
     /// makes the pages).
     fn zero_ahead(&self, file: &File, at: usize) -> Option<Range<usize>> {
-        let range = {
+        let piece = {
             let mut a = self.ahead();
             let from = if at >= a.claimed {
                 at
             } else {
-                a.claimed + LEAD
+                (a.claimed + LEAD).next_multiple_of(PIECE)
             };
             if from >= self.len {
                 return None;
@@ -243,21 +261,38 @@ impl Filling {
             if from != a.zeroed.end {
                 a.zeroed = from..from;
             }
-            let r = from..(from + PIECE).min(self.len);
-            a.busy = Some(r.clone());
-            r
+            from..(from + PIECE).min(self.len)
         };
-        // Whatever happens, the writer is let past the range again.
-        let mut done = Unbusy(self, None);
-        let t0 = Instant::now();
-        write_zeros(file, range.clone()).ok()?;
-        done.1 = Some(range.end);
-        drop(done);
-        let mut a = self.ahead();
-        a.pieces += 1;
-        a.spent += t0.elapsed();
-        a.slow = a.pieces >= 4 && a.spent > SLOW_PIECE * a.pieces;
-        Some(range)
+        let mut pos = piece.start;
+        while pos < piece.end {
+            let slice = pos..(pos + SLICE).min(piece.end);
+            {
+                let mut a = self.ahead();
+                if a.busy.is_some() {
+                    return None; // another thread writes zeros: not ours to do
+                }
+                if a.claimed > slice.start {
+                    break; // the writer got here first: the rest is its own
+                }
+                a.busy = Some(slice.clone());
+            }
+            // Whatever happens, the writer is let past the slice again.
+            let mut done = Unbusy(self, None);
+            #[cfg(test)]
+            std::thread::sleep(self.zero_delay);
+            let t0 = Instant::now();
+            write_zeros(file, slice.clone()).ok()?;
+            let took = t0.elapsed();
+            done.1 = Some(slice.end);
+            drop(done);
+            let mut a = self.ahead();
+            a.bytes += slice.len();
+            a.spent += took;
+            a.slow = a.bytes >= 4 * PIECE
+                && a.spent.as_secs_f64() > SLOW_PIECE.as_secs_f64() * (a.bytes / PIECE) as f64;
+            pos = slice.end;
+        }
+        Some(piece.start..pos)
     }
 
     /// The writer's handle; there is only ever one.
@@ -341,6 +376,10 @@ impl Writer<'_> {
         let Some(file) = &self.f.file else { return };
         let end = end.min(self.f.len);
         let mut a = self.f.ahead();
+        #[cfg(test)]
+        if a.busy.as_ref().is_some_and(|b| b.start < end) {
+            a.waits += 1;
+        }
         while a.busy.as_ref().is_some_and(|b| b.start < end) {
             a = self.f.ahead_cond.wait(a).unwrap_or_else(|e| e.into_inner());
         }
@@ -483,6 +522,53 @@ mod tests {
             .unwrap();
         let bad = (0..LEN).find(|&i| back[i] != byte(i) || f.filled()[i] != byte(i));
         assert_eq!(bad, None, "a zero over a written byte");
+    }
+
+    #[test]
+    fn a_writer_that_catches_up_with_the_zeros_waits_for_their_slice_and_keeps_its_bytes() {
+        const LEN: usize = 24 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        let file = crate::serve::spill::reserved_file(dir.path(), LEN as u64).unwrap();
+        let mut f = Filling::in_file(file, LEN).unwrap();
+        // Zeros far slower than the writer, which catches up with them
+        // again and again, each time inside a busy slice's pause.
+        f.zero_delay = Duration::from_millis(3);
+        let f = Arc::new(f);
+        let zeros = {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                let mut at = 0;
+                while f.populate_step(&mut at) {}
+            })
+        };
+        while f.ahead().busy.is_none() {
+            std::thread::yield_now();
+        }
+        let byte = |i: usize| (i % 251) as u8 | 1;
+        let mut w = f.writer().unwrap();
+        let mut i = 0;
+        while w.written() < LEN {
+            let s = w.spare(64 << 10);
+            for b in s.iter_mut() {
+                *b = byte(i);
+                i += 1;
+            }
+            let n = s.len();
+            w.commit(n);
+        }
+        w.finish(Ok(()));
+        zeros.join().unwrap();
+        let mut back = vec![0; LEN];
+        f.file
+            .as_ref()
+            .unwrap()
+            .read_exact_at(&mut back, 0)
+            .unwrap();
+        let bad = (0..LEN).find(|&i| back[i] != byte(i));
+        assert_eq!(bad, None, "a zero over a written byte");
+        let a = f.ahead();
+        assert!(a.waits >= 1, "the writer never met a busy slice");
+        assert!(a.bytes >= SLICE, "no zeros written: {}", a.bytes);
     }
 
     #[test]
