@@ -476,29 +476,54 @@ mod tests {
         assert_eq!(f.filled().len(), 1 << 20);
     }
 
+    /// The pattern the tests below write: never a zero.
+    fn byte(i: usize) -> u8 {
+        (i % 251) as u8 | 1
+    }
+
+    /// A buffer in a new reserved file of `len` bytes, its zeros paused
+    /// for `delay` in each busy slice.
+    fn in_a_file(dir: &tempfile::TempDir, len: usize, delay: Duration) -> Arc<Filling> {
+        let file = crate::serve::spill::reserved_file(dir.path(), len as u64).unwrap();
+        let mut f = Filling::in_file(file, len).unwrap();
+        f.zero_delay = delay;
+        Arc::new(f)
+    }
+
+    /// Writes the pattern up to `upto`, `chunk` bytes per claim.
+    fn write_pattern(w: &mut Writer, upto: usize, chunk: usize) {
+        while w.written() < upto {
+            let from = w.written();
+            let s = w.spare(chunk);
+            for (k, b) in s.iter_mut().enumerate() {
+                *b = byte(from + k);
+            }
+            let n = s.len();
+            w.commit(n);
+        }
+    }
+
+    /// The first byte of the file, or of what readers see, that is not the
+    /// pattern.
+    fn first_wrong(f: &Filling) -> Option<usize> {
+        let mut back = vec![0; f.len()];
+        f.file
+            .as_ref()
+            .unwrap()
+            .read_exact_at(&mut back, 0)
+            .unwrap();
+        (0..f.len()).find(|&i| back[i] != byte(i) || f.filled()[i] != byte(i))
+    }
+
     #[test]
     fn zeros_written_ahead_of_a_file_never_land_on_written_bytes() {
         const LEN: usize = 24 << 20;
         let dir = tempfile::tempdir().unwrap();
-        let file = crate::serve::spill::reserved_file(dir.path(), LEN as u64).unwrap();
-        let f = Arc::new(Filling::in_file(file, LEN).unwrap());
-        let byte = |i: usize| (i % 251) as u8 | 1;
+        let f = in_a_file(&dir, LEN, Duration::ZERO);
         let mut w = f.writer().unwrap();
-        let mut i = 0;
-        let mut write = |w: &mut Writer, upto: usize| {
-            while w.written() < upto {
-                let s = w.spare(3 << 10);
-                for b in s.iter_mut() {
-                    *b = byte(i);
-                    i += 1;
-                }
-                let n = s.len();
-                w.commit(n);
-            }
-        };
         // A third written before the zeros start, from byte 0; the rest
-        // while they run, twice over.
-        write(&mut w, LEN / 3);
+        // while they run.
+        write_pattern(&mut w, LEN / 3, 3 << 10);
         let (started, first) = std::sync::mpsc::channel();
         let zeros = {
             let f = f.clone();
@@ -511,29 +536,19 @@ mod tests {
         };
         let at = first.recv().unwrap();
         assert!(at > LEN / 3, "zeros from {at}, inside what was written");
-        write(&mut w, LEN);
+        write_pattern(&mut w, LEN, 3 << 10);
         w.finish(Ok(()));
         zeros.join().unwrap();
-        let mut back = vec![0; LEN];
-        f.file
-            .as_ref()
-            .unwrap()
-            .read_exact_at(&mut back, 0)
-            .unwrap();
-        let bad = (0..LEN).find(|&i| back[i] != byte(i) || f.filled()[i] != byte(i));
-        assert_eq!(bad, None, "a zero over a written byte");
+        assert_eq!(first_wrong(&f), None, "a zero over a written byte");
     }
 
     #[test]
     fn a_writer_that_catches_up_with_the_zeros_waits_for_their_slice_and_keeps_its_bytes() {
         const LEN: usize = 24 << 20;
         let dir = tempfile::tempdir().unwrap();
-        let file = crate::serve::spill::reserved_file(dir.path(), LEN as u64).unwrap();
-        let mut f = Filling::in_file(file, LEN).unwrap();
         // Zeros far slower than the writer, which catches up with them
         // again and again, each time inside a busy slice's pause.
-        f.zero_delay = Duration::from_millis(3);
-        let f = Arc::new(f);
+        let f = in_a_file(&dir, LEN, Duration::from_millis(3));
         let zeros = {
             let f = f.clone();
             std::thread::spawn(move || {
@@ -544,28 +559,11 @@ mod tests {
         while f.ahead().busy.is_none() {
             std::thread::yield_now();
         }
-        let byte = |i: usize| (i % 251) as u8 | 1;
         let mut w = f.writer().unwrap();
-        let mut i = 0;
-        while w.written() < LEN {
-            let s = w.spare(64 << 10);
-            for b in s.iter_mut() {
-                *b = byte(i);
-                i += 1;
-            }
-            let n = s.len();
-            w.commit(n);
-        }
+        write_pattern(&mut w, LEN, 64 << 10);
         w.finish(Ok(()));
         zeros.join().unwrap();
-        let mut back = vec![0; LEN];
-        f.file
-            .as_ref()
-            .unwrap()
-            .read_exact_at(&mut back, 0)
-            .unwrap();
-        let bad = (0..LEN).find(|&i| back[i] != byte(i));
-        assert_eq!(bad, None, "a zero over a written byte");
+        assert_eq!(first_wrong(&f), None, "a zero over a written byte");
         let a = f.ahead();
         assert!(a.waits >= 1, "the writer never met a busy slice");
         assert!(a.bytes >= SLICE, "no zeros written: {}", a.bytes);
