@@ -63,10 +63,10 @@ pub struct Filling {
 }
 
 /// The writer writes only below `claimed`. The populate thread writes
-/// zeros only at or past it, one piece at a time (`busy` while it writes
-/// them), in a run (`zeroed`, the pieces done); a claim over a busy piece
+/// zeros only at or past it, one slice at a time (`busy` while it writes
+/// them), in a run (`zeroed`, the slices done); a claim over a busy slice
 /// waits for it, and the writer writes zeros itself where a claim covers
-/// no piece done.
+/// none of that run.
 #[derive(Default)]
 struct Ahead {
     claimed: usize,
@@ -325,7 +325,7 @@ fn write_zeros(file: &File, range: Range<usize>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Ends a piece of zeros being written ahead (see [`Filling::zero_ahead`]),
+/// Ends a slice of zeros being written ahead (see [`Filling::zero_ahead`]),
 /// adding it to the run when its end is set (the zeros were written).
 struct Unbusy<'a>(&'a Filling, Option<usize>);
 
