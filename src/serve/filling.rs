@@ -77,7 +77,7 @@ struct Ahead {
     spent: Duration,
     /// They took so long that faults on the mapping are used instead.
     slow: bool,
-    /// Claims that waited for a busy slice.
+    /// Waits of claims for a busy slice.
     #[cfg(test)]
     waits: u32,
 }
@@ -376,11 +376,11 @@ impl Writer<'_> {
         let Some(file) = &self.f.file else { return };
         let end = end.min(self.f.len);
         let mut a = self.f.ahead();
-        #[cfg(test)]
-        if a.busy.as_ref().is_some_and(|b| b.start < end) {
-            a.waits += 1;
-        }
         while a.busy.as_ref().is_some_and(|b| b.start < end) {
+            #[cfg(test)]
+            {
+                a.waits += 1;
+            }
             a = self.f.ahead_cond.wait(a).unwrap_or_else(|e| e.into_inner());
         }
         let new = a.claimed..end.max(a.claimed);
