@@ -281,6 +281,36 @@ fn a_spilled_tensor_is_backed_by_its_spill_file() {
     assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 0);
 }
 
+/// A spilled tensor's `.npy` under a `--decoded-cache-size` that holds
+/// the spill but not a second copy beside it: read whole (by `read` and
+/// by a mapping), again and again, with no error; the view stays the
+/// daemon's, served from the spill, which is never dropped for it, and
+/// the tensor's own file is backed by the spill.
+#[test]
+fn a_spilled_tensors_npy_is_served_from_its_spill_where_a_copy_would_not_fit() {
+    let _s = support::serial();
+    let Some((m, want, cache)) =
+        mount_one_frame(&["--cache-size", "16M", "--decoded-cache-size", "20M"])
+    else {
+        return;
+    };
+    for _ in 0..2 {
+        assert_eq!(npy_data(&m.read(".npy/z.npy")), &want[..]);
+        m.settled();
+    }
+    let npy = m.read(".npy/z.npy");
+    assert_mapped_eq(&m.path(".npy/z.npy"), &npy);
+    assert_eq!(m.stat_u64("errors"), 0, "{}", m.stats());
+    assert_eq!(m.stat_u64("decompressions"), 1, "{}", m.stats());
+    assert_eq!(m.stat_u64("spill_evictions"), 0, "{}", m.stats());
+    assert_eq!(m.stat_u64("passthrough_opens"), 0, "{}", m.stats());
+    // Its spill, complete, is the backing from the first open.
+    assert_eq!(m.read("z"), want);
+    assert_eq!(m.stat_u64("passthrough_opens"), 1, "{}", m.stats());
+    assert_eq!(m.stat_u64("backing_decoded"), 1, "{}", m.stats());
+    assert_killed_leaving_nothing(m, &cache);
+}
+
 #[test]
 fn opens_while_a_backing_file_fills_get_the_same_bytes() {
     let _s = support::serial();

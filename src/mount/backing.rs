@@ -1195,31 +1195,43 @@ impl Backings {
         self.evict_one(&mut lock(&self.inner), false)
     }
 
-    /// Gives up a file that the reads of a served open of content `mine`
-    /// write through to and that holds nothing yet: its tensor spills, and
-    /// a tensor that spills is never written there (its spill becomes its
-    /// backing file), so the file's reservation only counted it twice.
-    /// Its reads write nothing more. False when there is none.
-    pub fn give_up_unwritten(&self, mine: impl Fn(&Content) -> bool) -> bool {
-        let mut inner = lock(&self.inner);
-        let unwritten = inner.slots.iter().find_map(|(key, s)| match s {
-            Slot::Writing(p) if mine(key) => {
-                let mut w = lock(&p.written);
-                w.ranges.is_empty().then(|| {
-                    w.failed = true;
-                    (key.clone(), p.len)
-                })
+    /// Gives up the files that the reads of served opens of content
+    /// `mine` write through to: their tensor spills, and a tensor that
+    /// spills is never written there (the spill becomes the tensor's own
+    /// backing file, and a view's fill would read the spill back), so
+    /// their reservations only counted its bytes twice. Their reads write
+    /// nothing more, and read nothing back from them. `mine` is asked
+    /// outside the lock (a view's file may list 10^5 tensors). False
+    /// when there is none.
+    pub fn give_up_writing(&self, mine: impl Fn(&Content) -> bool) -> bool {
+        let writing: Vec<(Content, Arc<Partial>)> = lock(&self.inner)
+            .slots
+            .iter()
+            .filter_map(|(key, s)| match s {
+                Slot::Writing(p) => Some((key.clone(), p.clone())),
+                _ => None,
+            })
+            .collect();
+        let mut gave_up = false;
+        for (key, p) in writing.into_iter().filter(|(key, _)| mine(key)) {
+            let mut inner = lock(&self.inner);
+            // Still the same reservation, not sealed by a close meanwhile.
+            if !matches!(inner.slots.get(&key), Some(Slot::Writing(q)) if Arc::ptr_eq(q, &p)) {
+                continue;
             }
-            _ => None,
-        });
-        let Some((key, len)) = unwritten else {
-            return false;
-        };
-        inner.slots.remove(&key);
-        self.uncharge(&mut inner, len);
-        self.published.notify_all();
-        log::debug!("gave up the unwritten {len}-byte backing file of {key:?} for its spill");
-        true
+            lock(&p.written).failed = true;
+            inner.slots.remove(&key);
+            self.uncharge(&mut inner, p.len);
+            gave_up = true;
+            log::debug!(
+                "gave up the {}-byte backing file of {key:?} for a spill it reads",
+                p.len
+            );
+        }
+        if gave_up {
+            self.published.notify_all();
+        }
+        gave_up
     }
 
     /// Frees the least recently opened filled file no open holds (or

@@ -275,15 +275,24 @@ impl TensorFs {
         let disk = data.decoded_disk();
         disk.set_limit(opts.backing.limit);
         let backings = Arc::new(Backings::new(opts.backing, stats, disk));
-        // A spill may take the share of its own tensor's unwritten file.
-        let (files, of) = (Arc::downgrade(&backings), Arc::downgrade(&data));
+        let tree = Arc::new(tree);
+        // A spill may take the share of the files being written of what
+        // reads it: its tensor's file, or a view's.
+        let (files, of, shown) = (
+            Arc::downgrade(&backings),
+            Arc::downgrade(&data),
+            Arc::downgrade(&tree),
+        );
         data.on_spill_reserved(Box::new(move |bi| {
-            let (Some(files), Some(data)) = (files.upgrade(), of.upgrade()) else {
+            let (Some(files), Some(data), Some(tree)) =
+                (files.upgrade(), of.upgrade(), shown.upgrade())
+            else {
                 return false;
             };
-            files.give_up_unwritten(|c| {
-                matches!(c, Content::Part { tensor, part }
-                    if part_of(&data, *tensor, *part).is_some_and(|p| p.blob == bi))
+            files.give_up_writing(|c| {
+                any_part_of(&tree, &data, c, |t, p| {
+                    part_of(&data, t, p).is_some_and(|p| p.blob == bi)
+                })
             })
         }));
         // Filled files that need room may take an idle spill's share.
@@ -303,7 +312,7 @@ impl TensorFs {
             passthrough: std::sync::atomic::AtomicBool::new(false),
             opens: Mutex::default(),
             xattrs: opts.xattrs,
-            tree: Arc::new(tree),
+            tree,
             data,
             direct_io: opts.direct_io,
             sizes,
@@ -423,13 +432,7 @@ impl TensorFs {
     /// What file `c` is made of, when it is a view's file of tensors'
     /// bytes.
     fn composed(&self, c: &Content) -> Option<Composed<'_>> {
-        let Content::ViewData { view, file } = c else {
-            return None;
-        };
-        self.tree
-            .views()
-            .get(*view)?
-            .data(self.data.catalog(), *file)
+        composed_of(&self.tree, &self.data, c)
     }
 
     /// Bytes `[off, off+size)` of a view's file `f`: its header, then the
@@ -772,14 +775,8 @@ impl TensorFs {
 
     /// Whether `pred` holds for a tensor part (tensor, part) that files of
     /// content `c` show; false for generated files.
-    fn any_part(&self, c: &Content, mut pred: impl FnMut(usize, usize) -> bool) -> bool {
-        match c {
-            Content::Part { tensor, part } => pred(*tensor, *part),
-            Content::ViewData { .. } => self
-                .composed(c)
-                .is_some_and(|f| f.entries.iter().any(|e| pred(e.tensor, 0))),
-            _ => false,
-        }
+    fn any_part(&self, c: &Content, pred: impl FnMut(usize, usize) -> bool) -> bool {
+        any_part_of(&self.tree, &self.data, c, pred)
     }
 
     /// When the last open of `ino` the daemon served is closed, `read`
@@ -801,7 +798,7 @@ impl TensorFs {
             if most && self.adopt_decoded(ino, c) {
                 return;
             }
-            let fill = if !most {
+            let fill = if !most || !self.fits_beside_spills(c, len) {
                 Fill::Drop
             } else if self.fetched(c) {
                 Fill::IfWhole
@@ -821,10 +818,35 @@ impl TensorFs {
         if !self.passthrough() {
             return None;
         }
-        if !self.worth_filling(c) {
+        let len = self.size_of(ino, c);
+        if !self.worth_filling(c) || !self.fits_beside_spills(c, len) {
             return None;
         }
-        self.backings.begin(c, self.size_of(ino, c))
+        self.backings.begin(c, len)
+    }
+
+    /// Whether a filled backing file of `len` bytes for files of content
+    /// `c` fits in `--decoded-cache-size` beside the spills of the tensors
+    /// they show. Its fill reads those spills back, so room made by
+    /// dropping them would only make them again; where both do not fit,
+    /// the daemon serves the files from the spills.
+    fn fits_beside_spills(&self, c: &Content, len: u64) -> bool {
+        let disk = self.data.decoded_disk();
+        if len.saturating_add(disk.spills()) <= disk.limit() {
+            return true;
+        }
+        let mut spills = std::collections::HashSet::new();
+        self.any_part(c, |t, p| {
+            if self.data.spilled(t, p)
+                && let Some(part) = self.part(t, p)
+            {
+                spills.insert(part.blob);
+            }
+            false
+        });
+        let blobs = &self.data.catalog().blobs;
+        let spilled: u64 = spills.iter().map(|&b| blobs[b].decoded_len).sum();
+        len.saturating_add(spilled) <= disk.limit()
     }
 
     /// The source file as the backing of a view `l` that is that file,
@@ -1414,6 +1436,31 @@ fn part_of(data: &Data, ti: usize, pi: usize) -> Option<&Part> {
     data.catalog().tensors.get(ti)?.parts.as_ref().ok()?.get(pi)
 }
 
+/// What file `c` is made of, when it is a view's file of tensors' bytes.
+fn composed_of<'a>(tree: &'a Tree, data: &'a Data, c: &Content) -> Option<Composed<'a>> {
+    let Content::ViewData { view, file } = c else {
+        return None;
+    };
+    tree.views().get(*view)?.data(data.catalog(), *file)
+}
+
+/// Whether `pred` holds for a tensor part (tensor, part) that files of
+/// content `c` show; false for generated files.
+fn any_part_of(
+    tree: &Tree,
+    data: &Data,
+    c: &Content,
+    mut pred: impl FnMut(usize, usize) -> bool,
+) -> bool {
+    match c {
+        Content::Part { tensor, part } => pred(*tensor, *part),
+        Content::ViewData { .. } => {
+            composed_of(tree, data, c).is_some_and(|f| f.entries.iter().any(|e| pred(e.tensor, 0)))
+        }
+        _ => false,
+    }
+}
+
 /// Part `pi` of tensor `ti` as one range of a local file: (the file, where
 /// the range starts, its length).
 fn clonable_range(data: &Data, ti: usize, pi: usize) -> Option<(&MappedFile, u64, u64)> {
@@ -1941,6 +1988,51 @@ mod passthrough_tests {
         assert_eq!((a.dev(), a.ino()), (s.dev(), s.ino()));
         assert_eq!(contents(&b), data);
         assert_eq!(fs.data().stats().backing_decoded.load(Relaxed), 1);
+        fs.release(fh);
+    }
+
+    /// A `.npy` view of a tensor that spills, under a `--decoded-cache-size`
+    /// too small for the spill and a backing file of the view side by
+    /// side: the view is served by the daemon from the spill, every time,
+    /// and its open never takes the room the spill needs.
+    #[test]
+    fn a_view_of_a_spilled_tensor_is_served_from_its_spill_when_both_do_not_fit() {
+        let dir = tempfile::tempdir().unwrap();
+        // Over half the 64 MiB cache: decoded into a spill file, 40 MB of
+        // a 60 MB bound.
+        let data: Vec<u8> = (0..40_000_000u32).map(|i| (i / 23 % 239) as u8).collect();
+        let fs = zstd_fs(dir.path(), &data, 60_000_000);
+        fs.set_passthrough(true);
+        let top = fs.lookup(ROOT, OsStr::new(".npy")).unwrap().ino;
+        let attr = fs.lookup(top, OsStr::new("z.npy")).unwrap();
+        let (npy, len) = (attr.ino, attr.size as usize);
+        for round in 0..2 {
+            let (fh, how) = fs.open(npy, false).unwrap();
+            assert!(matches!(how, Open::Served(_)), "round {round}: {how:?}");
+            let mut got = Vec::new();
+            while got.len() < len {
+                let at = got.len() as u64;
+                let bytes = fs.read(npy, fh, at, 1 << 20).unwrap_or_else(|e| {
+                    panic!("round {round}: read at {at}: errno {e}");
+                });
+                got.extend_from_slice(&bytes);
+                fs.served(at, bytes);
+            }
+            fs.write_behind.flush();
+            assert_eq!(&got[len - data.len()..], &data[..], "round {round}");
+            assert!(got.starts_with(b"\x93NUMPY"));
+            fs.release(fh);
+            filled(&fs);
+            assert!(fs.data().spilled(0, 0), "round {round}: the spill stays");
+        }
+        assert_eq!(fs.data().stats().errors.load(Relaxed), 0);
+        // The tensor's own file is backed by the spill itself.
+        let (z, fh) = open_z(&fs);
+        read_all(&fs, z, fh, data.len());
+        fs.release(fh);
+        filled(&fs);
+        let (fh, how) = fs.open(z, false).unwrap();
+        assert!(matches!(how, Open::Backed(_)), "{how:?}");
         fs.release(fh);
     }
 
