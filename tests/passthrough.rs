@@ -12,6 +12,7 @@ use std::io::Read;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use support::{Mount, Rng, run_with_timeout, wait_until};
@@ -209,8 +210,13 @@ fn a_decoded_tensor_is_passed_through_once_its_backing_file_is_filled() {
 
 /// A zTensor file of one float32 tensor `z` of 12 MiB in one zstd frame.
 fn write_one_frame(path: &Path) -> Vec<u8> {
+    write_one_frame_of(path, 12 << 20)
+}
+
+/// The same, of `len` bytes (a multiple of 4).
+fn write_one_frame_of(path: &Path, len: usize) -> Vec<u8> {
     let mut w = Writer::create(path).unwrap();
-    let want = support::compressible(7, 12 << 20);
+    let want = support::compressible(7, len);
     let one_frame = Options {
         compression: Compression::Zstd {
             level: 3,
@@ -218,7 +224,7 @@ fn write_one_frame(path: &Path) -> Vec<u8> {
         },
         ..Options::default()
     };
-    w.add("z", DType::Float32, &[3 << 20], &want, &one_frame)
+    w.add("z", DType::Float32, &[len as u64 / 4], &want, &one_frame)
         .unwrap();
     w.finish().unwrap();
     want
@@ -728,6 +734,112 @@ fn mount_on_xfs(m: &mut Mount, tensors: &[(&str, Vec<f32>)]) -> Option<(Xfs, Pat
     std::fs::create_dir(&cache).unwrap();
     m.mount(&src, &["--cache-dir", cache.to_str().unwrap()]);
     Some((xfs, src, cache))
+}
+
+/// Readers waiting on a decode that stalls (its `--cache-dir` frozen
+/// while a one-frame tensor is decoded into a file there) wait off the
+/// FUSE workers: with more of them than workers, the stats, a listing and
+/// a sidecar are answered meanwhile; thawed, each reader gets the right
+/// bytes.
+#[test]
+fn readers_waiting_on_a_stalled_decode_hold_no_worker() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let Some(xfs) = Xfs::new(m.dir.path()) else {
+        return;
+    };
+    let src = m.scratch_path("z.zt");
+    // Its decode takes long enough (a tenth of a second or more) to be
+    // caught by a freeze made once its first MiB is there; a decode that
+    // ends first is tried again on a new mount.
+    let want = Arc::new(write_one_frame_of(&src, 160 << 20));
+    let cache = xfs.dir.join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    let args = ["--cache-dir", cache.to_str().unwrap(), "--threads", "2"];
+    for _ in 0..4 {
+        m.mount(&src, &args);
+        let caught = readers_wait_on_a_frozen_decode(&m, &xfs.dir, &want);
+        m.unmount_ok();
+        if caught {
+            return;
+        }
+        eprintln!("the decode ended before the freeze; again on a new mount");
+    }
+    panic!("the decode ended before the freeze four times");
+}
+
+/// Reads the first MiB of `z`, freezes `frozen`, starts four readers of
+/// all of `z` (twice the mount's workers) and, once they wait, asks the
+/// mount for its stats, its root and a sidecar. False when the decode had
+/// ended before the freeze.
+fn readers_wait_on_a_frozen_decode(m: &Mount, frozen: &Path, want: &Arc<Vec<u8>>) -> bool {
+    let path = m.path("z");
+    let mut first = std::fs::File::open(&path).unwrap();
+    let mut head = vec![0u8; 1 << 20];
+    first.read_exact(&mut head).unwrap();
+    assert!(head == want[..head.len()]);
+    let ice = Frozen::new(frozen);
+    let (tx, rx) = std::sync::mpsc::channel();
+    for k in 0..4 {
+        let (tx, path, want) = (tx.clone(), path.clone(), want.clone());
+        std::thread::spawn(move || {
+            let got = std::fs::read(&path).map(|got| got == *want);
+            let _ = tx.send((k, got));
+        });
+    }
+    // Each question is asked on a thread of its own, so that a mount that
+    // does not answer fails the test instead of hanging it.
+    let answered = |what: &'static str, ask: Box<dyn FnOnce() -> bool + Send>| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(ask());
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(ok) => ok,
+            Err(_) => panic!("{what}: no answer while readers wait on the stalled decode"),
+        }
+    };
+    let stats = m.path(".ztensor/stats");
+    let waiting = move || {
+        let text = std::fs::read(&stats).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
+        v["reads_waiting"].as_u64().unwrap()
+    };
+    let four_wait = answered(
+        "the stats",
+        Box::new(move || support::wait_until(Duration::from_secs(5), || waiting() >= 4)),
+    );
+    if !four_wait {
+        // The decode ended before the freeze: the readers are done.
+        drop(ice);
+        for _ in 0..4 {
+            let (k, got) = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+            assert!(got.unwrap(), "reader {k}: wrong bytes");
+        }
+        return false;
+    }
+    let root = m.path("");
+    assert!(answered(
+        "the root",
+        Box::new(move || std::fs::read_dir(&root).unwrap().count() > 0),
+    ));
+    let sidecar = m.path("z.json");
+    assert!(answered(
+        "the sidecar",
+        Box::new(move || std::fs::read(&sidecar).is_ok_and(|t| !t.is_empty())),
+    ));
+    assert!(rx.try_recv().is_err(), "a reader ended while frozen");
+    drop(ice);
+    for _ in 0..4 {
+        let (k, got) = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("a reader still waits after the thaw");
+        assert!(got.unwrap(), "reader {k}: wrong bytes");
+    }
+    drop(first);
+    true
 }
 
 /// Mounts `src` with four FUSE workers and `--cache-dir` on `xfs`.

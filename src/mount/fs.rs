@@ -1152,6 +1152,23 @@ impl TensorFs {
         Ok(served)
     }
 
+    /// Whether a read of `size` bytes at `off` of file `ino` would wait
+    /// for a decode that another thread runs (see `Data::would_wait`).
+    pub fn would_wait(&self, ino: Ino, off: u64, size: u32) -> bool {
+        let Some(node) = self.tree.node(ino) else {
+            return false;
+        };
+        let Some((tensor, part, start, len)) = self.part_at(&node.kind, off, size as u64) else {
+            return false;
+        };
+        let from = off.max(start);
+        let end = off
+            .saturating_add(size as u64)
+            .min(start.saturating_add(len));
+        self.data
+            .would_wait(tensor, part, from - start, end.saturating_sub(from))
+    }
+
     /// After `read`'s bytes, read at `off`, went to the reader: writes
     /// them through to the file's backing file, if it has one coming (see
     /// [`Partial`]). Called once the reply is out, so the reader does not

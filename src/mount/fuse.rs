@@ -16,12 +16,20 @@ use fuser::{
 use super::backing::{Behind, Filled};
 use super::fs::{Attr, CacheMode, Kind, Open, TensorFs};
 use super::tree::Ino;
+use super::waiting::Waiting;
+use crate::serve::stats::Stats;
+use std::sync::atomic::Ordering::Relaxed;
 
 /// Nothing in the tree ever changes, so the kernel may keep what it learns.
 const TTL: Duration = Duration::from_secs(3600);
 
+/// Most reads waiting for a decode off the FUSE workers at once.
+const WAITING_READS: usize = 64;
+
 pub struct Adapter {
-    fs: TensorFs,
+    fs: Arc<TensorFs>,
+    /// Threads for reads that would wait for a decode (see [`Waiting`]).
+    waiting: Arc<Waiting>,
     uid: u32,
     gid: u32,
     time: SystemTime,
@@ -71,6 +79,16 @@ pub fn drop_cache_when_filled(hook: &Filled, behind: &Behind, notifier: fuser::N
     }
 }
 
+fn answer_read(fs: &TensorFs, i: Ino, fh: u64, offset: u64, size: u32, reply: ReplyData) {
+    match fs.read(i, fh, offset, size) {
+        Ok(bytes) => {
+            reply.data(&bytes);
+            fs.served(offset, bytes);
+        }
+        Err(e) => reply.error(err(e)),
+    }
+}
+
 /// Drops `len` bytes at `at` of inode `ino`'s page cache (0: to the end).
 fn drop_cache(notifier: &fuser::Notifier, ino: Ino, at: u64, len: u64) {
     let (Ok(at), Ok(len)) = (i64::try_from(at), i64::try_from(len)) else {
@@ -95,7 +113,8 @@ impl Adapter {
         no_passthrough: Option<String>,
     ) -> Adapter {
         Adapter {
-            fs,
+            fs: Arc::new(fs),
+            waiting: Waiting::new(WAITING_READS),
             uid,
             gid,
             time,
@@ -221,7 +240,11 @@ impl Filesystem for Adapter {
             log::warn!(
                 "this kernel cannot mmap files opened with direct I/O (needs 6.6); serving through the page cache"
             );
-            self.fs.use_page_cache();
+            // No request has come yet, so nothing else holds the fs.
+            match Arc::get_mut(&mut self.fs) {
+                Some(fs) => fs.use_page_cache(),
+                None => log::error!("cannot switch to the page cache: the mount is in use"),
+            }
         }
         // Best effort: each is only an optimisation, refused by older kernels.
         for flag in [
@@ -298,13 +321,24 @@ impl Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(ino(i), fh.0, offset, size) {
-            Ok(bytes) => {
-                reply.data(&bytes);
-                self.fs.served(offset, bytes);
+        let (i, fh) = (ino(i), fh.0);
+        // One that would wait for another thread's decode waits off the
+        // workers, so that a decode that stalls holds only its readers.
+        if self.fs.would_wait(i, offset, size) {
+            let stats = self.fs.data().stats();
+            Stats::add(&stats.reads_waited, 1);
+            Stats::add(&stats.reads_waiting, 1);
+            let fs = self.fs.clone();
+            let job = Box::new(move || {
+                answer_read(&fs, i, fh, offset, size, reply);
+                fs.data().stats().reads_waiting.fetch_sub(1, Relaxed);
+            });
+            if let Err(job) = self.waiting.hand_off(job) {
+                job();
             }
-            Err(e) => reply.error(err(e)),
+            return;
         }
+        answer_read(&self.fs, i, fh, offset, size, reply);
     }
 
     fn release(

@@ -17,6 +17,7 @@ pub mod fuse;
 mod priority;
 pub mod sidecar;
 pub mod tree;
+mod waiting;
 mod warmer;
 mod write_behind;
 

@@ -569,6 +569,19 @@ impl Cache {
         lock(&self.inner).lru.peek(&key).cloned()
     }
 
+    /// Whether a read of `key`'s unit up to byte `end` would wait now: the
+    /// unit is being decoded by another reader, or is still filling short
+    /// of `end`.
+    pub fn would_wait(&self, key: Key, end: usize) -> bool {
+        let inner = lock(&self.inner);
+        if inner.inflight.contains_key(&key) {
+            return true;
+        }
+        let unit = inner.lru.peek(&key).cloned();
+        drop(inner);
+        unit.is_some_and(|b| b.filling().is_some_and(|f| f.would_wait(end)))
+    }
+
     /// True if `key` is cached or being decoded.
     pub fn has(&self, key: Key) -> bool {
         let inner = lock(&self.inner);

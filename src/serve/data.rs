@@ -1577,6 +1577,47 @@ impl Data {
         (as_stored && whole && !matches!(b.codec, Codec::Raw)).then_some(p.blob)
     }
 
+    /// Whether a read of `len` bytes at `off` of part `pi` of tensor `ti`
+    /// would now wait for a decode that another thread runs (its unit
+    /// filling, in flight, or spilling short of them). False where that is
+    /// not known without work (a plan not made, a part gathered from
+    /// pieces): such a read goes as any other.
+    pub fn would_wait(&self, ti: usize, pi: usize, off: u64, len: u64) -> bool {
+        let Some(p) = self.part_of(ti, pi) else {
+            return false;
+        };
+        let PartMap::Contiguous { start } = p.map else {
+            return false;
+        };
+        let bi = p.blob;
+        let b = self.blob(bi);
+        if matches!(b.codec, Codec::Raw) {
+            return false;
+        }
+        let Some(Ok(plan)) = self.states.get(bi).and_then(|st| st.plan.get()) else {
+            return false;
+        };
+        let from = start.saturating_add(off).min(b.decoded_len);
+        let end = from.saturating_add(len).min(b.decoded_len);
+        match plan {
+            Plan::Whole { .. } => self.cache.would_wait((bi as u32, 0), end as usize),
+            Plan::Frames(frames) => {
+                let k = frame_at(frames, from);
+                let Some(f) = frames.get(k) else {
+                    return false;
+                };
+                let within = end.min(f.d_start + f.d_len).saturating_sub(f.d_start);
+                self.cache
+                    .would_wait((bi as u32, k as u32), within as usize)
+            }
+            Plan::Spill { .. } => self
+                .states
+                .get(bi)
+                .and_then(|st| super::lock(&st.spill).clone())
+                .is_some_and(|s| s.would_wait(end)),
+        }
+    }
+
     /// Whether part `pi` of tensor `ti` is read from a spill: a decoded
     /// copy on disk already, from which a backing file is filled without
     /// decoding again (and which a second copy would crowd on the disk).

@@ -178,6 +178,14 @@ impl Filling {
         unsafe { std::slice::from_raw_parts(self.map.as_ptr(), n) }
     }
 
+    /// Whether [`Self::wait`] for the first `end` bytes would wait now:
+    /// they are not written yet and the writer has not ended.
+    pub fn would_wait(&self, end: usize) -> bool {
+        let end = end.min(self.len);
+        self.filled.load(Ordering::Acquire) < end
+            && self.end.lock().unwrap_or_else(|e| e.into_inner()).is_none()
+    }
+
     /// Waits until the first `end` bytes are written (or the writer failed
     /// or gave up before them) and returns the bytes written so far.
     pub fn wait(&self, end: usize) -> Result<&[u8], String> {

@@ -506,6 +506,12 @@ impl Spill {
         self.cond.notify_all();
     }
 
+    /// Whether [`Self::read`] of the bytes before `need` would wait now.
+    pub fn would_wait(&self, need: u64) -> bool {
+        let g = lock(&self.progress);
+        g.1.is_none() && !(self.early && g.0 >= need)
+    }
+
     /// Decoded bytes `[at, at+out.len())`, once they are there.
     pub fn read(&self, at: u64, out: &mut [u8]) -> Result<(), ReadError> {
         let need = at + out.len() as u64;

@@ -41,6 +41,10 @@ pub struct Stats {
     pub write_behind_skipped_bytes: AtomicU64,
     /// 1 when the kernel takes backing files (passthrough), else 0.
     pub passthrough: AtomicU64,
+    /// Reads waiting now for a decode another thread runs (answered off
+    /// the FUSE workers), and all such reads since mount.
+    pub reads_waiting: AtomicU64,
+    pub reads_waited: AtomicU64,
 }
 
 /// Cache gauges, read at render time.
@@ -64,6 +68,8 @@ impl Stats {
         let mut v = json!({
             "bytes_served": self.bytes_served.load(Relaxed),
             "reads": self.reads.load(Relaxed),
+            "reads_waiting": self.reads_waiting.load(Relaxed),
+            "reads_waited": self.reads_waited.load(Relaxed),
             "cache_bytes": g.cache_bytes,
             "cache_peak_bytes": g.cache_peak_bytes,
             "cache_limit": g.cache_limit,
