@@ -757,10 +757,19 @@ fn readers_waiting_on_a_stalled_decode_hold_no_worker() {
     let want = Arc::new(write_one_frame_of(&src, 160 << 20));
     let cache = xfs.dir.join("cache");
     std::fs::create_dir(&cache).unwrap();
-    let args = ["--cache-dir", cache.to_str().unwrap(), "--threads", "2"];
+    // A cache that takes it whole: decoded into a file under the cache
+    // dir, not spilled.
+    let args = [
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--threads",
+        "2",
+        "--cache-size",
+        "1G",
+    ];
     for _ in 0..4 {
         m.mount(&src, &args);
-        let caught = readers_wait_on_a_frozen_decode(&m, &xfs.dir, &want);
+        let caught = readers_wait_on_a_frozen_decode(&m, &xfs.dir, &want, Freeze::AfterFirstMib);
         m.unmount_ok();
         if caught {
             return;
@@ -770,17 +779,66 @@ fn readers_waiting_on_a_stalled_decode_hold_no_worker() {
     panic!("the decode ended before the freeze four times");
 }
 
-/// Reads the first MiB of `z`, freezes `frozen`, starts four readers of
-/// all of `z` (twice the mount's workers) and, once they wait, asks the
-/// mount for its stats, its root and a sidecar. False when the decode had
-/// ended before the freeze.
-fn readers_wait_on_a_frozen_decode(m: &Mount, frozen: &Path, want: &Arc<Vec<u8>>) -> bool {
+/// The same for a tensor too big for the cache, whose spill file is
+/// being made on a `--cache-dir` frozen before any read: the first reader
+/// waits for that disk on its worker, the others off the workers.
+#[test]
+fn readers_waiting_on_a_spill_made_on_a_frozen_disk_hold_no_worker() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let Some(xfs) = Xfs::new(m.dir.path()) else {
+        return;
+    };
+    let src = m.scratch_path("z.zt");
+    let want = Arc::new(write_one_frame_of(&src, 48 << 20));
+    let cache = xfs.dir.join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    let dir = cache.to_str().unwrap();
+    let args = ["--cache-dir", dir, "--threads", "2", "--cache-size", "64M"];
+    m.mount(
+        &src,
+        &[&args[..], &["--decoded-cache-size", "200M"]].concat(),
+    );
+    assert!(readers_wait_on_a_frozen_decode(
+        &m,
+        &xfs.dir,
+        &want,
+        Freeze::First
+    ));
+    assert_eq!(m.stat_u64("spilled_tensors"), 1, "{}", m.stats());
+    m.unmount_ok();
+}
+
+/// When [`readers_wait_on_a_frozen_decode`] freezes the cache dir.
+#[derive(PartialEq)]
+enum Freeze {
+    /// Once the first MiB of `z` is read: four readers wait.
+    AfterFirstMib,
+    /// Before any read: the first reader waits on its worker, three off.
+    First,
+}
+
+/// Freezes `frozen` (after reading the first MiB of `z`, or first), starts
+/// four readers of all of `z` (twice the mount's workers) and, once they
+/// wait, asks the mount for its stats, its root and a sidecar. False when
+/// the decode had ended before the freeze.
+fn readers_wait_on_a_frozen_decode(
+    m: &Mount,
+    frozen: &Path,
+    want: &Arc<Vec<u8>>,
+    when: Freeze,
+) -> bool {
     let path = m.path("z");
     let mut first = std::fs::File::open(&path).unwrap();
-    let mut head = vec![0u8; 1 << 20];
-    first.read_exact(&mut head).unwrap();
-    assert!(head == want[..head.len()]);
+    if when == Freeze::AfterFirstMib {
+        let mut head = vec![0u8; 1 << 20];
+        first.read_exact(&mut head).unwrap();
+        assert!(head == want[..head.len()]);
+    }
     let ice = Frozen::new(frozen);
+    let waiting_readers = if when == Freeze::First { 3 } else { 4 };
     let (tx, rx) = std::sync::mpsc::channel();
     for k in 0..4 {
         let (tx, path, want) = (tx.clone(), path.clone(), want.clone());
@@ -798,7 +856,10 @@ fn readers_wait_on_a_frozen_decode(m: &Mount, frozen: &Path, want: &Arc<Vec<u8>>
         });
         match rx.recv_timeout(Duration::from_secs(20)) {
             Ok(ok) => ok,
-            Err(_) => panic!("{what}: no answer while readers wait on the stalled decode"),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                panic!("{what}: no answer while readers wait on the stalled decode")
+            }
+            Err(e) => panic!("{what}: the question failed (its panic is above): {e}"),
         }
     };
     let stats = m.path(".ztensor/stats");
@@ -809,7 +870,9 @@ fn readers_wait_on_a_frozen_decode(m: &Mount, frozen: &Path, want: &Arc<Vec<u8>>
     };
     let four_wait = answered(
         "the stats",
-        Box::new(move || support::wait_until(Duration::from_secs(5), || waiting() >= 4)),
+        Box::new(move || {
+            support::wait_until(Duration::from_secs(5), || waiting() >= waiting_readers)
+        }),
     );
     if !four_wait {
         // The decode ended before the freeze: the readers are done.

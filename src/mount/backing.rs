@@ -1195,15 +1195,15 @@ impl Backings {
         self.evict_one(&mut lock(&self.inner), false)
     }
 
-    /// Gives up the files that the reads of served opens of content
-    /// `mine` write through to: their tensor spills, and a tensor that
-    /// spills is never written there (the spill becomes the tensor's own
-    /// backing file, and a view's fill would read the spill back), so
-    /// their reservations only counted its bytes twice. Their reads write
-    /// nothing more, and read nothing back from them. `mine` is asked
-    /// outside the lock (a view's file may list 10^5 tensors). False
-    /// when there is none.
-    pub fn give_up_writing(&self, mine: impl Fn(&Content) -> bool) -> bool {
+    /// Gives up the files that the reads of served opens write through
+    /// to where `mine` (given the content and the file's length) says so:
+    /// files of a tensor that spills and that cannot be kept beside its
+    /// spill. A tensor that spills is never written there (the spill
+    /// becomes the tensor's own backing file, and a view's fill would read
+    /// the spill back). Their reads write nothing more, and read nothing
+    /// back from them. `mine` is asked outside the lock (a view's file may
+    /// list 10^5 tensors). False when there is none.
+    pub fn give_up_writing(&self, mine: impl Fn(&Content, u64) -> bool) -> bool {
         let writing: Vec<(Content, Arc<Partial>)> = lock(&self.inner)
             .slots
             .iter()
@@ -1213,7 +1213,7 @@ impl Backings {
             })
             .collect();
         let mut gave_up = false;
-        for (key, p) in writing.into_iter().filter(|(key, _)| mine(key)) {
+        for (key, p) in writing.into_iter().filter(|(key, p)| mine(key, p.len)) {
             let mut inner = lock(&self.inner);
             // Still the same reservation, not sealed by a close meanwhile.
             if !matches!(inner.slots.get(&key), Some(Slot::Writing(q)) if Arc::ptr_eq(q, &p)) {

@@ -277,7 +277,8 @@ impl TensorFs {
         let backings = Arc::new(Backings::new(opts.backing, stats, disk));
         let tree = Arc::new(tree);
         // A spill may take the share of the files being written of what
-        // reads it: its tensor's file, or a view's.
+        // shows its tensor (its own file, a view's) that could never be
+        // kept beside it.
         let (files, of, shown) = (
             Arc::downgrade(&backings),
             Arc::downgrade(&data),
@@ -289,10 +290,15 @@ impl TensorFs {
             else {
                 return false;
             };
-            files.give_up_writing(|c| {
-                any_part_of(&tree, &data, c, |t, p| {
-                    part_of(&data, t, p).is_some_and(|p| p.blob == bi)
-                })
+            // Only files that could never be kept beside the spill: others
+            // wait for idle spills and files to make room.
+            let disk = data.decoded_disk();
+            let decoded = data.catalog().blobs.get(bi).map_or(0, |b| b.decoded_len);
+            files.give_up_writing(|c, len| {
+                len.saturating_add(decoded) > disk.limit()
+                    && any_part_of(&tree, &data, c, |t, p| {
+                        part_of(&data, t, p).is_some_and(|p| p.blob == bi)
+                    })
             })
         }));
         // Filled files that need room may take an idle spill's share.
@@ -830,23 +836,19 @@ impl TensorFs {
     /// they show. Its fill reads those spills back, so room made by
     /// dropping them would only make them again; where both do not fit,
     /// the daemon serves the files from the spills.
+    /// (A fill reads a view's tensors one after another, so beside the
+    /// largest of their spills: the others may go while it runs.)
     fn fits_beside_spills(&self, c: &Content, len: u64) -> bool {
         let disk = self.data.decoded_disk();
         if len.saturating_add(disk.spills()) <= disk.limit() {
             return true;
         }
-        let mut spills = std::collections::HashSet::new();
+        let mut largest = 0;
         self.any_part(c, |t, p| {
-            if self.data.spilled(t, p)
-                && let Some(part) = self.part(t, p)
-            {
-                spills.insert(part.blob);
-            }
+            largest = largest.max(self.data.spill_len(t, p).unwrap_or(0));
             false
         });
-        let blobs = &self.data.catalog().blobs;
-        let spilled: u64 = spills.iter().map(|&b| blobs[b].decoded_len).sum();
-        len.saturating_add(spilled) <= disk.limit()
+        len.saturating_add(largest) <= disk.limit()
     }
 
     /// The source file as the backing of a view `l` that is that file,

@@ -79,6 +79,26 @@ pub fn drop_cache_when_filled(hook: &Filled, behind: &Behind, notifier: fuser::N
     }
 }
 
+/// A read that waits for another thread's decode, counted in
+/// `.ztensor/stats` while it waits (the count goes down however the job
+/// ends: answered, panicked or dropped unrun).
+struct Waits(Arc<TensorFs>);
+
+impl Waits {
+    fn count(fs: &Arc<TensorFs>) -> Waits {
+        let stats = fs.data().stats();
+        Stats::add(&stats.reads_waited, 1);
+        Stats::add(&stats.reads_waiting, 1);
+        Waits(fs.clone())
+    }
+}
+
+impl Drop for Waits {
+    fn drop(&mut self) {
+        self.0.data().stats().reads_waiting.fetch_sub(1, Relaxed);
+    }
+}
+
 fn answer_read(fs: &TensorFs, i: Ino, fh: u64, offset: u64, size: u32, reply: ReplyData) {
     match fs.read(i, fh, offset, size) {
         Ok(bytes) => {
@@ -325,13 +345,10 @@ impl Filesystem for Adapter {
         // One that would wait for another thread's decode waits off the
         // workers, so that a decode that stalls holds only its readers.
         if self.fs.would_wait(i, offset, size) {
-            let stats = self.fs.data().stats();
-            Stats::add(&stats.reads_waited, 1);
-            Stats::add(&stats.reads_waiting, 1);
-            let fs = self.fs.clone();
+            let (fs, counted) = (self.fs.clone(), Waits::count(&self.fs));
             let job = Box::new(move || {
+                let _counted = counted;
                 answer_read(&fs, i, fh, offset, size, reply);
-                fs.data().stats().reads_waiting.fetch_sub(1, Relaxed);
             });
             if let Err(job) = self.waiting.hand_off(job) {
                 job();

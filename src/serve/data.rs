@@ -229,9 +229,10 @@ pub struct Data {
     /// backing file no open holds) when a spill does not fit; true when it
     /// freed something.
     free_disk: OnceLock<FreeDisk>,
-    /// Asked to give up what was reserved beside the spill of a blob (a
-    /// file its tensor's reads would have written through to, never
-    /// written: the spill becomes its backing file); true when it did.
+    /// Asked to give up what was reserved beside the spill of a blob: the
+    /// files that reads of its tensor's files write through to and that
+    /// could never sit beside the spill (their fill would read the spill
+    /// back); true when it did.
     give_up: OnceLock<Box<dyn Fn(usize) -> bool + Send + Sync>>,
     /// The bound spills share with filled backing files
     /// (`--decoded-cache-size`).
@@ -1515,8 +1516,13 @@ impl Data {
     pub fn decoded_file(&self, ti: usize, pi: usize) -> Option<DecodedFile> {
         let bi = self.whole_blob_part(ti, pi)?;
         // The file first: most opens find none, and the source's check
-        // below is a stat.
-        let spill = super::lock(&self.states[bi].spill).clone();
+        // below is a stat. A slot held is a spill being made (on a disk
+        // that may not answer), so not complete: an open does not wait.
+        let spill = match self.states[bi].spill.try_lock() {
+            Ok(slot) => slot.clone(),
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().clone(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
         let len = self.blob(bi).decoded_len;
         let found = match spill {
             Some(s) => DecodedFile {
@@ -1610,21 +1616,43 @@ impl Data {
                 self.cache
                     .would_wait((bi as u32, k as u32), within as usize)
             }
+            // A slot held is a spill being made (its file created, its
+            // room found), which a read would wait for: on a disk that
+            // does not answer, for as long as it does not.
             Plan::Spill { .. } => self
                 .states
                 .get(bi)
-                .and_then(|st| super::lock(&st.spill).clone())
-                .is_some_and(|s| s.would_wait(end)),
+                .is_some_and(|st| match st.spill.try_lock() {
+                    Ok(slot) => slot.as_ref().is_some_and(|s| s.would_wait(end)),
+                    Err(std::sync::TryLockError::Poisoned(e)) => {
+                        e.into_inner().as_ref().is_some_and(|s| s.would_wait(end))
+                    }
+                    Err(std::sync::TryLockError::WouldBlock) => true,
+                }),
         }
     }
 
     /// Whether part `pi` of tensor `ti` is read from a spill: a decoded
-    /// copy on disk already, from which a backing file is filled without
-    /// decoding again (and which a second copy would crowd on the disk).
+    /// copy on disk already (or being made), from which a backing file is
+    /// filled without decoding again (and which a second copy would crowd
+    /// on the disk).
     pub fn spilled(&self, ti: usize, pi: usize) -> bool {
-        let blob = self.part_of(ti, pi).map(|p| p.blob);
-        blob.and_then(|bi| self.states.get(bi))
-            .is_some_and(|st| super::lock(&st.spill).is_some())
+        self.spill_len(ti, pi).is_some()
+    }
+
+    /// The decoded size of the spill part `pi` of tensor `ti` is read from
+    /// now or soon (one being made counts), without waiting for its slot,
+    /// which a spill being made holds while it finds room and creates its
+    /// file (on a disk that may not answer): `None` when it has none.
+    pub fn spill_len(&self, ti: usize, pi: usize) -> Option<u64> {
+        let bi = self.part_of(ti, pi)?.blob;
+        let st = self.states.get(bi)?;
+        let spilled = match st.spill.try_lock() {
+            Ok(slot) => slot.is_some(),
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().is_some(),
+            Err(std::sync::TryLockError::WouldBlock) => true,
+        };
+        spilled.then(|| self.blob(bi).decoded_len)
     }
 
     /// The disk bound spills share with the mount's backing files.
@@ -1851,9 +1879,9 @@ impl Data {
         }
     }
 
-    /// Blob `bi`'s spill's share of `--decoded-cache-size`, once its
-    /// tensor's unwritten write-through file, idle spills and idle backing
-    /// files have made room for it; `None` when they cannot. A reader that
+    /// Blob `bi`'s spill's share of `--decoded-cache-size`, once the
+    /// write-through files of its tensor's files that could never sit
+    /// beside it, idle spills and idle backing files have made room for it; `None` when they cannot. A reader that
     /// has just closed a spilled tensor may not have let go of its spill
     /// yet (the kernel sends the release after close returns): that is
     /// waited for a moment (half a second, with the tensor's spill slot
@@ -1865,8 +1893,8 @@ impl Data {
             if let Some(charge) = self.disk.charge_spill(decoded) {
                 return Some(charge);
             }
-            // Its own tensor's unwritten file costs nothing to give up;
-            // others' idle files are worth keeping.
+            // Files of its own tensor that could never be kept beside it
+            // are given up first; others' idle files are worth keeping.
             let freed = self.give_up.get().is_some_and(|give_up| give_up(bi))
                 || self.drop_spills_until(bi, fits)
                 || self.free_disk.get().is_some_and(|free| free());
