@@ -317,6 +317,63 @@ fn a_spilled_tensors_npy_is_served_from_its_spill_where_a_copy_would_not_fit() {
     assert_killed_leaving_nothing(m, &cache);
 }
 
+/// A reader part way through a spilled tensor keeps its spill: another
+/// tensor whose spill does not fit beside it waits for it instead of
+/// taking its room, which would leave the first reader to fail in the
+/// middle of its file; once the first reader has had every byte, the
+/// other is served.
+#[test]
+fn a_spill_part_read_is_not_dropped_for_another() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("ab.zt");
+    let mut w = Writer::create(&src).unwrap();
+    let one_frame = Options {
+        compression: Compression::Zstd {
+            level: 3,
+            frame_size: 0,
+        },
+        ..Options::default()
+    };
+    let (a, b) = (
+        support::compressible(41, 12 << 20),
+        support::compressible(42, 12 << 20),
+    );
+    for (name, v) in [("a", &a), ("b", &b)] {
+        w.add(name, DType::Float32, &[3 << 20], v, &one_frame)
+            .unwrap();
+    }
+    w.finish().unwrap();
+    let cache = m.scratch_path("cache");
+    std::fs::create_dir(&cache).unwrap();
+    let dir = cache.to_str().unwrap();
+    // Each spills (over half the cache); one spill fits, not two.
+    let opts = ["--cache-size", "16M", "--decoded-cache-size", "20M"];
+    m.mount(&src, &[&opts[..], &["--cache-dir", dir]].concat());
+    let mut fa = std::fs::File::open(m.path("a")).unwrap();
+    let mut got = vec![0u8; 1 << 20];
+    fa.read_exact(&mut got).unwrap();
+    // `b` waits for `a`'s reader, which goes on meanwhile.
+    let path = m.path("b");
+    let reader = std::thread::spawn(move || std::fs::read(path));
+    assert!(
+        support::wait_until(Duration::from_secs(10), || m.stat_u64("spill_room_waits")
+            >= 1),
+        "{}",
+        m.stats()
+    );
+    fa.read_to_end(&mut got).unwrap();
+    assert!(got == a, "a's bytes");
+    let got_b = reader.join().unwrap().expect("b, once a's reader is done");
+    assert!(got_b == b, "b's bytes");
+    drop(fa);
+    assert_eq!(m.stat_u64("errors"), 0, "{}", m.stats());
+    assert_eq!(m.stat_u64("decompressions"), 2, "{}", m.stats());
+    m.unmount_ok();
+}
+
 #[test]
 fn opens_while_a_backing_file_fills_get_the_same_bytes() {
     let _s = support::serial();

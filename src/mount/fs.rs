@@ -147,6 +147,11 @@ struct OpenFile {
     /// The backing file its reads write through to, when the daemon
     /// serves it and its bytes take work.
     partial: Option<Arc<Partial>>,
+    /// The spill its reads come from, held while it is read (see
+    /// [`TensorFs::hold_spill`]): (tensor, part, the hold).
+    reading: Option<(usize, usize, crate::serve::data::Hold)>,
+    /// Bytes served through it.
+    read: u64,
 }
 
 /// Open handles of tensor and view files.
@@ -616,6 +621,8 @@ impl TensorFs {
                     ino,
                     backing: None,
                     partial: None,
+                    reading: None,
+                    read: 0,
                 };
                 if let Some(b) = backing.filter(|_| !opens.served.contains_key(&ino)) {
                     self.backings.opened(&b);
@@ -1130,6 +1137,15 @@ impl TensorFs {
             NodeKind::File(Content::Part { .. } | Content::ViewData { .. })
         )
         .then(|| self.backings.activity().begin());
+        // The tensor part it reads, and the file's length, for the hold
+        // on its spill.
+        let part = match &node.kind {
+            NodeKind::File(c @ (Content::Part { .. } | Content::ViewData { .. })) => self
+                .part_at(&node.kind, off, size as u64)
+                .map(|(t, p, ..)| (t, p, self.size_of(ino, c))),
+            _ => None,
+        };
+        self.let_go_of_other_spills(fh, part.map(|(t, p, _)| (t, p)));
         let partial = self.partial(fh).filter(|(i, _)| *i == ino).map(|(_, p)| p);
         let written = partial
             .as_ref()
@@ -1150,8 +1166,47 @@ impl TensorFs {
         if let Some(ino) = opens.by_fh.get(&fh).map(|o| o.ino) {
             *opens.served_bytes.entry(ino).or_default() += served.len() as u64;
         }
+        let done = opens.by_fh.get_mut(&fh).and_then(|o| {
+            o.read += served.len() as u64;
+            self.hold_spill(o, part)
+        });
         drop(opens);
+        drop(done);
         Ok(served)
+    }
+
+    /// Has open `o`, which read part `part` last (tensor, part, the file's
+    /// length), hold that part's spill until it has been served as many
+    /// bytes as its file holds (or is closed): a spill no reader holds may go to make room for another,
+    /// and a reader part way through its file would then find its own
+    /// spill gone, and maybe no room to make it again. What it lets go of
+    /// is returned, to be dropped outside the lock.
+    fn hold_spill(
+        &self,
+        o: &mut OpenFile,
+        part: Option<(usize, usize, u64)>,
+    ) -> Option<(usize, usize, crate::serve::data::Hold)> {
+        let (t, p, len) = part?;
+        if o.read >= len {
+            return o.reading.take();
+        }
+        if o.reading.is_none() {
+            o.reading = self.data.spill_hold(t, p).map(|h| (t, p, h));
+        }
+        None
+    }
+
+    /// Before open `fh` reads part `part`: lets go of the spill of another
+    /// part it held (a view's file of several tensors read in order), so
+    /// that holding it cannot keep this part's spill from being made.
+    fn let_go_of_other_spills(&self, fh: u64, part: Option<(usize, usize)>) {
+        let mut opens = super::lock(&self.opens);
+        let other = opens.by_fh.get_mut(&fh).and_then(|o| {
+            let same = o.reading.as_ref().map(|(t, p, _)| (*t, *p)) == part;
+            if same { None } else { o.reading.take() }
+        });
+        drop(opens);
+        drop(other);
     }
 
     /// Whether a read of `size` bytes at `off` of file `ino` would wait

@@ -1632,6 +1632,15 @@ impl Data {
         }
     }
 
+    /// A hold on the spill part `pi` of tensor `ti` is read from, when it
+    /// has one now: while held, the spill is in use and is not dropped for
+    /// room. Taken without waiting for its slot (`None` while it is held).
+    pub fn spill_hold(&self, ti: usize, pi: usize) -> Option<Hold> {
+        let bi = self.part_of(ti, pi)?.blob;
+        let spill = self.states.get(bi)?.spill.try_lock().ok()?.clone()?;
+        Some(Hold { _spill: spill })
+    }
+
     /// Whether part `pi` of tensor `ti` is read from a spill: a decoded
     /// copy on disk already (or being made), from which a backing file is
     /// filled without decoding again (and which a second copy would crowd
@@ -1881,14 +1890,15 @@ impl Data {
 
     /// Blob `bi`'s spill's share of `--decoded-cache-size`, once the
     /// write-through files of its tensor's files that could never sit
-    /// beside it, idle spills and idle backing files have made room for it; `None` when they cannot. A reader that
-    /// has just closed a spilled tensor may not have let go of its spill
-    /// yet (the kernel sends the release after close returns): that is
-    /// waited for a moment (half a second, with the tensor's spill slot
-    /// held, so not long).
+    /// beside it, idle spills and idle backing files have made room for
+    /// it; `None` when they cannot. Spills that readers hold (a file part
+    /// way read, or just closed: the kernel sends the release after close
+    /// returns) are waited for, up to [`SPILL_ROOM_WAIT`]: their readers
+    /// let go of them once they have every byte.
     fn charge_for_spill(&self, bi: usize, decoded: u64) -> Option<SpillCharge> {
         let fits = || self.disk.used().saturating_add(decoded) <= self.disk.limit();
-        let until = std::time::Instant::now() + std::time::Duration::from_millis(500);
+        let until = std::time::Instant::now() + SPILL_ROOM_WAIT;
+        let mut waited = false;
         loop {
             if let Some(charge) = self.disk.charge_spill(decoded) {
                 return Some(charge);
@@ -1903,6 +1913,10 @@ impl Data {
             }
             if std::time::Instant::now() >= until || !self.spills_read_now(bi) {
                 return None;
+            }
+            if !waited {
+                Stats::add(&self.stats.spill_room_waits, 1);
+                waited = true;
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
@@ -2025,6 +2039,16 @@ impl Drop for Discard<'_> {
             self.cache.discard(self.key, self.buf);
         }
     }
+}
+
+/// Longest a spill that does not fit waits for spills other readers hold
+/// (with its tensor's spill slot held: its other readers wait off the
+/// FUSE workers, and opens do not wait for it).
+const SPILL_ROOM_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A spill held by a reader between its reads (see [`Data::spill_hold`]).
+pub struct Hold {
+    _spill: Arc<Spill>,
 }
 
 /// A blob decoded as one unit lives in the cache if it takes at most half.

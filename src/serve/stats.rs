@@ -19,6 +19,8 @@ pub struct Stats {
     pub spilled_bytes: AtomicU64,
     /// Finished spills dropped to make room (disk or descriptors) for others.
     pub spill_evictions: AtomicU64,
+    /// Spills that waited for room that spills other readers held.
+    pub spill_room_waits: AtomicU64,
     /// Opens answered with a backing file: the kernel reads those itself,
     /// and `reads` does not count their reads.
     pub passthrough_opens: AtomicU64,
@@ -85,6 +87,7 @@ impl Stats {
             "spilled_tensors": self.spilled_tensors.load(Relaxed),
             "spilled_bytes": self.spilled_bytes.load(Relaxed),
             "spill_evictions": self.spill_evictions.load(Relaxed),
+            "spill_room_waits": self.spill_room_waits.load(Relaxed),
             "passthrough": self.passthrough.load(Relaxed) == 1,
             "passthrough_opens": self.passthrough_opens.load(Relaxed),
             "fuse_opens": self.fuse_opens.load(Relaxed),
