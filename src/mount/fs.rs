@@ -152,6 +152,8 @@ struct OpenFile {
     reading: Option<(usize, usize, crate::serve::data::Hold)>,
     /// Bytes served through it.
     read: u64,
+    /// When it was last read.
+    last_read: std::time::Instant,
 }
 
 /// Open handles of tensor and view files.
@@ -188,7 +190,9 @@ pub struct TensorFs {
     write_behind: super::write_behind::WriteBehind,
     /// Whether the kernel takes backing files (set once it said so).
     passthrough: std::sync::atomic::AtomicBool,
-    opens: Mutex<Opens>,
+    /// Shared with the data layer's hook that lets go of idle readers'
+    /// spills (see [`let_go_of_idle_spills`]).
+    opens: Arc<Mutex<Opens>>,
     direct_io: bool,
     /// Sizes of generated files, computed on first stat: of the nodes
     /// made at mount, then (made with them) of the views' mirrors.
@@ -281,20 +285,28 @@ impl TensorFs {
         disk.set_limit(opts.backing.limit);
         let backings = Arc::new(Backings::new(opts.backing, stats, disk));
         let tree = Arc::new(tree);
+        let opens = Arc::new(Mutex::new(Opens::default()));
         // A spill may take the share of the files being written of what
         // shows its tensor (its own file, a view's) that could never be
-        // kept beside it.
-        let (files, of, shown) = (
+        // kept beside it, and of the spills idle readers hold.
+        let (files, of, shown, readers) = (
             Arc::downgrade(&backings),
             Arc::downgrade(&data),
             Arc::downgrade(&tree),
+            Arc::downgrade(&opens),
         );
         data.on_spill_reserved(Box::new(move |bi| {
-            let (Some(files), Some(data), Some(tree)) =
-                (files.upgrade(), of.upgrade(), shown.upgrade())
-            else {
+            let (Some(files), Some(data), Some(tree), Some(readers)) = (
+                files.upgrade(),
+                of.upgrade(),
+                shown.upgrade(),
+                readers.upgrade(),
+            ) else {
                 return false;
             };
+            if let_go_of_idle_spills(&readers) {
+                return true;
+            }
             // Only files that could never be kept beside the spill: others
             // wait for idle spills and files to make room.
             let disk = data.decoded_disk();
@@ -321,7 +333,7 @@ impl TensorFs {
             backings,
             write_behind,
             passthrough: std::sync::atomic::AtomicBool::new(false),
-            opens: Mutex::default(),
+            opens,
             xattrs: opts.xattrs,
             tree,
             data,
@@ -623,6 +635,7 @@ impl TensorFs {
                     partial: None,
                     reading: None,
                     read: 0,
+                    last_read: std::time::Instant::now(),
                 };
                 if let Some(b) = backing.filter(|_| !opens.served.contains_key(&ino)) {
                     self.backings.opened(&b);
@@ -1168,6 +1181,7 @@ impl TensorFs {
         }
         let done = opens.by_fh.get_mut(&fh).and_then(|o| {
             o.read += served.len() as u64;
+            o.last_read = std::time::Instant::now();
             self.hold_spill(o, part)
         });
         drop(opens);
@@ -1508,6 +1522,28 @@ impl TensorFs {
 
 fn part_of(data: &Data, ti: usize, pi: usize) -> Option<&Part> {
     data.catalog().tensors.get(ti)?.parts.as_ref().ok()?.get(pi)
+}
+
+/// How long an open that holds a spill may go without a read before the
+/// spill is let go of when another needs its room: a reader part way
+/// through a file reads again within it; an open kept after a peek, or a
+/// mapping touched here and there, does not.
+const HOLD_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Lets go of the spills held by opens not read for [`HOLD_IDLE`]; true
+/// when it let go of one.
+fn let_go_of_idle_spills(opens: &Mutex<Opens>) -> bool {
+    let mut idle = Vec::new();
+    {
+        let mut opens = super::lock(opens);
+        for o in opens.by_fh.values_mut() {
+            if o.reading.is_some() && o.last_read.elapsed() >= HOLD_IDLE {
+                idle.extend(o.reading.take());
+            }
+        }
+    }
+    // Dropped outside the lock: the last hold of a dropped spill closes it.
+    !idle.is_empty()
 }
 
 /// What file `c` is made of, when it is a view's file of tensors' bytes.

@@ -2044,7 +2044,7 @@ impl Drop for Discard<'_> {
 /// Longest a spill that does not fit waits for spills other readers hold
 /// (with its tensor's spill slot held: its other readers wait off the
 /// FUSE workers, and opens do not wait for it).
-const SPILL_ROOM_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+const SPILL_ROOM_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A spill held by a reader between its reads (see [`Data::spill_hold`]).
 pub struct Hold {
