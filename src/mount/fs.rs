@@ -148,7 +148,7 @@ struct OpenFile {
     /// serves it and its bytes take work.
     partial: Option<Arc<Partial>>,
     /// The spill its reads come from, held while it is read (see
-    /// [`TensorFs::hold_spill`]): (tensor, part, the hold).
+    /// `TensorFs::hold_spill`): (tensor, part, the hold).
     reading: Option<(usize, usize, crate::serve::data::Hold)>,
     /// Bytes served through it.
     read: u64,
@@ -1191,10 +1191,11 @@ impl TensorFs {
 
     /// Has open `o`, which read part `part` last (tensor, part, the file's
     /// length), hold that part's spill until it has been served as many
-    /// bytes as its file holds (or is closed): a spill no reader holds may go to make room for another,
-    /// and a reader part way through its file would then find its own
-    /// spill gone, and maybe no room to make it again. What it lets go of
-    /// is returned, to be dropped outside the lock.
+    /// bytes as its file holds (or is closed, or idle: see
+    /// [`let_go_of_idle_spills`]). A spill no reader holds may go to make
+    /// room for another, and a reader part way through its file would
+    /// then find its own spill gone, and maybe no room to make it again.
+    /// What it lets go of is returned, to be dropped outside the lock.
     fn hold_spill(
         &self,
         o: &mut OpenFile,
