@@ -831,33 +831,20 @@ fn mount_on_xfs(m: &mut Mount, tensors: &[(&str, Vec<f32>)]) -> Option<(Xfs, Pat
 #[test]
 fn readers_waiting_on_a_stalled_decode_hold_no_worker() {
     let _s = support::serial();
-    let Some(mut m) = Mount::scratch() else {
-        return;
-    };
-    let Some(xfs) = Xfs::new(m.dir.path()) else {
-        return;
-    };
-    let src = m.scratch_path("z.zt");
     // Its decode takes long enough (a tenth of a second or more) to be
     // caught by a freeze made once its first MiB is there; a decode that
     // ends first is tried again on a new mount.
-    let want = Arc::new(write_one_frame_of(&src, 160 << 20));
-    let cache = xfs.dir.join("cache");
-    std::fs::create_dir(&cache).unwrap();
+    let Some(mut st) = Stall::new(160 << 20) else {
+        return;
+    };
     // A cache that takes it whole: decoded into a file under the cache
     // dir, not spilled.
-    let args = [
-        "--cache-dir",
-        cache.to_str().unwrap(),
-        "--threads",
-        "2",
-        "--cache-size",
-        "1G",
-    ];
+    let args = Stall::args(&st.cache, "1G");
     for _ in 0..4 {
-        m.mount(&src, &args);
-        let caught = readers_wait_on_a_frozen_decode(&m, &xfs.dir, &want, Freeze::AfterFirstMib);
-        m.unmount_ok();
+        st.m.mount(&st.src, &args);
+        let caught =
+            readers_wait_on_a_frozen_decode(&st.m, &st.xfs.dir, &st.want, Freeze::AfterFirstMib);
+        st.m.unmount_ok();
         if caught {
             return;
         }
@@ -872,30 +859,57 @@ fn readers_waiting_on_a_stalled_decode_hold_no_worker() {
 #[test]
 fn readers_waiting_on_a_spill_made_on_a_frozen_disk_hold_no_worker() {
     let _s = support::serial();
-    let Some(mut m) = Mount::scratch() else {
+    let Some(mut st) = Stall::new(48 << 20) else {
         return;
     };
-    let Some(xfs) = Xfs::new(m.dir.path()) else {
-        return;
-    };
-    let src = m.scratch_path("z.zt");
-    let want = Arc::new(write_one_frame_of(&src, 48 << 20));
-    let cache = xfs.dir.join("cache");
-    std::fs::create_dir(&cache).unwrap();
-    let dir = cache.to_str().unwrap();
-    let args = ["--cache-dir", dir, "--threads", "2", "--cache-size", "64M"];
-    m.mount(
-        &src,
-        &[&args[..], &["--decoded-cache-size", "200M"]].concat(),
-    );
+    let args = Stall::args(&st.cache, "64M");
+    let more = ["--decoded-cache-size", "200M"];
+    st.m.mount(&st.src, &[&args[..], &more[..]].concat());
     assert!(readers_wait_on_a_frozen_decode(
-        &m,
-        &xfs.dir,
-        &want,
+        &st.m,
+        &st.xfs.dir,
+        &st.want,
         Freeze::First
     ));
-    assert_eq!(m.stat_u64("spilled_tensors"), 1, "{}", m.stats());
-    m.unmount_ok();
+    assert_eq!(st.m.stat_u64("spilled_tensors"), 1, "{}", st.m.stats());
+    st.m.unmount_ok();
+}
+
+/// A scratch mount, a loop-mounted XFS for its cache dir, and a one-frame
+/// tensor `z` of `len` bytes to mount: what the stall tests share.
+struct Stall {
+    m: Mount,
+    xfs: Xfs,
+    src: PathBuf,
+    want: Arc<Vec<u8>>,
+    /// The cache dir, on the XFS.
+    cache: String,
+}
+
+impl Stall {
+    /// The mount's options: the cache dir `cache`, two FUSE workers, and
+    /// `--cache-size cache_size`.
+    fn args<'a>(cache: &'a str, cache_size: &'a str) -> Vec<&'a str> {
+        let threads = ["--threads", "2", "--cache-size", cache_size];
+        [&["--cache-dir", cache][..], &threads[..]].concat()
+    }
+
+    fn new(len: usize) -> Option<Stall> {
+        let m = Mount::scratch()?;
+        let xfs = Xfs::new(m.dir.path())?;
+        let src = m.scratch_path("z.zt");
+        let want = Arc::new(write_one_frame_of(&src, len));
+        let cache = xfs.dir.join("cache");
+        std::fs::create_dir(&cache).unwrap();
+        let cache = cache.to_str().unwrap().to_string();
+        Some(Stall {
+            m,
+            xfs,
+            src,
+            want,
+            cache,
+        })
+    }
 }
 
 /// When [`readers_wait_on_a_frozen_decode`] freezes the cache dir.

@@ -1584,10 +1584,13 @@ impl Data {
     }
 
     /// Whether a read of `len` bytes at `off` of part `pi` of tensor `ti`
-    /// would now wait for a decode that another thread runs (its unit
-    /// filling, in flight, or spilling short of them). False where that is
-    /// not known without work (a plan not made, a part gathered from
-    /// pieces): such a read goes as any other.
+    /// may now wait for a decode that another thread runs (its unit
+    /// filling, in flight, or spilling short of them), or for a spill's
+    /// disk. True too where its blob's plan is not made yet or its spill
+    /// not started: the first readers of a blob arrive together, and all
+    /// but one wait for that one's plan, checks and spill. False for raw
+    /// bytes and parts gathered from pieces: such a read goes as any
+    /// other.
     pub fn would_wait(&self, ti: usize, pi: usize, off: u64, len: u64) -> bool {
         let Some(p) = self.part_of(ti, pi) else {
             return false;
@@ -1601,7 +1604,7 @@ impl Data {
             return false;
         }
         let Some(Ok(plan)) = self.states.get(bi).and_then(|st| st.plan.get()) else {
-            return false;
+            return true;
         };
         let from = start.saturating_add(off).min(b.decoded_len);
         let end = from.saturating_add(len).min(b.decoded_len);
@@ -1618,14 +1621,15 @@ impl Data {
             }
             // A slot held is a spill being made (its file created, its
             // room found), which a read would wait for: on a disk that
-            // does not answer, for as long as it does not.
+            // does not answer, for as long as it does not. An empty one is
+            // a spill to make.
             Plan::Spill { .. } => self
                 .states
                 .get(bi)
                 .is_some_and(|st| match st.spill.try_lock() {
-                    Ok(slot) => slot.as_ref().is_some_and(|s| s.would_wait(end)),
+                    Ok(slot) => slot.as_ref().is_none_or(|s| s.would_wait(end)),
                     Err(std::sync::TryLockError::Poisoned(e)) => {
-                        e.into_inner().as_ref().is_some_and(|s| s.would_wait(end))
+                        e.into_inner().as_ref().is_none_or(|s| s.would_wait(end))
                     }
                     Err(std::sync::TryLockError::WouldBlock) => true,
                 }),
