@@ -307,12 +307,15 @@ impl TensorFs {
             if let_go_of_idle_spills(&readers) {
                 return true;
             }
-            // Only files that could never be kept beside the spill: others
-            // wait for idle spills and files to make room.
+            // The tensor's own file (never written: the spill becomes its
+            // backing), and views' files that could never be kept beside
+            // the spill; others wait for idle spills and files to make room.
             let disk = data.decoded_disk();
             let decoded = data.catalog().blobs.get(bi).map_or(0, |b| b.decoded_len);
             files.give_up_writing(|c, len| {
-                len.saturating_add(decoded) > disk.limit()
+                let never =
+                    matches!(c, Content::Part { .. }) || len.saturating_add(decoded) > disk.limit();
+                never
                     && any_part_of(&tree, &data, c, |t, p| {
                         part_of(&data, t, p).is_some_and(|p| p.blob == bi)
                     })

@@ -1603,11 +1603,16 @@ impl Data {
         if matches!(b.codec, Codec::Raw) {
             return false;
         }
+        let from = start.saturating_add(off).min(b.decoded_len);
+        let end = from.saturating_add(len).min(b.decoded_len);
+        // Made whole by its reader, into the cache or a spill: no plan.
+        if matches!(b.codec, Codec::Computed(_)) {
+            return self.cache.would_wait((bi as u32, 0), end as usize)
+                || self.spill_would_wait(bi, end, false);
+        }
         let Some(Ok(plan)) = self.states.get(bi).and_then(|st| st.plan.get()) else {
             return true;
         };
-        let from = start.saturating_add(off).min(b.decoded_len);
-        let end = from.saturating_add(len).min(b.decoded_len);
         match plan {
             Plan::Whole { .. } => self.cache.would_wait((bi as u32, 0), end as usize),
             Plan::Frames(frames) => {
@@ -1619,21 +1624,24 @@ impl Data {
                 self.cache
                     .would_wait((bi as u32, k as u32), within as usize)
             }
-            // A slot held is a spill being made (its file created, its
-            // room found), which a read would wait for: on a disk that
-            // does not answer, for as long as it does not. An empty one is
-            // a spill to make.
-            Plan::Spill { .. } => self
-                .states
-                .get(bi)
-                .is_some_and(|st| match st.spill.try_lock() {
-                    Ok(slot) => slot.as_ref().is_none_or(|s| s.would_wait(end)),
-                    Err(std::sync::TryLockError::Poisoned(e)) => {
-                        e.into_inner().as_ref().is_none_or(|s| s.would_wait(end))
-                    }
-                    Err(std::sync::TryLockError::WouldBlock) => true,
-                }),
+            // An empty slot is a spill to make.
+            Plan::Spill { .. } => self.spill_would_wait(bi, end, true),
         }
+    }
+
+    /// Whether a read of blob `bi`'s spill up to `end` would wait now;
+    /// `empty` when it has none. A slot held is a spill being made (its
+    /// file created, its room found), which a read would wait for: on a
+    /// disk that does not answer, for as long as it does not.
+    fn spill_would_wait(&self, bi: usize, end: u64, empty: bool) -> bool {
+        let waits = |slot: &Option<Arc<Spill>>| slot.as_ref().map_or(empty, |s| s.would_wait(end));
+        self.states
+            .get(bi)
+            .is_some_and(|st| match st.spill.try_lock() {
+                Ok(slot) => waits(&slot),
+                Err(std::sync::TryLockError::Poisoned(e)) => waits(&e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => true,
+            })
     }
 
     /// A hold on the spill part `pi` of tensor `ti` is read from, when it
