@@ -17,7 +17,7 @@ use super::sidecar;
 use super::tree::{Content, Ino, NodeKind, Tree};
 use super::warmer::CloneJob;
 use crate::catalog::{Catalog, Codec, Part};
-use crate::serve::data::{Bytes, Data, DataOptions, scratch};
+use crate::serve::data::{Bytes, Data, DataOptions, Hold, scratch};
 use crate::serve::stats::Stats;
 use crate::source::MappedFile;
 use crate::views::{self, Composed, Entry, ViewSet, Views};
@@ -149,12 +149,15 @@ struct OpenFile {
     partial: Option<Arc<Partial>>,
     /// The spill its reads come from, held while it is read (see
     /// `TensorFs::hold_spill`): (tensor, part, the hold).
-    reading: Option<(usize, usize, crate::serve::data::Hold)>,
+    reading: Option<Reading>,
     /// Bytes served through it.
     read: u64,
     /// When it was last read.
     last_read: std::time::Instant,
 }
+
+/// A spill an open holds while it reads: (tensor, part, the hold).
+type Reading = (usize, usize, Hold);
 
 /// Open handles of tensor and view files.
 #[derive(Default)]
@@ -1161,8 +1164,9 @@ impl TensorFs {
                 .map(|(t, p, ..)| (t, p, self.size_of(ino, c))),
             _ => None,
         };
-        self.let_go_of_other_spills(fh, part.map(|(t, p, _)| (t, p)));
-        let partial = self.partial(fh).filter(|(i, _)| *i == ino).map(|(_, p)| p);
+        let (partial, other) = self.partial_for_read(fh, part.map(|(t, p, _)| (t, p)));
+        drop(other);
+        let partial = partial.filter(|(i, _)| *i == ino).map(|(_, p)| p);
         let written = partial
             .as_ref()
             .and_then(|p| self.written(&node.kind, p, off, size));
@@ -1199,11 +1203,7 @@ impl TensorFs {
     /// room for another, and a reader part way through its file would
     /// then find its own spill gone, and maybe no room to make it again.
     /// What it lets go of is returned, to be dropped outside the lock.
-    fn hold_spill(
-        &self,
-        o: &mut OpenFile,
-        part: Option<(usize, usize, u64)>,
-    ) -> Option<(usize, usize, crate::serve::data::Hold)> {
+    fn hold_spill(&self, o: &mut OpenFile, part: Option<(usize, usize, u64)>) -> Option<Reading> {
         let (t, p, len) = part?;
         if o.read >= len {
             return o.reading.take();
@@ -1214,17 +1214,25 @@ impl TensorFs {
         None
     }
 
-    /// Before open `fh` reads part `part`: lets go of the spill of another
-    /// part it held (a view's file of several tensors read in order), so
-    /// that holding it cannot keep this part's spill from being made.
-    fn let_go_of_other_spills(&self, fh: u64, part: Option<(usize, usize)>) {
+    /// Before open `fh` reads part `part`: the backing file its reads
+    /// write through to, and its inode, and the hold it had on
+    /// the spill of another part (a view's file of several tensors read in
+    /// order), taken from it so that the hold cannot keep this part's spill
+    /// from being made; to be dropped outside the lock. One look at the
+    /// open for both.
+    fn partial_for_read(
+        &self,
+        fh: u64,
+        part: Option<(usize, usize)>,
+    ) -> (Option<(Ino, Arc<Partial>)>, Option<Reading>) {
         let mut opens = super::lock(&self.opens);
-        let other = opens.by_fh.get_mut(&fh).and_then(|o| {
-            let same = o.reading.as_ref().map(|(t, p, _)| (*t, *p)) == part;
-            if same { None } else { o.reading.take() }
-        });
-        drop(opens);
-        drop(other);
+        let Some(o) = opens.by_fh.get_mut(&fh) else {
+            return (None, None);
+        };
+        let same = o.reading.as_ref().map(|(t, p, _)| (*t, *p)) == part;
+        let other = if same { None } else { o.reading.take() };
+        let partial = o.partial.clone().map(|p| (o.ino, p));
+        (partial, other)
     }
 
     /// Whether a read of `size` bytes at `off` of file `ino` would wait
@@ -1381,14 +1389,6 @@ impl TensorFs {
             }
             _ => None,
         }
-    }
-
-    /// The backing file open `fh` writes through to, and its inode.
-    fn partial(&self, fh: u64) -> Option<(Ino, Arc<Partial>)> {
-        super::lock(&self.opens)
-            .by_fh
-            .get(&fh)
-            .and_then(|o| Some((o.ino, o.partial.clone()?)))
     }
 
     /// Bytes `[off, off+size)` of a file from the backing file `p` its

@@ -1518,11 +1518,7 @@ impl Data {
         // The file first: most opens find none, and the source's check
         // below is a stat. A slot held is a spill being made (on a disk
         // that may not answer), so not complete: an open does not wait.
-        let spill = match self.states[bi].spill.try_lock() {
-            Ok(slot) => slot.clone(),
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().clone(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
+        let spill = self.spill_now(bi).ok()?;
         let len = self.blob(bi).decoded_len;
         let found = match spill {
             Some(s) => DecodedFile {
@@ -1634,14 +1630,25 @@ impl Data {
     /// file created, its room found), which a read would wait for: on a
     /// disk that does not answer, for as long as it does not.
     fn spill_would_wait(&self, bi: usize, end: u64, empty: bool) -> bool {
-        let waits = |slot: &Option<Arc<Spill>>| slot.as_ref().map_or(empty, |s| s.would_wait(end));
-        self.states
-            .get(bi)
-            .is_some_and(|st| match st.spill.try_lock() {
-                Ok(slot) => waits(&slot),
-                Err(std::sync::TryLockError::Poisoned(e)) => waits(&e.into_inner()),
-                Err(std::sync::TryLockError::WouldBlock) => true,
-            })
+        self.states.get(bi).is_some()
+            && self
+                .spill_now(bi)
+                .map_or(true, |slot| slot.map_or(empty, |s| s.would_wait(end)))
+    }
+
+    /// Blob `bi`'s spill now, without waiting for its slot: `Err` while
+    /// the slot is held (a spill being made, which may wait on a disk
+    /// that does not answer), so that opens and the FUSE workers never
+    /// wait on it.
+    fn spill_now(&self, bi: usize) -> Result<Option<Arc<Spill>>, SlotBusy> {
+        let Some(st) = self.states.get(bi) else {
+            return Ok(None);
+        };
+        match st.spill.try_lock() {
+            Ok(slot) => Ok(slot.clone()),
+            Err(std::sync::TryLockError::Poisoned(e)) => Ok(e.into_inner().clone()),
+            Err(std::sync::TryLockError::WouldBlock) => Err(SlotBusy),
+        }
     }
 
     /// A hold on the spill part `pi` of tensor `ti` is read from, when it
@@ -1649,7 +1656,7 @@ impl Data {
     /// room. Taken without waiting for its slot (`None` while it is held).
     pub fn spill_hold(&self, ti: usize, pi: usize) -> Option<Hold> {
         let bi = self.part_of(ti, pi)?.blob;
-        let spill = self.states.get(bi)?.spill.try_lock().ok()?.clone()?;
+        let spill = self.spill_now(bi).ok()??;
         Some(Hold { _spill: spill })
     }
 
@@ -1667,12 +1674,7 @@ impl Data {
     /// file (on a disk that may not answer): `None` when it has none.
     pub fn spill_len(&self, ti: usize, pi: usize) -> Option<u64> {
         let bi = self.part_of(ti, pi)?.blob;
-        let st = self.states.get(bi)?;
-        let spilled = match st.spill.try_lock() {
-            Ok(slot) => slot.is_some(),
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().is_some(),
-            Err(std::sync::TryLockError::WouldBlock) => true,
-        };
+        let spilled = self.spill_now(bi).map_or(true, |slot| slot.is_some());
         spilled.then(|| self.blob(bi).decoded_len)
     }
 
@@ -2057,6 +2059,9 @@ impl Drop for Discard<'_> {
 /// (with its tensor's spill slot held: its other readers wait off the
 /// FUSE workers, and opens do not wait for it).
 const SPILL_ROOM_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A blob's spill slot is held by another thread (see `Data::spill_now`).
+struct SlotBusy;
 
 /// A spill held by a reader between its reads (see [`Data::spill_hold`]).
 pub struct Hold {
