@@ -208,6 +208,17 @@ fn a_decoded_tensor_is_passed_through_once_its_backing_file_is_filled() {
     m.unmount_ok();
 }
 
+/// zTensor writer options for a tensor in one zstd frame.
+fn one_frame_options() -> Options {
+    Options {
+        compression: Compression::Zstd {
+            level: 3,
+            frame_size: 0,
+        },
+        ..Options::default()
+    }
+}
+
 /// A zTensor file of one float32 tensor `z` of 12 MiB in one zstd frame.
 fn write_one_frame(path: &Path) -> Vec<u8> {
     write_one_frame_of(path, 12 << 20)
@@ -217,13 +228,7 @@ fn write_one_frame(path: &Path) -> Vec<u8> {
 fn write_one_frame_of(path: &Path, len: usize) -> Vec<u8> {
     let mut w = Writer::create(path).unwrap();
     let want = support::compressible(7, len);
-    let one_frame = Options {
-        compression: Compression::Zstd {
-            level: 3,
-            frame_size: 0,
-        },
-        ..Options::default()
-    };
+    let one_frame = one_frame_options();
     w.add("z", DType::Float32, &[len as u64 / 4], &want, &one_frame)
         .unwrap();
     w.finish().unwrap();
@@ -328,9 +333,7 @@ fn a_spill_part_read_is_not_dropped_for_another() {
     let Some((m, a, b)) = mount_two_spilling_tensors() else {
         return;
     };
-    let mut fa = std::fs::File::open(m.path("a")).unwrap();
-    let mut got = vec![0u8; 1 << 20];
-    fa.read_exact(&mut got).unwrap();
+    let (mut fa, mut got) = first_mib(&m, "a");
     // `b` waits for `a`'s reader, which goes on meanwhile.
     let path = m.path("b");
     let reader = std::thread::spawn(move || std::fs::read(path));
@@ -359,9 +362,7 @@ fn an_idle_open_lets_go_of_its_spill_for_another() {
     let Some((m, a, b)) = mount_two_spilling_tensors() else {
         return;
     };
-    let mut fa = std::fs::File::open(m.path("a")).unwrap();
-    let mut got = vec![0u8; 1 << 20];
-    fa.read_exact(&mut got).unwrap();
+    let (mut fa, mut got) = first_mib(&m, "a");
     assert!(m.read("b") == b, "b's bytes");
     assert!(m.stat_u64("spill_room_waits") >= 1, "{}", m.stats());
     fa.read_to_end(&mut got).unwrap();
@@ -372,6 +373,14 @@ fn an_idle_open_lets_go_of_its_spill_for_another() {
     m.unmount_ok();
 }
 
+/// An open of `name` in `m` and its first MiB, read through it.
+fn first_mib(m: &Mount, name: &str) -> (std::fs::File, Vec<u8>) {
+    let mut f = std::fs::File::open(m.path(name)).unwrap();
+    let mut got = vec![0u8; 1 << 20];
+    f.read_exact(&mut got).unwrap();
+    (f, got)
+}
+
 /// A mount of two float32 tensors `a` and `b` of 12 MiB, each one zstd
 /// frame over half of `--cache-size 16M` (spilled), under a
 /// `--decoded-cache-size` that holds one spill, not two: the mount and the
@@ -380,13 +389,7 @@ fn mount_two_spilling_tensors() -> Option<(Mount, Vec<u8>, Vec<u8>)> {
     let mut m = Mount::scratch()?;
     let src = m.scratch_path("ab.zt");
     let mut w = Writer::create(&src).unwrap();
-    let one_frame = Options {
-        compression: Compression::Zstd {
-            level: 3,
-            frame_size: 0,
-        },
-        ..Options::default()
-    };
+    let one_frame = one_frame_options();
     let (a, b) = (
         support::compressible(41, 12 << 20),
         support::compressible(42, 12 << 20),
@@ -837,13 +840,11 @@ fn readers_waiting_on_a_stalled_decode_hold_no_worker() {
     let Some(mut st) = Stall::new(160 << 20) else {
         return;
     };
-    // A cache that takes it whole: decoded into a file under the cache
-    // dir, not spilled.
-    let args = Stall::args(&st.cache, "1G");
     for _ in 0..4 {
-        st.m.mount(&st.src, &args);
-        let caught =
-            readers_wait_on_a_frozen_decode(&st.m, &st.xfs.dir, &st.want, Freeze::AfterFirstMib);
+        // A cache that takes it whole: decoded into a file under the cache
+        // dir, not spilled.
+        st.mount("1G", &[]);
+        let caught = st.readers_wait(Freeze::AfterFirstMib);
         st.m.unmount_ok();
         if caught {
             return;
@@ -862,15 +863,8 @@ fn readers_waiting_on_a_spill_made_on_a_frozen_disk_hold_no_worker() {
     let Some(mut st) = Stall::new(48 << 20) else {
         return;
     };
-    let args = Stall::args(&st.cache, "64M");
-    let more = ["--decoded-cache-size", "200M"];
-    st.m.mount(&st.src, &[&args[..], &more[..]].concat());
-    assert!(readers_wait_on_a_frozen_decode(
-        &st.m,
-        &st.xfs.dir,
-        &st.want,
-        Freeze::First
-    ));
+    st.mount("64M", &["--decoded-cache-size", "200M"]);
+    assert!(st.readers_wait(Freeze::First));
     assert_eq!(st.m.stat_u64("spilled_tensors"), 1, "{}", st.m.stats());
     st.m.unmount_ok();
 }
@@ -887,11 +881,18 @@ struct Stall {
 }
 
 impl Stall {
-    /// The mount's options: the cache dir `cache`, two FUSE workers, and
-    /// `--cache-size cache_size`.
-    fn args<'a>(cache: &'a str, cache_size: &'a str) -> Vec<&'a str> {
-        let threads = ["--threads", "2", "--cache-size", cache_size];
-        [&["--cache-dir", cache][..], &threads[..]].concat()
+    /// Mounts `z` with its cache dir on the XFS, two FUSE workers,
+    /// `--cache-size cache_size` and `more`.
+    fn mount(&mut self, cache_size: &str, more: &[&str]) {
+        let args = ["--cache-dir", &self.cache, "--threads", "2"];
+        let size = ["--cache-size", cache_size];
+        self.m
+            .mount(&self.src, &[&args[..], &size[..], more].concat());
+    }
+
+    /// [`readers_wait_on_a_frozen_decode`] on this mount.
+    fn readers_wait(&self, when: Freeze) -> bool {
+        readers_wait_on_a_frozen_decode(&self.m, &self.xfs.dir, &self.want, when)
     }
 
     fn new(len: usize) -> Option<Stall> {
@@ -1593,13 +1594,7 @@ fn spills_and_backing_files_stay_within_the_decoded_cache_size() {
     };
     let src = m.scratch_path("z.zt");
     let mut w = Writer::create(&src).unwrap();
-    let one_frame = Options {
-        compression: Compression::Zstd {
-            level: 3,
-            frame_size: 0,
-        },
-        ..Options::default()
-    };
+    let one_frame = one_frame_options();
     // `bad`, 8 MiB, damaged: its spill fails, and gives its share back.
     let bad = support::compressible(30, 8 << 20);
     w.add("bad", DType::Float32, &[2 << 20], &bad, &one_frame)
