@@ -641,6 +641,9 @@ pub struct Backings {
     disk: Arc<crate::serve::decoded_disk::DecodedDisk>,
     /// Drops an idle spill (see [`Backings::on_spills_full`]).
     free_spills: std::sync::OnceLock<Box<dyn Fn() -> bool + Send + Sync>>,
+    /// The path in the mount of an exposed file (an inode number), for
+    /// the log (see [`Backings::name_files_with`]).
+    names: std::sync::OnceLock<Box<dyn Fn(u64) -> String + Send + Sync>>,
     /// The reads the daemon serves, which a fill's decodes wait out.
     activity: Activity,
 }
@@ -677,6 +680,7 @@ impl Backings {
             stats,
             disk,
             free_spills: std::sync::OnceLock::new(),
+            names: std::sync::OnceLock::new(),
             activity: Activity::default(),
         }
     }
@@ -1141,9 +1145,12 @@ impl Backings {
             // A fill that panics leaves its file to the daemon and the
             // queue running: the files behind it still get filled.
             let (key, charge) = (job.key.clone(), charge_of(job.len, &job.holds));
+            let name = self.name(job.asked_by);
             let fill = std::panic::AssertUnwindSafe(|| self.fill(job));
             if std::panic::catch_unwind(fill).is_err() {
-                log::error!("filling {key:?} failed (a panic): it stays served by the daemon");
+                log::error!(
+                    "filling the backing file of {name} failed (a panic): it stays served by the daemon"
+                );
                 self.forget(&key, charge);
             }
         }
@@ -1181,6 +1188,20 @@ impl Backings {
     /// the bound (the data layer; true when one went).
     pub fn on_spills_full(&self, free: Box<dyn Fn() -> bool + Send + Sync>) {
         let _ = self.free_spills.set(free);
+    }
+
+    /// Names exposed files (inode numbers) in the log by `path`: the
+    /// backing files know only what they hold and which file asked.
+    pub fn name_files_with(&self, path: Box<dyn Fn(u64) -> String + Send + Sync>) {
+        let _ = self.names.set(path);
+    }
+
+    /// The path of exposed file `ino`, as the log names it.
+    fn name(&self, ino: u64) -> String {
+        match self.names.get().map(|path| path(ino)) {
+            Some(p) if !p.is_empty() => p,
+            _ => format!("inode {ino}"),
+        }
     }
 
     /// Takes `len` bytes off the filled files' count and the bound.
@@ -1360,7 +1381,10 @@ impl Backings {
             Err(why) => {
                 warn_once(
                     &WRITE_FAILED,
-                    format_args!("{key:?} stays served by the daemon: {why}"),
+                    format_args!(
+                        "{} stays served by the daemon: its backing file: {why}",
+                        self.name(asked_by)
+                    ),
                 );
                 self.forget(&key, charge_of(len, &holds));
                 return;
@@ -1369,8 +1393,9 @@ impl Backings {
         let t1 = std::time::Instant::now();
         self.drop_inode_cache(asked_by);
         log::debug!(
-            "{key:?}: backing file of {len} bytes: {wrote} written by the filler in {:?}, \
+            "{}: backing file of {len} bytes: {wrote} written by the filler in {:?}, \
              the inode's page cache dropped in {:?}",
+            self.name(asked_by),
             t1 - t0,
             t1.elapsed()
         );

@@ -324,6 +324,10 @@ impl TensorFs {
                     })
             })
         }));
+        let named = Arc::downgrade(&tree);
+        backings.name_files_with(Box::new(move |ino| {
+            named.upgrade().map_or_else(String::new, |t| t.path(ino))
+        }));
         // Filled files that need room may take an idle spill's share.
         let spills = Arc::downgrade(&data);
         backings.on_spills_full(Box::new(move || {
