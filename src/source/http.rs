@@ -20,7 +20,7 @@ use super::FetchKind;
 use super::remote::{self, Options};
 
 /// A failed exchange with a server: its one line, and its kind
-/// (a reader's errno; `remote.rs` finds it among a store error's causes).
+/// (a reader's errno; `remote/failures.rs` finds it among a store error's causes).
 #[derive(Debug)]
 pub struct Failure {
     pub kind: FetchKind,
@@ -207,7 +207,7 @@ pub(super) fn parse_content_range(s: &str) -> Option<(Range<u64>, u64)> {
 }
 
 /// A failure as the error of the store named `store`; its kind goes with
-/// it (`remote.rs` finds it among the error's causes).
+/// it (`remote/failures.rs` finds it among the error's causes).
 pub(super) fn store_error(store: &'static str, f: Failure) -> object_store::Error {
     object_store::Error::Generic {
         store,

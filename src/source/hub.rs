@@ -622,7 +622,7 @@ impl std::fmt::Display for HubStore {
     }
 }
 
-/// The `store` of this module's errors (remote.rs shows their text alone).
+/// The `store` of this module's errors (remote/failures.rs shows their text alone).
 pub const STORE: &str = "Hugging Face Hub";
 
 fn generic(msg: impl Into<String>) -> object_store::Error {

@@ -11,7 +11,7 @@
 //! saved bitmap claims the block. A sum that was lost fails its block's
 //! check: the block is fetched again, which costs a request, never a wrong
 //! byte (a sums file missing or of another size is not believed at all:
-//! see `Cache::first` in remote.rs). Each sum
+//! see `Cache::first` in remote/cache.rs). Each sum
 //! is seeded with the block's number and the cache file's name, so that it
 //! holds for those bytes in that place of that object's file only: blocks
 //! swapped together with their sums, or another object's files copied

@@ -1,0 +1,599 @@
+//! An object's cache files in `--cache-dir`: the sparse copy of its
+//! bytes, the bitmaps of the blocks present (saved, and shared with other
+//! mounts), and the eviction that keeps them within `--disk-cache-size`.
+
+use super::*;
+
+/// A cache file opened for an object, with its saved bitmap and the
+/// bitmap shared with the other mounts that have it open.
+pub(super) struct Cache {
+    pub(super) path: PathBuf,
+    pub(super) file: File,
+    pub(super) present: Vec<u64>,
+    pub(super) bitmap: Option<File>,
+    pub(super) live: Option<Live>,
+    pub(super) sums: Sums,
+    /// What its name is made from, as a number: seeds its blocks' sums.
+    pub(super) key: u64,
+    /// Bytes per block: `-o block_size`, or the size of the blocks the
+    /// shared cache file already holds (see [`kept_block`]).
+    pub(super) block: u64,
+}
+
+/// The most blocks an object's cache tracks: its table (a sum of 8 bytes
+/// and two bits a block, in memory or mapped) stays within 34 MiB, and a
+/// size a server made up is refused before anything is sized by it. With
+/// the default 4 MiB block that is 16 TiB, past any file of weights.
+pub(super) const MAX_BLOCKS: u64 = 1 << 22;
+
+pub(super) const BITMAP_MAGIC: &[u8; 8] = b"ZTRBLK1\n";
+/// Magic, block size, object size.
+pub(super) const BITMAP_HEADER: u64 = 24;
+
+/// How long a mount waits for another to finish setting up the cache
+/// file they share.
+pub(super) const SETUP_WAIT: Duration = Duration::from_secs(10);
+
+/// An object's cache files: `NAME.data` (the bytes), `NAME.blocks` (the
+/// durable bitmap), `NAME.live` (the bitmap every mount of it shares),
+/// `NAME.sums` (each block's XXH3-64, see [`Sums`]).
+pub(super) struct Names {
+    /// What the name is made from, as a number.
+    pub(super) key: u64,
+    pub(super) dir: PathBuf,
+    pub(super) name: String,
+    pub(super) data: PathBuf,
+    pub(super) blocks: PathBuf,
+    pub(super) live: PathBuf,
+    pub(super) sums: PathBuf,
+}
+
+pub(super) fn flock(f: &File, op: libc::c_int) -> bool {
+    // SAFETY: flock on our own descriptor.
+    unsafe { libc::flock(f.as_raw_fd(), op) == 0 }
+}
+
+impl Cache {
+    /// Opens the cache file of an object. Every mount of it holds a shared
+    /// lock on the file while mounted (eviction takes only files no one
+    /// holds); the first, alone with an exclusive lock for the while,
+    /// checks and sizes the files before any other maps them.
+    /// `pin` names the object's bytes (`None`: nothing does, so its file
+    /// is private and not kept).
+    /// The cache of the object `identity` names (its URL; of a signed URL,
+    /// see [`crate::source::signed_url::identity`]) pinned to `pin`, `size` bytes;
+    /// `label` names it in messages.
+    pub(super) fn open(
+        opts: &Options,
+        (label, identity): (&str, &str),
+        pin: Option<&str>,
+        size: u64,
+    ) -> Result<Cache> {
+        let blocks = size.div_ceil(opts.block_size);
+        if blocks > MAX_BLOCKS {
+            return Err(fail(
+                label,
+                format!(
+                    "the server gives its size as {size} bytes: more than the cache tracks \
+                     ({MAX_BLOCKS} blocks of {} bytes, {} bytes; a larger -o block_size \
+                     tracks more)",
+                    opts.block_size,
+                    MAX_BLOCKS.saturating_mul(opts.block_size)
+                ),
+            ));
+        }
+        let words = blocks.div_ceil(64) as usize;
+        let io = |what: &str, e: std::io::Error| fail(label, format!("cache: {what}: {e}"));
+        let folder = crate::source::shared::cache_folder(&opts.cache_dir).map_err(|e| {
+            io(
+                &opts.cache_dir.join("ztensor-remote").display().to_string(),
+                e,
+            )
+        })?;
+        let dir = match &folder {
+            Ok(dir) => dir.clone(),
+            Err(_) => opts.cache_dir.join("ztensor-remote"),
+        };
+        let pin = pin.unwrap_or_default();
+        let h = xxhash_rust::xxh3::xxh3_128(format!("{identity}\0{pin}\0{size}").as_bytes());
+        let name = format!("{h:032x}");
+        let n = Names {
+            key: h as u64,
+            data: dir.join(format!("{name}.data")),
+            blocks: dir.join(format!("{name}.blocks")),
+            live: dir.join(format!("{name}.live")),
+            sums: dir.join(format!("{name}.sums")),
+            dir,
+            name,
+        };
+        if pin.is_empty() {
+            return Self::private(opts, label, (size, words), &n, "nothing names its bytes");
+        }
+        if let Err(why) = &folder {
+            log::warn!("{label}: the shared cache is not used: {why}");
+            return Self::private(opts, label, (size, words), &n, "its folder is not trusted");
+        }
+        // Not through a link: a link would have the mount write elsewhere.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&n.data)
+            .map_err(|e| format!("{}: {e}", n.data.display()))
+            .and_then(|f| {
+                crate::source::shared::trusted_file(&f)
+                    .map(|()| f)
+                    .map_err(|why| format!("{}: {why}", n.data.display()))
+            });
+        let file = match file {
+            Ok(f) => f,
+            Err(why) => {
+                log::warn!("{label}: the shared cache file is not used: {why}");
+                return Self::private(opts, label, (size, words), &n, "it cannot be trusted");
+            }
+        };
+        if flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
+            return match Self::first(opts, label, size, &n, file) {
+                Ok(c) => {
+                    evict(&n.dir, opts.disk_cache_size, &n.name);
+                    Ok(c)
+                }
+                // Its bitmap or sums cannot be made (a directory in their
+                // place, a folder made immutable): the bytes are fetched
+                // all the same, into a file of this mount's own.
+                Err(e) => {
+                    log::warn!("{e}");
+                    Self::private(opts, label, (size, words), &n, "its files cannot be set up")
+                }
+            };
+        }
+        // Another mount has it: wait for its setup (its exclusive lock, held
+        // for moments), then share. A lock held longer is not a setup (an
+        // older version held it while mounted): a private file then.
+        let until = Instant::now() + SETUP_WAIT;
+        while !flock(&file, libc::LOCK_SH | libc::LOCK_NB) {
+            if Instant::now() >= until {
+                return Self::private(
+                    opts,
+                    label,
+                    (size, words),
+                    &n,
+                    "another mount holds it alone",
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        match Self::join(opts, size, &n, file) {
+            Ok(c) => {
+                // Each mount brings the cache within its bound, a second
+                // one of an object as the first did.
+                evict(&n.dir, opts.disk_cache_size, &n.name);
+                Ok(c)
+            }
+            Err(e) => Self::private(opts, label, (size, words), &n, &e.to_string()),
+        }
+    }
+
+    /// A cache file of this mount's own (not kept), for when the shared
+    /// one cannot be used.
+    pub(super) fn private(
+        opts: &Options,
+        label: &str,
+        (size, words): (u64, usize),
+        n: &Names,
+        why: &str,
+    ) -> Result<Cache> {
+        let io = |what: &str, e: std::io::Error| fail(label, format!("cache: {what}: {e}"));
+        log::info!(
+            "{label}: cannot share its cache file with another mount ({why}); using a private one"
+        );
+        // In the cache directory itself: `n.dir` may be another user's.
+        let file = tempfile::tempfile_in(&opts.cache_dir).map_err(|e| io("temporary file", e))?;
+        file.set_len(size)
+            .map_err(|e| io("sizing the cache file", e))?;
+        Ok(Cache {
+            path: opts.cache_dir.join("(private)"),
+            file,
+            present: vec![0; words],
+            bitmap: None,
+            live: None,
+            sums: Sums::own(size.div_ceil(opts.block_size)),
+            key: n.key,
+            block: opts.block_size,
+        })
+    }
+
+    /// Joins the mounts that have the cache file open: its size and live
+    /// bitmap are theirs.
+    /// Fetches in the blocks they fetch in, whatever `-o block_size`.
+    pub(super) fn join(opts: &Options, size: u64, n: &Names, file: File) -> std::io::Result<Cache> {
+        if file.metadata()?.len() != size {
+            return Err(std::io::Error::other("the cache file has another size"));
+        }
+        let block = crate::source::shared::live_layout(&n.live)
+            .filter(|&(block, s, _)| s == size && valid_block(block, size))
+            .map_or(opts.block_size, |(block, ..)| block);
+        let words = bitmap_words(size, block);
+        let (live, _) = Live::open(&n.live, block, size, words, false)?;
+        let present = live.iter().map(|w| w.load(Acquire)).collect();
+        let bitmap = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&n.blocks)?;
+        let sums = Sums::join(&n.sums, size.div_ceil(block))?;
+        Ok(Cache {
+            path: n.data.clone(),
+            file,
+            present,
+            bitmap: Some(bitmap),
+            live: Some(live),
+            sums,
+            key: n.key,
+            block,
+        })
+    }
+
+    /// The first mount of the cache file (no other has it open): what is
+    /// present is what the live bitmap says when it is of this boot (a
+    /// mount killed with SIGKILL loses nothing it had fetched), else what
+    /// the durable one says; blocks that are holes are not believed.
+    pub(super) fn first(
+        opts: &Options,
+        label: &str,
+        size: u64,
+        n: &Names,
+        file: File,
+    ) -> Result<Cache> {
+        let sized = file.metadata().is_ok_and(|m| m.len() == size);
+        let block = kept_block(n, size)
+            .filter(|_| sized)
+            .unwrap_or(opts.block_size);
+        let words = bitmap_words(size, block);
+        let io = |what: &str, e: std::io::Error| fail(label, format!("cache: {what}: {e}"));
+        let (live, kept) = match Live::open(&n.live, block, size, words, true) {
+            Ok((l, kept)) => (Some(l), kept.filter(|_| sized)),
+            Err(e) => {
+                log::warn!("{label}: the cache cannot be shared with other mounts: {e}");
+                (None, None)
+            }
+        };
+        let from_live = kept.is_some();
+        let saved = kept.or_else(|| load_bitmap(&n.blocks, block, size, words).filter(|_| sized));
+        if saved.is_none()
+            && let Some(why) = not_kept(&n.blocks, &file, block, size)
+        {
+            log::info!(
+                "{label}: the cache file's blocks are not kept ({why}); they will be fetched again"
+            );
+        }
+        let blocks = size.div_ceil(block);
+        let sums = Sums::saved(&n.sums, blocks);
+        let saved = match (saved, &sums) {
+            (Some(bits), None) if bits.iter().any(|&w| w != 0) => {
+                log::info!(
+                    "{label}: the cache file's block sums are missing or not of its size \
+                     (written by an older version, or damaged): its blocks will be fetched again"
+                );
+                None
+            }
+            (saved, _) => saved,
+        };
+        let kept_sums = saved.as_ref().and(sums);
+        let present = match saved {
+            Some(mut bits) => {
+                let dropped = drop_holes(&file, &mut bits, block, size);
+                if dropped > 0 {
+                    log::warn!(
+                        "{label}: the cache's bitmap claimed {dropped} blocks whose bytes are \
+                         not on disk; they will be fetched again"
+                    );
+                }
+                bits
+            }
+            None => {
+                // Stale or new: start empty.
+                file.set_len(0)
+                    .map_err(|e| io(&format!("clearing {}", n.data.display()), e))?;
+                vec![0; words]
+            }
+        };
+        file.set_len(size)
+            .map_err(|e| io(&format!("sizing {}", n.data.display()), e))?;
+        if let Some(l) = &live {
+            l.store(&present);
+        }
+        // Bits from the live bitmap may be of bytes not yet on disk: the
+        // durable bitmap claims them only once they are.
+        if from_live {
+            file.sync_data()
+                .map_err(|e| io(&format!("syncing {}", n.data.display()), e))?;
+        }
+        let sums = Sums::first(&n.sums, blocks, kept_sums)
+            .map_err(|e| io(&n.sums.display().to_string(), e))?;
+        let bitmap = write_bitmap(&n.blocks, block, size, &present)
+            .map_err(|e| io(&n.blocks.display().to_string(), e))?;
+        // Setup done: other mounts may join.
+        flock(&file, libc::LOCK_SH);
+        Ok(Cache {
+            path: n.data.clone(),
+            file,
+            present,
+            bitmap: Some(bitmap),
+            live,
+            sums,
+            key: n.key,
+            block,
+        })
+    }
+}
+
+/// Writes the durable bitmap at `path` (header and `words`); the file,
+/// open for the commits that follow.
+pub(super) fn write_bitmap(
+    path: &Path,
+    block: u64,
+    size: u64,
+    words: &[u64],
+) -> std::io::Result<File> {
+    // A new file renamed into place: a mount still holding the old one
+    // (its cache file deleted since) saves its blocks there, not here.
+    let tmp = crate::source::shared::new_beside(path)?;
+    let mut head = Vec::with_capacity(BITMAP_HEADER as usize);
+    head.extend_from_slice(BITMAP_MAGIC);
+    head.extend_from_slice(&block.to_le_bytes());
+    head.extend_from_slice(&size.to_le_bytes());
+    let words_bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let f = tmp.as_file();
+    f.set_len(BITMAP_HEADER + words_bytes.len() as u64)?;
+    f.write_all_at(&head, 0)?;
+    f.write_all_at(&words_bytes, BITMAP_HEADER)?;
+    tmp.persist(path).map_err(|e| e.error)
+}
+
+pub(super) fn load_bitmap(path: &Path, block: u64, size: u64, words: usize) -> Option<Vec<u64>> {
+    let b = crate::source::shared::read_exact_file(path, BITMAP_HEADER + words as u64 * 8)?;
+    if bitmap_layout(&b)? != (block, size) {
+        return None;
+    }
+    let rest = b.get(BITMAP_HEADER as usize..)?;
+    if rest.len() != words * 8 {
+        return None;
+    }
+    Some(
+        rest.chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+            .collect(),
+    )
+}
+
+/// The block size and object size a saved bitmap's header names, when it
+/// is one (its magic).
+pub(super) fn bitmap_layout(b: &[u8]) -> Option<(u64, u64)> {
+    let head = b.get(..BITMAP_HEADER as usize)?;
+    let word = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().unwrap_or_default());
+    (&head[..8] == BITMAP_MAGIC).then(|| (word(8), word(16)))
+}
+
+/// Why the blocks of a cache file that held some are not believed, when
+/// neither bitmap was: its size, or the saved bitmap's layout.
+pub(super) fn not_kept(blocks: &Path, data: &File, block: u64, size: u64) -> Option<String> {
+    let len = data.metadata().ok()?.len();
+    if len == 0 {
+        return None;
+    }
+    if len != size {
+        return Some(format!(
+            "the cache file is {len} bytes, not the object's {size}"
+        ));
+    }
+    let Some(head) = crate::source::shared::read_head::<{ BITMAP_HEADER as usize }>(blocks) else {
+        return Some("its saved bitmap is missing or cannot be read".into());
+    };
+    match bitmap_layout(&head) {
+        // Blocks of another size are fetched in that size (kept_block):
+        // this bitmap claimed none.
+        Some((kept, s)) if kept != block && s == size && valid_block(kept, size) => None,
+        _ => Some("its saved bitmap is damaged or of another version".into()),
+    }
+}
+
+/// The size of the blocks an object's cache file holds, when its live
+/// bitmap (of this boot) or its saved one is of this object's size and
+/// claims a block. A mount fetches that object in those blocks, whatever
+/// its `-o block_size`: a remount, or a mount beside others, then fetches
+/// nothing the file has. (Sums and bitmaps are per block: converting a
+/// cache to another block size would read it all again to check it.)
+pub(super) fn kept_block(n: &Names, size: u64) -> Option<u64> {
+    let live = crate::source::shared::live_layout(&n.live);
+    if let Some((block, s, any)) = live
+        && s == size
+        && valid_block(block, size)
+    {
+        return any.then_some(block);
+    }
+    let head = crate::source::shared::read_head::<{ BITMAP_HEADER as usize }>(&n.blocks)?;
+    let (block, s) = bitmap_layout(&head)?;
+    if s != size || !valid_block(block, size) {
+        return None;
+    }
+    load_bitmap(&n.blocks, block, size, bitmap_words(size, block))?
+        .iter()
+        .any(|&w| w != 0)
+        .then_some(block)
+}
+
+/// Words of a bitmap of an object of `size` bytes in blocks of `block`.
+pub(super) fn bitmap_words(size: u64, block: u64) -> usize {
+    size.div_ceil(block).div_ceil(64) as usize
+}
+
+/// Whether `-o block_size` may be `block`: a multiple of 64 KiB (so of
+/// any page size) from 64 KiB to 256 MiB.
+pub fn block_size_allowed(block: u64) -> bool {
+    (64 << 10..=256 << 20).contains(&block) && block.is_multiple_of(64 << 10)
+}
+
+/// Whether an object of `size` bytes may be cached in blocks of `block`.
+pub(super) fn valid_block(block: u64, size: u64) -> bool {
+    block_size_allowed(block) && size.div_ceil(block) <= MAX_BLOCKS
+}
+
+/// Deletes the least recently used cache files (not `keep`, not in use)
+/// until the rest take at most `budget` bytes on disk.
+pub(super) fn evict(dir: &Path, budget: u64, keep: &str) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut files: Vec<(i64, u64, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let p = e.path();
+            (p.extension()? == "data").then_some(())?;
+            let m = e.metadata().ok()?;
+            let used = p
+                .with_extension("blocks")
+                .metadata()
+                .map_or(m.mtime(), |b| b.mtime());
+            Some((used, m.blocks() * 512, p))
+        })
+        .collect();
+    let mut total: u64 = files.iter().map(|f| f.1).sum();
+    if total <= budget {
+        return;
+    }
+    files.sort();
+    for (_, bytes, p) in files {
+        if total <= budget {
+            break;
+        }
+        if p.file_stem().is_some_and(|s| s == keep) {
+            continue;
+        }
+        let Ok(f) = File::open(&p) else { continue };
+        // SAFETY: flock on our own descriptor; a file another mount holds
+        // is skipped.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            continue;
+        }
+        let _ = std::fs::remove_file(p.with_extension("blocks"));
+        let _ = std::fs::remove_file(p.with_extension("live"));
+        let _ = std::fs::remove_file(p.with_extension("sums"));
+        if std::fs::remove_file(&p).is_ok() {
+            log::info!(
+                "remote cache: removed {} ({bytes} bytes) to stay within the disk cache size",
+                p.display()
+            );
+            total = total.saturating_sub(bytes);
+        }
+    }
+}
+
+/// The saved bitmap is committed once fetching paused this long, and at
+/// least this often while it goes on: one fdatasync per 30 s of a long
+/// fetch rather than one under every few blocks of it. A machine that
+/// crashes in between loses the record of what was fetched since the last
+/// commit (fetched again after the reboot), never the truth of what is
+/// there; a daemon killed keeps it all (the live bitmap, in the page
+/// cache).
+pub(super) const COMMIT_QUIET: Duration = Duration::from_secs(1);
+pub(super) const COMMIT_EVERY: Duration = Duration::from_secs(30);
+
+/// What a commit does to the disk, in order.
+pub(super) trait Disk {
+    /// The cache file's bytes and their sums, to the disk.
+    fn sync_data(&self) -> std::io::Result<()>;
+    /// The bitmap's words, written.
+    fn write_bits(&self, bytes: &[u8]) -> std::io::Result<()>;
+    /// The bitmap, to the disk.
+    fn sync_bits(&self) -> std::io::Result<()>;
+}
+
+pub(super) struct Files<'a> {
+    pub(super) data: &'a File,
+    pub(super) sums: &'a Sums,
+    pub(super) bits: &'a File,
+}
+
+impl Disk for Files<'_> {
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.data.sync_data()?;
+        self.sums.sync()
+    }
+
+    fn write_bits(&self, bytes: &[u8]) -> std::io::Result<()> {
+        self.bits.write_all_at(bytes, BITMAP_HEADER)
+    }
+
+    fn sync_bits(&self) -> std::io::Result<()> {
+        self.bits.sync_data()
+    }
+}
+
+/// Saves `words`, a bitmap of blocks whose bytes were written to the cache
+/// file, so that no bit reaches the disk before its block's bytes: after a
+/// crash (of the machine, not only of the daemon) the bitmap may lack
+/// blocks that are there, never claim ones that are not. The bytes are
+/// synced first (one fdatasync for every block since the last commit);
+/// a failed sync writes no bit.
+pub(super) fn commit(disk: &impl Disk, words: &[u64]) -> std::io::Result<()> {
+    disk.sync_data()?;
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    disk.write_bits(&bytes)?;
+    disk.sync_bits()
+}
+
+/// How many bytes from `off` on (at most `len`, within `size`) lie in
+/// blocks of `block` bytes that `has`.
+pub(super) fn present_run(
+    has: impl Fn(u64) -> bool,
+    block: u64,
+    size: u64,
+    off: u64,
+    len: u64,
+) -> u64 {
+    let end = off.saturating_add(len).min(size);
+    if off >= end {
+        return 0;
+    }
+    let first_missing = (off / block..end.div_ceil(block)).find(|&b| !has(b));
+    first_missing.map_or(end, |b| (b * block).max(off)) - off
+}
+
+/// Clears from `present` each block of `file` that is not all data on
+/// disk (a hole in it): what a bitmap saved by a version that did not sync
+/// first, or a file system that lost the bytes, may claim. Holes are what
+/// a lost write leaves in a file grown by `set_len`; a file system that
+/// cannot tell holes says none, and one that stores zeros as holes costs
+/// those blocks a fetch again.
+pub(super) fn drop_holes(file: &File, present: &mut [u64], block: u64, size: u64) -> u64 {
+    let fd = file.as_raw_fd();
+    let mut dropped = 0;
+    for (wi, w) in present.iter_mut().enumerate() {
+        let mut bits = *w;
+        while bits != 0 {
+            let bit = bits.trailing_zeros() as u64;
+            bits &= bits - 1;
+            let b = wi as u64 * 64 + bit;
+            let (start, end) = (b * block, ((b + 1) * block).min(size));
+            if start >= size {
+                *w &= !(1 << bit);
+                dropped += 1;
+                continue;
+            }
+            let Ok(at) = libc::off_t::try_from(start) else {
+                continue;
+            };
+            // SAFETY: lseek on our own descriptor; the offset is left
+            // wherever, as every read and write here is positioned.
+            let hole = unsafe { libc::lseek(fd, at, libc::SEEK_HOLE) };
+            if hole >= 0 && (hole as u64) < end {
+                *w &= !(1 << bit);
+                dropped += 1;
+            }
+        }
+    }
+    dropped
+}
