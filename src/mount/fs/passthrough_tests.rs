@@ -1,0 +1,607 @@
+use super::*;
+use crate::catalog::{Blob, DType, Endian, Part};
+use crate::mount::backing::Origin;
+use crate::mount::tree::ROOT;
+use crate::serve::data::PROGRESSIVE_MIN;
+use std::io::Read;
+
+/// A mount of one zstd tensor "z" of `data`, with backing files in `dir`.
+fn zstd_fs(dir: &std::path::Path, data: &[u8], limit: u64) -> TensorFs {
+    zstd_fs_checked(dir, data, limit, Vec::new())
+}
+
+/// The same, its blob carrying `checks`.
+fn zstd_fs_checked(
+    dir: &std::path::Path,
+    data: &[u8],
+    limit: u64,
+    checks: Vec<crate::catalog::Check>,
+) -> TensorFs {
+    let (mut catalog, _) = crate::serve::testing::catalog_of(dir, &[("z", &[0u8][..])]);
+    let blob = zstd::encode_all(data, 3).unwrap();
+    std::fs::write(dir.join("data"), &blob).unwrap();
+    let n = data.len() as u64;
+    catalog.blobs[0] = Blob {
+        len: blob.len() as u64,
+        codec: Codec::Zstd { frames: None },
+        decoded_len: n,
+        checks,
+        ..catalog.blobs[0].clone()
+    };
+    catalog.tensors[0].shape = vec![n];
+    catalog.tensors[0].parts = Ok(vec![Part::dense(
+        DType::Uint8,
+        vec![n],
+        n,
+        0,
+        Endian::Little,
+    )]);
+    let files = vec![Some(MappedFile::open(&dir.join("data")).unwrap())];
+    let opts = FsOptions {
+        data: DataOptions {
+            cache_size: 64 << 20,
+            cache_dir: dir.to_path_buf(),
+            verify_raw: true,
+            progressive_min: PROGRESSIVE_MIN,
+        },
+        direct_io: true,
+        views: Views::ALL,
+        xattrs: false,
+        backing: BackingOptions {
+            enabled: true,
+            dir: dir.to_path_buf(),
+            limit,
+        },
+    };
+    TensorFs::new(catalog, files, opts).unwrap()
+}
+
+fn filled(fs: &TensorFs) {
+    let t = std::time::Instant::now();
+    while fs.backings.gauges().1 > 0 {
+        assert!(t.elapsed().as_secs() < 30, "still filling");
+        std::thread::yield_now();
+    }
+}
+
+/// The inode of tensor `z` and a new open of it.
+fn open_z(fs: &TensorFs) -> (Ino, u64) {
+    let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+    let (fh, _) = fs.open(z, false).unwrap();
+    (z, fh)
+}
+
+fn read_all(fs: &TensorFs, ino: Ino, fh: u64, len: usize) {
+    let mut at = 0;
+    while at < len {
+        let bytes = fs.read(ino, fh, at as u64, 1 << 20).unwrap();
+        let n = bytes.len();
+        fs.served(at as u64, bytes);
+        at += n;
+    }
+    fs.write_behind.flush();
+}
+
+fn contents(b: &Backing) -> Vec<u8> {
+    let mut v = Vec::new();
+    b.file().try_clone().unwrap().read_to_end(&mut v).unwrap();
+    v
+}
+
+#[test]
+fn a_decoded_tensor_is_backed_after_its_first_open_by_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 7 % 251) as u8).collect();
+    let fs = zstd_fs(dir.path(), &data, 1 << 30);
+    fs.set_passthrough(true);
+    // The hook hears of the inode whose reads asked for the file, before
+    // an open can take the file.
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let backings = fs.backings.clone();
+    let h = heard.clone();
+    let _ = fs.filled_hook().set(Box::new(move |ino| {
+        let ready = backings.ready(&Content::Part { tensor: 0, part: 0 });
+        h.lock().unwrap().push((ino, ready.is_some()));
+    }));
+    let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+    let (fh, how) = fs.open(z, false).unwrap();
+    // Served with direct I/O: the backing file, not the kernel's cache
+    // of this inode, keeps the decoded bytes.
+    assert!(matches!(how, Open::Served(CacheMode::DirectIo)));
+    // A peek fills nothing.
+    assert_eq!(fs.read(z, fh, 0, 4096).unwrap().len(), 4096);
+    fs.release(fh);
+    filled(&fs);
+    assert_eq!(fs.backings.gauges(), (0, 0));
+    // A whole read does, once the last open the daemon serves is closed.
+    let (fh, _) = fs.open(z, false).unwrap();
+    let (fh2, how) = fs.open(z, false).unwrap();
+    assert!(matches!(how, Open::Served(_)));
+    read_all(&fs, z, fh, data.len());
+    fs.release(fh);
+    // Its reads wrote the backing file through; it is not handed out
+    // while a served open is left.
+    assert_eq!(fs.backings.gauges(), (data.len() as u64, 1));
+    assert!(
+        fs.backings
+            .ready(&Content::Part { tensor: 0, part: 0 })
+            .is_none()
+    );
+    fs.release(fh2);
+    filled(&fs);
+    let (fh, how) = fs.open(z, false).unwrap();
+    let Open::Backed(b) = how else {
+        panic!("not backed")
+    };
+    assert_eq!(b.origin(), Origin::Filled);
+    assert_eq!(contents(&b), data);
+    assert_eq!(*heard.lock().unwrap(), vec![(z, false)]);
+    fs.release(fh);
+    // The .npy view: the header, then the same bytes.
+    let npy_dir = fs.lookup(ROOT, OsStr::new(".npy")).unwrap().ino;
+    let npy = fs.lookup(npy_dir, OsStr::new("z.npy")).unwrap().ino;
+    let (fh, _) = fs.open(npy, false).unwrap();
+    read_all(&fs, npy, fh, data.len() + 128);
+    fs.release(fh);
+    filled(&fs);
+    let (_, how) = fs.open(npy, false).unwrap();
+    let Open::Backed(b) = how else {
+        panic!("npy not backed")
+    };
+    let v = contents(&b);
+    assert_eq!(&v[..6], b"\x93NUMPY");
+    assert_eq!(&v[v.len() - data.len()..], &data[..]);
+    assert_eq!(fs.backings.gauges().0, (v.len() + data.len()) as u64);
+}
+
+#[test]
+fn a_tensor_decoded_into_a_file_is_backed_by_that_very_file() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    // Over PROGRESSIVE_MIN: served while it decodes, into a file.
+    let data: Vec<u8> = (0..9_000_000u32).map(|i| (i / 11 % 239) as u8).collect();
+    let fs = zstd_fs(dir.path(), &data, 1 << 30);
+    fs.set_passthrough(true);
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let h = heard.clone();
+    let _ = fs
+        .filled_hook()
+        .set(Box::new(move |ino| h.lock().unwrap().push(ino)));
+    let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+    let (fh, how) = fs.open(z, false).unwrap();
+    assert!(matches!(how, Open::Served(_)));
+    read_all(&fs, z, fh, data.len());
+    assert!(fs.data().decodes_into_file(0, 0));
+    let unit = fs.data().decoded_file(0, 0).expect("the decoded file").file;
+    fs.release(fh);
+    filled(&fs);
+    let (fh, how) = fs.open(z, false).unwrap();
+    let Open::Backed(b) = how else {
+        panic!("not backed")
+    };
+    // The file the decoder wrote, not a copy of it.
+    let (a, u) = (b.file().metadata().unwrap(), unit.metadata().unwrap());
+    assert_eq!((a.dev(), a.ino()), (u.dev(), u.ino()));
+    assert_eq!(contents(&b), data);
+    let stats = fs.data().stats();
+    assert_eq!(stats.backing_decoded.load(Relaxed), 1);
+    assert_eq!(stats.decompressions.load(Relaxed), 1);
+    assert_eq!(*heard.lock().unwrap(), vec![z]);
+    assert_eq!(fs.backings.gauges().0, data.len() as u64);
+    fs.release(fh);
+}
+
+#[test]
+fn a_tensor_whose_bool_check_failed_is_not_backed_by_its_decoded_file() {
+    let dir = tempfile::tempdir().unwrap();
+    // Bool elements, one of them 2, near the end: the decoder finishes
+    // its unit, the range check over it fails.
+    let mut data: Vec<u8> = (0..9_000_000u32).map(|i| (i % 3 == 0) as u8).collect();
+    data[8_999_000] = 2;
+    let check = crate::catalog::Check::BoolBytesIn {
+        start: 0,
+        len: data.len() as u64,
+    };
+    let fs = zstd_fs_checked(dir.path(), &data, 1 << 30, vec![check]);
+    fs.set_passthrough(true);
+    let (z, fh) = open_z(&fs);
+    assert_eq!(fs.read(z, fh, 0, 1 << 20).err(), Some(libc::EIO));
+    fs.release(fh);
+    filled(&fs);
+    assert!(fs.data().decoded_file(0, 0).is_none());
+    let (fh, how) = fs.open(z, false).unwrap();
+    assert!(matches!(how, Open::Served(_)), "{how:?}");
+    assert_eq!(fs.read(z, fh, 0, 1 << 20).err(), Some(libc::EIO));
+    fs.release(fh);
+    assert_eq!(fs.data().stats().backing_decoded.load(Relaxed), 0);
+}
+
+#[test]
+fn a_decoded_file_is_not_adopted_once_the_source_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..9_000_000u32).map(|i| (i / 19 % 211) as u8).collect();
+    let fs = zstd_fs(dir.path(), &data, 1 << 30);
+    fs.set_passthrough(true);
+    let (z, fh) = open_z(&fs);
+    read_all(&fs, z, fh, data.len());
+    // Rewritten in place, the same size: other bytes, a new mtime.
+    let src = dir.path().join("data");
+    let len = std::fs::metadata(&src).unwrap().len() as usize;
+    std::fs::write(&src, vec![0x5a; len]).unwrap();
+    fs.release(fh);
+    filled(&fs);
+    assert!(fs.data().decoded_file(0, 0).is_none());
+    let (fh, how) = fs.open(z, false).unwrap();
+    assert!(matches!(how, Open::Served(_)), "{how:?}");
+    assert_eq!(fs.read(z, fh, 0, 1 << 20).err(), Some(libc::ESTALE));
+    fs.release(fh);
+    assert_eq!(fs.data().stats().backing_decoded.load(Relaxed), 0);
+}
+
+#[test]
+fn a_spilled_tensor_is_backed_by_its_spill_file() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    // Over half the 64 MiB cache: decoded into a spill file.
+    let data: Vec<u8> = (0..40_000_000u32).map(|i| (i / 17 % 233) as u8).collect();
+    let fs = zstd_fs(dir.path(), &data, 1 << 30);
+    fs.set_passthrough(true);
+    let (z, fh) = open_z(&fs);
+    read_all(&fs, z, fh, data.len());
+    assert!(fs.data().spilled(0, 0));
+    let spill = fs.data().decoded_file(0, 0).expect("the spill file").file;
+    fs.release(fh);
+    filled(&fs);
+    let (fh, how) = fs.open(z, false).unwrap();
+    let Open::Backed(b) = how else {
+        panic!("not backed")
+    };
+    let (a, s) = (b.file().metadata().unwrap(), spill.metadata().unwrap());
+    assert_eq!((a.dev(), a.ino()), (s.dev(), s.ino()));
+    assert_eq!(contents(&b), data);
+    assert_eq!(fs.data().stats().backing_decoded.load(Relaxed), 1);
+    fs.release(fh);
+}
+
+/// A `.npy` view of a tensor that spills, under a `--decoded-cache-size`
+/// too small for the spill and a backing file of the view side by
+/// side: the view is served by the daemon from the spill, every time,
+/// and its open never takes the room the spill needs.
+#[test]
+fn a_view_of_a_spilled_tensor_is_served_from_its_spill_when_both_do_not_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    // Over half the 64 MiB cache: decoded into a spill file, 40 MB of
+    // a 60 MB bound.
+    let data: Vec<u8> = (0..40_000_000u32).map(|i| (i / 23 % 239) as u8).collect();
+    let fs = zstd_fs(dir.path(), &data, 60_000_000);
+    fs.set_passthrough(true);
+    let top = fs.lookup(ROOT, OsStr::new(".npy")).unwrap().ino;
+    let attr = fs.lookup(top, OsStr::new("z.npy")).unwrap();
+    let (npy, len) = (attr.ino, attr.size as usize);
+    for round in 0..2 {
+        let (fh, how) = fs.open(npy, false).unwrap();
+        assert!(matches!(how, Open::Served(_)), "round {round}: {how:?}");
+        let mut got = Vec::new();
+        while got.len() < len {
+            let at = got.len() as u64;
+            let bytes = fs.read(npy, fh, at, 1 << 20).unwrap_or_else(|e| {
+                panic!("round {round}: read at {at}: errno {e}");
+            });
+            got.extend_from_slice(&bytes);
+            fs.served(at, bytes);
+        }
+        fs.write_behind.flush();
+        assert_eq!(&got[len - data.len()..], &data[..], "round {round}");
+        assert!(got.starts_with(b"\x93NUMPY"));
+        fs.release(fh);
+        filled(&fs);
+        assert!(fs.data().spilled(0, 0), "round {round}: the spill stays");
+    }
+    assert_eq!(fs.data().stats().errors.load(Relaxed), 0);
+    // The tensor's own file is backed by the spill itself.
+    let (z, fh) = open_z(&fs);
+    read_all(&fs, z, fh, data.len());
+    fs.release(fh);
+    filled(&fs);
+    let (fh, how) = fs.open(z, false).unwrap();
+    assert!(matches!(how, Open::Backed(_)), "{how:?}");
+    fs.release(fh);
+}
+
+#[test]
+fn without_passthrough_a_tensor_is_decoded_into_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..9_000_000u32).map(|i| (i / 13 % 229) as u8).collect();
+    let fs = zstd_fs(dir.path(), &data, 1 << 30);
+    fs.set_passthrough(false);
+    let (z, fh) = open_z(&fs);
+    let mut got = Vec::new();
+    while got.len() < data.len() {
+        let bytes = fs.read(z, fh, got.len() as u64, 1 << 20).unwrap();
+        got.extend_from_slice(&bytes);
+        fs.served((got.len() - bytes.len()) as u64, bytes);
+    }
+    assert_eq!(got, data);
+    assert!(!fs.data().decodes_into_file(0, 0));
+    assert!(fs.data().decoded_file(0, 0).is_none());
+    fs.release(fh);
+}
+
+#[test]
+fn a_whole_read_writes_its_backing_file_and_the_fill_reads_nothing_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 5 % 241) as u8).collect();
+    let fs = zstd_fs(dir.path(), &data, 1 << 30);
+    fs.set_passthrough(true);
+    let (z, fh) = open_z(&fs);
+    read_all(&fs, z, fh, data.len());
+    // Its one decoded unit is all written: it left the cache.
+    assert_eq!(fs.data().cache().gauges().cache_entries, 0);
+    let stats = fs.data().stats();
+    let counts = || {
+        (
+            stats.cache_hits.load(Relaxed),
+            stats.cache_misses.load(Relaxed),
+            stats.decompressions.load(Relaxed),
+        )
+    };
+    let before = counts();
+    fs.release(fh);
+    filled(&fs);
+    assert_eq!(counts(), before, "the fill read the data layer again");
+    let (_, how) = fs.open(z, false).unwrap();
+    let Open::Backed(b) = how else {
+        panic!("not backed")
+    };
+    assert_eq!(contents(&b), data);
+}
+
+#[test]
+fn a_read_of_the_safetensors_view_lets_what_it_wrote_through_leave_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 5 % 241) as u8).collect();
+    let fs = zstd_fs(dir.path(), &data, 1 << 30);
+    fs.set_passthrough(true);
+    let views = fs.lookup(ROOT, OsStr::new(".safetensors")).unwrap().ino;
+    let view = fs.lookup(views, OsStr::new("model.safetensors")).unwrap();
+    let (fh, _) = fs.open(view.ino, false).unwrap();
+    read_all(&fs, view.ino, fh, view.size as usize);
+    // As for the tensor's own file: its decoded unit is all written
+    // through, so it is not kept in memory too.
+    assert_eq!(fs.data().cache().gauges().cache_entries, 0);
+    fs.release(fh);
+}
+
+#[test]
+fn the_page_cache_behind_a_reader_is_dropped_in_steps_once_written_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..8u32 << 20).map(|i| (i / 9 % 227) as u8).collect();
+    let fs = zstd_fs(dir.path(), &data, 1 << 30);
+    fs.set_passthrough(true);
+    let drops = Arc::new(Mutex::new(Vec::new()));
+    let d = drops.clone();
+    let _ = fs.behind_hook().set(Box::new(move |ino, at, len| {
+        d.lock().unwrap().push((ino, at, len));
+    }));
+    let (z, fh) = open_z(&fs);
+    // 1 MiB reads; in tests a step is 2 MiB, ending 1 MiB behind the
+    // reader: dropped when the reader is at 3, 5 and 7 MiB.
+    read_all(&fs, z, fh, data.len());
+    let mib = 1u64 << 20;
+    assert_eq!(
+        *drops.lock().unwrap(),
+        vec![
+            (z, 0, 2 * mib),
+            (z, 2 * mib, 2 * mib),
+            (z, 4 * mib, 2 * mib)
+        ]
+    );
+    fs.release(fh);
+}
+
+#[test]
+fn a_close_that_comes_before_the_last_reads_write_through_waits_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 7 % 233) as u8).collect();
+    let fs = zstd_fs(dir.path(), &data, 1 << 30);
+    fs.set_passthrough(true);
+    let (z, fh) = open_z(&fs);
+    let last = 2_000_000;
+    read_all(&fs, z, fh, last);
+    let tail = fs.read(z, fh, last as u64, 1 << 20).unwrap();
+    assert_eq!(tail.len(), data.len() - last);
+    let decoded = fs.data().stats().decompressions.load(Relaxed);
+    // The reader has the tail and closes while the daemon has yet to
+    // write it through.
+    std::thread::scope(|s| {
+        let closing = s.spawn(|| fs.release(fh));
+        let t = std::time::Instant::now();
+        while crate::mount::lock(&fs.opens).by_fh.contains_key(&fh) {
+            assert!(t.elapsed().as_secs() < 30, "release never began");
+            std::thread::yield_now();
+        }
+        fs.served(last as u64, tail);
+        closing.join().unwrap();
+    });
+    filled(&fs);
+    let stats = fs.data().stats();
+    assert_eq!(stats.decompressions.load(Relaxed), decoded, "decoded again");
+    let (_, how) = fs.open(z, false).unwrap();
+    let Open::Backed(b) = how else {
+        panic!("not backed")
+    };
+    assert_eq!(contents(&b), data);
+}
+
+#[test]
+fn a_write_still_under_way_when_its_close_stops_waiting_drops_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 11 % 239) as u8).collect();
+    let fs = zstd_fs(dir.path(), &data, 1 << 30);
+    fs.set_passthrough(true);
+    let (z, fh) = open_z(&fs);
+    read_all(&fs, z, fh, 2_000_000);
+    // The tail's write never comes while the close waits (2 s): it
+    // would land beside the fill's, so the file is not kept.
+    let tail = fs.read(z, fh, 2_000_000, 1 << 20).unwrap();
+    fs.release(fh);
+    filled(&fs);
+    fs.served(2_000_000, tail);
+    fs.write_behind.flush();
+    assert_eq!(fs.backings.gauges(), (0, 0));
+    let (fh, how) = fs.open(z, false).unwrap();
+    assert!(
+        !matches!(how, Open::Backed(_)),
+        "a file written after its seal"
+    );
+    read_all(&fs, z, fh, data.len());
+    fs.release(fh);
+}
+
+#[test]
+fn a_close_while_an_earlier_close_waits_to_seal_leaves_the_backing_file_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 5 % 227) as u8).collect();
+    let fs = zstd_fs(dir.path(), &data, 1 << 30);
+    fs.set_passthrough(true);
+    let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+    // A peek whose write-through is still to come when its open closes:
+    // that close waits in the seal.
+    let (a, _) = fs.open(z, false).unwrap();
+    let first = fs.read(z, a, 0, 4096).unwrap();
+    let Some(NodeKind::File(c)) = fs.tree.node(z).map(|n| &n.kind) else {
+        panic!("z is no file")
+    };
+    std::thread::scope(|s| {
+        let closing = s.spawn(|| fs.release(a));
+        let t = std::time::Instant::now();
+        while !fs.backings.sealing(c) {
+            assert!(t.elapsed().as_secs() < 30, "the close never took the file");
+            std::thread::yield_now();
+        }
+        // Another open peeks and closes meanwhile (the next `dd`): its
+        // close finds the file taken, and returns at once.
+        let (b, _) = fs.open(z, false).unwrap();
+        let peek = fs.read(z, b, 4096, 4096).unwrap();
+        fs.served(4096, peek);
+        fs.release(b);
+        fs.served(0, first);
+        closing.join().unwrap();
+    });
+    // Dropped once (a peek keeps no disk), and counted so.
+    assert_eq!(fs.backings.gauges(), (0, 0));
+    let (c, _) = fs.open(z, false).unwrap();
+    read_all(&fs, z, c, data.len());
+    fs.release(c);
+}
+
+#[test]
+fn an_open_right_after_a_whole_read_waits_for_its_backing_file_to_be_published() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 3 % 239) as u8).collect();
+    let fs = zstd_fs(dir.path(), &data, 1 << 30);
+    fs.set_passthrough(true);
+    // A slow drop of the inode's page cache, as for gigabytes of it.
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d = dropped.clone();
+    let _ = fs.filled_hook().set(Box::new(move |_| {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        d.store(true, Relaxed);
+    }));
+    let (z, fh) = open_z(&fs);
+    read_all(&fs, z, fh, data.len());
+    fs.release(fh);
+    // Every byte is written: the next open waits for the publication
+    // instead of being served (which would fill the page cache again).
+    let (fh, how) = fs.open(z, false).unwrap();
+    let Open::Backed(b) = how else {
+        panic!("served while its backing file was being published")
+    };
+    assert!(
+        dropped.load(Relaxed),
+        "backed before the page cache was dropped"
+    );
+    assert_eq!(contents(&b), data);
+    fs.release(fh);
+}
+
+#[test]
+fn a_spill_short_of_disk_may_drop_a_filled_file_no_open_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = vec![9u8; 1 << 20];
+    let fs = zstd_fs(dir.path(), &data, 1 << 30);
+    fs.set_passthrough(true);
+    let (z, fh) = open_z(&fs);
+    read_all(&fs, z, fh, data.len());
+    fs.release(fh);
+    filled(&fs);
+    let (fh, how) = fs.open(z, false).unwrap();
+    assert!(matches!(how, Open::Backed(_)));
+    let free = fs.data().free_disk();
+    assert!(!free(), "dropped a backing file an open holds");
+    fs.release(fh);
+    assert!(free());
+    assert_eq!(fs.backings.gauges(), (0, 0));
+    assert!(!free());
+}
+
+#[test]
+fn a_partly_read_file_is_filled_in_its_gaps_and_a_peek_keeps_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 3 % 239) as u8).collect();
+    let fs = zstd_fs(dir.path(), &data, 1 << 30);
+    fs.set_passthrough(true);
+    let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+    // A peek: what it wrote is dropped at close.
+    let (fh, _) = fs.open(z, false).unwrap();
+    let bytes = fs.read(z, fh, 4096, 4096).unwrap();
+    fs.served(4096, bytes);
+    assert_eq!(fs.backings.gauges(), (data.len() as u64, 1));
+    fs.release(fh);
+    assert_eq!(fs.backings.gauges(), (0, 0));
+    // Two thirds read, out of order and in odd sizes: the rest is filled.
+    let (fh, _) = fs.open(z, false).unwrap();
+    for (at, n) in [
+        (1_000_000u64, 777_777u32),
+        (12_345, 987_655),
+        (1_777_777, 222_223),
+    ] {
+        let bytes = fs.read(z, fh, at, n).unwrap();
+        fs.served(at, bytes);
+    }
+    fs.release(fh);
+    filled(&fs);
+    let (_, how) = fs.open(z, false).unwrap();
+    let Open::Backed(b) = how else {
+        panic!("not backed")
+    };
+    assert_eq!(contents(&b), data);
+}
+
+#[test]
+fn nothing_is_backed_without_passthrough_or_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = vec![7u8; 1 << 20];
+    let fs = zstd_fs(dir.path(), &data, 1 << 30);
+    let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+    for _ in 0..2 {
+        let (fh, how) = fs.open(z, false).unwrap();
+        // No backing file to come: the kernel's page cache keeps it.
+        assert!(matches!(how, Open::Served(CacheMode::KeepCache)));
+        read_all(&fs, z, fh, data.len());
+        fs.release(fh);
+        filled(&fs);
+    }
+    assert_eq!(fs.backings.gauges(), (0, 0));
+    let dir2 = tempfile::tempdir().unwrap();
+    let small = zstd_fs(dir2.path(), &data, 1000);
+    small.set_passthrough(true);
+    for _ in 0..2 {
+        let (fh, how) = small.open(z, false).unwrap();
+        assert!(matches!(how, Open::Served(_)));
+        read_all(&small, z, fh, data.len());
+        small.release(fh);
+        filled(&small);
+    }
+    assert_eq!(small.backings.gauges(), (0, 0));
+}
