@@ -28,7 +28,7 @@
 //!   set ([`Duplicates::Refuse`]) or lists the second as a failing
 //!   `NAME (duplicate in SHARD)` ([`Duplicates::List`]).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use super::Opened;
@@ -125,6 +125,12 @@ pub struct Set {
     /// Tensors shards hold that the index does not put there: added last,
     /// so that the index's placement of a name wins.
     unplaced: Vec<Tensor>,
+    /// Tensors the index puts in a shard that does not hold them: where
+    /// each is listed, and that shard.
+    misplaced: HashMap<String, (usize, String)>,
+    /// Attributes every shard has alike (a safetensors shard's `format`),
+    /// `None` before the first shard.
+    common: Option<JsonMap>,
 }
 
 impl Set {
@@ -140,6 +146,8 @@ impl Set {
             duplicates,
             duplicate: None,
             unplaced: Vec::new(),
+            misplaced: HashMap::new(),
+            common: None,
         }
     }
 
@@ -177,6 +185,9 @@ impl Set {
     /// knows of it, a digest say), its blobs renumbered, its tensors (those
     /// wanted) appended.
     fn take(&mut self, c: Catalog, src: MappedFile, file: Option<&str>, wanted: Option<&[String]>) {
+        if file.is_some() {
+            self.keep_common(&c.attributes);
+        }
         let si = self.catalog.sources.len();
         let base = self.catalog.blobs.len();
         let mut sref = c.sources.into_iter().next().unwrap_or_default();
@@ -215,7 +226,16 @@ impl Set {
         for name in wanted.into_iter().flatten() {
             if !have.contains(name) {
                 let why = format!("the index puts it in {file}, which does not hold it");
+                let at = self.catalog.tensors.len();
                 self.push(missing(name, file, why));
+                if self
+                    .catalog
+                    .tensors
+                    .get(at)
+                    .is_some_and(|t| &t.name == name)
+                {
+                    self.misplaced.insert(name.clone(), (at, file.to_string()));
+                }
             }
         }
     }
@@ -254,10 +274,51 @@ impl Set {
         self.catalog.tensors.push(t);
     }
 
+    /// Narrows the attributes every shard has alike to those `shard` has.
+    fn keep_common(&mut self, shard: &JsonMap) {
+        match &mut self.common {
+            None => self.common = Some(shard.clone()),
+            Some(c) => c.retain(|k, v| shard.get(k) == Some(v)),
+        }
+    }
+
+    /// A tensor a shard holds where the index puts it in another shard,
+    /// which does not hold it: served from where its bytes are, in its
+    /// place in the index, as loaders that read each shard whole find it.
+    /// Gives `t` back when the index puts it nowhere else.
+    fn place_misplaced(&mut self, mut t: Tensor) -> Option<Tensor> {
+        let Some((at, said)) = self.misplaced.remove(&t.name) else {
+            return Some(t);
+        };
+        let held = t.meta.get("shard");
+        let held = held.as_ref().and_then(|s| s.as_str()).unwrap_or_default();
+        log::warn!(
+            "{}: tensor {:?}: the index puts it in {said}, which does not hold it; served \
+             from {held}, which does",
+            self.catalog.label,
+            t.name
+        );
+        let mut meta = t.meta.to_map();
+        meta.remove("in_index");
+        meta.insert("index_shard".into(), said.into());
+        t.meta = meta.into();
+        self.catalog.tensors[at] = t;
+        None
+    }
+
     /// The joined set; refused if a name was held twice and the format
     /// refuses that.
     pub fn finish(mut self) -> Result<Opened> {
-        let unplaced = std::mem::take(&mut self.unplaced);
+        for (k, v) in self.common.take().unwrap_or_default() {
+            self.catalog.attributes.entry(k).or_insert(v);
+        }
+        let mut unplaced = std::mem::take(&mut self.unplaced);
+        if self.duplicates == Duplicates::List {
+            unplaced = unplaced
+                .into_iter()
+                .filter_map(|t| self.place_misplaced(t))
+                .collect();
+        }
         if !unplaced.is_empty() {
             let listed = self.duplicates == Duplicates::List;
             log::info!(

@@ -331,6 +331,9 @@ fn metadata(c: &Catalog, omitted: &[(String, String)]) -> serde_json::Map<String
         };
         m.insert(k.clone(), text);
     }
+    // Loaders check this key (transformers refuses a file whose metadata
+    // lacks it); safetensors' torch writer puts "pt" there.
+    m.entry("format".into()).or_insert_with(|| "pt".into());
     m.insert("ztensor_mount.format".into(), c.format.clone());
     m.insert("ztensor_mount.source".into(), c.label.clone());
     if !omitted.is_empty() {
@@ -408,6 +411,7 @@ mod tests {
             .unwrap();
         assert!(omitted.contains("safetensors' metadata key"), "{omitted}");
         assert!(omitted.contains("same name comes first"), "{omitted}");
+        assert_eq!(json["__metadata__"]["format"], "pt");
         assert_eq!(l.entries.len(), 2);
         assert_eq!(l.size, 8 + n as u64 + 28);
     }
