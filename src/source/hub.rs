@@ -374,44 +374,35 @@ const MOUNTABLE: &[&str] = &[
 ];
 
 /// The file to mount when the URL names none: the safetensors index, else
-/// the one safetensors file, else the one file of another format; else
-/// one line listing the candidates.
+/// the one safetensors file, else the one file of another format; those
+/// at the repo's top first (what loaders read), then, where its top has
+/// none, those of the one folder that has weights (a folder is one part
+/// of a diffusers pipeline); else one line listing the candidates, the
+/// top's first, then each folder's.
 fn choose(spec: &Spec, info: &RepoInfo) -> std::result::Result<String, Fail> {
     let names: Vec<&str> = info.files.iter().map(|(n, _)| n.as_str()).collect();
-    if names.contains(&"model.safetensors.index.json") {
-        return Ok("model.safetensors.index.json".into());
+    let mut folders: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for n in &names {
+        folders
+            .entry(n.rsplit_once('/').map_or("", |(d, _)| d))
+            .or_default()
+            .push(n);
     }
-    let indexes: Vec<&str> = names
-        .iter()
-        .copied()
-        .filter(|n| n.ends_with(".safetensors.index.json"))
-        .collect();
-    let st: Vec<&str> = names
-        .iter()
-        .copied()
-        .filter(|n| n.ends_with(".safetensors"))
-        .collect();
-    let any: Vec<&str> = names
-        .iter()
-        .copied()
-        .filter(|n| MOUNTABLE.iter().any(|e| n.ends_with(e)))
-        .collect();
-    let pick = match (indexes.as_slice(), st.as_slice(), any.as_slice()) {
-        ([one], _, _) => Some(*one),
-        ([], [one], _) => Some(*one),
-        ([], [], [one]) => Some(*one),
-        _ => None,
-    };
-    if let Some(p) = pick {
+    let (top_pick, top) = weights_among(&folders.remove("").unwrap_or_default());
+    if let Some(p) = top_pick {
         return Ok(p.to_string());
     }
-    let candidates: Vec<&str> = if !indexes.is_empty() {
-        indexes
-    } else if !st.is_empty() {
-        st
-    } else {
-        any
-    };
+    let mut in_folders = Vec::new();
+    for files in folders.values() {
+        match weights_among(files) {
+            (Some(p), _) => in_folders.push(p),
+            (None, several) => in_folders.extend(several),
+        }
+    }
+    if let (true, [one]) = (top.is_empty(), in_folders.as_slice()) {
+        return Ok(one.to_string());
+    }
+    let candidates = [top, in_folders].concat();
     if candidates.is_empty() {
         return Err(format!(
             "the repo has no weights file the mount reads (of {} files); name one as \
@@ -429,6 +420,30 @@ fn choose(spec: &Spec, info: &RepoInfo) -> std::result::Result<String, Fail> {
         "the repo has several weights files; name one: {}",
         list.join(" ")
     ))
+}
+
+/// Among the files of one folder, the weights file to mount
+/// (`model.safetensors.index.json`, else the one safetensors index, else
+/// the one safetensors file, else the one file of another format), or the
+/// candidates of the first kind there are several of.
+fn weights_among<'a>(names: &[&'a str]) -> (Option<&'a str>, Vec<&'a str>) {
+    let of = |pred: &dyn Fn(&str) -> bool| -> Vec<&'a str> {
+        names.iter().copied().filter(|n| pred(n)).collect()
+    };
+    let kinds = [
+        of(&|n| n.rsplit('/').next() == Some("model.safetensors.index.json")),
+        of(&|n| n.ends_with(".safetensors.index.json")),
+        of(&|n| n.ends_with(".safetensors")),
+        of(&|n| MOUNTABLE.iter().any(|e| n.ends_with(e))),
+    ];
+    for kind in kinds {
+        match kind.as_slice() {
+            [] => continue,
+            [one] => return (Some(*one), Vec::new()),
+            _ => return (None, kind),
+        }
+    }
+    (None, Vec::new())
 }
 
 /// Where the facts a mount learned from the Hub are kept for an offline
@@ -1201,5 +1216,38 @@ mod tests {
              hf://o/r@main/m.Q8.gguf"
         );
         assert!(c(&["README.md"]).unwrap_err().contains("no weights file"));
+        // The repo's top first: a folder's set is another model's part.
+        assert_eq!(
+            c(&[
+                "model.safetensors",
+                "text_encoder_2/model.safetensors.index.json",
+                "text_encoder_2/model-00001-of-00002.safetensors",
+            ])
+            .unwrap(),
+            "model.safetensors"
+        );
+        assert_eq!(
+            c(&["onnx/model.onnx", "model.safetensors"]).unwrap(),
+            "model.safetensors"
+        );
+        // Only folders: their one set.
+        assert_eq!(
+            c(&["README.md", "unet/diffusion_pytorch_model.safetensors"]).unwrap(),
+            "unet/diffusion_pytorch_model.safetensors"
+        );
+        // Several at the top: those, then each folder's, by name.
+        assert_eq!(
+            c(&[
+                "flux1-dev.safetensors",
+                "ae.safetensors",
+                "transformer/diffusion_pytorch_model.safetensors.index.json",
+                "text_encoder_2/model.safetensors.index.json",
+            ])
+            .unwrap_err(),
+            "the repo has several weights files; name one: \
+             hf://o/r@main/flux1-dev.safetensors hf://o/r@main/ae.safetensors \
+             hf://o/r@main/text_encoder_2/model.safetensors.index.json \
+             hf://o/r@main/transformer/diffusion_pytorch_model.safetensors.index.json"
+        );
     }
 }
