@@ -183,6 +183,54 @@ fn mounting_twice_on_one_mountpoint_fails_and_keeps_the_first() {
     assert!(std::fs::read(m.path("w")).unwrap() == payload());
 }
 
+/// Two mounts on one mountpoint at once: one mounts, the other is refused
+/// (both used to find it free and stack two mounts there).
+#[test]
+fn two_mounts_at_once_on_one_mountpoint_leave_one() {
+    let _one_at_a_time = support::serial();
+    let Some((mut m, zt)) = scratch_with_file() else {
+        return;
+    };
+    for round in 0..4 {
+        let at_once = |_| {
+            let (zt, mp, log) = (zt.clone(), m.mp.clone(), m.log.clone());
+            std::thread::spawn(move || {
+                support::run_with_timeout(
+                    Command::new(bin())
+                        .arg(&zt)
+                        .arg(&mp)
+                        .arg("--log-file")
+                        .arg(&log),
+                    Duration::from_secs(20),
+                )
+            })
+        };
+        let runs: Vec<Run> = (0..2)
+            .map(at_once)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect();
+        let (ok, refused): (Vec<&Run>, Vec<&Run>) = runs.iter().partition(|r| r.ok());
+        assert_eq!((ok.len(), refused.len()), (1, 1), "round {round}: {runs:?}");
+        let err = assert_clean_failure(refused[0], "the mount beside another");
+        assert!(
+            err.contains("another ztensor-mount is mounting there")
+                || err.contains("already a mount point"),
+            "round {round}: {err}"
+        );
+        let entries = std::fs::read_to_string("/proc/self/mounts")
+            .unwrap()
+            .lines()
+            .filter(|l| l.split(' ').nth(1) == Some(m.mp.to_str().unwrap()))
+            .count();
+        assert_eq!(entries, 1, "round {round}: one mount on the mountpoint");
+        assert!(std::fs::read(m.path("w")).unwrap() == payload());
+        m.pid = daemon_pids(&m.mp).into_iter().next();
+        m.unmount_ok();
+    }
+}
+
 #[test]
 fn unusable_cache_dir_or_log_file_fails_clearly() {
     let _one_at_a_time = support::serial();

@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -61,8 +61,13 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(format!("{}: {e}", file.display())),
     };
-    let mountpoint = match check_mountpoint(mountpoint) {
-        Ok(p) => p,
+    // Checked again once no other mount of ours is under way there: two
+    // at once would both find it free.
+    let (mountpoint, lock) = match check_mountpoint(mountpoint)
+        .and_then(|p| Ok((lock_mountpoint(&p)?, p)))
+        .and_then(|(lock, p)| Ok((check_mountpoint(&p)?, lock)))
+    {
+        Ok(checked) => checked,
         Err(e) => return fail(e),
     };
     // Files made there once mounted would be asked of this very mount,
@@ -105,11 +110,11 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
         started.elapsed()
     );
     if s.foreground {
-        let code = serve(opened, &mountpoint, &s, None);
+        let code = serve(opened, &mountpoint, &s, None, lock);
         crate::source::before_exit();
         return code;
     }
-    let code = daemonize(opened, &mountpoint, &s);
+    let code = daemonize(opened, &mountpoint, &s, lock);
     if code == ExitCode::SUCCESS
         && defaulted_log
         && let Some(p) = &s.log_file
@@ -179,7 +184,29 @@ fn check_mountpoint(p: &Path) -> Result<PathBuf, String> {
     Ok(abs)
 }
 
-fn daemonize(opened: Opened, mountpoint: &Path, s: &Settings) -> ExitCode {
+/// Takes the lock that one mount at a time holds on the directory at `p`
+/// from its check until its mount exists (an exclusive `flock` of the
+/// directory under the mount; `None` where it cannot be opened or locked
+/// at all, as on a filesystem without locks), or says that another
+/// ztensor-mount holds it.
+fn lock_mountpoint(p: &Path) -> Result<Option<File>, String> {
+    let Ok(dir) = File::open(p) else {
+        return Ok(None);
+    };
+    // SAFETY: flock on a descriptor this function owns; no memory is passed.
+    if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(Some(dir));
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::EWOULDBLOCK) => Err(format!(
+            "mountpoint {}: another ztensor-mount is mounting there",
+            p.display()
+        )),
+        _ => Ok(None),
+    }
+}
+
+fn daemonize(opened: Opened, mountpoint: &Path, s: &Settings, lock: Option<File>) -> ExitCode {
     // The fork must copy a process of one thread (see below).
     crate::source::before_fork();
     let mut fds = [0; 2];
@@ -218,7 +245,7 @@ fn daemonize(opened: Opened, mountpoint: &Path, s: &Settings) -> ExitCode {
             }
             detach_stdio();
             crate::source::after_fork();
-            let code = serve(opened, mountpoint, s, Some(File::from(wr)));
+            let code = serve(opened, mountpoint, s, Some(File::from(wr)), lock);
             crate::source::before_exit();
             std::process::exit(if code == ExitCode::SUCCESS { 0 } else { 1 });
         }
@@ -395,7 +422,13 @@ const REMOTE_TRIM_THRESHOLD: libc::c_int = 32 << 20;
 /// DEV" once the mount exists, then the reason if serving it fails; or the
 /// reason it could not mount. (Written to a command that may have gone:
 /// SIGPIPE is ignored, as Rust sets it.)
-fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -> ExitCode {
+fn serve(
+    opened: Opened,
+    mountpoint: &Path,
+    s: &Settings,
+    ready: Option<File>,
+    lock: Option<File>,
+) -> ExitCode {
     let waiting = ready.is_some();
     // In the foreground the default hook's stderr is the log already.
     if waiting {
@@ -447,6 +480,9 @@ fn serve(opened: Opened, mountpoint: &Path, s: &Settings, ready: Option<File>) -
             return fail(msg);
         }
     };
+    // Mounted: a mount that comes next finds it so (the caller, which
+    // shares the lock, lets go of it when it returns).
+    drop(lock);
     crate::mount::fuse::drop_cache_when_filled(&filled, &behind, session.notifier());
     match std::os::fd::AsFd::as_fd(&session).try_clone_to_owned() {
         Ok(fd) => {
