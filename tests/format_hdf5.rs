@@ -720,6 +720,44 @@ fn a_dataset_under_many_names_is_read_once() {
     }
 }
 
+/// Datasets h5py names `..` are tensors like any, their paths escaped in
+/// the mount (they refused the whole file before).
+#[test]
+fn datasets_named_dot_dot_are_served_under_escaped_paths() {
+    let Some((dir, _)) = written() else {
+        return;
+    };
+    let file = dir.path().join("hostile/dots.h5");
+    let o = formats::open(&file, Limits::default()).unwrap();
+    let names: Vec<&str> = o.catalog.tensors.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["..", "x/.."]);
+    let scratch = tempfile::tempdir().unwrap();
+    let data = serve(o, scratch.path(), 1 << 20);
+    let ints = |base: i32| {
+        (base..base + 3)
+            .flat_map(i32::to_le_bytes)
+            .collect::<Vec<u8>>()
+    };
+    assert_eq!(read_whole(&data, 0, 0, 1 << 20).unwrap(), ints(10));
+    assert_eq!(read_whole(&data, 1, 0, 1 << 20).unwrap(), ints(20));
+    let _serial = support::serial();
+    let Some(mut m) = support::Mount::scratch() else {
+        return;
+    };
+    m.mount(&file, &[]);
+    let index = m.index();
+    let paths: Vec<&str> = index["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["%2E%2E", "x/%2E%2E"]);
+    assert_eq!(m.read("%2E%2E"), ints(10));
+    assert_eq!(m.read("x/%2E%2E"), ints(20));
+    m.unmount_ok();
+}
+
 /// Every prefix (in steps) and seeded byte flips of both h5py files: open
 /// refuses in one line, or every tensor reads or fails; never a panic.
 #[test]

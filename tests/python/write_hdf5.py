@@ -188,6 +188,10 @@ def hostile(out):
         f["x"] = np.arange(5, dtype="<i4")
         for i in range(50):
             f[f"alias/{i}"] = f["x"]
+    with h5py.File(os.path.join(out, "dots.h5"), "w") as f:
+        # ".." is a name like any to HDF5 ("." is the group itself).
+        f.create_dataset("..", data=np.arange(3, dtype="<i4") + 10)
+        f.create_group("x").create_dataset("..", data=np.arange(3, dtype="<i4") + 20)
     with h5py.File(os.path.join(out, "strings.h5"), "w") as f:
         f["s"] = np.array([b"abc", b"de"], dtype="S3")
         f["c"] = np.array([1 + 2j], dtype="<c8")

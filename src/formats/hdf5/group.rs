@@ -288,9 +288,12 @@ fn heap_name(names: &[u8], off: u64) -> Res<String> {
     name(&rest[..n])
 }
 
+/// A link's name. `.` and `..` are names like any in HDF5 (h5py writes
+/// and reads a dataset called `..`); the tree escapes them as it does in
+/// every format. A `/` would split the name, and HDF5 writes none.
 fn name(b: &[u8]) -> Res<String> {
     let s = std::str::from_utf8(b).map_err(|_| "a link name is not UTF-8".to_string())?;
-    if s.is_empty() || s.contains('/') || s == "." || s == ".." || s.contains('\0') {
+    if s.is_empty() || s.contains('/') || s.contains('\0') {
         return Err(format!("link name {s:?} is not a name"));
     }
     Ok(s.to_string())
