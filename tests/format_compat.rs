@@ -281,6 +281,14 @@ fn gguf_plain_quantized_and_split() {
     let second = dir.path().join("split/m-00002-of-00003.gguf");
     let err = formats::open(&second, Limits::default()).err().unwrap();
     assert!(err.to_string().contains("mount the first one"), "{err}");
+    // A big-endian file is named so, not taken for a broken one.
+    let big = dir.path().join("big_endian.gguf");
+    let err = formats::open(&big, Limits::default()).err().unwrap();
+    assert!(
+        err.to_string()
+            .contains("a big-endian GGUF file (version 3); only little-endian GGUF is read"),
+        "{err}"
+    );
 }
 
 #[test]

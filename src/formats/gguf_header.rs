@@ -162,6 +162,13 @@ impl Reader<'_> {
             return Err("no GGUF magic".into());
         }
         let version = self.u32()?;
+        // gguf-py writes big-endian files on request, version included.
+        let swapped = version.swap_bytes();
+        if version > 0xffff && (1..=0xffff).contains(&swapped) {
+            return Err(format!(
+                "a big-endian GGUF file (version {swapped}); only little-endian GGUF is read"
+            ));
+        }
         if version < 2 {
             return Err(format!("GGUF version {version} is not read"));
         }
@@ -314,6 +321,17 @@ mod tests {
         huge.extend(u64::MAX.to_le_bytes());
         assert!(decoded_cost(&header(&[("a", 9, huge)])).is_err());
         assert!(decoded_cost(b"GGUF").is_err());
+    }
+
+    #[test]
+    fn a_big_endian_file_is_named_so() {
+        let mut b = header(&[]);
+        b[4..8].copy_from_slice(&3u32.to_be_bytes());
+        let why = decoded_cost(&b).unwrap_err();
+        assert_eq!(
+            why,
+            "a big-endian GGUF file (version 3); only little-endian GGUF is read"
+        );
     }
 
     #[test]

@@ -13,8 +13,8 @@ from gguf import quants
 import common
 
 
-def write_file(path, tensors, kv, split=None):
-    w = gguf.GGUFWriter(path, "llama")
+def write_file(path, tensors, kv, split=None, endian=gguf.GGUFEndian.LITTLE):
+    w = gguf.GGUFWriter(path, "llama", endianess=endian)
     for k, (typ, v) in kv.items():
         getattr(w, "add_" + typ)(k, v)
     if split:
@@ -78,6 +78,9 @@ def write(out):
             kv if i == 0 else {},
             split=(i, len(groups), len(names)),
         )
+    # A big-endian file, as gguf-py writes one on request (not read).
+    big = {"f32": (np.arange(6, dtype=np.float32), None)}
+    write_file(os.path.join(out, "big_endian.gguf"), big, {}, endian=gguf.GGUFEndian.BIG)
     return {"model.gguf": exp, "split": exp}
 
 
