@@ -140,6 +140,13 @@ pub fn apply_o(s: &mut Settings, list: &str) -> Result<(), String> {
             None => (opt, None),
         };
         let need = || val.ok_or_else(|| format!("-o {key} needs a value ({key}=...)"));
+        // `debug=0` must not turn debug on: a flag takes no value.
+        let flag = || match val {
+            None => Ok(true),
+            Some(v) => Err(format!(
+                "-o {key}={v}: {key} is a flag and takes no value (leave it out for the default)"
+            )),
+        };
         match key.replace('-', "_").as_str() {
             "ro" | "rw" | "dev" | "nodev" | "suid" | "nosuid" | "exec" | "noexec" | "auto"
             | "noauto" | "user" | "nouser" | "users" | "owner" | "group" | "defaults"
@@ -153,25 +160,25 @@ pub fn apply_o(s: &mut Settings, list: &str) -> Result<(), String> {
             "atime" | "noatime" | "relatime" | "norelatime" | "strictatime" | "nostrictatime"
             | "diratime" | "nodiratime" => {}
             k if k.starts_with("x_") || key.starts_with("x-") || k.starts_with("comment") => {}
-            "allow_other" => s.allow_other = true,
-            "allow_root" => s.allow_root = true,
-            "auto_unmount" => s.auto_unmount = true,
+            "allow_other" => s.allow_other = flag()?,
+            "allow_root" => s.allow_root = flag()?,
+            "auto_unmount" => s.auto_unmount = flag()?,
             "uid" => s.uid = Some(parse_num(key, need()?)?),
             "gid" => s.gid = Some(parse_num(key, need()?)?),
             "cache_size" => s.cache_size = parse_size(need()?)?,
             "index_memory" => s.index_memory = parse_size(need()?)?,
             "cache_dir" => s.cache_dir = PathBuf::from(need()?),
             "threads" => s.threads = parse_num(key, need()?)?,
-            "direct_io" => s.direct_io = true,
-            "page_cache" => s.direct_io = false,
-            "no_verify_raw" => s.verify_raw = false,
-            "xattrs" => s.xattrs = true,
-            "no_xattrs" => s.xattrs = false,
-            "passthrough" => s.passthrough = true,
-            "no_passthrough" => s.passthrough = false,
+            "direct_io" => s.direct_io = flag()?,
+            "page_cache" => s.direct_io = !flag()?,
+            "no_verify_raw" => s.verify_raw = !flag()?,
+            "xattrs" => s.xattrs = flag()?,
+            "no_xattrs" => s.xattrs = !flag()?,
+            "passthrough" => s.passthrough = flag()?,
+            "no_passthrough" => s.passthrough = !flag()?,
             "decoded_cache_size" => s.decoded_cache_size = Some(parse_size(need()?)?),
-            "debug" => s.debug = true,
-            "foreground" => s.foreground = true,
+            "debug" => s.debug = flag()?,
+            "foreground" => s.foreground = flag()?,
             "log_file" => s.log_file = Some(PathBuf::from(need()?)),
             // Commas separate mount options: views are joined by '+'.
             "views" => s.views = crate::views::Views::parse(&need()?.replace('+', ","))?,
@@ -225,6 +232,19 @@ mod tests {
         assert_eq!(parse_size("4096"), Ok(4096));
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn an_o_flag_given_a_value_is_refused_not_turned_on() {
+        for o in ["debug=0", "foreground=no", "xattrs=0", "no_passthrough=1"] {
+            let mut s = Settings::default();
+            let err = apply_o(&mut s, o).unwrap_err();
+            assert!(err.contains("is a flag and takes no value"), "{o}: {err}");
+            assert!(!s.debug && !s.foreground && !s.xattrs && s.passthrough, "{o}");
+        }
+        let mut s = Settings::default();
+        apply_o(&mut s, "debug,page_cache").unwrap();
+        assert!(s.debug && !s.direct_io);
     }
 
     #[test]
