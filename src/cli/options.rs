@@ -240,7 +240,10 @@ mod tests {
             let mut s = Settings::default();
             let err = apply_o(&mut s, o).unwrap_err();
             assert!(err.contains("is a flag and takes no value"), "{o}: {err}");
-            assert!(!s.debug && !s.foreground && !s.xattrs && s.passthrough, "{o}");
+            assert!(
+                !s.debug && !s.foreground && !s.xattrs && s.passthrough,
+                "{o}"
+            );
         }
         let mut s = Settings::default();
         apply_o(&mut s, "debug,page_cache").unwrap();

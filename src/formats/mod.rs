@@ -99,9 +99,11 @@ pub fn open_arg(
     }
     let (src, about) = crate::source::open_described(arg, remote)?;
     let mut opened = open_source(src, limits)?;
-    // Where a Hub file came from (repo, commit, the repo's other files).
+    // Where a Hub file came from (repo, commit, the repo's other files),
+    // held with the catalog, so within the same bound.
     if let Some(about) = about {
         opened.catalog.attributes.insert("source".into(), about);
+        return bounded(opened, limits);
     }
     Ok(opened)
 }

@@ -977,22 +977,39 @@ fn offline_info(spec: &Spec) -> Option<RepoInfo> {
     Some(RepoInfo { commit, files })
 }
 
+/// The most of a repo's other files `.ztensor/index.json` names: a
+/// dataset repo may hold millions, and the list is held for as long as the
+/// mount runs (within `--index-memory`, with the catalog).
+const OTHER_FILES_LISTED: usize = 10_000;
+
 /// What `.ztensor/index.json` says of a Hub file (under `attributes`).
 fn describe(hub: &Hub, spec: &Spec, info: &RepoInfo, path: &str) -> Value {
-    let others: Vec<&str> = info
-        .files
-        .iter()
-        .map(|(n, _)| n.as_str())
-        .filter(|n| *n != path)
-        .collect();
-    serde_json::json!({
+    let (listed, unlisted) = other_files(info, path);
+    let mut about = serde_json::json!({
         "endpoint": hub.endpoint.as_str(),
         "repo": spec.repo,
         "revision": spec.revision,
         "commit": info.commit,
         "path": path,
-        "other_files": others,
-    })
+        "other_files": listed,
+    });
+    if unlisted > 0 {
+        about["other_files_not_listed"] = unlisted.into();
+    }
+    about
+}
+
+/// The repo's files but `path`: the first [`OTHER_FILES_LISTED`], and how
+/// many more there are.
+fn other_files<'a>(info: &'a RepoInfo, path: &str) -> (Vec<&'a str>, usize) {
+    let others = info
+        .files
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .filter(|n| *n != path);
+    let listed: Vec<&str> = others.clone().take(OTHER_FILES_LISTED).collect();
+    let unlisted = others.count() - listed.len();
+    (listed, unlisted)
 }
 
 /// Opens the file of `repo` that resolve URL `url` names: read where it is
@@ -1189,6 +1206,20 @@ mod tests {
                 ("sub/x.gguf".to_string(), None)
             ]
         );
+    }
+
+    #[test]
+    fn a_repo_of_many_files_lists_the_first_of_its_others_and_counts_the_rest() {
+        let names: Vec<String> = (0..OTHER_FILES_LISTED + 5)
+            .map(|i| format!("f{i}"))
+            .collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let many = info(&names);
+        let (listed, unlisted) = other_files(&many, "f3");
+        assert_eq!((listed.len(), unlisted), (OTHER_FILES_LISTED, 4));
+        assert!(!listed.contains(&"f3"));
+        let two = info(&["a", "b"]);
+        assert_eq!(other_files(&two, "a"), (vec!["b"], 0));
     }
 
     #[test]
