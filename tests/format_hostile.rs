@@ -717,6 +717,17 @@ fn shard_index_cannot_escape_its_directory() {
         ),
         "{e}"
     );
+    // `./NAME` is the file beside it, as loaders join it to the folder.
+    let header = br#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
+    let mut st = (header.len() as u64).to_le_bytes().to_vec();
+    st.extend_from_slice(header);
+    st.extend_from_slice(&1.5f32.to_le_bytes());
+    std::fs::write(dir.path().join("s.safetensors"), st).unwrap();
+    std::fs::write(&ix, r#"{"weight_map":{"a":"./s.safetensors"}}"#).unwrap();
+    let o = formats::open(&ix, Limits::default()).unwrap_or_else(|e| panic!("{e}"));
+    let a = o.catalog.get("a").unwrap();
+    assert!(a.parts.is_ok());
+    assert_eq!(a.meta.to_map()["shard"], "s.safetensors");
 }
 
 /// GGUF split file `i` of `n`: one F32 [4] tensor `t{i}` of the value `i`.

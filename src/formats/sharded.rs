@@ -121,6 +121,8 @@ pub fn open_hf_index(index: MappedFile, limits: Limits) -> Result<Opened> {
         let Some(file) = file.as_str() else {
             return Err(bad(format!("weight_map[{tensor:?}] is not a file name")));
         };
+        // `./NAME` is NAME to loaders, which join it to the index's folder.
+        let file = file.trim_start_matches("./");
         if !shard_set::name_ok(file) {
             return Err(bad(format!(
                 "weight_map[{tensor:?}] names {file:?}, not a file beside the index"
