@@ -281,6 +281,26 @@ fn unusable_cache_dir_or_log_file_fails_clearly() {
     let err = assert_clean_failure(&r, "bad log file");
     assert!(err.contains("/nonexistent/dir/zt.log"), "{err}");
     assert_not_mounted(&m, "bad log file");
+    // A log file in the mountpoint: hidden by the mount.
+    let hidden = m.mp.join("zt.log");
+    let r = support::run_with_timeout(
+        Command::new(bin())
+            .arg(&zt)
+            .arg(&m.mp)
+            .arg("--log-file")
+            .arg(&hidden),
+        Duration::from_secs(10),
+    );
+    let err = assert_clean_failure(&r, "log file in the mountpoint");
+    assert_eq!(
+        err,
+        format!(
+            "ztensor-mount: log file {} is inside the mountpoint {}, which the mount hides",
+            hidden.display(),
+            m.mp.display()
+        )
+    );
+    assert_not_mounted(&m, "log file in the mountpoint");
     // FIFOs nobody writes or reads: refused at once, not waited on.
     let fifo = m.scratch_path("fifo");
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();

@@ -82,6 +82,31 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
             super::CHOOSE_CACHE_DIR
         ));
     }
+    // The log would go under the mount, hidden from whoever looks for it.
+    if let Some(log) = &s.log_file
+        && let Some(dir) = log.parent().and_then(|d| std::fs::canonicalize(d).ok())
+        && dir.starts_with(&mountpoint)
+    {
+        return fail(format!(
+            "log file {} is inside the mountpoint {}, which the mount hides",
+            log.display(),
+            mountpoint.display()
+        ));
+    }
+    if !remote {
+        for (given, option) in [
+            (s.remote.revision.is_some(), "--revision"),
+            (s.remote.endpoint.is_some(), "--endpoint"),
+            (s.remote.ca_file.is_some(), "--ca-file"),
+        ] {
+            if given {
+                eprintln!(
+                    "ztensor-mount: warning: {option} is for a URL; {} is a local file",
+                    file.display()
+                );
+            }
+        }
+    }
     if std::fs::read_dir(&mountpoint).is_ok_and(|mut d| d.next().is_some()) {
         eprintln!(
             "ztensor-mount: warning: {} is not empty; its contents are hidden while mounted",

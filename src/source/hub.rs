@@ -117,8 +117,9 @@ fn parse(arg: &str, revision: Option<&str>) -> std::result::Result<Spec, String>
             ));
         }
         (Some(a), _) => a.to_string(),
-        (None, Some(r)) if !r.is_empty() => r.to_string(),
-        _ => "main".to_string(),
+        (None, Some("")) => return Err(format!("{USAGE}: --revision is empty")),
+        (None, Some(r)) => r.to_string(),
+        (None, None) => "main".to_string(),
     };
     // A dot segment would be dropped from the API's URL (asking of another
     // revision, or of none); git refuses such names, and control bytes.
@@ -1104,6 +1105,22 @@ pub fn open(arg: &str, opts: &Options) -> Result<(MappedFile, Value)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_empty_revision_is_refused_however_it_is_given() {
+        assert!(
+            parse("hf://o/r@", None)
+                .unwrap_err()
+                .contains("the revision after @ is empty")
+        );
+        assert!(
+            parse("hf://o/r", Some(""))
+                .unwrap_err()
+                .contains("--revision is empty")
+        );
+        assert_eq!(parse("hf://o/r", Some("v1")).unwrap().revision, "v1");
+        assert_eq!(parse("hf://o/r", None).unwrap().revision, "main");
+    }
 
     #[test]
     fn a_refusal_at_read_time_is_gone_denied_or_failed() {
