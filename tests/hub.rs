@@ -580,6 +580,24 @@ fn a_gated_repo_needs_a_token_from_hf_token_or_the_token_file() {
     assert_tensors(&m, &repos.c1);
     assert_eq!(hub.count("cdn_auth"), 0);
     m.unmount_ok();
+    // A token file that cannot be read is named, not passed over.
+    let not_a_file = m.scratch_path("hf_home");
+    let r = hf_run(
+        &mut m,
+        &ep,
+        "hf://org/gated",
+        &cache,
+        &[("HF_TOKEN_PATH", not_a_file.to_str().unwrap())],
+    );
+    assert_eq!(
+        refused(&r),
+        format!(
+            "ztensor-mount: hf://org/gated@main: the repo is gated: its files need a token \
+             (HF_TOKEN, or `huggingface-cli login`) of an account that accepted its conditions \
+             (the token file {} cannot be read: not a regular file)",
+            not_a_file.display()
+        )
+    );
 }
 
 #[test]

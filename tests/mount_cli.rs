@@ -574,6 +574,16 @@ fn dash_u_unmounts_and_rejects_what_is_not_mounted() {
         Duration::from_secs(10),
     );
     assert_clean_failure(&r, "-u of a missing path");
+    // -u without its path asks for the mount point, not for a FILE.
+    for args in [&["-u"][..], &["-uz"], &["--unmount", "--lazy"]] {
+        let r = support::run_with_timeout(Command::new(bin()).args(args), Duration::from_secs(10));
+        assert_eq!(r.status.code(), Some(2), "{args:?}: {r:?}");
+        assert_eq!(
+            r.stderr.trim_end(),
+            "ztensor-mount: -u needs the mount point: ztensor-mount -u [-z] MOUNTPOINT",
+            "{args:?}"
+        );
+    }
     // Another kind of mount (as root, umount2 would take it): left alone.
     if !require_root() {
         return;

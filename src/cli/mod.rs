@@ -215,9 +215,10 @@ enum Tool {
         /// Tensors to bring in, by name or path; a directory stands for
         /// every tensor under it. Default: all.
         tensors: Vec<String>,
-        /// Files read at once.
-        #[arg(long, short = 'j', value_name = "N", default_value_t = 4)]
-        jobs: usize,
+        /// Files read at once (1 to 64).
+        #[arg(long, short = 'j', value_name = "N", default_value_t = 4,
+              value_parser = clap::value_parser!(u16).range(1..=64))]
+        jobs: u16,
     },
 }
 
@@ -270,7 +271,21 @@ pub fn main() -> ExitCode {
     ) {
         return tool(ToolCli::parse());
     }
-    let cli = MountCli::parse();
+    let cli = match MountCli::try_parse() {
+        Ok(cli) => cli,
+        // clap names the positional FILE, which -u takes as the mountpoint.
+        Err(e)
+            if e.kind() == clap::error::ErrorKind::MissingRequiredArgument
+                && args[1..].iter().any(|a| {
+                    a == "--unmount"
+                        || (a.starts_with('-') && !a.starts_with("--") && a.contains('u'))
+                }) =>
+        {
+            eprintln!("ztensor-mount: -u needs the mount point: ztensor-mount -u [-z] MOUNTPOINT");
+            return ExitCode::from(2);
+        }
+        Err(e) => e.exit(),
+    };
     // Before any thread: the daemon keeps this process's command line.
     cmdline::hide_url_queries();
     if cli.lazy && !cli.unmount {
@@ -551,7 +566,7 @@ fn tool(cli: ToolCli) -> ExitCode {
             mountpoint,
             tensors,
             jobs,
-        } => prefetch::run(&mountpoint, &tensors, jobs),
+        } => prefetch::run(&mountpoint, &tensors, jobs.into()),
     }
 }
 

@@ -151,6 +151,9 @@ const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 pub struct Hub {
     endpoint: url::Url,
     token: Option<String>,
+    /// Why the token file there is could not be read, for a refusal that
+    /// wanted a token (a warning at mount would be lost in the background).
+    unread_token: Option<String>,
     offline: bool,
 }
 
@@ -167,6 +170,23 @@ fn token_file() -> Option<PathBuf> {
     Some(home.join("token"))
 }
 
+/// The token in the file `huggingface-cli login` writes, trimmed; an
+/// error saying why when the file is there and cannot be read.
+fn token_from_file() -> Option<std::result::Result<String, String>> {
+    let path = token_file()?;
+    match super::read_small(&path, 64 << 10) {
+        Ok(t) => Some(String::from_utf8_lossy(&t).trim().to_string())
+            .filter(|t| !t.is_empty())
+            .map(Ok),
+        // No login: no token, and nothing to say.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => Some(Err(format!(
+            "the token file {} cannot be read: {e}",
+            path.display()
+        ))),
+    }
+}
+
 impl Hub {
     fn from_env() -> std::result::Result<Hub, String> {
         let ep = env("HF_ENDPOINT").unwrap_or_else(|| DEFAULT_ENDPOINT.into());
@@ -179,10 +199,13 @@ impl Hub {
         let token = env("HF_TOKEN")
             .map(|t| t.trim().to_string())
             .filter(|t| !t.is_empty())
-            .or_else(|| {
-                let t = super::read_small(&token_file()?, 64 << 10).ok()?;
-                Some(String::from_utf8_lossy(&t).trim().to_string()).filter(|t| !t.is_empty())
-            });
+            .map(Ok)
+            .or_else(token_from_file)
+            .transpose();
+        let (token, unread_token) = match token {
+            Ok(t) => (t, None),
+            Err(why) => (None, Some(why)),
+        };
         // No HTTP header can carry a control character: said here, by
         // name, not by the client at the first request.
         if token
@@ -202,6 +225,7 @@ impl Hub {
         Ok(Hub {
             endpoint,
             token,
+            unread_token,
             offline,
         })
     }
@@ -232,7 +256,7 @@ type Fail = String;
 fn refusal(hub: &Hub, status: StatusCode, h: &HeaderMap, what: &str) -> String {
     let code = header(h, "x-error-code").unwrap_or("");
     let token = hub.token.is_some();
-    match (code, status.as_u16()) {
+    let why = match (code, status.as_u16()) {
         ("GatedRepo", _) if !token => "the repo is gated: its files need a token \
              (HF_TOKEN, or `huggingface-cli login`) of an account that accepted its conditions"
             .into(),
@@ -248,6 +272,15 @@ fn refusal(hub: &Hub, status: StatusCode, h: &HeaderMap, what: &str) -> String {
         ("EntryNotFound", _) => format!("no such file {what}"),
         (_, 403) => "access denied by the Hub (403)".into(),
         _ => format!("the Hub answered {status}"),
+    };
+    match &hub.unread_token {
+        Some(unread)
+            if matches!(status.as_u16(), 401 | 403)
+                || matches!(code, "GatedRepo" | "RepoNotFound") =>
+        {
+            format!("{why} ({unread})")
+        }
+        _ => why,
     }
 }
 
