@@ -52,6 +52,11 @@ fn views_selects_each_view_by_its_name_alone() {
     let all = Views::parse("all").unwrap();
     assert!((0..VIEWS.len()).all(|id| all.has(id)));
     assert_eq!(all, Views::ALL);
+    assert_eq!(Views::parse("none").unwrap(), Views::NONE);
+    for empty in ["", ",,", " "] {
+        let err = Views::parse(empty).unwrap_err();
+        assert!(err.contains("give none for no views"), "{empty:?}: {err}");
+    }
     let err = Views::parse("tiff").unwrap_err();
     for r in VIEWS {
         assert!(

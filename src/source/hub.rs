@@ -733,9 +733,13 @@ impl HubStore {
             .map_err(store_error)?;
             let h = r.headers();
             let status = r.status();
-            let location = header(h, LOCATION.as_str()).and_then(|l| url.join(l).ok());
+            let location = header(h, LOCATION.as_str()).map(|l| {
+                url.join(l).map_err(|e| {
+                    format!("the Hub's redirect goes to {l:?}, which is not a URL ({e})")
+                })
+            });
             if status.is_redirection()
-                && let Some(to) = &location
+                && let Some(Ok(to)) = &location
                 && repo.hub.is_hub_host(to)
                 && header(h, "x-linked-size").is_none()
             {
@@ -905,7 +909,7 @@ fn resolved(
     status: StatusCode,
     h: &HeaderMap,
     url: &url::Url,
-    location: Option<url::Url>,
+    location: Option<std::result::Result<url::Url, String>>,
 ) -> object_store::Result<(url::Url, Resolved)> {
     if !(status.is_success() || status.is_redirection()) {
         let what = format!("at commit {}", repo.commit);
@@ -936,7 +940,11 @@ fn resolved(
         .map(|e| e.trim_start_matches("W/").to_string())
         .ok_or_else(|| generic("the Hub's answer gives no ETag"))?;
     let at = if status.is_redirection() {
-        location.ok_or_else(|| generic("the Hub's redirect has no Location"))?
+        match location {
+            Some(Ok(to)) => to,
+            Some(Err(why)) => return Err(generic(why)),
+            None => return Err(generic("the Hub's redirect has no Location")),
+        }
     } else {
         url.clone()
     };

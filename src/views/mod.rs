@@ -219,6 +219,12 @@ impl Views {
     /// Parses a list of view names, `all` or `none` (`npy,zarr`).
     pub fn parse(list: &str) -> Result<Views, String> {
         let mut v = Views::NONE;
+        // An empty list is a slip more often than a wish for none.
+        if list.split(',').all(|s| s.trim().is_empty()) {
+            return Err(format!(
+                "no view named in {list:?} (give none for no views)"
+            ));
+        }
         for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             match item {
                 "all" => v = Views::ALL,
