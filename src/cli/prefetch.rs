@@ -67,6 +67,17 @@ fn choose(index: &Json, mp: &Path, wanted: &[String]) -> Result<Chosen, String> 
         .as_array()
         .ok_or_else(|| format!("{}: .ztensor/index.json lists no tensors", mp.display()))?;
     let mut hit = vec![false; wanted.len()];
+    // A path through the mount (`/mnt/m/layer0`, as a shell completes it)
+    // is the path in the mount it names.
+    let mount = std::path::absolute(mp).ok();
+    let inside: Vec<Option<String>> = wanted
+        .iter()
+        .map(|w| {
+            let abs = std::path::absolute(w).ok()?;
+            let rel = abs.strip_prefix(mount.as_ref()?).ok()?;
+            Some(rel.to_string_lossy().into_owned())
+        })
+        .collect();
     let mut c = Chosen {
         items: Vec::new(),
         tensors: 0,
@@ -78,11 +89,14 @@ fn choose(index: &Json, mp: &Path, wanted: &[String]) -> Result<Chosen, String> 
         let path = t["path"].as_str().unwrap_or_default();
         let mut chosen = wanted.is_empty();
         for (i, w) in wanted.iter().enumerate() {
-            let w = w.trim_end_matches('/');
-            let under = |p: &str| {
-                !w.is_empty() && p.strip_prefix(w).is_some_and(|rest| rest.starts_with('/'))
+            let names = |w: &str| {
+                let w = w.trim_end_matches('/');
+                let under = |p: &str| {
+                    !w.is_empty() && p.strip_prefix(w).is_some_and(|rest| rest.starts_with('/'))
+                };
+                name == w || path == w || under(path) || w.is_empty()
             };
-            if name == w || path == w || under(path) || w.is_empty() {
+            if names(w) || inside[i].as_deref().is_some_and(names) {
                 hit[i] = true;
                 chosen = true;
             }
@@ -283,5 +297,9 @@ mod tests {
             .unwrap();
         assert!(e.contains("\"nope\""), "{e}");
         assert_eq!(human(1536), "1.5 KiB");
+        // A path through the mount names the same.
+        let through = choose(&index(), mp, &["/m/enc".into()]).unwrap().items;
+        assert_eq!(through.len(), 1);
+        assert_eq!(through[0].path, Path::new("/m/enc/x"));
     }
 }
