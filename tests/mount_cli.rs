@@ -183,6 +183,37 @@ fn mounting_twice_on_one_mountpoint_fails_and_keeps_the_first() {
     assert!(std::fs::read(m.path("w")).unwrap() == payload());
 }
 
+/// Options of remote sources given with a local file draw a warning each
+/// (they are ignored), and the mount goes on.
+#[test]
+fn options_for_a_url_given_with_a_local_file_are_warned_of() {
+    let _one_at_a_time = support::serial();
+    let Some((mut m, zt)) = scratch_with_file() else {
+        return;
+    };
+    let r = m.run(
+        &zt,
+        &[
+            "--revision",
+            "v1",
+            "--endpoint",
+            "http://127.0.0.1:1",
+            "--ca-file",
+            "/x.pem",
+        ],
+    );
+    assert!(r.ok(), "{r:?}");
+    for option in ["--revision", "--endpoint", "--ca-file"] {
+        let warning = format!(
+            "ztensor-mount: warning: {option} is for a URL; {} is a local file",
+            zt.display()
+        );
+        assert!(r.stderr.contains(&warning), "{option}: {}", r.stderr);
+    }
+    assert!(std::fs::read(m.path("w")).unwrap() == payload());
+    m.unmount_ok();
+}
+
 /// Two mounts on one mountpoint at once: one mounts, the other is refused
 /// (both used to find it free and stack two mounts there).
 #[test]
@@ -215,8 +246,9 @@ fn two_mounts_at_once_on_one_mountpoint_leave_one() {
         assert_eq!((ok.len(), refused.len()), (1, 1), "round {round}: {runs:?}");
         let err = assert_clean_failure(refused[0], "the mount beside another");
         assert!(
-            err.contains("another ztensor-mount is mounting there")
-                || err.contains("already a mount point"),
+            err.contains(
+                "another process holds a lock on it (another ztensor-mount mounting there?)"
+            ) || err.contains("already a mount point"),
             "round {round}: {err}"
         );
         let entries = std::fs::read_to_string("/proc/self/mounts")

@@ -262,6 +262,14 @@ fn absolute_path_vars() {
     }
 }
 
+/// Whether `arg` is a cluster of short flags holding `-u` (`-u`, `-uz`),
+/// not the value of an `-o` written onto it (`-ouid=1000`).
+fn short_u(arg: &str) -> bool {
+    arg.strip_prefix('-')
+        .filter(|flags| !flags.starts_with('-'))
+        .is_some_and(|flags| flags.chars().take_while(|&c| c != 'o').any(|c| c == 'u'))
+}
+
 pub fn main() -> ExitCode {
     absolute_path_vars();
     let args: Vec<String> = std::env::args().collect();
@@ -276,10 +284,7 @@ pub fn main() -> ExitCode {
         // clap names the positional FILE, which -u takes as the mountpoint.
         Err(e)
             if e.kind() == clap::error::ErrorKind::MissingRequiredArgument
-                && args[1..].iter().any(|a| {
-                    a == "--unmount"
-                        || (a.starts_with('-') && !a.starts_with("--") && a.contains('u'))
-                }) =>
+                && args[1..].iter().any(|a| a == "--unmount" || short_u(a)) =>
         {
             eprintln!("ztensor-mount: -u needs the mount point: ztensor-mount -u [-z] MOUNTPOINT");
             return ExitCode::from(2);
@@ -572,7 +577,7 @@ fn tool(cli: ToolCli) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::MountCli;
+    use super::{MountCli, ToolCli, short_u};
     use clap::Parser;
 
     fn parse(args: &[&str]) -> Result<MountCli, clap::Error> {
@@ -607,6 +612,31 @@ mod tests {
             assert_eq!(cli.file.to_str(), Some("/mnt/m"), "{args:?}");
             assert_eq!(cli.lazy, lazy, "{args:?}");
         }
+    }
+
+    #[test]
+    fn prefetch_reads_1_to_64_files_at_once() {
+        let jobs = |j: &str| ToolCli::try_parse_from(["ztensor-mount", "prefetch", "/m", "-j", j]);
+        for bad in ["0", "65", "-1"] {
+            assert!(jobs(bad).is_err(), "-j {bad}");
+        }
+        for good in ["1", "64"] {
+            assert!(jobs(good).is_ok(), "-j {good}");
+        }
+    }
+
+    #[test]
+    fn dash_u_is_told_from_an_o_value_written_onto_its_flag() {
+        for (arg, u) in [
+            ("-u", true),
+            ("-uz", true),
+            ("-zu", true),
+            ("-ouid=1000", false),
+        ] {
+            assert_eq!(short_u(arg), u, "{arg}");
+        }
+        assert!(!short_u("--uid"));
+        assert!(!short_u("-oauto_unmount"));
     }
 
     #[test]

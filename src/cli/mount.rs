@@ -107,7 +107,9 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
             }
         }
     }
-    if std::fs::read_dir(&mountpoint).is_ok_and(|mut d| d.next().is_some()) {
+    if !automount_trigger(&mountpoint)
+        && std::fs::read_dir(&mountpoint).is_ok_and(|mut d| d.next().is_some())
+    {
         eprintln!(
             "ztensor-mount: warning: {} is not empty; its contents are hidden while mounted",
             mountpoint.display()
@@ -198,7 +200,7 @@ fn check_mountpoint(p: &Path) -> Result<PathBuf, String> {
         && abs != Path::new("/")
         // systemd's x-systemd.automount puts an autofs trigger there first
         // and mounts on top of it when the path is used.
-        && mount_at(&abs).is_none_or(|(_, fstype)| fstype != "autofs")
+        && !automount_trigger(&abs)
     {
         return Err(format!(
             "mountpoint {}: already a mount point (unmount it first: ztensor-mount -u {})",
@@ -215,6 +217,11 @@ fn check_mountpoint(p: &Path) -> Result<PathBuf, String> {
 /// at all, as on a filesystem without locks), or says that another
 /// ztensor-mount holds it.
 fn lock_mountpoint(p: &Path) -> Result<Option<File>, String> {
+    // An open of an automount trigger would start the mount systemd is
+    // making with this very command.
+    if automount_trigger(p) {
+        return Ok(None);
+    }
     let Ok(dir) = File::open(p) else {
         return Ok(None);
     };
@@ -224,11 +231,18 @@ fn lock_mountpoint(p: &Path) -> Result<Option<File>, String> {
     }
     match std::io::Error::last_os_error().raw_os_error() {
         Some(libc::EWOULDBLOCK) => Err(format!(
-            "mountpoint {}: another ztensor-mount is mounting there",
+            "mountpoint {}: another process holds a lock on it (another ztensor-mount \
+             mounting there?)",
             p.display()
         )),
         _ => Ok(None),
     }
+}
+
+/// Whether `p` holds an autofs trigger (systemd's `x-systemd.automount`),
+/// which a mount goes on top of: opening it would start that mount.
+fn automount_trigger(p: &Path) -> bool {
+    mount_at(p).is_some_and(|(_, fstype)| fstype == "autofs")
 }
 
 fn daemonize(opened: Opened, mountpoint: &Path, s: &Settings, lock: Option<File>) -> ExitCode {

@@ -67,13 +67,15 @@ fn choose(index: &Json, mp: &Path, wanted: &[String]) -> Result<Chosen, String> 
         .as_array()
         .ok_or_else(|| format!("{}: .ztensor/index.json lists no tensors", mp.display()))?;
     let mut hit = vec![false; wanted.len()];
-    // A path through the mount (`/mnt/m/layer0`, as a shell completes it)
-    // is the path in the mount it names.
+    // A path through the mount (`/mnt/m/layer0`, `./m/layer0`, as a shell
+    // completes it) is the path in the mount it names; a plain name is
+    // only ever a name.
     let mount = std::path::absolute(mp).ok();
     let inside: Vec<Option<String>> = wanted
         .iter()
         .map(|w| {
-            let abs = std::path::absolute(w).ok()?;
+            let through = w.starts_with('/') || w.starts_with("./") || w.starts_with("../");
+            let abs = std::path::absolute(w).ok().filter(|_| through)?;
             let rel = abs.strip_prefix(mount.as_ref()?).ok()?;
             Some(rel.to_string_lossy().into_owned())
         })

@@ -13,12 +13,13 @@
 //!   it is listed and fails with that reason. A GGUF split file is named
 //!   by no index, so when one cannot be read it is listed itself, as
 //!   `NAME (unusable shard)`.
-//! - A tensor the index puts in a shard that does not hold it: listed,
-//!   failing, saying so. What a shard holds that the index does not put
-//!   in it is listed after every tensor the index places, where the
-//!   format lists duplicates (a Hugging Face index, which loaders read
-//!   shard by shard): served under its name where no other tensor has it,
-//!   else as a duplicate (below). Where the format refuses duplicates (a
+//! - A tensor the index puts in a shard that does not hold it: served
+//!   from a shard that does, in its place, where the format lists
+//!   duplicates (a Hugging Face index, which loaders read shard by shard);
+//!   else listed, failing, saying so. What a shard holds that the index
+//!   does not put in it is listed after every tensor the index places,
+//!   where the format lists duplicates: served under its name where no
+//!   other tensor has it, else as a duplicate (below). Where the format refuses duplicates (a
 //!   deathtensors index, which lists every tensor of the set) it is not
 //!   shown; the log says how many.
 //! - A shard altered after mount: its guard fails its reads with `ESTALE`
@@ -228,11 +229,12 @@ impl Set {
                 let why = format!("the index puts it in {file}, which does not hold it");
                 let at = self.catalog.tensors.len();
                 self.push(missing(name, file, why));
-                if self
-                    .catalog
-                    .tensors
-                    .get(at)
-                    .is_some_and(|t| &t.name == name)
+                if self.duplicates == Duplicates::List
+                    && self
+                        .catalog
+                        .tensors
+                        .get(at)
+                        .is_some_and(|t| &t.name == name)
                 {
                     self.misplaced.insert(name.clone(), (at, file.to_string()));
                 }
@@ -302,8 +304,13 @@ impl Set {
         meta.remove("in_index");
         meta.insert("index_shard".into(), said.into());
         t.meta = meta.into();
-        self.catalog.tensors[at] = t;
-        None
+        match self.catalog.tensors.get_mut(at) {
+            Some(slot) => {
+                *slot = t;
+                None
+            }
+            None => Some(t),
+        }
     }
 
     /// The joined set; refused if a name was held twice and the format
@@ -415,7 +422,76 @@ fn missing(name: &str, shard: &str, why: String) -> Tensor {
 
 #[cfg(test)]
 mod tests {
-    use super::open_each;
+    use super::*;
+
+    /// A shard file `name` in `dir` whose catalog holds `tensors` (no
+    /// bytes) and `attrs`.
+    fn shard(dir: &Path, name: &str, tensors: &[&str], attrs: &[(&str, &str)]) -> ShardResult {
+        let path = dir.join(name);
+        std::fs::write(&path, [0u8; 8]).unwrap();
+        let c = Catalog {
+            tensors: tensors
+                .iter()
+                .map(|t| Tensor {
+                    parts: Ok(Vec::new()),
+                    ..missing(t, "", String::new())
+                })
+                .collect(),
+            attributes: attrs
+                .iter()
+                .map(|(k, v)| (k.to_string(), (*v).into()))
+                .collect(),
+            ..Catalog::default()
+        };
+        Ok((c, MappedFile::open(&path).unwrap()))
+    }
+
+    /// The index puts `a` in s2, which does not hold it; s1 and s3 do.
+    fn joined(duplicates: Duplicates) -> Catalog {
+        let dir = tempfile::tempdir().unwrap();
+        let mut set = Set::new("test", "ix", duplicates);
+        let s1 = shard(
+            dir.path(),
+            "s1",
+            &["a", "b"],
+            &[("format", "pt"), ("x", "1")],
+        );
+        set.add(&dir.path().join("s1"), s1, Some(&["b".to_string()]));
+        let s2 = shard(dir.path(), "s2", &["c"], &[("format", "pt"), ("x", "2")]);
+        set.add(&dir.path().join("s2"), s2, Some(&["a".into(), "c".into()]));
+        let s3 = shard(dir.path(), "s3", &["a"], &[("format", "pt")]);
+        set.add(&dir.path().join("s3"), s3, Some(&[]));
+        set.finish()
+            .map(|o| o.catalog)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_tensor_in_another_shard_than_the_index_says_is_served_from_the_first_that_holds_it() {
+        let c = joined(Duplicates::List);
+        let names: Vec<&str> = c.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["b", "c", "a", "a (duplicate in s3)"]);
+        let a = c.get("a").unwrap();
+        assert!(a.parts.is_ok());
+        let meta = a.meta.to_map();
+        assert_eq!(
+            (&meta["shard"], &meta["index_shard"]),
+            (&"s1".into(), &"s2".into())
+        );
+        assert!(c.get("a (duplicate in s3)").unwrap().parts.is_err());
+        // Only what every shard says alike is the set's.
+        assert_eq!(c.attributes.get("format"), Some(&"pt".into()));
+        assert_eq!(c.attributes.get("x"), None);
+    }
+
+    #[test]
+    fn where_the_index_lists_every_tensor_a_misplaced_one_stays_failing() {
+        let c = joined(Duplicates::Refuse);
+        let names: Vec<&str> = c.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["b", "c", "a"]);
+        let why = c.get("a").unwrap().parts.clone().unwrap_err();
+        assert_eq!(why, "the index puts it in s2, which does not hold it");
+    }
 
     #[test]
     fn each_item_is_opened_once_and_given_back_in_its_order() {

@@ -122,10 +122,11 @@ pub fn open_hf_index(index: MappedFile, limits: Limits) -> Result<Opened> {
             return Err(bad(format!("weight_map[{tensor:?}] is not a file name")));
         };
         // `./NAME` is NAME to loaders, which join it to the index's folder.
-        let file = file.trim_start_matches("./");
+        let given = file;
+        let file = file.strip_prefix("./").unwrap_or(file);
         if !shard_set::name_ok(file) {
             return Err(bad(format!(
-                "weight_map[{tensor:?}] names {file:?}, not a file beside the index"
+                "weight_map[{tensor:?}] names {given:?}, not a file beside the index"
             )));
         }
         match shard_at.get(file) {

@@ -1145,11 +1145,12 @@ impl Backings {
             // A fill that panics leaves its file to the daemon and the
             // queue running: the files behind it still get filled.
             let (key, charge) = (job.key.clone(), charge_of(job.len, &job.holds));
-            let name = self.name(job.asked_by);
+            let asked_by = job.asked_by;
             let fill = std::panic::AssertUnwindSafe(|| self.fill(job));
             if std::panic::catch_unwind(fill).is_err() {
                 log::error!(
-                    "filling the backing file of {name} failed (a panic): it stays served by the daemon"
+                    "filling the backing file of {} failed (a panic): it stays served by the daemon",
+                    self.name(asked_by)
                 );
                 self.forget(&key, charge);
             }

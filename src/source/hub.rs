@@ -456,6 +456,11 @@ fn choose(spec: &Spec, info: &RepoInfo) -> std::result::Result<String, Fail> {
     ))
 }
 
+/// The folder of a repo's file (`""` at its top).
+fn folder_of(path: &str) -> &str {
+    path.rsplit_once('/').map_or("", |(d, _)| d)
+}
+
 /// Among the files of one folder, the weights file to mount
 /// (`model.safetensors.index.json`, else the one safetensors index, else
 /// the one safetensors file, else the one file of another format), or the
@@ -542,7 +547,8 @@ pub struct Repo {
     opts: Options,
     /// Where each file's bytes are (its signed CDN URL), by path.
     locations: Mutex<HashMap<String, (url::Url, Resolved)>>,
-    /// The repo's files at the commit, with their sizes where known.
+    /// The files of the mounted file's folder at the commit (its siblings),
+    /// with their sizes where known.
     files: HashMap<String, Option<u64>>,
     /// `huggingface_hub`'s cache, where a file it downloaded is read from.
     hf_cache: Option<PathBuf>,
@@ -735,7 +741,9 @@ impl HubStore {
             let status = r.status();
             let location = header(h, LOCATION.as_str()).map(|l| {
                 url.join(l).map_err(|e| {
-                    format!("the Hub's redirect goes to {l:?}, which is not a URL ({e})")
+                    // Its query may be a signature; a server's text, cut short.
+                    let shown: String = remote::without_queries(l).chars().take(200).collect();
+                    format!("the Hub's redirect goes to {shown:?}, which is not a URL ({e})")
                 })
             });
             if status.is_redirection()
@@ -1133,7 +1141,13 @@ pub fn open(arg: &str, opts: &Options) -> Result<(MappedFile, Value)> {
         commit: info.commit.clone(),
         opts: opts.clone(),
         locations: Mutex::new(HashMap::new()),
-        files: info.files.into_iter().collect(),
+        // Only the mounted file's folder: its siblings (shards, external
+        // data) are beside it, and a dataset repo may list millions.
+        files: info
+            .files
+            .into_iter()
+            .filter(|(n, _)| folder_of(n) == folder_of(&path))
+            .collect(),
         hf_cache: hf_cache::dir(),
         client: super::shared::PerProcess::new(),
         cdn_etags: Mutex::default(),

@@ -332,8 +332,13 @@ fn metadata(c: &Catalog, omitted: &[(String, String)]) -> serde_json::Map<String
         m.insert(k.clone(), text);
     }
     // Loaders check this key (transformers refuses a file whose metadata
-    // lacks it); safetensors' torch writer puts "pt" there.
-    m.entry("format".into()).or_insert_with(|| "pt".into());
+    // lacks it, or says other than pt, tf, flax or mlx); safetensors'
+    // torch writer puts "pt" there. Only a safetensors source's own says
+    // otherwise: another format's attribute of that name means something
+    // else.
+    if !c.format.starts_with("safetensors") || !m.contains_key("format") {
+        m.insert("format".into(), "pt".into());
+    }
     m.insert("ztensor_mount.format".into(), c.format.clone());
     m.insert("ztensor_mount.source".into(), c.label.clone());
     if !omitted.is_empty() {
