@@ -8,7 +8,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use super::cache::{Buf, Cache};
@@ -173,6 +173,12 @@ struct BlobState {
     /// Not a `OnceLock`: a spill that could not start or failed for want
     /// of disk is tried again by the next read.
     spill: Mutex<Option<Arc<Spill>>>,
+    /// Set while a read takes or frees room for its spill and, once it has
+    /// the room, until the spill is in `spill`: a spill being made under
+    /// the slot's lock, which another spill waiting for room must count as
+    /// one that will soon be read and let go of (see
+    /// [`Data::spills_in_use`]).
+    making_spill: AtomicBool,
     /// A spill of it has been logged at info level: later ones (made
     /// again after a drop) are logged at debug level, so that a small
     /// cache or descriptor limit does not flood the log.
@@ -232,8 +238,9 @@ pub struct Data {
     /// Asked to give up what was reserved beside the spill of a blob: the
     /// files that reads of its tensor's files write through to and that
     /// could never sit beside the spill (their fill would read the spill
-    /// back); true when it did.
-    give_up: OnceLock<Box<dyn Fn(usize) -> bool + Send + Sync>>,
+    /// back), or, asked for `Copies::All`, any file reads write through
+    /// to; true when it did.
+    give_up: OnceLock<GiveUp>,
     /// The bound spills share with filled backing files
     /// (`--decoded-cache-size`).
     disk: Arc<super::decoded_disk::DecodedDisk>,
@@ -249,6 +256,19 @@ pub struct Data {
     unit_file_late: AtomicBool,
 }
 
+/// See `Data::give_up`.
+pub type GiveUp = Box<dyn Fn(usize, Copies) -> bool + Send + Sync>;
+
+/// Which files written through to a spill short of room gives up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Copies {
+    /// Those that show its own tensor and could never sit beside it.
+    Its,
+    /// Every one: copies are kept for speed, a spill is needed to serve
+    /// its tensor at all.
+    All,
+}
+
 pub type FreeDisk = Box<dyn Fn() -> bool + Send + Sync>;
 
 /// A file holding exactly a tensor's decoded bytes (see
@@ -258,7 +278,7 @@ pub struct DecodedFile {
     /// The spill it belongs to, if any: held while the file is used, so
     /// that the spill is not taken for idle (dropping it would free no
     /// disk while the file is open elsewhere).
-    pub holds: Option<Arc<spill::SpillHold>>,
+    pub holds: Option<Arc<Spill>>,
 }
 
 impl Data {
@@ -1347,6 +1367,7 @@ impl Data {
         let dir = &self.opts.cache_dir;
         self.descriptor_for_spill(bi);
         let charge = self.room_for_spill(bi, dir, decoded)?;
+        let _making = Making(&self.states[bi].making_spill);
         self.ensure_blob(s, bi)?;
         let (blob, name, stats) = (b.clone(), p.name, self.stats.clone());
         let guard = s.guard.clone();
@@ -1389,6 +1410,8 @@ impl Data {
             ),
         );
         *slot = Some(spill.clone());
+        // Seen in the slot before `_making` says it is no longer made.
+        drop(slot);
         Ok(Some(spill))
     }
 
@@ -1404,6 +1427,7 @@ impl Data {
         let dir = &self.opts.cache_dir;
         self.descriptor_for_spill(bi);
         let charge = self.room_for_spill(bi, dir, decoded)?;
+        let _making = Making(&self.states[bi].making_spill);
         self.ensure_blob(s, bi)?;
         let span = self.span(s, bi);
         let early = self.trusted_early(bi, span.bytes(), one_frame);
@@ -1418,6 +1442,7 @@ impl Data {
             ),
         );
         *slot = Some(spill.clone());
+        drop(slot);
         Ok(spill)
     }
 }
@@ -1523,7 +1548,7 @@ impl Data {
         let found = match spill {
             Some(s) => DecodedFile {
                 file: s.complete_file(len)?.try_clone().ok()?,
-                holds: Some(Arc::new(spill::SpillHold::new(s))),
+                holds: Some(s),
             },
             None => DecodedFile {
                 file: self
@@ -1665,17 +1690,20 @@ impl Data {
     /// filled without decoding again (and which a second copy would crowd
     /// on the disk).
     pub fn spilled(&self, ti: usize, pi: usize) -> bool {
-        self.spill_len(ti, pi).is_some()
+        self.part_of(ti, pi)
+            .is_some_and(|p| self.spill_now(p.blob).map_or(true, |slot| slot.is_some()))
     }
 
-    /// The decoded size of the spill part `pi` of tensor `ti` is read from
-    /// now or soon (one being made counts), without waiting for its slot,
-    /// which a spill being made holds while it finds room and creates its
-    /// file (on a disk that may not answer): `None` when it has none.
+    /// The decoded size of the spill part `pi` of tensor `ti` is read
+    /// through: one it is read from now or soon (one being made counts),
+    /// without waiting for its slot, which a spill being made holds while
+    /// it finds room and creates its file (on a disk that may not answer),
+    /// or one dropped that its next read makes again (its plan is a
+    /// spill). `None` when it has none.
     pub fn spill_len(&self, ti: usize, pi: usize) -> Option<u64> {
         let bi = self.part_of(ti, pi)?.blob;
-        let spilled = self.spill_now(bi).map_or(true, |slot| slot.is_some());
-        spilled.then(|| self.blob(bi).decoded_len)
+        let planned = matches!(self.states[bi].plan.get(), Some(Ok(Plan::Spill { .. })));
+        (planned || self.spilled(ti, pi)).then(|| self.blob(bi).decoded_len)
     }
 
     /// The disk bound spills share with the mount's backing files.
@@ -1685,7 +1713,7 @@ impl Data {
 
     /// Sets who gives up what was reserved beside a blob's spill (see
     /// `give_up`).
-    pub fn on_spill_reserved(&self, give_up: Box<dyn Fn(usize) -> bool + Send + Sync>) {
+    pub fn on_spill_reserved(&self, give_up: GiveUp) {
         let _ = self.give_up.set(give_up);
     }
 
@@ -1913,19 +1941,39 @@ impl Data {
         let fits = || self.disk.used().saturating_add(decoded) <= self.disk.limit();
         let until = std::time::Instant::now() + SPILL_ROOM_WAIT;
         let mut waited = false;
+        let making = &self.states[bi].making_spill;
+        // When the bound's count last moved.
+        let mut moved = (self.disk.changes(), std::time::Instant::now());
         loop {
+            // Said while this spill takes room or frees it for itself: a
+            // spill waiting beside it must not find the room gone (taken,
+            // or freed for this one) and nothing made with it.
+            making.store(true, SeqCst);
             if let Some(charge) = self.disk.charge_spill(decoded) {
                 return Some(charge);
             }
             // Files of its own tensor that could never be kept beside it
             // are given up first; others' idle files are worth keeping.
-            let freed = self.give_up.get().is_some_and(|give_up| give_up(bi))
+            let give_up = |which| self.give_up.get().is_some_and(|g| g(bi, which));
+            let freed = give_up(Copies::Its)
                 || self.drop_spills_until(bi, fits)
-                || self.free_disk.get().is_some_and(|free| free());
+                || self.free_disk.get().is_some_and(|free| free())
+                || give_up(Copies::All);
             if freed || fits() {
                 continue;
             }
-            if std::time::Instant::now() >= until || !self.spills_read_now(bi) {
+            // Waiting, it frees nothing: two spills that can only wait on
+            // each other fail once the room has settled.
+            making.store(false, SeqCst);
+            let now = std::time::Instant::now();
+            let changes = self.disk.changes();
+            if changes != moved.0 {
+                moved = (changes, now);
+            }
+            // Room in passing (a file being reserved, a spill handed to a
+            // backing file) is neither in use nor idle yet: waited for.
+            let settled = now.duration_since(moved.1) >= SPILL_ROOM_SETTLE;
+            if now >= until || settled && !self.spills_in_use(bi) {
                 return None;
             }
             if !waited {
@@ -1937,16 +1985,19 @@ impl Data {
     }
 
     /// Whether a spill but blob `keep`'s may soon be one that can go: one
-    /// a reader holds, or one still being finished (its reader may have
-    /// had every byte before the spill was marked complete).
-    fn spills_read_now(&self, keep: usize) -> bool {
+    /// a reader holds or a backing file is made of (let go of once no open
+    /// holds it), one still being finished (its reader may have had every
+    /// byte before the spill was marked complete), or one taking or
+    /// freeing room for itself, not yet in its slot (`making_spill`).
+    fn spills_in_use(&self, keep: usize) -> bool {
         self.states.made().any(|(i, st)| {
             i != keep
-                && st.spill.try_lock().is_ok_and(|s| {
-                    s.as_ref().is_some_and(|s| {
-                        !s.finished() || s.complete() && s.read_now(Arc::strong_count(s))
-                    })
-                })
+                && (st.making_spill.load(SeqCst)
+                    || st.spill.try_lock().is_ok_and(|s| {
+                        s.as_ref().is_some_and(|s| {
+                            !s.finished() || s.complete() && Arc::strong_count(s) > 1
+                        })
+                    }))
         })
     }
 
@@ -2060,8 +2111,24 @@ impl Drop for Discard<'_> {
 /// FUSE workers, and opens do not wait for it).
 const SPILL_ROOM_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long the bound's count must stay still before a spill short of
+/// room, with no spill in use to wait for, fails: what holds the room may
+/// be on its way to being let go (a file being reserved on the cache
+/// directory's thread takes up to 200 ms).
+const SPILL_ROOM_SETTLE: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// A blob's spill slot is held by another thread (see `Data::spill_now`).
 struct SlotBusy;
+
+/// Clears a blob's `making_spill` when its spill is in its slot, or was
+/// not made.
+struct Making<'a>(&'a AtomicBool);
+
+impl Drop for Making<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, SeqCst);
+    }
+}
 
 /// A spill held by a reader between its reads (see [`Data::spill_hold`]).
 pub struct Hold {

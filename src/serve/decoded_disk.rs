@@ -23,6 +23,9 @@ struct Used {
     spills: u64,
     /// Bytes of the filled backing files, as the mount charged them.
     filled: u64,
+    /// Charges and releases so far: a spill short of room waits while the
+    /// room is moving (see `Data::charge_for_spill`).
+    changes: u64,
 }
 
 impl Default for DecodedDisk {
@@ -52,6 +55,11 @@ impl DecodedDisk {
         self.used_now().spills
     }
 
+    /// How many times a charge was taken or given back.
+    pub fn changes(&self) -> u64 {
+        self.used_now().changes
+    }
+
     /// Both kinds of file together.
     pub fn used(&self) -> u64 {
         let u = self.used_now();
@@ -67,6 +75,7 @@ impl DecodedDisk {
             return false;
         }
         *pick(&mut u) += len;
+        u.changes += 1;
         true
     }
 
@@ -74,6 +83,7 @@ impl DecodedDisk {
         let mut u = lock(&self.used);
         let n = pick(&mut u);
         *n = n.saturating_sub(len);
+        u.changes += 1;
     }
 
     /// A filled backing file's `len` bytes, when they fit beside what is

@@ -141,9 +141,6 @@ pub struct Spill {
     /// Its share of `--decoded-cache-size`, given back with it, or when
     /// it fails (its file is cut to nothing then).
     charge: Mutex<Option<super::decoded_disk::SpillCharge>>,
-    /// How many [`SpillHold`]s there are: backing files (or files about to
-    /// be) that hold it.
-    backs: std::sync::atomic::AtomicUsize,
 }
 
 impl Spill {
@@ -219,7 +216,6 @@ impl Spill {
             retry: AtomicBool::new(false),
             no_room: AtomicBool::new(false),
             charge: Mutex::new(None),
-            backs: std::sync::atomic::AtomicUsize::new(0),
         }))
     }
 
@@ -284,12 +280,6 @@ impl Spill {
         if !matches!(&lock(&self.progress).1, Some(why) if !why.is_empty()) {
             *held = Some(charge);
         }
-    }
-
-    /// Whether a reader holds it (`count` holders in all), not only its
-    /// slot and backing files.
-    pub fn read_now(&self, count: usize) -> bool {
-        count > 1 + self.backs.load(Acquire)
     }
 
     /// Whether it ended, made or failed.
@@ -720,23 +710,6 @@ impl Drop for EndOnDrop<'_> {
         drop(g);
         // As a failure: its share of the bound goes back.
         lock(&self.0.charge).take();
-    }
-}
-
-/// A spill held by a backing file (or one about to be): counted, so that
-/// its holders that are readers can be told from these.
-pub struct SpillHold(Arc<Spill>);
-
-impl SpillHold {
-    pub fn new(spill: Arc<Spill>) -> SpillHold {
-        spill.backs.fetch_add(1, Release);
-        SpillHold(spill)
-    }
-}
-
-impl Drop for SpillHold {
-    fn drop(&mut self) {
-        self.0.backs.fetch_sub(1, Release);
     }
 }
 

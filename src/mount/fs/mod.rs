@@ -22,7 +22,7 @@ use super::sidecar;
 use super::tree::{Content, Ino, NodeKind, Tree};
 use super::warmer::CloneJob;
 use crate::catalog::{Catalog, Codec, Part};
-use crate::serve::data::{Bytes, Data, DataOptions, Hold, scratch};
+use crate::serve::data::{Bytes, Copies, Data, DataOptions, Hold, scratch};
 use crate::serve::stats::Stats;
 use crate::source::MappedFile;
 use crate::views::{self, Composed, Entry, ViewSet, Views};
@@ -210,7 +210,7 @@ impl TensorFs {
             Arc::downgrade(&tree),
             Arc::downgrade(&opens),
         );
-        data.on_spill_reserved(Box::new(move |bi| {
+        data.on_spill_reserved(Box::new(move |bi, which| {
             let (Some(files), Some(data), Some(tree), Some(readers)) = (
                 files.upgrade(),
                 of.upgrade(),
@@ -221,6 +221,11 @@ impl TensorFs {
             };
             if let_go_of_idle_spills(&readers) {
                 return true;
+            }
+            // Copies kept for speed yield to a spill a read needs, once
+            // nothing idle is left to make room.
+            if which == Copies::All {
+                return files.give_up_writing(|_, _| true);
             }
             // The tensor's own file (never written: the spill becomes its
             // backing), and views' files that could never be kept beside

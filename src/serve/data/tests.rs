@@ -263,3 +263,69 @@ fn a_spilled_blob_with_a_digest_is_checked_over_its_spill_whatever_its_window() 
         }
     }
 }
+
+/// A spill waiting for room counts one being made under its slot's lock
+/// (its room taken, not yet in the slot) as one that will be let go of:
+/// it waits for it, where it used to fail at once with ENOSPC.
+#[test]
+fn a_spill_waits_for_room_taken_by_a_spill_being_made() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = tempfile::tempdir().unwrap();
+    let (c, files) = catalog_of(dir.path(), &[("a", &[0; 4]), ("b", &[0; 4])]);
+    let d = Data::new(c, files, opts(dir.path()), Arc::new(Stats::default())).unwrap();
+    let disk = d.decoded_disk();
+    disk.set_limit(100);
+    let (held, room) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // Blob 0's spill being made: its slot locked, its room taken.
+            let _slot = crate::serve::lock(&d.states[0].spill);
+            d.states[0].making_spill.store(true, SeqCst);
+            let charge = disk.charge_spill(80).unwrap();
+            held.send(()).unwrap();
+            // Let go once the other waits for it (or give up after 10 s,
+            // for the assertion below to fail rather than hang).
+            let waiting = || d.stats().spill_room_waits.load(SeqCst) > 0;
+            let start = std::time::Instant::now();
+            while !waiting() && start.elapsed() < std::time::Duration::from_secs(10) {
+                std::thread::yield_now();
+            }
+            d.states[0].making_spill.store(false, SeqCst);
+            drop(charge);
+        });
+        room.recv().unwrap();
+        let got = d.charge_for_spill(1, 80);
+        assert!(got.is_some(), "blob 1 found no room and did not wait");
+        assert_eq!(d.stats().spill_room_waits.load(SeqCst), 1);
+    });
+}
+
+/// A tensor read through a spill keeps saying so once its spill was
+/// dropped for room: its next read makes it again, and a copy of it must
+/// still find room beside that spill (a fill of a tensor whose spill had
+/// been dropped took the room its own spill then needed).
+#[test]
+fn a_dropped_spill_still_counts_as_the_tensors_spill() {
+    let dir = tempfile::tempdir().unwrap();
+    // 5 MiB against an 8 MiB cache: spilled.
+    let data: Vec<u8> = (0..(5u32 << 20)).map(|i| (i % 251) as u8).collect();
+    let blob = zstd::bulk::compress(&data, 3).unwrap();
+    let (c, files) = zstd_catalog(dir.path(), &blob, data.len());
+    let d = Data::new(c, files, opts(dir.path()), Arc::new(Stats::default())).unwrap();
+    assert_eq!(d.spill_len(0, 0), None, "nothing read yet");
+    assert_eq!(&d.read(0, 0, 0, 4096).unwrap()[..], &data[..4096]);
+    assert!(d.spilled(0, 0));
+    // Idle once decoded whole: read its end, then it can go.
+    let end = data.len() as u64 - 4096;
+    assert_eq!(&d.read(0, 0, end, 4096).unwrap()[..], &data[end as usize..]);
+    let start = std::time::Instant::now();
+    while !d.drop_an_idle_spill() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "never idle"
+        );
+        std::thread::yield_now();
+    }
+    assert!(!d.spilled(0, 0));
+    assert_eq!(d.spill_len(0, 0), Some(data.len() as u64));
+}
