@@ -47,6 +47,15 @@ fn assert_clean_failure(r: &Run, what: &str) -> String {
     err.to_string()
 }
 
+/// How many mounts sit on `mp` (a stack counts each).
+fn mounts_on(mp: &Path) -> usize {
+    std::fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .filter(|l| l.split(' ').nth(1) == Some(mp.to_str().unwrap()))
+        .count()
+}
+
 fn assert_not_mounted(m: &Mount, what: &str) {
     assert!(
         !m.is_mounted(),
@@ -173,12 +182,7 @@ fn mounting_twice_on_one_mountpoint_fails_and_keeps_the_first() {
     );
     let err = assert_clean_failure(&r, "second mount");
     assert!(err.contains("already a mount point"), "{err}");
-    let entries = std::fs::read_to_string("/proc/self/mounts")
-        .unwrap()
-        .lines()
-        .filter(|l| l.split(' ').nth(1) == Some(m.mp.to_str().unwrap()))
-        .count();
-    assert_eq!(entries, 1, "exactly one mount on the mountpoint");
+    assert_eq!(mounts_on(&m.mp), 1, "exactly one mount on the mountpoint");
     assert_eq!(daemon_pids(&m.mp), first.into_iter().collect::<Vec<_>>());
     assert!(std::fs::read(m.path("w")).unwrap() == payload());
 }
@@ -251,12 +255,11 @@ fn two_mounts_at_once_on_one_mountpoint_leave_one() {
             ) || err.contains("already a mount point"),
             "round {round}: {err}"
         );
-        let entries = std::fs::read_to_string("/proc/self/mounts")
-            .unwrap()
-            .lines()
-            .filter(|l| l.split(' ').nth(1) == Some(m.mp.to_str().unwrap()))
-            .count();
-        assert_eq!(entries, 1, "round {round}: one mount on the mountpoint");
+        assert_eq!(
+            mounts_on(&m.mp),
+            1,
+            "round {round}: one mount on the mountpoint"
+        );
         assert!(std::fs::read(m.path("w")).unwrap() == payload());
         m.pid = daemon_pids(&m.mp).into_iter().next();
         m.unmount_ok();

@@ -227,9 +227,10 @@ impl TensorFs {
             if which == Copies::All {
                 return files.give_up_writing(|_, _| true);
             }
-            // The tensor's own file (never written: the spill becomes its
-            // backing), and views' files that could never be kept beside
-            // the spill; others wait for idle spills and files to make room.
+            // First the tensor's own file (never written: the spill
+            // becomes its backing), and views' files that could never be
+            // kept beside the spill; others only once idle spills and files
+            // made no room (`Copies::All` above).
             let disk = data.decoded_disk();
             let decoded = data.catalog().blobs.get(bi).map_or(0, |b| b.decoded_len);
             files.give_up_writing(|c, len| {
