@@ -265,10 +265,18 @@ fn absolute_path_vars() {
 /// Whether `arg` is a cluster of short flags holding `-u` (`-u`, `-uz`),
 /// not the value of an `-o` written onto it (`-ouid=1000`).
 fn short_u(arg: &str) -> bool {
+    short_flag(arg, 'u')
+}
+
+/// Whether `arg` is a cluster of short flags holding `-FLAG`, before any
+/// `-o` whose value is written onto it.
+fn short_flag(arg: &str, flag: char) -> bool {
     arg.strip_prefix('-')
         .filter(|flags| !flags.starts_with('-'))
-        .is_some_and(|flags| flags.chars().take_while(|&c| c != 'o').any(|c| c == 'u'))
+        .is_some_and(|flags| flags.chars().take_while(|&c| c != 'o').any(|c| c == flag))
 }
+
+const LAZY_WITHOUT_U: &str = "-z/--lazy goes with -u: ztensor-mount -u -z MOUNTPOINT";
 
 pub fn main() -> ExitCode {
     absolute_path_vars();
@@ -289,13 +297,22 @@ pub fn main() -> ExitCode {
             eprintln!("ztensor-mount: -u needs the mount point: ztensor-mount -u [-z] MOUNTPOINT");
             return ExitCode::from(2);
         }
+        Err(e)
+            if e.kind() == clap::error::ErrorKind::MissingRequiredArgument
+                && args[1..]
+                    .iter()
+                    .any(|a| a == "--lazy" || short_flag(a, 'z')) =>
+        {
+            eprintln!("ztensor-mount: {LAZY_WITHOUT_U}");
+            return ExitCode::from(2);
+        }
         Err(e) => e.exit(),
     };
     // Before any thread: the daemon keeps this process's command line.
     cmdline::hide_url_queries();
     if cli.lazy && !cli.unmount {
         // clap's `requires` counts a flag's default as present.
-        eprintln!("ztensor-mount: -z/--lazy goes with -u: ztensor-mount -u -z MOUNTPOINT");
+        eprintln!("ztensor-mount: {LAZY_WITHOUT_U}");
         return ExitCode::from(2);
     }
     if cli.unmount {

@@ -67,16 +67,16 @@ fn choose(index: &Json, mp: &Path, wanted: &[String]) -> Result<Chosen, String> 
         .as_array()
         .ok_or_else(|| format!("{}: .ztensor/index.json lists no tensors", mp.display()))?;
     let mut hit = vec![false; wanted.len()];
-    // A path through the mount (`/mnt/m/layer0`, `./m/layer0`, as a shell
-    // completes it) is the path in the mount it names; a plain name is
-    // only ever a name.
-    let mount = std::path::absolute(mp).ok();
+    // A path through the mount (`/mnt/m/layer0`, `../w`, as a shell
+    // completes it) is the path in the mount it names, as the kernel
+    // resolves it (`..`, links); a plain name is only ever a name.
+    let mount = std::fs::canonicalize(mp).ok();
     let inside: Vec<Option<String>> = wanted
         .iter()
         .map(|w| {
             let through = w.starts_with('/') || w.starts_with("./") || w.starts_with("../");
-            let abs = std::path::absolute(w).ok().filter(|_| through)?;
-            let rel = abs.strip_prefix(mount.as_ref()?).ok()?;
+            let at = std::fs::canonicalize(w).ok().filter(|_| through)?;
+            let rel = at.strip_prefix(mount.as_ref()?).ok()?;
             Some(rel.to_string_lossy().into_owned())
         })
         .collect();
@@ -299,9 +299,22 @@ mod tests {
             .unwrap();
         assert!(e.contains("\"nope\""), "{e}");
         assert_eq!(human(1536), "1.5 KiB");
-        // A path through the mount names the same.
-        let through = choose(&index(), mp, &["/m/enc".into()]).unwrap().items;
+        // A path through the mount names the same, as the kernel resolves
+        // it; one that leaves the mount names nothing in it.
+        let dir = tempfile::tempdir().unwrap();
+        let mp = dir.path().join("m");
+        std::fs::create_dir_all(mp.join("enc")).unwrap();
+        let path = |p: &Path| p.to_str().unwrap().to_string();
+        let through = choose(&index(), &mp, &[path(&mp.join("enc"))])
+            .unwrap()
+            .items;
         assert_eq!(through.len(), 1);
-        assert_eq!(through[0].path, Path::new("/m/enc/x"));
+        assert_eq!(through[0].path, mp.join("enc/x"));
+        let up = choose(&index(), &mp, &[path(&mp.join("enc/.."))]).unwrap();
+        assert_eq!(up.items.len(), 4, "the mount's root: every tensor");
+        let out = choose(&index(), &mp, &[path(&mp.join(".."))])
+            .err()
+            .unwrap();
+        assert!(out.contains("no tensor or directory"), "{out}");
     }
 }

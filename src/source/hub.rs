@@ -439,9 +439,10 @@ fn choose(spec: &Spec, info: &RepoInfo) -> std::result::Result<String, Fail> {
     let candidates = [top, in_folders].concat();
     if candidates.is_empty() {
         return Err(format!(
-            "the repo has no weights file the mount reads (of {} files); name one as \
+            "the repo has no weights file the mount reads (of {} file{}); name one as \
              hf://{}@{}/PATH",
             names.len(),
+            if names.len() == 1 { "" } else { "s" },
             spec.repo,
             spec.revision
         ));
