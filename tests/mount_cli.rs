@@ -188,9 +188,10 @@ fn mounting_twice_on_one_mountpoint_fails_and_keeps_the_first() {
 }
 
 /// Options of remote sources given with a local file draw a warning each
-/// (they are ignored), and the mount goes on.
+/// (they are ignored), and so does a cache larger than the machine; the
+/// mount goes on.
 #[test]
-fn options_for_a_url_given_with_a_local_file_are_warned_of() {
+fn options_that_cannot_apply_are_warned_of() {
     let _one_at_a_time = support::serial();
     let Some((mut m, zt)) = scratch_with_file() else {
         return;
@@ -215,6 +216,16 @@ fn options_for_a_url_given_with_a_local_file_are_warned_of() {
         assert!(r.stderr.contains(&warning), "{option}: {}", r.stderr);
     }
     assert!(std::fs::read(m.path("w")).unwrap() == payload());
+    m.unmount_ok();
+    // A cache larger than the machine: warned of, and mounted.
+    let r = m.run(&zt, &["--cache-size", "64T"]);
+    assert!(r.ok(), "{r:?}");
+    assert!(
+        r.stderr
+            .contains("warning: --cache-size 70368744177664 is more than this machine's memory"),
+        "{}",
+        r.stderr
+    );
     m.unmount_ok();
 }
 

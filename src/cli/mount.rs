@@ -93,6 +93,15 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
             mountpoint.display()
         ));
     }
+    if let Some(total) = memory_total()
+        && s.cache_size > total
+    {
+        eprintln!(
+            "ztensor-mount: warning: --cache-size {} is more than this machine's memory ({total} \
+             bytes): the daemon may run out of memory before the cache is full",
+            s.cache_size
+        );
+    }
     if !remote {
         for (given, option) in [
             (s.remote.revision.is_some(), "--revision"),
@@ -237,6 +246,18 @@ fn lock_mountpoint(p: &Path) -> Result<Option<File>, String> {
         )),
         _ => Ok(None),
     }
+}
+
+/// This machine's memory (`MemTotal` in /proc/meminfo), in bytes.
+fn memory_total() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = info.lines().find_map(|l| l.strip_prefix("MemTotal:"))?;
+    kib.trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(1024)
 }
 
 /// Whether `p` holds an autofs trigger (systemd's `x-systemd.automount`),
