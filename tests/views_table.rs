@@ -53,6 +53,10 @@ fn views_selects_each_view_by_its_name_alone() {
     assert!((0..VIEWS.len()).all(|id| all.has(id)));
     assert_eq!(all, Views::ALL);
     assert_eq!(Views::parse("none").unwrap(), Views::NONE);
+    for mixed in ["none,npy", "npy,none", "all,none", "zarr,all"] {
+        let err = Views::parse(mixed).unwrap_err();
+        assert!(err.contains("all and none stand alone"), "{mixed}: {err}");
+    }
     for empty in ["", ",,", " "] {
         let err = Views::parse(empty).unwrap_err();
         assert!(err.contains("give none for no views"), "{empty:?}: {err}");

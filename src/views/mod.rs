@@ -225,7 +225,16 @@ impl Views {
                 "no view named in {list:?} (give none for no views)"
             ));
         }
-        for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let items: Vec<&str> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
+        // `npy,none` would mean none, `none,npy` npy: neither is asked.
+        if items.len() > 1 && items.iter().any(|i| matches!(*i, "all" | "none")) {
+            return Err(format!("all and none stand alone, not in a list: {list:?}"));
+        }
+        for item in items {
             match item {
                 "all" => v = Views::ALL,
                 "none" => v = Views::NONE,
