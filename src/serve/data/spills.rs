@@ -258,10 +258,11 @@ impl Data {
     ) -> Result<SpillCharge, ReadError> {
         let limit = self.disk.limit();
         let why = || {
+            let (spills, used) = (self.disk.spills(), self.disk.used());
             format!(
-                "{decoded} decoded bytes do not fit in --decoded-cache-size ({limit} bytes, {} \
-                 held by decoded files in use)",
-                self.disk.used()
+                "{decoded} decoded bytes do not fit in --decoded-cache-size ({limit} bytes, {used} \
+                 held by decoded files in use: {spills} by spills, {} by backing files)",
+                used.saturating_sub(spills)
             )
         };
         // Past the bound whatever goes: nothing is dropped for it.
@@ -274,10 +275,14 @@ impl Data {
                 while spill::room(dir, decoded).is_err() && free() {}
             }
         }
-        match self.charge_for_spill(bi, decoded) {
-            Some(charge) => Ok(charge),
-            None => Err(self.fail(bi, ReadError::new(Kind::NoSpace, why()))),
-        }
+        self.charge_for_spill(bi, decoded).map_err(|waited| {
+            let why = format!(
+                "{}, after {:.1} s looking for room",
+                why(),
+                waited.as_secs_f64()
+            );
+            self.fail(bi, ReadError::new(Kind::NoSpace, why))
+        })
     }
 
     /// Spills stay while mounted, so that a tensor is decoded once. When a
@@ -319,13 +324,18 @@ impl Data {
     /// Blob `bi`'s spill's share of `--decoded-cache-size`, once the
     /// write-through files of its tensor's files that could never sit
     /// beside it, idle spills and idle backing files have made room for
-    /// it; `None` when they cannot. Spills that readers hold (a file part
+    /// it; else how long it waited. Spills that readers hold (a file part
     /// way read, or just closed: the kernel sends the release after close
     /// returns) are waited for, up to [`SPILL_ROOM_WAIT`]: their readers
     /// let go of them once they have every byte.
-    pub(super) fn charge_for_spill(&self, bi: usize, decoded: u64) -> Option<SpillCharge> {
+    pub(super) fn charge_for_spill(
+        &self,
+        bi: usize,
+        decoded: u64,
+    ) -> Result<SpillCharge, std::time::Duration> {
         let fits = || self.disk.used().saturating_add(decoded) <= self.disk.limit();
-        let until = std::time::Instant::now() + SPILL_ROOM_WAIT;
+        let start = std::time::Instant::now();
+        let until = start + SPILL_ROOM_WAIT;
         let mut waited = false;
         let making = &self.states[bi].making_spill;
         // When the bound's count last moved.
@@ -336,7 +346,7 @@ impl Data {
             // or freed for this one) and nothing made with it.
             making.store(true, SeqCst);
             if let Some(charge) = self.disk.charge_spill(decoded) {
-                return Some(charge);
+                return Ok(charge);
             }
             // Files of its own tensor that could never be kept beside it
             // are given up first; others' idle files are worth keeping.
@@ -360,7 +370,7 @@ impl Data {
             // backing file) is neither in use nor idle yet: waited for.
             let settled = now.duration_since(moved.1) >= SPILL_ROOM_SETTLE;
             if now >= until || settled && !self.spills_in_use(bi) {
-                return None;
+                return Err(now.duration_since(start));
             }
             if !waited {
                 Stats::add(&self.stats.spill_room_waits, 1);

@@ -295,7 +295,7 @@ fn a_spill_waits_for_room_taken_by_a_spill_being_made() {
         });
         room.recv().unwrap();
         let got = d.charge_for_spill(1, 80);
-        assert!(got.is_some(), "blob 1 found no room and did not wait");
+        assert!(got.is_ok(), "blob 1 found no room and did not wait");
         assert_eq!(d.stats().spill_room_waits.load(SeqCst), 1);
     });
 }
