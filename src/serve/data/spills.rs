@@ -15,6 +15,20 @@ pub(super) const SPILL_ROOM_WAIT: std::time::Duration = std::time::Duration::fro
 /// directory's thread takes up to 200 ms).
 pub(super) const SPILL_ROOM_SETTLE: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// A blob's spill slot, when no thread holds it for long: another
+/// waiter's glance at it (as this one's) takes a moment, a spill being
+/// made or waiting for room holds it throughout.
+fn peek<T>(slot: &Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
+    for _ in 0..64 {
+        match slot.try_lock() {
+            Ok(g) => return Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
+        }
+    }
+    None
+}
+
 /// A blob's spill slot is held by another thread (see `Data::spill_now`).
 pub(super) struct SlotBusy;
 
@@ -389,7 +403,7 @@ impl Data {
         self.states.made().any(|(i, st)| {
             i != keep
                 && (st.making_spill.load(SeqCst)
-                    || st.spill.try_lock().is_ok_and(|s| {
+                    || peek(&st.spill).is_some_and(|s| {
                         s.as_ref().is_some_and(|s| {
                             !s.finished() || s.complete() && Arc::strong_count(s) > 1
                         })
