@@ -49,11 +49,14 @@ mod object;
 #[cfg(test)]
 mod tests;
 
-pub use cache::*;
+pub use cache::block_size_allowed;
+use cache::*;
 use client::*;
 use failures::*;
 use fetch::*;
-pub use object::*;
+pub(in crate::source) use object::sibling_url;
+use object::*;
+pub use object::{Counters, after_fork, commit_all, counters};
 
 /// Where and how remote objects are fetched.
 #[derive(Debug, Clone)]
