@@ -262,14 +262,8 @@ fn absolute_path_vars() {
     }
 }
 
-/// Whether `arg` is a cluster of short flags holding `-u` (`-u`, `-uz`),
-/// not the value of an `-o` written onto it (`-ouid=1000`).
-fn short_u(arg: &str) -> bool {
-    short_flag(arg, 'u')
-}
-
-/// Whether `arg` is a cluster of short flags holding `-FLAG`, before any
-/// `-o` whose value is written onto it.
+/// Whether `arg` is a cluster of short flags holding `-FLAG` (`-u`,
+/// `-uz`), not the value of an `-o` written onto it (`-ouid=1000`).
 fn short_flag(arg: &str, flag: char) -> bool {
     arg.strip_prefix('-')
         .filter(|flags| !flags.starts_with('-'))
@@ -292,7 +286,9 @@ pub fn main() -> ExitCode {
         // clap names the positional FILE, which -u takes as the mountpoint.
         Err(e)
             if e.kind() == clap::error::ErrorKind::MissingRequiredArgument
-                && args[1..].iter().any(|a| a == "--unmount" || short_u(a)) =>
+                && args[1..]
+                    .iter()
+                    .any(|a| a == "--unmount" || short_flag(a, 'u')) =>
         {
             eprintln!("ztensor-mount: -u needs the mount point: ztensor-mount -u [-z] MOUNTPOINT");
             return ExitCode::from(2);
@@ -594,7 +590,7 @@ fn tool(cli: ToolCli) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{MountCli, ToolCli, short_u};
+    use super::{MountCli, ToolCli, short_flag};
     use clap::Parser;
 
     fn parse(args: &[&str]) -> Result<MountCli, clap::Error> {
@@ -650,10 +646,10 @@ mod tests {
             ("-zu", true),
             ("-ouid=1000", false),
         ] {
-            assert_eq!(short_u(arg), u, "{arg}");
+            assert_eq!(short_flag(arg, 'u'), u, "{arg}");
         }
-        assert!(!short_u("--uid"));
-        assert!(!short_u("-oauto_unmount"));
+        assert!(!short_flag("--uid", 'u'));
+        assert!(!short_flag("-oauto_unmount", 'u'));
     }
 
     #[test]

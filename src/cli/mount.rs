@@ -93,7 +93,7 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
             mountpoint.display()
         ));
     }
-    if let Some(total) = memory_total()
+    if let Some(total) = super::options::physical_memory()
         && s.cache_size > total
     {
         eprintln!(
@@ -246,18 +246,6 @@ fn lock_mountpoint(p: &Path) -> Result<Option<File>, String> {
         )),
         _ => Ok(None),
     }
-}
-
-/// This machine's memory (`MemTotal` in /proc/meminfo), in bytes.
-fn memory_total() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib = info.lines().find_map(|l| l.strip_prefix("MemTotal:"))?;
-    kib.trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse::<u64>()
-        .ok()?
-        .checked_mul(1024)
 }
 
 /// Whether `p` holds an autofs trigger (systemd's `x-systemd.automount`),

@@ -81,17 +81,18 @@ pub fn default_max_read() -> u32 {
     (pages * page).clamp(128 << 10, 4 << 20) as u32
 }
 
-/// An eighth of physical memory, between 256 MiB and 4 GiB.
-pub fn default_cache_size() -> u64 {
+/// This machine's physical memory, in bytes, when the system says.
+pub fn physical_memory() -> Option<u64> {
     // SAFETY: sysconf takes a constant and touches no memory of ours; a
     // failure (-1) is caught below.
     let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    let ram = if pages > 0 && page > 0 {
-        pages as u64 * page as u64
-    } else {
-        2 << 30
-    };
+    (pages > 0 && page > 0).then(|| pages as u64 * page as u64)
+}
+
+/// An eighth of physical memory, between 256 MiB and 4 GiB.
+pub fn default_cache_size() -> u64 {
+    let ram = physical_memory().unwrap_or(2 << 30);
     (ram / 8).clamp(256 << 20, 4 << 30)
 }
 
