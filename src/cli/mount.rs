@@ -72,9 +72,7 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
     };
     // Files made there once mounted would be asked of this very mount,
     // whose workers would wait on themselves.
-    if let Ok(dir) = std::fs::canonicalize(&s.cache_dir)
-        && dir.starts_with(&mountpoint)
-    {
+    if let Some(dir) = under(&s.cache_dir, &mountpoint) {
         return fail(format!(
             "cache directory {} is inside the mountpoint {}, which the mount hides ({})",
             dir.display(),
@@ -84,8 +82,7 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
     }
     // The log would go under the mount, hidden from whoever looks for it.
     if let Some(log) = &s.log_file
-        && let Some(dir) = log.parent().and_then(|d| std::fs::canonicalize(d).ok())
-        && dir.starts_with(&mountpoint)
+        && log.parent().and_then(|d| under(d, &mountpoint)).is_some()
     {
         return fail(format!(
             "log file {} is inside the mountpoint {}, which the mount hides",
@@ -93,29 +90,7 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
             mountpoint.display()
         ));
     }
-    if let Some(total) = super::options::physical_memory()
-        && s.cache_size > total
-    {
-        eprintln!(
-            "ztensor-mount: warning: --cache-size {} is more than this machine's memory ({total} \
-             bytes): the daemon may run out of memory before the cache is full",
-            s.cache_size
-        );
-    }
-    if !remote {
-        for (given, option) in [
-            (s.remote.revision.is_some(), "--revision"),
-            (s.remote.endpoint.is_some(), "--endpoint"),
-            (s.remote.ca_file.is_some(), "--ca-file"),
-        ] {
-            if given {
-                eprintln!(
-                    "ztensor-mount: warning: {option} is for a URL; {} is a local file",
-                    file.display()
-                );
-            }
-        }
-    }
+    warn_of_options_that_cannot_apply(&file, &s, remote);
     if !automount_trigger(&mountpoint)
         && std::fs::read_dir(&mountpoint).is_ok_and(|mut d| d.next().is_some())
     {
@@ -245,6 +220,42 @@ fn lock_mountpoint(p: &Path) -> Result<Option<File>, String> {
             p.display()
         )),
         _ => Ok(None),
+    }
+}
+
+/// `path` as the kernel resolves it, when that is `dir` or inside it.
+fn under(path: &Path, dir: &Path) -> Option<PathBuf> {
+    std::fs::canonicalize(path)
+        .ok()
+        .filter(|p| p.starts_with(dir))
+}
+
+/// Warns of options that cannot do what they say here: a cache larger
+/// than the machine, a URL's options given with a local file.
+fn warn_of_options_that_cannot_apply(file: &Path, s: &Settings, remote: bool) {
+    if let Some(total) = super::options::physical_memory()
+        && s.cache_size > total
+    {
+        eprintln!(
+            "ztensor-mount: warning: --cache-size {} is more than this machine's memory ({total} \
+             bytes): the daemon may run out of memory before the cache is full",
+            s.cache_size
+        );
+    }
+    if remote {
+        return;
+    }
+    for (given, option) in [
+        (s.remote.revision.is_some(), "--revision"),
+        (s.remote.endpoint.is_some(), "--endpoint"),
+        (s.remote.ca_file.is_some(), "--ca-file"),
+    ] {
+        if given {
+            eprintln!(
+                "ztensor-mount: warning: {option} is for a URL; {} is a local file",
+                file.display()
+            );
+        }
     }
 }
 
