@@ -496,14 +496,20 @@ fn fetch_options(
 }
 
 /// Whether a file can be made in `dir`, the cache directory; why not.
+/// A directory that exists but takes no files (`/proc`, `/sys`) answers
+/// ENOENT to the file made in it, which would read as if the directory
+/// were missing, so the message says which of the two it is.
 fn writable_cache_dir(dir: &Path) -> Result<(), String> {
-    match tempfile::tempfile_in(dir) {
-        Ok(_) => Ok(()),
-        Err(e) => Err(format!(
-            "cache directory {} is not writable: {e}",
-            dir.display()
-        )),
-    }
+    let Err(e) = tempfile::tempfile_in(dir) else {
+        return Ok(());
+    };
+    let what = match std::fs::metadata(dir) {
+        Err(_) => "does not exist",
+        Ok(m) if !m.is_dir() => "is not a directory",
+        Ok(_) if e.kind() == std::io::ErrorKind::NotFound => "takes no new files",
+        Ok(_) => "is not writable",
+    };
+    Err(format!("cache directory {} {what}: {e}", dir.display()))
 }
 
 /// What a refusal of the cache directory adds.
@@ -590,7 +596,7 @@ fn tool(cli: ToolCli) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{MountCli, ToolCli, short_flag};
+    use super::{MountCli, ToolCli, short_flag, writable_cache_dir};
     use clap::Parser;
 
     fn parse(args: &[&str]) -> Result<MountCli, clap::Error> {
@@ -665,5 +671,18 @@ mod tests {
                 .as_deref(),
             Some("/mnt/m")
         );
+    }
+
+    #[test]
+    fn a_cache_dir_refused_says_whether_it_is_missing_or_takes_no_files() {
+        let why = |d: &str| writable_cache_dir(std::path::Path::new(d)).unwrap_err();
+        assert!(why("/proc").starts_with("cache directory /proc takes no new files: "));
+        assert!(
+            why("/nonexistent/x").starts_with("cache directory /nonexistent/x does not exist: ")
+        );
+        let file = tempfile::NamedTempFile::new().expect("a temporary file");
+        let file = file.path().display().to_string();
+        assert!(why(&file).starts_with(&format!("cache directory {file} is not a directory: ")));
+        assert_eq!(writable_cache_dir(&std::env::temp_dir()), Ok(()));
     }
 }

@@ -66,6 +66,14 @@ fn choose(index: &Json, mp: &Path, wanted: &[String]) -> Result<Chosen, String> 
     let tensors = index["tensors"]
         .as_array()
         .ok_or_else(|| format!("{}: .ztensor/index.json lists no tensors", mp.display()))?;
+    // An empty argument (`prefetch M "$UNSET"`) is a mistake, not a
+    // request for the whole mount, which may be many gigabytes.
+    if wanted.iter().any(|w| w.is_empty()) {
+        return Err(format!(
+            "{}: an empty name names no tensor (to prefetch every tensor, name none)",
+            mp.display()
+        ));
+    }
     let mut hit = vec![false; wanted.len()];
     // A path through the mount (`/mnt/m/layer0`, `../w`, as a shell
     // completes it) is the path in the mount it names, as the kernel
@@ -298,6 +306,13 @@ mod tests {
             .err()
             .unwrap();
         assert!(e.contains("\"nope\""), "{e}");
+        let e = choose(&index(), mp, &["a".into(), "".into()])
+            .err()
+            .unwrap();
+        assert_eq!(
+            e,
+            "/m: an empty name names no tensor (to prefetch every tensor, name none)"
+        );
         assert_eq!(human(1536), "1.5 KiB");
         // A path through the mount names the same, as the kernel resolves
         // it; one that leaves the mount names nothing in it.
