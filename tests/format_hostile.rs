@@ -1045,8 +1045,13 @@ fn a_safetensors_header_over_index_memory_names_the_option() {
 #[test]
 fn an_unknown_file_says_what_its_bytes_look_like() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[u8], &str); 8] = [
+    let cases: [(&[u8], &str); 9] = [
         (b"", "the file is empty"),
+        (
+            b" {\"metadata\": {}}",
+            "it starts with text: \" {\\\"metadata\\\": {}\"... (JSON without the \"weight_map\" \
+             that a Hugging Face index of shards has)",
+        ),
         (
             b"hello world, this is text\n",
             "it starts with text: \"hello world, thi\"...",

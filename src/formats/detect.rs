@@ -226,7 +226,14 @@ pub fn describe_unknown(bytes: &[u8]) -> String {
             if t.chars()
                 .all(|c| !c.is_control() || c.is_ascii_whitespace()) =>
         {
-            format!("it starts with text: {t:?}{more}")
+            // JSON here has no "weight_map" (else it was an index); say
+            // so, for an index that lost it or a config named by mistake.
+            let hint = if t.trim_start().starts_with('{') {
+                " (JSON without the \"weight_map\" that a Hugging Face index of shards has)"
+            } else {
+                ""
+            };
+            format!("it starts with text: {t:?}{more}{hint}")
         }
         _ => {
             let hex: Vec<String> = head.iter().map(|b| format!("{b:02x}")).collect();
