@@ -7,24 +7,20 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use super::cache::{Buf, Cache};
-use super::decoded_disk::SpillCharge;
 use super::error::{Kind, ReadError};
-use super::filling::Writer;
 use super::guard::Guard;
 use super::lazy_table::LazyTable;
 use super::prefetch::Prefetcher;
-use super::spill::{self, Spill};
+use super::spill::Spill;
 use super::stats::Stats;
 use super::window::{self, MapPool, MapWindow, Touched};
-use crate::catalog::{
-    Blob, Catalog, Check, Codec, FrameTable, Part, PartMap, Producer, Tensor, expose,
-};
-use crate::codec::zstd::{self as zstd_blob, Frame};
+use crate::catalog::{Blob, Catalog, Check, Codec, Part, PartMap, Tensor, expose};
+use crate::codec::zstd::Frame;
 use crate::source::{MappedFile, Span};
 
 mod checks;
@@ -36,7 +32,7 @@ mod spills;
 #[cfg(test)]
 mod tests;
 
-use plan::*;
+use plan::{frame_at, streamable};
 pub use spills::Hold;
 
 /// Bytes for one read reply.

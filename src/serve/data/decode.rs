@@ -1,7 +1,23 @@
 //! Decoding: frames into the cache (read ahead of in-order readers),
 //! whole units, computed blobs, and one frame decoded as it is read.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::catalog::Producer;
+use crate::codec::zstd as zstd_blob;
+use crate::codec::zstd::Frame;
+use crate::serve::cache::Buf;
+use crate::serve::error::{Kind, ReadError};
+use crate::serve::filling::Writer;
+use crate::serve::guard::Guard;
+use crate::serve::stats::Stats;
+
+use super::plan::frame_at;
+use super::{
+    Data, Discard, PREFETCH_DEPTH, PROGRESSIVE_STEP, Plan, STEP_REACH, Served, Slot, checks,
+    lower_priority,
+};
 
 impl Data {
     /// Copies decoded bytes `[at, at+out.len())` into `out`.

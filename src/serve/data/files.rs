@@ -1,7 +1,13 @@
 //! Decoded files the kernel may be handed: units decoded into files,
 //! complete spills, and what reads have written of a file's bytes.
 
-use super::*;
+use std::fs::File;
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::catalog::{Check, Codec, PartMap, expose};
+use crate::serve::spill;
+
+use super::{Data, DecodedFile, KEEP_BEHIND, Plan, RUN_SLACK};
 
 impl Data {
     /// Whether whole units go into files (see [`Data::unit_file`]).

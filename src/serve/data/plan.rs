@@ -2,7 +2,15 @@
 //! cache, a spill), made once from its frame table or a walk of its
 //! frames.
 
-use super::*;
+use std::sync::Arc;
+
+use crate::catalog::{Check, Codec, FrameTable};
+use crate::codec::zstd as zstd_blob;
+use crate::codec::zstd::Frame;
+use crate::serve::cache::Buf;
+use crate::serve::error::ReadError;
+
+use super::{Data, Plan, Served, list_cost};
 
 /// Whether a computed blob's checks can run over its pieces as its reader
 /// streams them (see [`Data::computed_spill`]).

@@ -2,7 +2,20 @@
 //! `--cache-dir`: made, held by their readers, and dropped for room
 //! within `--decoded-cache-size`.
 
-use super::*;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::{Arc, Mutex};
+
+use crate::catalog::{Codec, Producer};
+use crate::serve::decoded_disk::SpillCharge;
+use crate::serve::error::{Kind, ReadError};
+use crate::serve::spill;
+use crate::serve::spill::Spill;
+use crate::serve::stats::Stats;
+
+use super::plan::streamable;
+use super::{Copies, Data, FreeDisk, GiveUp, Plan, Served, checks};
 
 /// Longest a spill that does not fit waits for spills other readers hold
 /// (with its tensor's spill slot held: its other readers wait off the

@@ -2,7 +2,18 @@
 //! bytes, the bitmaps of the blocks present (saved, and shared with other
 //! mounts), and the eviction that keeps them within `--disk-cache-size`.
 
-use super::*;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Acquire;
+use std::time::{Duration, Instant};
+
+use crate::error::Result;
+use crate::source::shared::Live;
+use crate::source::sums::Sums;
+
+use super::{Options, fail};
 
 /// A cache file opened for an object, with its saved bitmap and the
 /// bitmap shared with the other mounts that have it open.

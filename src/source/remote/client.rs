@@ -1,7 +1,14 @@
 //! How a bucket or HTTP server is reached: `object_store`'s client for
 //! it, configured from the URL, the options and the environment.
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::ObjectStore;
+
+use crate::source::error::{FetchError, FetchKind};
+
+use super::{FIRST_BACKOFF, MAX_BACKOFF, Options, key_of, one_line};
 
 /// How to reach one bucket (or HTTP server); the store itself is made per
 /// process, as its connections belong to the runtime.

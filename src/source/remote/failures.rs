@@ -2,7 +2,11 @@
 //! kind of failure it is (an object that changed, a refusal, a TLS
 //! certificate).
 
-use super::*;
+use object_store::GetResult;
+
+use crate::source::error::{FetchError, FetchKind};
+
+use super::one_line;
 
 /// Whether a HEAD failed for want of the method (405), which object_store
 /// reports as no such object. Its status is only in the words of a cause
@@ -44,7 +48,7 @@ pub(super) fn not_encoded(got: &GetResult, what: &str) -> std::result::Result<()
 /// A failed GET as a fetch error: its kind from what the store said (its
 /// variant, or the kind a cause carries: the HTTP client's timeout, the
 /// Hub's own failures), its line from [`describe`].
-pub(super) fn refused(e: &object_store::Error) -> FetchError {
+pub(super) fn fetch_error(e: &object_store::Error) -> FetchError {
     let kind = match e {
         object_store::Error::Precondition { .. } | object_store::Error::NotFound { .. } => {
             FetchKind::Changed

@@ -2,7 +2,22 @@
 //! blocks into its cache file, pinned to what was opened (`If-Match`),
 //! and the flights readers of those blocks wait on.
 
-use super::*;
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use object_store::{GetOptions, GetRange, ObjectStore};
+
+use crate::source::error::{FetchError, FetchKind};
+use crate::source::sums::Summing;
+
+use super::failures::{fetch_error, not_encoded};
+use super::object::{Bits, FETCHED, Object, REQUESTS};
+use super::{backoff, runtime};
 
 /// A request under way for some blocks; its readers wait here.
 #[derive(Default)]
@@ -234,7 +249,7 @@ impl Object {
         let mut at = start;
         let mut sum = Summing::new(self.key_sum, blocks.start, self.block, self.size);
         while let Some(piece) = body.next().await {
-            let piece = piece.map_err(|e| refused(&e).context(&what))?;
+            let piece = piece.map_err(|e| fetch_error(&e).context(&what))?;
             if at + piece.len() as u64 > end {
                 // Not the bytes asked for: none of what it sent is kept.
                 self.unmark(blocks.clone());
@@ -309,7 +324,7 @@ impl Object {
     /// another ETag) marks it changed for good; any other failure is this
     /// request's (naming where the server redirects it, when it does).
     pub(super) async fn refused(&self, e: &object_store::Error, what: &str) -> FetchError {
-        let f = refused(e);
+        let f = fetch_error(e);
         if f.kind == FetchKind::Changed {
             self.changed(f.message())
         } else {
@@ -346,7 +361,7 @@ impl Object {
         // Marked present at the end, all at once (see `fetch_whole`).
         let mut sum = Summing::new(self.key_sum, 0, self.block, self.size);
         while let Some(piece) = body.next().await {
-            let piece = piece.map_err(|e| refused(&e).context(&what))?;
+            let piece = piece.map_err(|e| fetch_error(&e).context(&what))?;
             if at + piece.len() as u64 > self.size {
                 return Err(FetchError::failed(format!("{what}: the server sent more")));
             }

@@ -21,24 +21,16 @@
 //! words what went wrong.
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::ops::Range;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use object_store::path::Path as Key;
-use object_store::{GetOptions, GetRange, GetResult, ObjectStore, ObjectStoreExt};
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 
-use super::error::{FetchError, FetchKind};
-use super::shared::Live;
-use super::sums::{Summing, Sums};
-use super::{Backing, MappedFile};
+use super::MappedFile;
 use crate::error::{Error, ErrorKind, Result};
 
 mod cache;
@@ -49,13 +41,16 @@ mod object;
 #[cfg(test)]
 mod tests;
 
+use cache::Cache;
+use client::Client;
+use failures::fetch_error;
+use failures::head_not_allowed;
+use object::Bits;
+use object::LIVE;
+use object::Object;
+
 pub use cache::block_size_allowed;
-use cache::*;
-use client::*;
-use failures::*;
-use fetch::*;
 pub(in crate::source) use object::sibling_url;
-use object::*;
 pub use object::{Counters, after_fork, commit_all, counters};
 
 /// Where and how remote objects are fetched.
@@ -444,7 +439,7 @@ fn open_with(client: Arc<Client>, url: url::Url, typed: Option<Typed>) -> Result
             };
             match pinned {
                 Ok(p) => Ok(p),
-                Err(e) => Err(client.naming_redirect(refused(&e)).await),
+                Err(e) => Err(client.naming_redirect(fetch_error(&e)).await),
             }
         })
     }

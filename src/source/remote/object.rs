@@ -1,7 +1,28 @@
 //! A remote object served as a mapped file: its blocks fetched on demand
 //! into its cache file, checked, and committed as present.
 
-use super::*;
+use std::collections::HashMap;
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::io::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Instant;
+
+use object_store::path::Path as Key;
+
+use crate::error::Result;
+use crate::source::error::FetchError;
+use crate::source::shared::Live;
+use crate::source::sums::Sums;
+use crate::source::{Backing, MappedFile};
+
+use super::cache::{COMMIT_EVERY, COMMIT_QUIET, Files, commit, present_run};
+use super::client::Client;
+use super::fetch::Flight;
+use super::{CHECKERS, PARALLEL, Typed, fail, open_with, runtime};
 
 /// Which blocks of a cache file are present: this process's own view (a
 /// private file), or the view every mount of the file shares.

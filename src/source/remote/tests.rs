@@ -1,5 +1,14 @@
-use super::*;
 use std::cell::RefCell;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::Ordering::{Acquire, Release};
+
+use crate::source::error::FetchKind;
+
+use super::cache::{BITMAP_HEADER, Cache, Disk, commit, present_run};
+use super::failures::fetch_error;
+use super::object::sibling_url;
+use super::{Options, without_queries};
 
 #[test]
 fn urls_in_messages_lose_their_query() {
@@ -62,25 +71,25 @@ fn a_get_error_keeps_the_kind_its_store_gave_it_and_its_words() {
         store: crate::source::hub::STORE,
         source: Box::new(crate::source::http::Failure::new(kind, "no answer in time")),
     };
-    let e = refused(&hub(FetchKind::TimedOut));
+    let e = fetch_error(&hub(FetchKind::TimedOut));
     assert_eq!(e.kind, FetchKind::TimedOut);
     assert_eq!(e.message(), "no answer in time");
-    assert_eq!(refused(&hub(FetchKind::Denied)).kind, FetchKind::Denied);
+    assert_eq!(fetch_error(&hub(FetchKind::Denied)).kind, FetchKind::Denied);
     let denied = object_store::Error::PermissionDenied {
         path: "k".into(),
         source: "403".into(),
     };
-    assert_eq!(refused(&denied).kind, FetchKind::Denied);
+    assert_eq!(fetch_error(&denied).kind, FetchKind::Denied);
     let gone = object_store::Error::NotFound {
         path: "k".into(),
         source: "404".into(),
     };
-    assert_eq!(refused(&gone).kind, FetchKind::Changed);
+    assert_eq!(fetch_error(&gone).kind, FetchKind::Changed);
     let other = object_store::Error::Generic {
         store: "S3",
         source: "the server answered 500".into(),
     };
-    assert_eq!(refused(&other).kind, FetchKind::Failed);
+    assert_eq!(fetch_error(&other).kind, FetchKind::Failed);
 }
 
 #[test]
