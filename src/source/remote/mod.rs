@@ -20,12 +20,10 @@
 //! blocks in, `cache` keeps the files under `--cache-dir`, `failures`
 //! words what went wrong.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use object_store::path::Path as Key;
 use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
@@ -45,9 +43,9 @@ use cache::Cache;
 use client::Client;
 use failures::fetch_error;
 use failures::head_not_allowed;
-use object::Bits;
 use object::LIVE;
 use object::Object;
+use object::Pinned;
 
 pub use cache::block_size_allowed;
 pub(in crate::source) use object::sibling_url;
@@ -400,12 +398,7 @@ impl Typed {
 }
 
 fn open_with(client: Arc<Client>, url: url::Url, typed: Option<Typed>) -> Result<MappedFile> {
-    // A signed URL's query is a credential: never in a log line or a message.
-    let label = match (&client.hub, &typed) {
-        (Some(repo), _) => repo.label(&url),
-        (None, Some(t)) => t.label.clone(),
-        (None, None) => without_queries(url.as_str()),
-    };
+    let label = label_of(&client, &url, typed.as_ref());
     let opts = &client.opts;
     if opts.block_size == 0 || !opts.block_size.is_multiple_of(super::page_size() as u64) {
         return Err(fail(
@@ -421,29 +414,7 @@ fn open_with(client: Arc<Client>, url: url::Url, typed: Option<Typed>) -> Result
         None => key_of(&url),
     }
     .map_err(|e| fail(&label, e))?;
-    let rt = runtime().map_err(|e| fail(&label, format!("cannot start the I/O runtime: {e}")))?;
-    let store = client.store().map_err(|e| fail(&label, e))?;
-    // Whether the pin came from a GET's answer (a signed URL's store asks
-    // no HEAD; a server without HEAD): every GET of this server then
-    // carries what pinned it.
-    let by_get = crate::source::signed_url::is_signed(&url) && client.hub.is_none();
-    let (meta, by_get) = {
-        let (key, client) = (key.clone(), client.clone());
-        rt.block_on(async move {
-            let pinned = match store.head(&key).await {
-                // A web server without HEAD: its first byte says the same.
-                Err(e) if head_not_allowed(&e) => {
-                    first_byte(&*store, &key).await.map(|m| (m, true))
-                }
-                other => other.map(|m| (m, by_get)),
-            };
-            match pinned {
-                Ok(p) => Ok(p),
-                Err(e) => Err(client.naming_redirect(fetch_error(&e)).await),
-            }
-        })
-    }
-    .map_err(|e| fail(&label, e.message()))?;
+    let (meta, by_get) = pin(&client, &url, &key).map_err(|e| fail(&label, e))?;
     // What names this object's bytes: its ETag, its version, else its
     // Last-Modified (`object_store` gives the epoch for none at all).
     let modified = Some(meta.last_modified.timestamp()).filter(|&t| t != 0);
@@ -458,14 +429,7 @@ fn open_with(client: Arc<Client>, url: url::Url, typed: Option<Typed>) -> Result
              object while mounted cannot be seen, and its cache file is not kept"
         );
     }
-    let identity = match crate::source::signed_url::is_signed(&url) {
-        true => crate::source::signed_url::identity(&url),
-        false => label.clone(),
-    };
-    let identity = match client.endpoint() {
-        Some(server) => format!("{identity} from {server}"),
-        None => identity,
-    };
+    let identity = cache_identity(&client, &url, &label);
     let cache = Cache::open(opts, (&label, &identity), pin.as_deref(), meta.size)?;
     if cache.block != opts.block_size {
         log::info!(
@@ -475,44 +439,14 @@ fn open_with(client: Arc<Client>, url: url::Url, typed: Option<Typed>) -> Result
             opts.block_size
         );
     }
-    let words = cache.present.len();
-    let present = match cache.live {
-        Some(live) => Bits::Shared(live),
-        None => Bits::Own(cache.present.iter().map(|&w| AtomicU64::new(w)).collect()),
-    };
-    let obj = Arc::new_cyclic(|me| Object {
-        me: me.clone(),
-        client: client.clone(),
-        url: url.clone(),
-        typed: typed.clone(),
-        label: label.clone(),
+    let path = cache.path.clone();
+    let pinned = Pinned {
         key,
-        size: meta.size,
-        etag: meta.e_tag.clone(),
         etag_on_gets: by_get && meta.e_tag.is_some(),
-        version: meta.version.clone(),
+        meta,
         modified,
-        block: cache.block,
-        file: cache.file.try_clone().ok(),
-        present,
-        bitmap: cache.bitmap.map(Mutex::new),
-        sums: cache.sums,
-        key_sum: cache.key,
-        checked: (0..words).map(|_| AtomicU64::new(0)).collect(),
-        path: cache.path.clone(),
-        flights: Mutex::new(HashMap::new()),
-        broken: OnceLock::new(),
-        next_seq: AtomicU64::new(u64::MAX),
-        ahead_end: AtomicU64::new(u64::MAX),
-        advised: AtomicU64::new(0),
-        requests: Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS)),
-        dirty: AtomicU64::new(0),
-        committed: Mutex::new(Instant::now()),
-        last_arrival: Mutex::new(Instant::now()),
-        committer: AtomicU32::new(0),
-        commit_failed: AtomicBool::new(false),
-        whole: tokio::sync::Mutex::new(false),
-    });
+    };
+    let (obj, file) = Object::new(client, url, typed, label.clone(), pinned, cache);
     LIVE.lock()
         .unwrap_or_else(|p| p.into_inner())
         .push(Arc::downgrade(&obj));
@@ -523,13 +457,63 @@ fn open_with(client: Arc<Client>, url: url::Url, typed: Option<Typed>) -> Result
         .sum::<u64>();
     log::info!(
         "{label}: {} bytes, pinned to {}; cache file {} ({have} of {} blocks present)",
-        meta.size,
+        obj.size,
         pin.as_deref().unwrap_or("nothing"),
-        cache.path.display(),
+        path.display(),
         obj.blocks()
     );
     // The URL stands for its path (messages, a shard's name beside it).
-    MappedFile::with_backing(Path::new(&label), label.clone(), cache.file, obj)
+    MappedFile::with_backing(Path::new(&label), label.clone(), file, obj)
+}
+
+/// How messages and logs name the object: a signed URL's query is a
+/// credential, never in a log line or a message.
+fn label_of(client: &Client, url: &url::Url, typed: Option<&Typed>) -> String {
+    match (&client.hub, typed) {
+        (Some(repo), _) => repo.label(url),
+        (None, Some(t)) => t.label.clone(),
+        (None, None) => without_queries(url.as_str()),
+    }
+}
+
+/// The object's size and validators (a HEAD), and whether they came from
+/// a GET's answer: a signed URL's store asks no HEAD, and a server without
+/// HEAD is asked for its first byte; every GET of such a server then
+/// carries what pinned it.
+fn pin(
+    client: &Arc<Client>,
+    url: &url::Url,
+    key: &Key,
+) -> std::result::Result<(object_store::ObjectMeta, bool), String> {
+    let rt = runtime().map_err(|e| format!("cannot start the I/O runtime: {e}"))?;
+    let store = client.store()?;
+    let by_get = crate::source::signed_url::is_signed(url) && client.hub.is_none();
+    let (key, client) = (key.clone(), client.clone());
+    rt.block_on(async move {
+        let pinned = match store.head(&key).await {
+            // A web server without HEAD: its first byte says the same.
+            Err(e) if head_not_allowed(&e) => first_byte(&*store, &key).await.map(|m| (m, true)),
+            other => other.map(|m| (m, by_get)),
+        };
+        match pinned {
+            Ok(p) => Ok(p),
+            Err(e) => Err(client.naming_redirect(fetch_error(&e)).await),
+        }
+    })
+    .map_err(|e| e.message().to_string())
+}
+
+/// What the cache file is named from: the object's URL (a signed URL's
+/// without its signature) and the server it came from.
+fn cache_identity(client: &Client, url: &url::Url, label: &str) -> String {
+    let identity = match crate::source::signed_url::is_signed(url) {
+        true => crate::source::signed_url::identity(url),
+        false => label.to_string(),
+    };
+    match client.endpoint() {
+        Some(server) => format!("{identity} from {server}"),
+        None => identity,
+    }
 }
 
 /// What a HEAD would say of the object at `key`, from a GET of its first

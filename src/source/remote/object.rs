@@ -19,10 +19,10 @@ use crate::source::shared::Live;
 use crate::source::sums::Sums;
 use crate::source::{Backing, MappedFile};
 
-use super::cache::{COMMIT_EVERY, COMMIT_QUIET, Files, commit, present_run};
+use super::cache::{COMMIT_EVERY, COMMIT_QUIET, Cache, Files, commit, present_run};
 use super::client::Client;
 use super::fetch::Flight;
-use super::{CHECKERS, PARALLEL, Typed, fail, open_with, runtime};
+use super::{CHECKERS, MAX_REQUESTS, PARALLEL, Typed, fail, open_with, runtime};
 
 /// Which blocks of a cache file are present: this process's own view (a
 /// private file), or the view every mount of the file shares.
@@ -109,7 +109,74 @@ pub struct Object {
     pub(super) whole: tokio::sync::Mutex<bool>,
 }
 
+/// What a HEAD (or a first GET) pinned of an object at open.
+pub(super) struct Pinned {
+    pub(super) key: Key,
+    pub(super) meta: object_store::ObjectMeta,
+    /// Its Last-Modified in seconds, if the server gave one.
+    pub(super) modified: Option<i64>,
+    /// See [`Object::etag_on_gets`].
+    pub(super) etag_on_gets: bool,
+}
+
 impl Object {
+    /// The object over its opened cache file; the cache file itself comes
+    /// back for the mapping.
+    pub(super) fn new(
+        client: Arc<Client>,
+        url: url::Url,
+        typed: Option<Typed>,
+        label: String,
+        pinned: Pinned,
+        cache: Cache,
+    ) -> (Arc<Object>, File) {
+        let words = cache.present.len();
+        let present = match cache.live {
+            Some(live) => Bits::Shared(live),
+            None => Bits::Own(cache.present.iter().map(|&w| AtomicU64::new(w)).collect()),
+        };
+        let Pinned {
+            key,
+            meta,
+            modified,
+            etag_on_gets,
+        } = pinned;
+        let obj = Arc::new_cyclic(|me| Object {
+            me: me.clone(),
+            client,
+            url,
+            typed,
+            label,
+            key,
+            size: meta.size,
+            etag: meta.e_tag,
+            etag_on_gets,
+            version: meta.version,
+            modified,
+            block: cache.block,
+            file: cache.file.try_clone().ok(),
+            present,
+            bitmap: cache.bitmap.map(Mutex::new),
+            sums: cache.sums,
+            key_sum: cache.key,
+            checked: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            path: cache.path,
+            flights: Mutex::new(HashMap::new()),
+            broken: OnceLock::new(),
+            next_seq: AtomicU64::new(u64::MAX),
+            ahead_end: AtomicU64::new(u64::MAX),
+            advised: AtomicU64::new(0),
+            requests: Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS)),
+            dirty: AtomicU64::new(0),
+            committed: Mutex::new(Instant::now()),
+            last_arrival: Mutex::new(Instant::now()),
+            committer: AtomicU32::new(0),
+            commit_failed: AtomicBool::new(false),
+            whole: tokio::sync::Mutex::new(false),
+        });
+        (obj, cache.file)
+    }
+
     pub(super) fn blocks(&self) -> u64 {
         self.size.div_ceil(self.block)
     }
