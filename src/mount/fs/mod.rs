@@ -146,6 +146,117 @@ fn make_views(catalog: &Catalog, files: &[Option<MappedFile>], on: Views) -> Vie
     ViewSet::make(on, &src)
 }
 
+/// The tree of `catalog` with its views. The views are made on a second
+/// core while the tree is built: the safetensors view's header, like the
+/// tree, is a pass over every tensor.
+fn build_tree(catalog: &Arc<Catalog>, files: &[Option<MappedFile>], on: Views) -> Tree {
+    let (made, tree) = std::thread::scope(|s| {
+        let made = s.spawn(|| make_views(catalog, files, on));
+        let tree = Tree::build(catalog.clone(), on);
+        (made.join(), tree)
+    });
+    let made = made.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    let mut tree = if made.on() == on {
+        tree
+    } else {
+        // Rare: built again without the directories of the views that
+        // could not be made.
+        Tree::build(catalog.clone(), made.on())
+    };
+    tree.add_views(Arc::new(made));
+    tree
+}
+
+/// Logs each tensor listed but not served, and each served under another
+/// name than its own.
+fn log_not_as_named(catalog: &Catalog, tree: &Tree) {
+    for (t, p) in catalog.tensors.iter().zip(&tree.placements) {
+        if let Err(why) = &t.parts {
+            log::warn!(
+                "{}: tensor {:?} is listed, not served: {why}",
+                catalog.label,
+                t.name
+            );
+        }
+        if let Some(why) = &p.escaped {
+            log::warn!(
+                "{}: tensor {:?} is served as {:?}: {why}",
+                catalog.label,
+                t.name,
+                tree.path(if p.file == 0 { p.sidecar } else { p.file })
+            );
+        }
+    }
+}
+
+/// How the spills (the data layer's) and the backing files (the mount's)
+/// share `--decoded-cache-size` and `--cache-dir`: each may take the room
+/// of the other's idle files, and a spill that a read needs may take the
+/// room of files being written only for speed.
+fn share_room(
+    data: &Arc<Data>,
+    backings: &Arc<Backings>,
+    tree: &Arc<Tree>,
+    opens: &Arc<Mutex<Opens>>,
+) {
+    // A spill may take the share of the files being written of what
+    // shows its tensor (its own file, a view's) that could never be
+    // kept beside it, and of the spills idle readers hold.
+    let (files, of, shown, readers) = (
+        Arc::downgrade(backings),
+        Arc::downgrade(data),
+        Arc::downgrade(tree),
+        Arc::downgrade(opens),
+    );
+    data.on_spill_reserved(Box::new(move |bi, which| {
+        let (Some(files), Some(data), Some(tree), Some(readers)) = (
+            files.upgrade(),
+            of.upgrade(),
+            shown.upgrade(),
+            readers.upgrade(),
+        ) else {
+            return false;
+        };
+        if let_go_of_idle_spills(&readers) {
+            return true;
+        }
+        // Copies kept for speed yield to a spill a read needs, once
+        // nothing idle is left to make room.
+        if which == Copies::All {
+            return files.give_up_writing(|_, _| true);
+        }
+        // First the tensor's own file (never written: the spill
+        // becomes its backing), and views' files that could never be
+        // kept beside the spill; others only once idle spills and files
+        // made no room (`Copies::All` above).
+        let disk = data.decoded_disk();
+        let decoded = data.catalog().blobs.get(bi).map_or(0, |b| b.decoded_len);
+        files.give_up_writing(|c, len| {
+            let never =
+                matches!(c, Content::Part { .. }) || len.saturating_add(decoded) > disk.limit();
+            never
+                && any_part_of(&tree, &data, c, |t, p| {
+                    part_of(&data, t, p).is_some_and(|p| p.blob == bi)
+                })
+        })
+    }));
+    let named = Arc::downgrade(tree);
+    backings.name_files_with(Box::new(move |ino| {
+        named.upgrade().map_or_else(String::new, |t| t.path(ino))
+    }));
+    // Filled files that need room may take an idle spill's share.
+    let spills = Arc::downgrade(data);
+    backings.on_spills_full(Box::new(move || {
+        spills.upgrade().is_some_and(|d| d.drop_an_idle_spill())
+    }));
+    // A spill that does not fit may take the disk of filled backing
+    // files no open holds: both live in `--cache-dir`.
+    let weak = Arc::downgrade(backings);
+    data.on_disk_full(Box::new(move || {
+        weak.upgrade().is_some_and(|b| b.drop_idle())
+    }));
+}
+
 impl TensorFs {
     /// Serves `catalog` from `files` (one per `catalog.sources`).
     pub fn new(
@@ -153,42 +264,9 @@ impl TensorFs {
         files: Vec<Option<MappedFile>>,
         opts: FsOptions,
     ) -> std::io::Result<TensorFs> {
-        let on = opts.views;
         let catalog = Arc::new(catalog);
-        // The views are made on a second core while the tree is built: the
-        // safetensors view's header, like the tree, is a pass over every
-        // tensor.
-        let (made, tree) = std::thread::scope(|s| {
-            let made = s.spawn(|| make_views(&catalog, &files, on));
-            let tree = Tree::build(catalog.clone(), on);
-            (made.join(), tree)
-        });
-        let made = made.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        let mut tree = if made.on() == on {
-            tree
-        } else {
-            // Rare: built again without the directories of the views that
-            // could not be made.
-            Tree::build(catalog.clone(), made.on())
-        };
-        tree.add_views(Arc::new(made));
-        for (t, p) in catalog.tensors.iter().zip(&tree.placements) {
-            if let Err(why) = &t.parts {
-                log::warn!(
-                    "{}: tensor {:?} is listed, not served: {why}",
-                    catalog.label,
-                    t.name
-                );
-            }
-            if let Some(why) = &p.escaped {
-                log::warn!(
-                    "{}: tensor {:?} is served as {:?}: {why}",
-                    catalog.label,
-                    t.name,
-                    tree.path(if p.file == 0 { p.sidecar } else { p.file })
-                );
-            }
-        }
+        let tree = build_tree(&catalog, &files, opts.views);
+        log_not_as_named(&catalog, &tree);
         let sizes = (0..tree.main_len()).map(|_| OnceLock::new()).collect();
         // Owned bytes waiting to be written: outside the cache's count, so
         // a small share of it.
@@ -201,62 +279,7 @@ impl TensorFs {
         let backings = Arc::new(Backings::new(opts.backing, stats, disk));
         let tree = Arc::new(tree);
         let opens = Arc::new(Mutex::new(Opens::default()));
-        // A spill may take the share of the files being written of what
-        // shows its tensor (its own file, a view's) that could never be
-        // kept beside it, and of the spills idle readers hold.
-        let (files, of, shown, readers) = (
-            Arc::downgrade(&backings),
-            Arc::downgrade(&data),
-            Arc::downgrade(&tree),
-            Arc::downgrade(&opens),
-        );
-        data.on_spill_reserved(Box::new(move |bi, which| {
-            let (Some(files), Some(data), Some(tree), Some(readers)) = (
-                files.upgrade(),
-                of.upgrade(),
-                shown.upgrade(),
-                readers.upgrade(),
-            ) else {
-                return false;
-            };
-            if let_go_of_idle_spills(&readers) {
-                return true;
-            }
-            // Copies kept for speed yield to a spill a read needs, once
-            // nothing idle is left to make room.
-            if which == Copies::All {
-                return files.give_up_writing(|_, _| true);
-            }
-            // First the tensor's own file (never written: the spill
-            // becomes its backing), and views' files that could never be
-            // kept beside the spill; others only once idle spills and files
-            // made no room (`Copies::All` above).
-            let disk = data.decoded_disk();
-            let decoded = data.catalog().blobs.get(bi).map_or(0, |b| b.decoded_len);
-            files.give_up_writing(|c, len| {
-                let never =
-                    matches!(c, Content::Part { .. }) || len.saturating_add(decoded) > disk.limit();
-                never
-                    && any_part_of(&tree, &data, c, |t, p| {
-                        part_of(&data, t, p).is_some_and(|p| p.blob == bi)
-                    })
-            })
-        }));
-        let named = Arc::downgrade(&tree);
-        backings.name_files_with(Box::new(move |ino| {
-            named.upgrade().map_or_else(String::new, |t| t.path(ino))
-        }));
-        // Filled files that need room may take an idle spill's share.
-        let spills = Arc::downgrade(&data);
-        backings.on_spills_full(Box::new(move || {
-            spills.upgrade().is_some_and(|d| d.drop_an_idle_spill())
-        }));
-        // A spill that does not fit may take the disk of filled backing
-        // files no open holds: both live in `--cache-dir`.
-        let weak = Arc::downgrade(&backings);
-        data.on_disk_full(Box::new(move || {
-            weak.upgrade().is_some_and(|b| b.drop_idle())
-        }));
+        share_room(&data, &backings, &tree, &opens);
         Ok(TensorFs {
             backings,
             write_behind,

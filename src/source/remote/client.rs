@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use object_store::ObjectStore;
+use object_store::{BackoffConfig, Certificate, ClientOptions, ObjectStore, RetryConfig};
 
 use crate::source::error::{FetchError, FetchKind};
 
@@ -104,89 +104,16 @@ impl Client {
     }
 
     pub(super) fn build(&self) -> std::result::Result<Arc<dyn ObjectStore>, String> {
-        use object_store::{BackoffConfig, Certificate, ClientOptions, RetryConfig};
-        let o = &self.opts;
-        let mut client = ClientOptions::new()
-            .with_timeout(o.timeout)
-            .with_connect_timeout(o.timeout.min(Duration::from_secs(10)))
-            .with_allow_http(true);
-        // Trusted besides the system's store (which, like curl's and
-        // Python's, is SSL_CERT_FILE / SSL_CERT_DIR when either is set).
-        if let Some(path) = &o.ca_file {
-            let pem =
-                std::fs::read(path).map_err(|e| format!("--ca-file {}: {e}", path.display()))?;
-            let certs = Certificate::from_pem_bundle(&pem).map_err(|e| {
-                format!(
-                    "--ca-file {}: not PEM certificates: {}",
-                    path.display(),
-                    one_line(e)
-                )
-            })?;
-            if certs.is_empty() {
-                return Err(format!(
-                    "--ca-file {}: holds no PEM certificate",
-                    path.display()
-                ));
-            }
-            for c in certs {
-                client = client.with_root_certificate(c);
-            }
-        }
-        let retry = RetryConfig {
-            backoff: BackoffConfig {
-                init_backoff: FIRST_BACKOFF,
-                max_backoff: MAX_BACKOFF,
-                base: 2.0,
-            },
-            max_retries: o.retries,
-            retry_timeout: (o.timeout * (o.retries as u32 + 1)).min(Duration::from_secs(300)),
-        };
-        let url = self.url.as_str();
+        let (client, retry) = (client_options(&self.opts)?, retry_config(&self.opts));
         let scheme = self.url.scheme().to_ascii_lowercase();
         Ok(match scheme.as_str() {
-            "s3" | "s3a" => {
-                use object_store::aws::AmazonS3ConfigKey::{Endpoint, S3Endpoint};
-                let b = s3_builder(o.endpoint.as_deref())?
-                    .with_url(url)
-                    .with_client_options(client)
-                    .with_retry(retry);
-                // The client asks AWS_ENDPOINT_URL_S3's server before the
-                // generic one.
-                let server = b.get_config_value(&S3Endpoint);
-                self.served_by(server.or_else(|| b.get_config_value(&Endpoint)));
-                Arc::new(b.build().map_err(one_line)?)
-            }
-            "gs" => {
-                let mut b = env_config("GOOGLE_", &[])?
-                    .into_iter()
-                    .fold(
-                        object_store::gcp::GoogleCloudStorageBuilder::new(),
-                        |b, (k, v)| b.with_config(k, v),
-                    )
-                    .with_url(url)
-                    .with_client_options(client)
-                    .with_retry(retry);
-                // A GCS-compatible server (an emulator): its base URL.
-                if let Some(e) = &o.endpoint {
-                    b = b.with_base_url(e.trim_end_matches('/'));
-                }
-                if !any_set(&[
-                    "GOOGLE_SERVICE_ACCOUNT",
-                    "GOOGLE_SERVICE_ACCOUNT_PATH",
-                    "GOOGLE_SERVICE_ACCOUNT_KEY",
-                    "GOOGLE_APPLICATION_CREDENTIALS",
-                ]) {
-                    b = b.with_skip_signature(true);
-                }
-                use object_store::gcp::GoogleConfigKey::BaseUrl;
-                self.served_by(b.get_config_value(&BaseUrl));
-                Arc::new(b.build().map_err(one_line)?)
-            }
+            "s3" | "s3a" => self.s3(client, retry)?,
+            "gs" => self.gcs(client, retry)?,
             "http" | "https" if crate::source::signed_url::is_signed(&self.url) => Arc::new(
                 crate::source::http::ReadOnly(crate::source::signed_url::SignedUrl::new(
                     self.url.clone(),
                     key_of(&self.url)?,
-                    o,
+                    &self.opts,
                 )?),
             ),
             "http" | "https" => {
@@ -200,43 +127,85 @@ impl Client {
                         .map_err(one_line)?,
                 )
             }
-            _ => {
-                let mut b = env_config("AZURE_", &[])?
-                    .into_iter()
-                    .fold(
-                        object_store::azure::MicrosoftAzureBuilder::new(),
-                        |b, (k, v)| b.with_config(k, v),
-                    )
-                    .with_url(url)
-                    .with_client_options(client)
-                    .with_retry(retry);
-                if let Some(e) = &o.endpoint {
-                    b = b.with_endpoint(e.clone()).with_allow_http(true);
-                }
-                if !any_set(&[
-                    "AZURE_STORAGE_ACCOUNT_KEY",
-                    "AZURE_STORAGE_ACCESS_KEY",
-                    "AZURE_STORAGE_MASTER_KEY",
-                    "AZURE_STORAGE_SAS_KEY",
-                    "AZURE_STORAGE_SAS_TOKEN",
-                    "AZURE_STORAGE_TOKEN",
-                    "AZURE_STORAGE_CLIENT_SECRET",
-                    "AZURE_CLIENT_SECRET",
-                    "AZURE_STORAGE_USE_EMULATOR",
-                ]) {
-                    b = b.with_skip_signature(true);
-                }
-                use object_store::azure::AzureConfigKey::{Endpoint, UseEmulator};
-                let emulator = b.get_config_value(&UseEmulator).filter(|v| {
-                    ["1", "true", "yes", "on"].contains(&v.trim().to_ascii_lowercase().as_str())
-                });
-                self.served_by(
-                    b.get_config_value(&Endpoint)
-                        .or(emulator.map(|_| "emulator".into())),
-                );
-                Arc::new(b.build().map_err(one_line)?)
-            }
+            _ => self.azure(client, retry)?,
         })
+    }
+
+    fn s3(&self, client: ClientOptions, retry: RetryConfig) -> StoreResult {
+        use object_store::aws::AmazonS3ConfigKey::{Endpoint, S3Endpoint};
+        let b = s3_builder(self.opts.endpoint.as_deref())?
+            .with_url(self.url.as_str())
+            .with_client_options(client)
+            .with_retry(retry);
+        // The client asks AWS_ENDPOINT_URL_S3's server before the
+        // generic one.
+        let server = b.get_config_value(&S3Endpoint);
+        self.served_by(server.or_else(|| b.get_config_value(&Endpoint)));
+        Ok(Arc::new(b.build().map_err(one_line)?))
+    }
+
+    fn gcs(&self, client: ClientOptions, retry: RetryConfig) -> StoreResult {
+        use object_store::gcp::GoogleConfigKey::BaseUrl;
+        let mut b = env_config("GOOGLE_", &[])?
+            .into_iter()
+            .fold(
+                object_store::gcp::GoogleCloudStorageBuilder::new(),
+                |b, (k, v)| b.with_config(k, v),
+            )
+            .with_url(self.url.as_str())
+            .with_client_options(client)
+            .with_retry(retry);
+        // A GCS-compatible server (an emulator): its base URL.
+        if let Some(e) = &self.opts.endpoint {
+            b = b.with_base_url(e.trim_end_matches('/'));
+        }
+        if !any_set(&[
+            "GOOGLE_SERVICE_ACCOUNT",
+            "GOOGLE_SERVICE_ACCOUNT_PATH",
+            "GOOGLE_SERVICE_ACCOUNT_KEY",
+            "GOOGLE_APPLICATION_CREDENTIALS",
+        ]) {
+            b = b.with_skip_signature(true);
+        }
+        self.served_by(b.get_config_value(&BaseUrl));
+        Ok(Arc::new(b.build().map_err(one_line)?))
+    }
+
+    fn azure(&self, client: ClientOptions, retry: RetryConfig) -> StoreResult {
+        use object_store::azure::AzureConfigKey::{Endpoint, UseEmulator};
+        let mut b = env_config("AZURE_", &[])?
+            .into_iter()
+            .fold(
+                object_store::azure::MicrosoftAzureBuilder::new(),
+                |b, (k, v)| b.with_config(k, v),
+            )
+            .with_url(self.url.as_str())
+            .with_client_options(client)
+            .with_retry(retry);
+        if let Some(e) = &self.opts.endpoint {
+            b = b.with_endpoint(e.clone()).with_allow_http(true);
+        }
+        if !any_set(&[
+            "AZURE_STORAGE_ACCOUNT_KEY",
+            "AZURE_STORAGE_ACCESS_KEY",
+            "AZURE_STORAGE_MASTER_KEY",
+            "AZURE_STORAGE_SAS_KEY",
+            "AZURE_STORAGE_SAS_TOKEN",
+            "AZURE_STORAGE_TOKEN",
+            "AZURE_STORAGE_CLIENT_SECRET",
+            "AZURE_CLIENT_SECRET",
+            "AZURE_STORAGE_USE_EMULATOR",
+        ]) {
+            b = b.with_skip_signature(true);
+        }
+        let emulator = b.get_config_value(&UseEmulator).filter(|v| {
+            ["1", "true", "yes", "on"].contains(&v.trim().to_ascii_lowercase().as_str())
+        });
+        self.served_by(
+            b.get_config_value(&Endpoint)
+                .or(emulator.map(|_| "emulator".into())),
+        );
+        Ok(Arc::new(b.build().map_err(one_line)?))
     }
 
     /// Notes the server the store's builder was given (see
@@ -317,4 +286,50 @@ pub(super) fn s3_builder(
             .with_allow_http(true);
     }
     Ok(b)
+}
+
+/// What a store's builder returns here.
+type StoreResult = std::result::Result<Arc<dyn ObjectStore>, String>;
+
+/// The HTTP client's options: the timeouts, and the certificates of
+/// `--ca-file` trusted besides the system's store (which, like curl's and
+/// Python's, is SSL_CERT_FILE / SSL_CERT_DIR when either is set).
+fn client_options(o: &Options) -> std::result::Result<ClientOptions, String> {
+    let mut client = ClientOptions::new()
+        .with_timeout(o.timeout)
+        .with_connect_timeout(o.timeout.min(Duration::from_secs(10)))
+        .with_allow_http(true);
+    if let Some(path) = &o.ca_file {
+        let pem = std::fs::read(path).map_err(|e| format!("--ca-file {}: {e}", path.display()))?;
+        let certs = Certificate::from_pem_bundle(&pem).map_err(|e| {
+            format!(
+                "--ca-file {}: not PEM certificates: {}",
+                path.display(),
+                one_line(e)
+            )
+        })?;
+        if certs.is_empty() {
+            return Err(format!(
+                "--ca-file {}: holds no PEM certificate",
+                path.display()
+            ));
+        }
+        for c in certs {
+            client = client.with_root_certificate(c);
+        }
+    }
+    Ok(client)
+}
+
+/// Retries of a failed request, with backoff, within five minutes.
+fn retry_config(o: &Options) -> RetryConfig {
+    RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: FIRST_BACKOFF,
+            max_backoff: MAX_BACKOFF,
+            base: 2.0,
+        },
+        max_retries: o.retries,
+        retry_timeout: (o.timeout * (o.retries as u32 + 1)).min(Duration::from_secs(300)),
+    }
 }
