@@ -67,9 +67,9 @@ impl Default for Settings {
 
 /// Read requests as large as the kernel lets a FUSE mount have
 /// (`fs.fuse.max_pages_limit`, 256 pages unless raised), up to 4 MiB: each
-/// request costs a round trip, so fewer is faster (one read() of a whole
-/// raw tensor: 0.52-0.60x of a direct read with 4 MiB requests, 0.45-0.48x
-/// with 1 MiB ones, in BENCHMARKS.md's fourth-session runs).
+/// request costs a round trip, so fewer cost less (on the project's VM,
+/// where the reply's copy is the bound, a whole raw tensor in one read()
+/// ran as fast with 4 MiB requests as with 1 MiB ones: BENCHMARKS.md).
 pub fn default_max_read() -> u32 {
     // SAFETY: sysconf takes a constant and touches no memory of ours; a
     // failure (-1) is caught by the max.

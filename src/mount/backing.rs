@@ -209,12 +209,11 @@ impl Backing {
     /// asked of the disk in large folios (see [`Self::populate`]), then
     /// read into `buf`, a piece at a time, each piece twice. The first
     /// read also pays, here, what the first touch of a page the disk wrote
-    /// costs on a VM (the hypervisor maps it then): without it the first
-    /// load through fresh clones ran at 0.34x of the file, with it at
-    /// 0.77-0.90x. The second read makes the kernel count the pages as
-    /// used again (its active list), which the loader's first read would
-    /// do otherwise: 6.9-7.2 GB/s for that load instead of 6.0-6.2
-    /// (BENCHMARKS.md, "Raw tensors backed by clones"). A page the disk
+    /// costs on a VM (the hypervisor maps it then). The second read makes
+    /// the kernel count the pages as used again (its active list), which
+    /// the loader's first read would do otherwise: 6.9-7.2 GB/s for that
+    /// load instead of 6.0-6.2 (BENCHMARKS.md, "Raw tensors backed by
+    /// clones"). A page the disk
     /// cannot read is an error, as for any reader.
     pub fn read_in(&self, at: u64, n: u64, buf: &mut [u8]) -> std::io::Result<()> {
         self.populate(at, n);

@@ -602,7 +602,8 @@ impl Cache {
 
 /// Faults a new buffer's pages in with one call before the decoder writes
 /// them, instead of one trap per page as it goes: 5-8% off a multi-frame
-/// first read here (BENCHMARKS.md). Best effort (Linux 5.14+).
+/// first read, measured on the project's 2-core VM. Best effort (Linux
+/// 5.14+).
 fn prefault(v: &mut Vec<u8>) {
     if v.capacity() < SPARE_MIN {
         return;

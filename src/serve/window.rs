@@ -6,7 +6,7 @@
 //! the files.
 //!
 //! On the thread that serves the reply, both cost a third of a raw
-//! sequential read on the project's VM (BENCHMARKS.md), so both happen on a
+//! sequential read on the project's 2-core VM (a profile), so both happen on a
 //! thread of the pool's own: the next chunks ahead of a streaming reader
 //! are faulted in before it asks for them, and the least recently served
 //! chunks past a fixed budget are let go of (their pages stay in the page

@@ -339,7 +339,8 @@ impl Data {
     ///
     /// The buffer is faulted in ahead by the populate thread
     /// ([`Data::start_decoder`]), not here: on two cores, faulting from both
-    /// threads at once slowed the decoder more than it saved (BENCHMARKS.md).
+    /// threads at once slowed the decoder more than it saved (measured on
+    /// the project's 2-core VM).
     pub(super) fn decode_progressively(
         &self,
         guard: &Guard,

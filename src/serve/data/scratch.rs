@@ -3,8 +3,8 @@
 //! view's header and tensor bytes, big-endian elements, a raw read under
 //! 128 KiB, a generated file) is copied into a buffer of its own. A fresh
 //! buffer per 1 MiB request costs its page faults every time (a quarter
-//! of the read on the project's VM: BENCHMARKS.md, the `.npy` view of a
-//! zstd tensor), so the worker thread that sent the reply keeps the buffer
+//! of a second read of a zstd tensor's `.npy` view, in a profile on the
+//! project's 2-core VM), so the worker thread that sent the reply keeps the buffer
 //! for its next one.
 //!
 //! A reply's buffer that outlives the reply (kept to be written into a
