@@ -1082,3 +1082,147 @@ fn mount_8_takes_an_fstab_line() {
     );
     m.unmount_ok();
 }
+
+/// A safetensors file of `n` tensors of 16 bytes: its tree takes the
+/// daemon a while to build, time in which a signal finds the command
+/// waiting.
+fn write_many(path: &Path, n: usize) {
+    let mut header = String::from("{");
+    for i in 0..n {
+        let comma = if i == 0 { "" } else { "," };
+        let (a, b) = (16 * i, 16 * i + 16);
+        header +=
+            &format!(r#"{comma}"t{i}":{{"dtype":"F32","shape":[4],"data_offsets":[{a},{b}]}}"#);
+    }
+    header += "}";
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.resize(bytes.len() + 16 * n, 0);
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// The daemon the mount command `pid` forked, once it has its own session
+/// (after that, a signal to the command's group no longer reaches it).
+fn forked_daemon(pid: u32) -> Option<i32> {
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+    let daemon: i32 = children.split_whitespace().next()?.parse().ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{daemon}/stat")).ok()?;
+    let session: i32 = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()?;
+    (session == daemon).then_some(daemon)
+}
+
+/// Ctrl-C (SIGINT to the command's process group) or `timeout`'s SIGTERM
+/// while the command waits for its daemon ends the mount as well: the
+/// command says so and exits 128 + the signal, and no mount or daemon is
+/// left (the daemon, in a session of its own, once went on to mount).
+#[test]
+fn an_interrupted_mount_command_leaves_no_mount() {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    let _one_at_a_time = support::serial();
+    let Some(m) = Mount::scratch() else {
+        return;
+    };
+    let file = m.scratch_path("many.safetensors");
+    write_many(&file, 100_000);
+    for (sig, name, to_group) in [
+        (libc::SIGINT, "SIGINT", true),
+        (libc::SIGTERM, "SIGTERM", false),
+    ] {
+        let mut cmd = Command::new(bin());
+        cmd.arg(&file)
+            .arg(&m.mp)
+            .arg("--log-file")
+            .arg(&m.log)
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut command = cmd.spawn().unwrap();
+        let mut daemon = None;
+        let forked = wait_until(Duration::from_secs(20), || {
+            daemon = forked_daemon(command.id());
+            daemon.is_some() || matches!(command.try_wait(), Ok(Some(_)))
+        });
+        let daemon = daemon.unwrap_or_else(|| {
+            panic!(
+                "{name}: no daemon forked (forked={forked}): {:?}",
+                command.try_wait()
+            )
+        });
+        let target = if to_group {
+            -(command.id() as i32)
+        } else {
+            command.id() as i32
+        };
+        signal(target, sig);
+        let ended = wait_until(Duration::from_secs(20), || {
+            matches!(command.try_wait(), Ok(Some(_)))
+        });
+        if !ended {
+            let _ = command.kill();
+        }
+        let status = command.wait().unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(command.stderr.as_mut().unwrap(), &mut err).unwrap();
+        assert_eq!(
+            (status.code(), status.signal()),
+            (Some(128 + sig), None),
+            "{name}: {err}"
+        );
+        assert_eq!(
+            err,
+            format!(
+                "ztensor-mount: interrupted by {name}: nothing is mounted on {}\n",
+                m.mp.display()
+            )
+        );
+        let gone = wait_until(Duration::from_secs(10), || {
+            !m.is_mounted() && !alive(daemon)
+        });
+        assert!(
+            gone,
+            "{name}: mounted={} daemon alive={}\nlog:\n{}",
+            m.is_mounted(),
+            alive(daemon),
+            m.log_text()
+        );
+    }
+}
+
+/// The daemon keeps none of the descriptors its caller left open: a lock
+/// a script holds on one is let go of when the command returns, and a
+/// pipe the caller reads ends.
+#[test]
+fn the_daemon_keeps_no_descriptor_its_caller_left_open() {
+    let Some((mut m, zt)) = scratch_with_file() else {
+        return;
+    };
+    let held = m.scratch_path("held-by-the-caller");
+    let r = m.run_under(
+        &[
+            "sh",
+            "-c",
+            r#"exec 9>>"$0"; exec "$@""#,
+            held.to_str().unwrap(),
+        ],
+        &zt,
+        &[],
+    );
+    assert!(r.ok(), "{r:?}\n{}", m.log_text());
+    let pid = m.pid.expect("daemon pid");
+    let open: Vec<PathBuf> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .collect();
+    assert!(!open.contains(&held), "the daemon holds {held:?}: {open:?}");
+    assert_eq!(m.read("z"), payload());
+}

@@ -3,6 +3,7 @@
 
 mod cat;
 mod cmdline;
+mod detach;
 mod info;
 mod logging;
 mod mount;
@@ -273,6 +274,8 @@ fn short_flag(arg: &str, flag: char) -> bool {
 const LAZY_WITHOUT_U: &str = "-z/--lazy goes with -u: ztensor-mount -u -z MOUNTPOINT";
 
 pub fn main() -> ExitCode {
+    // First: what the caller left open, before any descriptor of ours.
+    detach::note_inherited();
     absolute_path_vars();
     let args: Vec<String> = std::env::args().collect();
     if matches!(

@@ -2,7 +2,7 @@
 //! and returns only when the child has mounted (or says why it could not).
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use fuser::{Config, MountOption, SessionACL};
 
+use super::detach::{self, FromDaemon};
 use super::logging;
 use super::options::Settings;
 use crate::formats::{self, Limits, Opened};
@@ -268,6 +269,9 @@ fn automount_trigger(p: &Path) -> bool {
 fn daemonize(opened: Opened, mountpoint: &Path, s: &Settings, lock: Option<File>) -> ExitCode {
     // The fork must copy a process of one thread (see below).
     crate::source::before_fork();
+    // Held for the command to read (see `FromDaemon`); the daemon blocks
+    // them anyway, for its signal thread.
+    detach::block_exit_signals();
     let mut fds = [0; 2];
     // SAFETY: `fds` is the two c_ints pipe2 writes on success.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -288,6 +292,7 @@ fn daemonize(opened: Opened, mountpoint: &Path, s: &Settings, lock: Option<File>
             // SAFETY: takes nothing and touches no memory; a fresh child
             // leads no process group, so it cannot fail with EPERM.
             unsafe { libc::setsid() };
+            detach::close_inherited();
             // As daemons do: hold no directory of the caller's busy (paths
             // were made absolute before the fork).
             let _ = std::env::set_current_dir("/");
@@ -308,14 +313,14 @@ fn daemonize(opened: Opened, mountpoint: &Path, s: &Settings, lock: Option<File>
             crate::source::before_exit();
             std::process::exit(if code == ExitCode::SUCCESS { 0 } else { 1 });
         }
-        _child => {
+        daemon => {
             drop(wr);
             // This process only waits and exits: freeing the catalog here
             // would touch every page of it, copying each from the child it
             // now shares them with (half a second for 10^5 tensors).
             std::mem::forget(opened);
-            let mut rd = File::from(rd);
-            let msg = read_line(&mut rd);
+            let mut rd = FromDaemon::new(File::from(rd), daemon, mountpoint);
+            let msg = rd.read_line();
             match msg.trim().split_once(' ') {
                 // Mounted; live once all the daemon's serving threads have
                 // started (starting one can still fail, a pids limit say)
@@ -329,7 +334,7 @@ fn daemonize(opened: Opened, mountpoint: &Path, s: &Settings, lock: Option<File>
                             mountpoint.display()
                         )
                     };
-                    match read_line(&mut rd).trim() {
+                    match rd.read_line().trim() {
                         // The stat is answered by this mount, not by the
                         // directory under it once it went away.
                         "serving" => match std::fs::metadata(mountpoint) {
@@ -359,8 +364,8 @@ fn daemonize(opened: Opened, mountpoint: &Path, s: &Settings, lock: Option<File>
 /// The mount exists but is not served: says why (the daemon's own reason
 /// when it gives one in time), and takes the mount down (lazily) if it is
 /// still the one the daemon made.
-fn not_live(mountpoint: &Path, dev: &str, rd: &mut File, why: String) -> ExitCode {
-    let more = read_rest(rd, 2000);
+fn not_live(mountpoint: &Path, dev: &str, rd: &mut FromDaemon, why: String) -> ExitCode {
+    let more = rd.read_rest(2000);
     if mount_dev(mountpoint).as_deref() == Some(dev) {
         let _ = umount(mountpoint, true);
     }
@@ -368,40 +373,6 @@ fn not_live(mountpoint: &Path, dev: &str, rd: &mut File, why: String) -> ExitCod
         "" => why,
         more => more.to_string(),
     })
-}
-
-/// One line from the daemon, or what it wrote before closing the pipe.
-fn read_line(rd: &mut File) -> String {
-    let mut buf = Vec::new();
-    let mut byte = [0u8; 1];
-    while let Ok(1) = rd.read(&mut byte) {
-        if byte[0] == b'\n' {
-            break;
-        }
-        buf.push(byte[0]);
-    }
-    String::from_utf8_lossy(&buf).into_owned()
-}
-
-/// What more the daemon says within `ms` milliseconds (its reason, when
-/// it failed after mounting).
-fn read_rest(rd: &mut File, ms: i32) -> String {
-    use std::os::fd::AsRawFd;
-    let mut out = Vec::new();
-    let mut pfd = libc::pollfd {
-        fd: rd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    while unsafe { libc::poll(&mut pfd, 1, ms) } > 0 {
-        let mut buf = [0u8; 512];
-        match rd.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn detach_stdio() {
@@ -418,23 +389,6 @@ fn detach_stdio() {
             // handles use them only by number.
             unsafe { libc::dup2(null.as_raw_fd(), fd) };
         }
-    }
-}
-
-/// Blocks SIGINT/SIGTERM/SIGHUP in this thread and all threads it starts,
-/// so that only the waiter below receives them.
-fn block_exit_signals() -> libc::sigset_t {
-    // SAFETY: an all-zero sigset_t is a valid value (emptied at once); each
-    // call gets a pointer to it, live for the call, and real signal numbers,
-    // and no old mask is asked for.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            libc::sigaddset(&mut set, sig);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
     }
 }
 
@@ -495,7 +449,7 @@ fn serve(
     }
     let ready = Arc::new(Mutex::new(ready));
     let report = |msg: &str| tell(&ready, msg);
-    let sigset = block_exit_signals();
+    let sigset = detach::block_exit_signals();
     let remote = opened.sources.iter().flatten().any(|f| f.is_remote());
     let label = opened.catalog.label.clone();
     let count = opened.catalog.len();
@@ -845,7 +799,7 @@ fn mount_dev(mountpoint: &Path) -> Option<String> {
 }
 
 /// The device and type of the last mount on `mountpoint`.
-fn mount_at(mountpoint: &Path) -> Option<(String, String)> {
+pub(super) fn mount_at(mountpoint: &Path) -> Option<(String, String)> {
     let info = std::fs::read("/proc/self/mountinfo").ok()?;
     find_mount(&info, mountpoint.as_os_str().as_encoded_bytes())
 }
@@ -964,7 +918,7 @@ fn other_than_fuse(mp: &Path) -> Option<String> {
 
 /// umount2, or fusermount3 for users without CAP_SYS_ADMIN. A link in
 /// the mountpoint's place is not followed (`-u` checked what is there).
-fn umount(mp: &Path, lazy: bool) -> std::io::Result<()> {
+pub(super) fn umount(mp: &Path, lazy: bool) -> std::io::Result<()> {
     let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes())
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
     // SAFETY: `c` is a NUL-ended path that lives through the call, which
