@@ -660,16 +660,34 @@ fn without_cap_sys_admin_every_file_is_served_by_the_daemon() {
             .args(args);
         c
     };
-    let r = run_with_timeout(
-        &mut as_nobody(&[
-            support::bin().as_ref(),
-            src.as_os_str(),
-            m.mp.as_os_str(),
-            "--log-file".as_ref(),
-            log.as_os_str(),
-        ]),
-        Duration::from_secs(20),
+    let mount = || {
+        run_with_timeout(
+            &mut as_nobody(&[
+                support::bin().as_ref(),
+                src.as_os_str(),
+                m.mp.as_os_str(),
+                "--log-file".as_ref(),
+                log.as_os_str(),
+            ]),
+            Duration::from_secs(20),
+        )
+    };
+    // Closed to other users (no udev): refused, saying what to change.
+    open_to_all(Path::new("/dev/fuse"), 0o600);
+    let r = mount();
+    assert_eq!(
+        r.stderr.trim_end(),
+        format!(
+            "ztensor-mount: cannot mount {} on {}: Permission denied (os error 13) (/dev/fuse \
+             is mode 0600 here, closed to this user: make it 0666 as udev does (chmod 0666 \
+             /dev/fuse), or mount as root)",
+            src.display(),
+            m.mp.display()
+        ),
+        "{r:?}"
     );
+    open_to_all(Path::new("/dev/fuse"), 0o666);
+    let r = mount();
     assert!(r.ok(), "mount as nobody: {r:?}");
     m.pid = support::daemon_pids(&m.mp).into_iter().max();
     let text = std::fs::read_to_string(&log).unwrap();

@@ -142,25 +142,51 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
 
 /// What to do when mounting failed for want of `/dev/fuse`.
 fn fuse_hint(e: &std::io::Error) -> String {
+    use std::os::unix::fs::PermissionsExt;
     let dev = Path::new("/dev/fuse");
-    if !dev.exists() {
+    let Ok(meta) = std::fs::metadata(dev) else {
         return " (/dev/fuse is missing: load the fuse module with modprobe fuse, or in a \
                 container pass --device /dev/fuse)"
             .into();
-    }
-    let denied = matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM))
-        || e.kind() == std::io::ErrorKind::PermissionDenied;
+    };
     let cannot_open = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(dev)
         .is_err();
-    if denied || cannot_open {
-        return " (/dev/fuse is not open to this user: install fuse3, whose fusermount3 \
-                is setuid root, or make /dev/fuse readable and writable for the user)"
-            .into();
+    // The mount opens /dev/fuse itself, then lets fusermount3 mount for a
+    // user other than root: without the first it cannot reach the second.
+    if cannot_open {
+        return format!(
+            " (/dev/fuse is mode {:04o} here, closed to this user: make it 0666 as udev \
+             does (chmod 0666 /dev/fuse), or mount as root)",
+            meta.permissions().mode() & 0o7777
+        );
     }
-    String::new()
+    let denied = matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM))
+        || e.kind() == std::io::ErrorKind::PermissionDenied;
+    match fusermount3() {
+        _ if !denied => String::new(),
+        None => " (a user other than root mounts through fusermount3: install fuse3)".into(),
+        Some(path) if !setuid_root(&path) => format!(
+            " ({} is not setuid root, which it must be to mount for a user other than root)",
+            path.display()
+        ),
+        Some(_) => String::new(),
+    }
+}
+
+/// fusermount3 as the PATH finds it.
+fn fusermount3() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("fusermount3"))
+        .find(|p| p.is_file())
+}
+
+fn setuid_root(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.uid() == 0 && m.permissions().mode() & 0o4000 != 0)
 }
 
 fn check_mountpoint(p: &Path) -> Result<PathBuf, String> {
