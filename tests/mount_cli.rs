@@ -591,6 +591,24 @@ fn dash_u_unmounts_and_rejects_what_is_not_mounted() {
     };
     m.mount(&zt, &[]);
     let pid = m.pid.expect("daemon pid");
+    // A link to the mount point is not followed, and -u says so.
+    let link = m.scratch_path("link");
+    std::os::unix::fs::symlink(&m.mp, &link).unwrap();
+    let r = support::run_with_timeout(
+        Command::new(bin()).arg("-u").arg(&link),
+        Duration::from_secs(10),
+    );
+    let err = assert_clean_failure(&r, "-u of a link to the mount point");
+    assert_eq!(
+        err,
+        format!(
+            "ztensor-mount: cannot unmount {}: Invalid argument (os error 22) (a symbolic link to \
+             {}: give the mount point itself)",
+            link.display(),
+            m.mp.display()
+        )
+    );
+    assert!(m.is_mounted());
     // The type findmnt -t and umount -t go by, on both mount paths
     // (mount(2) as root here, fusermount3 otherwise).
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();

@@ -1010,7 +1010,18 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> ExitCode {
     match umount(mountpoint, lazy) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // A link is not followed: a mount at its target stays.
+            let link = std::fs::read_link(mountpoint).ok();
+            let through_link = link.map(|to| {
+                format!(
+                    " (a symbolic link to {}: give the mount point itself)",
+                    to.display()
+                )
+            });
             let hint = match e.raw_os_error() {
+                Some(libc::EINVAL) if through_link.is_some() => {
+                    through_link.as_deref().unwrap_or("")
+                }
                 Some(libc::EINVAL) => " (not a mount point)",
                 Some(libc::EPERM) => " (mounted by another user, or not a FUSE mount)",
                 Some(libc::EBUSY) => {
