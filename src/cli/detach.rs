@@ -89,6 +89,11 @@ impl FromDaemon {
         let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_CLOEXEC) };
         // SAFETY: as above: a fresh descriptor, wrapped once.
         let signals = (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) });
+        if signals.is_none() {
+            // Unread, they would be ignored: they end the command as before.
+            // SAFETY: `set` is initialized and live for the call.
+            unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
+        }
         FromDaemon {
             pipe,
             signals,
