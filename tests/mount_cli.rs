@@ -1244,3 +1244,73 @@ fn the_daemon_keeps_no_descriptor_its_caller_left_open() {
     assert!(!open.contains(&held), "the daemon holds {held:?}: {open:?}");
     assert_eq!(m.read("z"), payload());
 }
+
+/// Under a small open-file limit the command returns as soon as the mount
+/// serves (it waited 10 s where the daemon had no descriptor left to
+/// count its threads with), and a read whose spill file cannot be made
+/// fails with EMFILE and a log line saying to raise the limit, never EIO
+/// or wrong bytes; with one more descriptor the same read succeeds.
+#[test]
+fn under_a_small_open_file_limit_reads_fail_with_emfile_or_succeed() {
+    let _one_at_a_time = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let zt = m.scratch_path("big.zt");
+    let big = support::compressible(7, 8 << 20);
+    let mut w = Writer::create(&zt).unwrap();
+    // One frame, over half the cache: decoded into a spill file.
+    let z = Options {
+        compression: Compression::Zstd {
+            level: 3,
+            frame_size: 0,
+        },
+        ..Options::default()
+    };
+    w.add("big", DType::Uint8, &[big.len() as u64], &big, &z)
+        .unwrap();
+    w.finish().unwrap();
+    let cache_dir = m.scratch_path("cache");
+    std::fs::create_dir(&cache_dir).unwrap();
+    let args = [
+        "--cache-size",
+        "4M",
+        "--cache-dir",
+        cache_dir.to_str().unwrap(),
+    ];
+    let (mut refused, mut served) = (0, 0);
+    for limit in 10..=24 {
+        let nofile = format!("--nofile={limit}:{limit}");
+        let r = m.run_under(&["prlimit", &nofile], &zt, &args);
+        assert!(r.elapsed < Duration::from_secs(5), "limit {limit}: {r:?}");
+        if !r.ok() {
+            continue;
+        }
+        match std::fs::read(m.path("big")) {
+            Ok(bytes) => {
+                assert!(bytes == big, "limit {limit}: wrong bytes");
+                served += 1;
+            }
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EMFILE), "limit {limit}: {e}");
+                assert!(
+                    m.log_text().contains(
+                        "Too many open files (os error 24) (raise the open-file limit: ulimit -n)"
+                    ),
+                    "limit {limit}: {}",
+                    m.log_text()
+                );
+                assert_eq!(
+                    served, 0,
+                    "limit {limit}: failed after a smaller one served"
+                );
+                refused += 1;
+            }
+        }
+        m.unmount_ok();
+    }
+    assert!(
+        refused > 0 && served > 0,
+        "refused {refused}, served {served}"
+    );
+}

@@ -808,14 +808,18 @@ fn tell(ready: &Mutex<Option<File>>, msg: &str) {
 /// How many of fuser's worker threads ("fuser-N") this process has.
 fn workers() -> Option<usize> {
     let tasks = std::fs::read_dir("/proc/self/task").ok()?;
-    Some(
-        tasks
-            .flatten()
-            .filter(|t| {
-                std::fs::read(t.path().join("comm")).is_ok_and(|c| c.starts_with(b"fuser-"))
-            })
-            .count(),
-    )
+    let mut n = 0;
+    for t in tasks.flatten() {
+        // A name that cannot be read (no descriptor left under a small
+        // `ulimit -n`) leaves the count unknown, not short.
+        if std::fs::read(t.path().join("comm"))
+            .ok()?
+            .starts_with(b"fuser-")
+        {
+            n += 1;
+        }
+    }
+    Some(n)
 }
 
 /// The mount's device ("0:53") from /proc/self/mountinfo: a stat of the

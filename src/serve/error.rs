@@ -25,6 +25,10 @@ pub enum Kind {
     Denied,
     /// The remote store did not answer in time: `ETIMEDOUT`.
     TimedOut,
+    /// The daemon is out of file descriptors (`ulimit -n`) for the file
+    /// the read needs (a spill): `EMFILE`, which a reader can tell from a
+    /// failed check, and which passes once other files are closed.
+    NoFiles,
 }
 
 impl Kind {
@@ -36,6 +40,7 @@ impl Kind {
             Kind::NoSpace => libc::ENOSPC,
             Kind::Denied => libc::EACCES,
             Kind::TimedOut => libc::ETIMEDOUT,
+            Kind::NoFiles => libc::EMFILE,
         }
     }
 }
@@ -88,6 +93,18 @@ impl ReadError {
     }
 }
 
+/// A file the daemon could not make or open: out of descriptors, or
+/// another failure (EIO).
+pub fn of_io(e: &std::io::Error, msg: String) -> ReadError {
+    match e.raw_os_error() {
+        Some(libc::EMFILE | libc::ENFILE) => ReadError::new(
+            Kind::NoFiles,
+            format!("{msg} (raise the open-file limit: ulimit -n)"),
+        ),
+        _ => ReadError::new(Kind::Failed, msg),
+    }
+}
+
 /// A failure with no more to say than its message: the bytes could not be
 /// had (EIO).
 impl From<String> for ReadError {
@@ -135,6 +152,21 @@ mod tests {
         assert_eq!(ReadError::new(Kind::TooLarge, "x").errno(), libc::EFBIG);
         let f = ReadError::from(FetchError::new(FetchKind::NoSpace, "disk full"));
         assert_eq!((f.errno(), f.message()), (libc::ENOSPC, "disk full"));
+        let out = std::io::Error::from_raw_os_error(libc::EMFILE);
+        let m = of_io(
+            &out,
+            "cannot create a spill file in /c: Too many open files".into(),
+        );
+        assert_eq!(
+            (m.errno(), m.message()),
+            (
+                libc::EMFILE,
+                "cannot create a spill file in /c: Too many open files (raise the open-file \
+                 limit: ulimit -n)"
+            )
+        );
+        let other = std::io::Error::from_raw_os_error(libc::EROFS);
+        assert_eq!(of_io(&other, "read-only".into()).errno(), libc::EIO);
         let t = ReadError::from(FetchError::new(FetchKind::TimedOut, "late"));
         assert_eq!(t.errno(), libc::ETIMEDOUT);
         let d = ReadError::from(FetchError::new(FetchKind::Denied, "401"));

@@ -206,8 +206,12 @@ impl Spill {
     /// room for it (asked early, and again when the space is reserved).
     fn create(dir: &Path, len: u64, early: bool) -> Result<Arc<Spill>, ReadError> {
         room(dir, len).map_err(|why| ReadError::new(Kind::NoSpace, why))?;
-        let file = tempfile::tempfile_in(dir)
-            .map_err(|e| format!("cannot create a spill file in {}: {e}", dir.display()))?;
+        let file = tempfile::tempfile_in(dir).map_err(|e| {
+            super::error::of_io(
+                &e,
+                format!("cannot create a spill file in {}: {e}", dir.display()),
+            )
+        })?;
         Ok(Arc::new(Spill {
             file,
             early,
