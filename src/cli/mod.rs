@@ -284,25 +284,22 @@ pub fn main() -> ExitCode {
     ) {
         return tool(ToolCli::parse());
     }
+    let given =
+        |long: &str, short: char| args[1..].iter().any(|a| a == long || short_flag(a, short));
     let cli = match MountCli::try_parse() {
         Ok(cli) => cli,
         // clap names the positional FILE, which -u takes as the mountpoint.
         Err(e)
             if e.kind() == clap::error::ErrorKind::MissingRequiredArgument
-                && args[1..]
-                    .iter()
-                    .any(|a| a == "--unmount" || short_flag(a, 'u')) =>
+                && (given("--unmount", 'u') || given("--lazy", 'z')) =>
         {
-            eprintln!("ztensor-mount: -u needs the mount point: ztensor-mount -u [-z] MOUNTPOINT");
-            return ExitCode::from(2);
-        }
-        Err(e)
-            if e.kind() == clap::error::ErrorKind::MissingRequiredArgument
-                && args[1..]
-                    .iter()
-                    .any(|a| a == "--lazy" || short_flag(a, 'z')) =>
-        {
-            eprintln!("ztensor-mount: {LAZY_WITHOUT_U}");
+            if given("--unmount", 'u') {
+                eprintln!(
+                    "ztensor-mount: -u needs the mount point: ztensor-mount -u [-z] MOUNTPOINT"
+                );
+            } else {
+                eprintln!("ztensor-mount: {LAZY_WITHOUT_U}");
+            }
             return ExitCode::from(2);
         }
         Err(e) => e.exit(),

@@ -4,7 +4,7 @@
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -142,7 +142,6 @@ pub fn run(file: &Path, mountpoint: &Path, mut s: Settings) -> ExitCode {
 
 /// What to do when mounting failed for want of `/dev/fuse`.
 fn fuse_hint(e: &std::io::Error) -> String {
-    use std::os::unix::fs::PermissionsExt;
     let dev = Path::new("/dev/fuse");
     let Ok(meta) = std::fs::metadata(dev) else {
         return " (/dev/fuse is missing: load the fuse module with modprobe fuse, or in a \
@@ -185,7 +184,6 @@ fn fusermount3() -> Option<PathBuf> {
 }
 
 fn setuid_root(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(p).is_ok_and(|m| m.uid() == 0 && m.permissions().mode() & 0o4000 != 0)
 }
 
