@@ -1390,6 +1390,13 @@ impl Backings {
                 return;
             }
         };
+        // All its bytes are in the file now: what the reads and the fill
+        // left of them in the daemon's memory goes (see `Data::copied`).
+        for s in &segments {
+            if let &Segment::Part { tensor, part, len } = s {
+                data.copied(tensor, part, (0, len));
+            }
+        }
         let t1 = std::time::Instant::now();
         self.drop_inode_cache(asked_by);
         log::debug!(
@@ -1647,7 +1654,8 @@ fn write_all(
                             }
                             let _one = lock(&writing);
                             file.write_all_at(&bytes, p.to).map_err(io)
-                        });
+                        })
+                        .map(|()| data.copied(p.tensor, p.part, (p.at, p.at + p.len)));
                     if let Err(why) = r {
                         lock(&failed).get_or_insert(why);
                     }

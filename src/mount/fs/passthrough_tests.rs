@@ -17,9 +17,25 @@ fn zstd_fs_checked(
     limit: u64,
     checks: Vec<crate::catalog::Check>,
 ) -> TensorFs {
+    zstd_fs_of(
+        dir,
+        data,
+        &zstd::encode_all(data, 3).unwrap(),
+        limit,
+        checks,
+    )
+}
+
+/// The same, its blob `blob` (the zstd frames of `data`).
+fn zstd_fs_of(
+    dir: &std::path::Path,
+    data: &[u8],
+    blob: &[u8],
+    limit: u64,
+    checks: Vec<crate::catalog::Check>,
+) -> TensorFs {
     let (mut catalog, _) = crate::serve::testing::catalog_of(dir, &[("z", &[0u8][..])]);
-    let blob = zstd::encode_all(data, 3).unwrap();
-    std::fs::write(dir.join("data"), &blob).unwrap();
+    std::fs::write(dir.join("data"), blob).unwrap();
     let n = data.len() as u64;
     catalog.blobs[0] = Blob {
         len: blob.len() as u64,
@@ -571,6 +587,34 @@ fn a_partly_read_file_is_filled_in_its_gaps_and_a_peek_keeps_nothing() {
     }
     fs.release(fh);
     filled(&fs);
+    let (_, how) = fs.open(z, false).unwrap();
+    let Open::Backed(b) = how else {
+        panic!("not backed")
+    };
+    assert_eq!(contents(&b), data);
+}
+
+#[test]
+fn a_filled_file_leaves_none_of_its_frames_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..4_000_000u32).map(|i| (i / 7 % 233) as u8).collect();
+    let blob: Vec<u8> = data
+        .chunks(1 << 20)
+        .flat_map(|c| zstd::bulk::compress(c, 3).unwrap())
+        .collect();
+    let fs = zstd_fs_of(dir.path(), &data, &blob, 1 << 30, Vec::new());
+    fs.set_passthrough(true);
+    // Reads of its first two frames; the fill decodes the other two.
+    let (z, fh) = open_z(&fs);
+    for at in [0, 1 << 20] {
+        let bytes = fs.read(z, fh, at, 1 << 20).unwrap();
+        fs.served(at, bytes);
+    }
+    fs.write_behind.flush();
+    fs.release(fh);
+    filled(&fs);
+    // Its bytes are in the file: none stay in the daemon's memory too.
+    assert_eq!(fs.data().cache().gauges().cache_entries, 0);
     let (_, how) = fs.open(z, false).unwrap();
     let Open::Backed(b) = how else {
         panic!("not backed")

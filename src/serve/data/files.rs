@@ -154,6 +154,43 @@ impl Data {
         }
     }
 
+    /// Bytes `range` (from, to) of part `pi` of tensor `ti` were copied
+    /// into a backing file by its fill: the frames wholly inside leave the
+    /// cache unless someone holds them. The fill read them for that file
+    /// alone; kept, they would hold the file's size in the daemon's memory
+    /// that no swap can reclaim, beside the file's own page cache that the
+    /// kernel can.
+    pub fn copied(&self, ti: usize, pi: usize, range: (u64, u64)) {
+        let Some(part) = self.part_of(ti, pi) else {
+            return;
+        };
+        let Some((r0, n)) = expose::direct_range(part, range.0, range.1.saturating_sub(range.0))
+        else {
+            return;
+        };
+        match self.states.get(part.blob).and_then(|s| s.plan.get()) {
+            Some(Ok(Plan::Frames(frames))) => {
+                let first = frames.partition_point(|f| f.d_start < r0);
+                for (k, f) in frames.iter().enumerate().skip(first) {
+                    if f.d_start + f.d_len > r0 + n {
+                        break;
+                    }
+                    self.cache.drop_idle((part.blob as u32, k as u32));
+                }
+            }
+            // A unit decoded into a file stays: that file may become the
+            // tensor's own backing file, and its pages are the kernel's.
+            Some(Ok(Plan::Whole { .. }))
+                if r0 == 0
+                    && n >= self.blob(part.blob).decoded_len
+                    && !self.decodes_into_file(ti, pi) =>
+            {
+                self.cache.drop_idle((part.blob as u32, 0));
+            }
+            _ => {}
+        }
+    }
+
     /// A read of part `pi` of tensor `ti` just served `touched` (the
     /// part's offsets), and its bytes go to a backing file: the frames
     /// that the run of in-order reads it continues has itself passed by
