@@ -2601,7 +2601,7 @@ class Bench:
         self.model_bufs = None
         self.note(f"reflink: {label}, {len(jobs)} tensors: {st.get('backing_clones', 0)} clones, "
                   f"{st.get('fuse_opens', 0)} opens served and {st.get('passthrough_opens', 0)} "
-                  f"passed through over two loads; the clones' pages read in "
+                  f"passed through over the first load and three second loads; the clones' pages read in "
                   f"{median(settle):.2f} s after the first; one tensor of {n / MiB:.0f} MiB: "
                   f"{st1.get('backing_clones', 0)} clones (its file, its .npy view), "
                   f"{st1.get('passthrough_opens', 0)} passthrough opens")
