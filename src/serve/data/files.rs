@@ -154,12 +154,12 @@ impl Data {
         }
     }
 
-    /// Bytes `range` (from, to) of part `pi` of tensor `ti` were copied
-    /// into a backing file by its fill: the frames wholly inside leave the
-    /// cache unless someone holds them. The fill read them for that file
-    /// alone; kept, they would hold the file's size in the daemon's memory
-    /// that no swap can reclaim, beside the file's own page cache that the
-    /// kernel can.
+    /// Bytes `range` (from, to) of part `pi` of tensor `ti` are in a
+    /// backing file now (its fill wrote them, or the reads did): the
+    /// frames wholly inside leave the cache unless someone holds them.
+    /// Kept, they would hold the file's size in the daemon's memory, which
+    /// no swap can reclaim, beside the file's own page cache, which the
+    /// kernel can; the next reader is passed through to the file.
     pub fn copied(&self, ti: usize, pi: usize, range: (u64, u64)) {
         let Some(part) = self.part_of(ti, pi) else {
             return;
