@@ -254,7 +254,10 @@ pub fn to_file(path: &Path, debug: bool) -> std::io::Result<()> {
         .custom_flags(libc::O_NONBLOCK)
         .open(path)?;
     let to: Box<dyn Write + Send> = if f.metadata()?.is_file() {
-        Box::new(f)
+        Box::new(Lines {
+            out: f,
+            torn: false,
+        })
     } else {
         Box::new(Records(f))
     };
@@ -274,6 +277,42 @@ pub fn to_file(path: &Path, debug: bool) -> std::io::Result<()> {
     let max = logger.filter();
     install(Box::new(logger), max);
     Ok(())
+}
+
+/// A regular file's writer, a record at a time: a record the file took
+/// only part of (a full disk) is ended by a newline before the next one
+/// that is written, so that no line ever holds parts of two records. A
+/// record that cannot be written is dropped; the daemon serves on.
+struct Lines<W: Write> {
+    out: W,
+    /// The last record was cut short.
+    torn: bool,
+}
+
+impl<W: Write> Write for Lines<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.torn {
+            if self.out.write(b"\n").ok() != Some(1) {
+                return Ok(buf.len());
+            }
+            self.torn = false;
+        }
+        let mut done = 0;
+        while done < buf.len() {
+            match self.out.write(&buf[done..]) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        self.torn = done > 0 && done < buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A FIFO's (or other non-file's) writer: one write(2) per record, cut to
@@ -351,6 +390,46 @@ mod tests {
             self.0.flush();
         }
         fn flush(&self) {}
+    }
+
+    /// A file that holds `room` more bytes, then says it is full.
+    struct Disk {
+        bytes: Vec<u8>,
+        room: usize,
+    }
+
+    impl Write for Disk {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.room);
+            if n == 0 {
+                return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            self.bytes.extend_from_slice(&buf[..n]);
+            self.room -= n;
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_record_cut_short_by_a_full_disk_does_not_glue_the_next_to_it() {
+        let mut w = Lines {
+            out: Disk {
+                bytes: Vec::new(),
+                room: 15,
+            },
+            torn: false,
+        };
+        w.write_all(b"first record\n").unwrap();
+        // Two bytes of it fit; then nothing, not even the newline.
+        w.write_all(b"second record\n").unwrap();
+        w.write_all(b"third record\n").unwrap();
+        w.out.room = 100;
+        w.write_all(b"fourth record\n").unwrap();
+        let text = String::from_utf8(w.out.bytes).unwrap();
+        assert_eq!(text, "first record\nse\nfourth record\n");
     }
 
     #[test]
