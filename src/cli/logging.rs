@@ -289,14 +289,9 @@ struct Lines<W: Write> {
     torn: bool,
 }
 
-impl<W: Write> Write for Lines<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.torn {
-            if self.out.write(b"\n").ok() != Some(1) {
-                return Ok(buf.len());
-            }
-            self.torn = false;
-        }
+impl<W: Write> Lines<W> {
+    /// Writes as much of `buf` as the file takes; how much that was.
+    fn put(&mut self, buf: &[u8]) -> usize {
         let mut done = 0;
         while done < buf.len() {
             match self.out.write(&buf[done..]) {
@@ -306,6 +301,19 @@ impl<W: Write> Write for Lines<W> {
                 Err(_) => break,
             }
         }
+        done
+    }
+}
+
+impl<W: Write> Write for Lines<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.torn {
+            if self.put(b"\n") != 1 {
+                return Ok(buf.len());
+            }
+            self.torn = false;
+        }
+        let done = self.put(buf);
         self.torn = done > 0 && done < buf.len();
         Ok(buf.len())
     }
