@@ -1392,11 +1392,10 @@ impl Backings {
         };
         // All its bytes are in the file now: what the reads and the fill
         // left of them in the daemon's memory goes (see `Data::copied`).
-        for s in &segments {
-            if let &Segment::Part { tensor, part, len } = s {
-                data.copied(tensor, part, (0, len));
-            }
-        }
+        data.copied_all(segments.iter().filter_map(|s| match *s {
+            Segment::Part { tensor, part, len } => Some((tensor, part, (0, len))),
+            Segment::Bytes(_) => None,
+        }));
         let t1 = std::time::Instant::now();
         self.drop_inode_cache(asked_by);
         log::debug!(

@@ -52,6 +52,12 @@ fn zstd_fs_of(
         0,
         Endian::Little,
     )]);
+    fs_of(dir, catalog, limit)
+}
+
+/// A mount of `catalog`, whose one source is `dir/data`, with backing
+/// files in `dir`.
+fn fs_of(dir: &std::path::Path, catalog: crate::catalog::Catalog, limit: u64) -> TensorFs {
     let files = vec![Some(MappedFile::open(&dir.join("data")).unwrap())];
     let opts = FsOptions {
         data: DataOptions {
@@ -604,13 +610,25 @@ fn a_filled_file_leaves_none_of_its_frames_in_memory() {
         .collect();
     let fs = zstd_fs_of(dir.path(), &data, &blob, 1 << 30, Vec::new());
     fs.set_passthrough(true);
-    // Reads of its first two frames; the fill decodes the other two.
+    // Reads of its first two frames, which queue decodes of the next
+    // ones (read-ahead); the fill writes those two, from the cache.
     let (z, fh) = open_z(&fs);
     for at in [0, 1 << 20] {
         let bytes = fs.read(z, fh, at, 1 << 20).unwrap();
         fs.served(at, bytes);
     }
     fs.write_behind.flush();
+    // The read-ahead done first: a decode of it still queued when the
+    // fill is over would put its frame back.
+    let cache = fs.data().cache();
+    let t = std::time::Instant::now();
+    while cache.peek((0, 2)).is_none()
+        || cache.peek((0, 3)).is_none()
+        || cache.gauges().inflight_decodes > 0
+    {
+        assert!(t.elapsed().as_secs() < 30, "read-ahead not done");
+        std::thread::yield_now();
+    }
     fs.release(fh);
     filled(&fs);
     // Its bytes are in the file: none stay in the daemon's memory too.
@@ -620,6 +638,48 @@ fn a_filled_file_leaves_none_of_its_frames_in_memory() {
         panic!("not backed")
     };
     assert_eq!(contents(&b), data);
+}
+
+#[test]
+fn a_stream_two_tensors_share_leaves_memory_once_a_file_of_both_is_filled() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 11 % 229) as u8).collect();
+    let (n, half) = (data.len() as u64, 1_234_567u64);
+    let (mut catalog, _) =
+        crate::serve::testing::catalog_of(dir.path(), &[("a", &[0u8][..]), ("b", &[0u8][..])]);
+    let blob = zstd::encode_all(&data[..], 3).unwrap();
+    std::fs::write(dir.path().join("data"), &blob).unwrap();
+    catalog.blobs[0] = Blob {
+        len: blob.len() as u64,
+        codec: Codec::Zstd { frames: None },
+        decoded_len: n,
+        ..catalog.blobs[0].clone()
+    };
+    // One stream, decoded as one unit: "a" its first bytes, "b" the rest.
+    for (t, start, len) in [(0, 0, half), (1, half, n - half)] {
+        let mut part = Part::dense(DType::Uint8, vec![len], len, 0, Endian::Little);
+        part.map = crate::catalog::PartMap::Contiguous { start };
+        catalog.tensors[t].shape = vec![len];
+        catalog.tensors[t].parts = Ok(vec![part]);
+    }
+    let fs = fs_of(dir.path(), catalog, 1 << 30);
+    fs.set_passthrough(true);
+    let views = fs.lookup(ROOT, OsStr::new(".safetensors")).unwrap().ino;
+    let view = fs.lookup(views, OsStr::new("model.safetensors")).unwrap();
+    let (fh, _) = fs.open(view.ino, false).unwrap();
+    read_all(&fs, view.ino, fh, view.size as usize);
+    // Neither tensor covers the unit, so it stays while read.
+    assert_eq!(fs.data().cache().gauges().cache_entries, 1);
+    fs.release(fh);
+    filled(&fs);
+    // The view's file holds all of the stream: the unit leaves memory.
+    assert_eq!(fs.data().cache().gauges().cache_entries, 0);
+    let (_, how) = fs.open(view.ino, false).unwrap();
+    let Open::Backed(b) = how else {
+        panic!("not backed")
+    };
+    let bytes = contents(&b);
+    assert_eq!(&bytes[bytes.len() - data.len()..], &data[..]);
 }
 
 #[test]

@@ -155,37 +155,75 @@ impl Data {
     }
 
     /// Bytes `range` (from, to) of part `pi` of tensor `ti` are in a
-    /// backing file now (its fill wrote them, or the reads did): the
-    /// frames wholly inside leave the cache unless someone holds them.
-    /// Kept, they would hold the file's size in the daemon's memory, which
-    /// no swap can reclaim, beside the file's own page cache, which the
-    /// kernel can; the next reader is passed through to the file.
+    /// backing file now: see [`Data::copied_all`].
     pub fn copied(&self, ti: usize, pi: usize, range: (u64, u64)) {
-        let Some(part) = self.part_of(ti, pi) else {
-            return;
-        };
-        let Some((r0, n)) = expose::direct_range(part, range.0, range.1.saturating_sub(range.0))
-        else {
-            return;
-        };
-        match self.states.get(part.blob).and_then(|s| s.plan.get()) {
-            Some(Ok(Plan::Frames(frames))) => {
-                let first = frames.partition_point(|f| f.d_start < r0);
-                for (k, f) in frames.iter().enumerate().skip(first) {
-                    if f.d_start + f.d_len > r0 + n {
-                        break;
+        self.copied_all([(ti, pi, range)]);
+    }
+
+    /// Each (tensor, part, (from, to)) says those bytes of that part are in
+    /// a backing file now (its fill wrote them, or the reads did): the
+    /// frames that lie wholly in what they cover of a blob together leave
+    /// the cache, and so does a unit they cover whole, unless someone holds
+    /// it. Kept, they would hold the file's size in the daemon's memory,
+    /// which no swap can reclaim, beside the file's own page cache, which
+    /// the kernel can; the next reader is passed through to the file.
+    /// Together, because a stream shared by several tensors has frames
+    /// across their boundaries, and is one unit that no one part covers.
+    /// Parts whose bytes are swapped or gathered on the way out keep their
+    /// frames (no range of the blob is theirs alone).
+    pub fn copied_all(&self, ranges: impl IntoIterator<Item = (usize, usize, (u64, u64))>) {
+        let mut by_blob: std::collections::HashMap<usize, Vec<(u64, u64)>> = Default::default();
+        for (ti, pi, (from, to)) in ranges {
+            let Some(part) = self.part_of(ti, pi) else {
+                continue;
+            };
+            if let Some((at, n)) = expose::direct_range(part, from, to.saturating_sub(from)) {
+                by_blob.entry(part.blob).or_default().push((at, at + n));
+            }
+        }
+        for (bi, mut covered) in by_blob {
+            covered.sort_unstable();
+            let merged = covered
+                .into_iter()
+                .fold(Vec::<(u64, u64)>::new(), |mut m, r| {
+                    match m.last_mut() {
+                        Some(last) if r.0 <= last.1 => last.1 = last.1.max(r.1),
+                        _ => m.push(r),
                     }
-                    self.cache.drop_idle((part.blob as u32, k as u32));
+                    m
+                });
+            self.let_go(bi, &merged);
+        }
+    }
+
+    /// Drops from the cache the units of blob `bi` that lie wholly in one
+    /// of `covered` (sorted, apart), unless held: frames, or the blob's one
+    /// unit unless it is decoded into a file (its pages are the kernel's
+    /// already, and the file may become the tensor's own backing file).
+    fn let_go(&self, bi: usize, covered: &[(u64, u64)]) {
+        let within =
+            |start: u64, len: u64| covered.iter().any(|&(a, b)| a <= start && start + len <= b);
+        match self.states.get(bi).and_then(|s| s.plan.get()) {
+            Some(Ok(Plan::Frames(frames))) => {
+                for &(a, b) in covered {
+                    let first = frames.partition_point(|f| f.d_start < a);
+                    for (k, f) in frames.iter().enumerate().skip(first) {
+                        if f.d_start + f.d_len > b {
+                            break;
+                        }
+                        self.cache.drop_idle((bi as u32, k as u32));
+                    }
                 }
             }
-            // A unit decoded into a file stays: that file may become the
-            // tensor's own backing file, and its pages are the kernel's.
-            Some(Ok(Plan::Whole { .. }))
-                if r0 == 0
-                    && n >= self.blob(part.blob).decoded_len
-                    && !self.decodes_into_file(ti, pi) =>
-            {
-                self.cache.drop_idle((part.blob as u32, 0));
+            Some(Ok(Plan::Whole { .. })) if within(0, self.blob(bi).decoded_len) => {
+                let key = (bi as u32, 0);
+                let in_file = self
+                    .cache
+                    .peek(key)
+                    .is_some_and(|u| u.filling().is_some_and(|f| f.in_a_file()));
+                if !in_file {
+                    self.cache.drop_idle(key);
+                }
             }
             _ => {}
         }
