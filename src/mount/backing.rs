@@ -1391,7 +1391,7 @@ impl Backings {
             }
         };
         // All its bytes are in the file now: what the reads and the fill
-        // left of them in the daemon's memory goes (see `Data::copied`).
+        // left of them in the daemon's memory goes (see `Data::copied_all`).
         data.copied_all(segments.iter().filter_map(|s| match *s {
             Segment::Part { tensor, part, len } => Some((tensor, part, (0, len))),
             Segment::Bytes(_) => None,
