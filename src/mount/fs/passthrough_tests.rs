@@ -104,6 +104,25 @@ fn read_all(fs: &TensorFs, ino: Ino, fh: u64, len: usize) {
     fs.write_behind.flush();
 }
 
+/// The `.safetensors` view's file, opened and read whole: its inode and
+/// the open.
+fn read_safetensors_view(fs: &TensorFs) -> (Ino, u64) {
+    let views = fs.lookup(ROOT, OsStr::new(".safetensors")).unwrap().ino;
+    let view = fs.lookup(views, OsStr::new("model.safetensors")).unwrap();
+    let (fh, _) = fs.open(view.ino, false).unwrap();
+    read_all(fs, view.ino, fh, view.size as usize);
+    (view.ino, fh)
+}
+
+/// The bytes of the backing file a new open of `ino` is passed through to.
+fn backed_bytes(fs: &TensorFs, ino: Ino) -> Vec<u8> {
+    let (_, how) = fs.open(ino, false).unwrap();
+    let Open::Backed(b) = how else {
+        panic!("not backed")
+    };
+    contents(&b)
+}
+
 fn contents(b: &Backing) -> Vec<u8> {
     let mut v = Vec::new();
     b.file().try_clone().unwrap().read_to_end(&mut v).unwrap();
@@ -371,11 +390,7 @@ fn a_whole_read_writes_its_backing_file_and_the_fill_reads_nothing_again() {
     fs.release(fh);
     filled(&fs);
     assert_eq!(counts(), before, "the fill read the data layer again");
-    let (_, how) = fs.open(z, false).unwrap();
-    let Open::Backed(b) = how else {
-        panic!("not backed")
-    };
-    assert_eq!(contents(&b), data);
+    assert_eq!(backed_bytes(&fs, z), data);
 }
 
 #[test]
@@ -384,10 +399,7 @@ fn a_read_of_the_safetensors_view_lets_what_it_wrote_through_leave_the_cache() {
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i / 5 % 241) as u8).collect();
     let fs = zstd_fs(dir.path(), &data, 1 << 30);
     fs.set_passthrough(true);
-    let views = fs.lookup(ROOT, OsStr::new(".safetensors")).unwrap().ino;
-    let view = fs.lookup(views, OsStr::new("model.safetensors")).unwrap();
-    let (fh, _) = fs.open(view.ino, false).unwrap();
-    read_all(&fs, view.ino, fh, view.size as usize);
+    let (_, fh) = read_safetensors_view(&fs);
     // As for the tensor's own file: its decoded unit is all written
     // through, so it is not kept in memory too.
     assert_eq!(fs.data().cache().gauges().cache_entries, 0);
@@ -448,11 +460,7 @@ fn a_close_that_comes_before_the_last_reads_write_through_waits_for_it() {
     filled(&fs);
     let stats = fs.data().stats();
     assert_eq!(stats.decompressions.load(Relaxed), decoded, "decoded again");
-    let (_, how) = fs.open(z, false).unwrap();
-    let Open::Backed(b) = how else {
-        panic!("not backed")
-    };
-    assert_eq!(contents(&b), data);
+    assert_eq!(backed_bytes(&fs, z), data);
 }
 
 #[test]
@@ -593,11 +601,7 @@ fn a_partly_read_file_is_filled_in_its_gaps_and_a_peek_keeps_nothing() {
     }
     fs.release(fh);
     filled(&fs);
-    let (_, how) = fs.open(z, false).unwrap();
-    let Open::Backed(b) = how else {
-        panic!("not backed")
-    };
-    assert_eq!(contents(&b), data);
+    assert_eq!(backed_bytes(&fs, z), data);
 }
 
 #[test]
@@ -633,11 +637,7 @@ fn a_filled_file_leaves_none_of_its_frames_in_memory() {
     filled(&fs);
     // Its bytes are in the file: none stay in the daemon's memory too.
     assert_eq!(fs.data().cache().gauges().cache_entries, 0);
-    let (_, how) = fs.open(z, false).unwrap();
-    let Open::Backed(b) = how else {
-        panic!("not backed")
-    };
-    assert_eq!(contents(&b), data);
+    assert_eq!(backed_bytes(&fs, z), data);
 }
 
 #[test]
@@ -664,21 +664,14 @@ fn a_stream_two_tensors_share_leaves_memory_once_a_file_of_both_is_filled() {
     }
     let fs = fs_of(dir.path(), catalog, 1 << 30);
     fs.set_passthrough(true);
-    let views = fs.lookup(ROOT, OsStr::new(".safetensors")).unwrap().ino;
-    let view = fs.lookup(views, OsStr::new("model.safetensors")).unwrap();
-    let (fh, _) = fs.open(view.ino, false).unwrap();
-    read_all(&fs, view.ino, fh, view.size as usize);
+    let (view, fh) = read_safetensors_view(&fs);
     // Neither tensor covers the unit, so it stays while read.
     assert_eq!(fs.data().cache().gauges().cache_entries, 1);
     fs.release(fh);
     filled(&fs);
     // The view's file holds all of the stream: the unit leaves memory.
     assert_eq!(fs.data().cache().gauges().cache_entries, 0);
-    let (_, how) = fs.open(view.ino, false).unwrap();
-    let Open::Backed(b) = how else {
-        panic!("not backed")
-    };
-    let bytes = contents(&b);
+    let bytes = backed_bytes(&fs, view);
     assert_eq!(&bytes[bytes.len() - data.len()..], &data[..]);
 }
 
