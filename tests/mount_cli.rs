@@ -1260,13 +1260,7 @@ fn under_a_small_open_file_limit_reads_fail_with_emfile_or_succeed() {
     let big = support::compressible(7, 8 << 20);
     let mut w = Writer::create(&zt).unwrap();
     // One frame, over half the cache: decoded into a spill file.
-    let z = Options {
-        compression: Compression::Zstd {
-            level: 3,
-            frame_size: 0,
-        },
-        ..Options::default()
-    };
+    let z = support::one_frame_options(3);
     w.add("big", DType::Uint8, &[big.len() as u64], &big, &z)
         .unwrap();
     w.finish().unwrap();

@@ -10,7 +10,7 @@ use std::path::Path;
 use support::Mount;
 use support::python::Python;
 use ztensor_mount::formats::zt_v01::DType;
-use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
+use ztensor_mount::formats::zt_v01::writer::{Options, Writer};
 
 fn write(path: &Path) {
     let mut w = Writer::create(path).unwrap();
@@ -23,13 +23,7 @@ fn write(path: &Path) {
         &Options::default(),
     )
     .unwrap();
-    let z = Options {
-        compression: Compression::Zstd {
-            level: 1,
-            frame_size: 0,
-        },
-        ..Options::default()
-    };
+    let z = support::one_frame_options(1);
     w.add("dir/z", DType::Uint8, &[a.len() as u64], &a, &z)
         .unwrap();
     w.finish().unwrap();

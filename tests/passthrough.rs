@@ -208,17 +208,6 @@ fn a_decoded_tensor_is_passed_through_once_its_backing_file_is_filled() {
     m.unmount_ok();
 }
 
-/// zTensor writer options for a tensor in one zstd frame.
-fn one_frame_options() -> Options {
-    Options {
-        compression: Compression::Zstd {
-            level: 3,
-            frame_size: 0,
-        },
-        ..Options::default()
-    }
-}
-
 /// A zTensor file of one float32 tensor `z` of 12 MiB in one zstd frame.
 fn write_one_frame(path: &Path) -> Vec<u8> {
     write_one_frame_of(path, 12 << 20)
@@ -228,7 +217,7 @@ fn write_one_frame(path: &Path) -> Vec<u8> {
 fn write_one_frame_of(path: &Path, len: usize) -> Vec<u8> {
     let mut w = Writer::create(path).unwrap();
     let want = support::compressible(7, len);
-    let one_frame = one_frame_options();
+    let one_frame = support::one_frame_options(3);
     w.add("z", DType::Float32, &[len as u64 / 4], &want, &one_frame)
         .unwrap();
     w.finish().unwrap();
@@ -389,7 +378,7 @@ fn mount_two_spilling_tensors() -> Option<(Mount, Vec<u8>, Vec<u8>)> {
     let mut m = Mount::scratch()?;
     let src = m.scratch_path("ab.zt");
     let mut w = Writer::create(&src).unwrap();
-    let one_frame = one_frame_options();
+    let one_frame = support::one_frame_options(3);
     let (a, b) = (
         support::compressible(41, 12 << 20),
         support::compressible(42, 12 << 20),
@@ -1612,7 +1601,7 @@ fn spills_and_backing_files_stay_within_the_decoded_cache_size() {
     };
     let src = m.scratch_path("z.zt");
     let mut w = Writer::create(&src).unwrap();
-    let one_frame = one_frame_options();
+    let one_frame = support::one_frame_options(3);
     // `bad`, 8 MiB, damaged: its spill fails, and gives its share back.
     let bad = support::compressible(30, 8 << 20);
     w.add("bad", DType::Float32, &[2 << 20], &bad, &one_frame)

@@ -207,17 +207,7 @@ fn write_model(path: &Path) -> Vec<(String, Vec<u8>)> {
                 ..Options::default()
             },
         ),
-        (
-            "whole",
-            MIB / 2,
-            Options {
-                compression: Compression::Zstd {
-                    level: 1,
-                    frame_size: 0,
-                },
-                ..Options::default()
-            },
-        ),
+        ("whole", MIB / 2, support::one_frame_options(1)),
         ("tail", 2 * MIB, Options::default()),
     ];
     for (i, (name, n, opts)) in tensors.into_iter().enumerate() {

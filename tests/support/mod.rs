@@ -583,6 +583,18 @@ pub fn pattern(es: usize, n: usize, salt: u8) -> Vec<u8> {
     out
 }
 
+/// zTensor writer options for a tensor in one zstd frame at `level`.
+pub fn one_frame_options(level: i32) -> ztensor_mount::formats::zt_v01::writer::Options {
+    use ztensor_mount::formats::zt_v01::writer::{Compression, Options};
+    Options {
+        compression: Compression::Zstd {
+            level,
+            frame_size: 0,
+        },
+        ..Options::default()
+    }
+}
+
 /// The numpy type string for a dtype, written out here rather than taken
 /// from the daemon, so tests check the sidecars against an independent table.
 pub fn numpy(d: ztensor_mount::formats::zt_v01::DType) -> &'static str {
