@@ -2339,6 +2339,12 @@ class Bench:
                                     f"cold (fresh mount), {dl}", n, mt, base, 0.95,
                                     "the tensor's own file, same dd, fresh mount")
 
+    def hot_load(self, jobs, read):
+        """One hot sample: the median of three loads in a row. A hot load
+        takes about 0.2 s, and one in three or so took three times that on
+        this VM, which one sample on either side of a row would carry."""
+        return median([self.load(jobs, read) for _ in range(3)])
+
     def load(self, jobs, read, poll=None):
         """Runs read(job, buf) for every job on the section's reader threads,
         each taking the next job in order (as a loader's pool does); calls
@@ -2434,11 +2440,9 @@ class Bench:
 
             for i in range(self.runs):
                 warm()
-                # A raw load takes 0.2 s, and one sample in three could
-                # be three times that on this VM: each raw sample is the
-                # median of three loads (as each second load below is).
-                loads = 1 if zstd else 3
-                bt.append(median([self.load(jobs, direct) for _ in range(loads)]))
+                # The zstd baseline (4 workers running zstd -d) is not a
+                # hot load: one sample each.
+                bt.append(self.load(jobs, direct) if zstd else self.hot_load(jobs, direct))
                 if zstd:
                     warm()
                     t0 = time.perf_counter()
@@ -2461,9 +2465,8 @@ class Bench:
                     if zstd:
                         # Decoded tensors are backed once filled: the second load.
                         self.settled(m)
-                        again.append(median([self.load(
-                            jobs, lambda job, buf: self.read_into(m.mp / job[1], 0, job[4], buf))
-                            for _ in range(3)]))
+                        again.append(self.hot_load(
+                            jobs, lambda job, buf: self.read_into(m.mp / job[1], 0, job[4], buf)))
                         st = m.stats()
                     if i == 0:
                         small = min(jobs, key=lambda j: j[4])
@@ -2563,14 +2566,12 @@ class Bench:
             hot_b, cold_b, first, second, cold, settle = [], [], [], [], [], []
             for i in range(self.runs):
                 self.hot(src)
-                # Each hot sample is the median of three loads (see
-                # section_model).
-                hot_b.append(median([self.load(jobs, direct) for _ in range(3)]))
+                hot_b.append(self.hot_load(jobs, direct))
                 with self.mounter.mount(src, opts, tag="rl") as m:
                     self.hot(src)
                     first.append(self.load(jobs, through(m)))
                     settle.append(timed(lambda: self.settled(m)))
-                    second.append(median([self.load(jobs, through(m)) for _ in range(3)]))
+                    second.append(self.hot_load(jobs, through(m)))
                     st = m.stats()
                     if i == 0:
                         self.same_bytes(m.mp / big[1], 0, model, big[2], big[4],

@@ -68,7 +68,7 @@ impl Default for Settings {
 /// Read requests as large as the kernel lets a FUSE mount have
 /// (`fs.fuse.max_pages_limit`, 256 pages unless raised), up to 4 MiB: each
 /// request costs a round trip, so fewer cost less (one read() of a whole
-/// raw tensor: 0.63x of a direct read with 4 MiB requests, 0.59x with
+/// raw tensor: 0.68x of a direct read with 4 MiB requests, 0.66x with
 /// 1 MiB ones, in BENCHMARKS.md's table).
 pub fn default_max_read() -> u32 {
     // SAFETY: sysconf takes a constant and touches no memory of ours; a
