@@ -157,7 +157,13 @@ impl Data {
     /// Bytes `range` (from, to) of part `pi` of tensor `ti` are in a
     /// backing file now: see [`Data::copied_all`].
     pub fn copied(&self, ti: usize, pi: usize, range: (u64, u64)) {
-        self.copied_all([(ti, pi, range)]);
+        let Some(part) = self.part_of(ti, pi) else {
+            return;
+        };
+        if let Some((at, n)) = expose::direct_range(part, range.0, range.1.saturating_sub(range.0))
+        {
+            self.let_go(part.blob, &[(at, at + n)]);
+        }
     }
 
     /// Each (tensor, part, (from, to)) says those bytes of that part are in
