@@ -179,6 +179,17 @@ impl Backing {
         all
     }
 
+    /// Bytes `[at, at+n)` of a filled file (cut at its end), for a read
+    /// the daemon serves; `None` for a clone, whose pages may not be in
+    /// memory when the source's are, and past the end.
+    pub fn read(&self, at: u64, n: u64) -> Option<Vec<u8>> {
+        let end = at.saturating_add(n).min(self.len);
+        if self.origin != Origin::Filled || at >= end {
+            return None;
+        }
+        read_range(&self.file, at, end)
+    }
+
     /// Asks the disk for `[at, at+n)` of it, without waiting.
     fn will_need(&self, at: u64, n: u64) {
         let fd = std::os::unix::io::AsRawFd::as_raw_fd(&self.file);
@@ -279,6 +290,14 @@ fn all_cached(file: &File, len: u64) -> bool {
     // address, and `pages` holds one byte per page of it, as mincore writes.
     let r = unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, n, pages.as_mut_ptr()) };
     r == 0 && pages.iter().all(|p| p & 1 != 0)
+}
+
+/// Bytes `[at, end)` of `file`, in a buffer from the shared pool.
+fn read_range(file: &File, at: u64, end: u64) -> Option<Vec<u8>> {
+    let mut v = crate::serve::data::scratch::take();
+    v.resize((end - at) as usize, 0);
+    file.read_exact_at(&mut v, at).ok()?;
+    Some(v)
 }
 
 /// One piece of an exposed file, in order.
@@ -438,10 +457,7 @@ impl Partial {
                 return None;
             }
         }
-        let mut v = crate::serve::data::scratch::take();
-        v.resize((end - at) as usize, 0);
-        self.file.read_exact_at(&mut v, at).ok()?;
-        Some(v)
+        read_range(&self.file, at, end)
     }
 
     /// Whether it is sealed with every byte written: nothing is left to

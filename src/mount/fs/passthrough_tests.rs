@@ -702,3 +702,43 @@ fn nothing_is_backed_without_passthrough_or_room() {
     }
     assert_eq!(small.backings.gauges(), (0, 0));
 }
+
+#[test]
+fn an_open_served_beside_another_reads_the_complete_backing_file_without_decoding() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..4_000_000u32).map(|i| (i / 5 % 227) as u8).collect();
+    let blob: Vec<u8> = data
+        .chunks(1 << 20)
+        .flat_map(|c| zstd::bulk::compress(c, 3).unwrap())
+        .collect();
+    let fs = zstd_fs_of(dir.path(), &data, &blob, 1 << 30, Vec::new());
+    fs.set_passthrough(true);
+    // A first open reads half and closes: the fill of the rest waits
+    // while the mount is busy, and a second open meanwhile is served.
+    let (z, a) = open_z(&fs);
+    for at in [0, 1 << 20] {
+        let bytes = fs.read(z, a, at, 1 << 20).unwrap();
+        fs.served(at, bytes);
+    }
+    fs.write_behind.flush();
+    let busy = fs.backings.activity().begin();
+    fs.release(a);
+    let (_, b) = open_z(&fs);
+    drop(busy);
+    filled(&fs);
+    // Complete now, but `b` is served: so is a third open of the file.
+    let (c, how) = fs.open(z, false).unwrap();
+    assert!(matches!(how, Open::Served(_)));
+    let decodes = fs.data().stats().decompressions.load(Relaxed);
+    let mut got = Vec::new();
+    while got.len() < data.len() {
+        let bytes = fs.read(z, c, got.len() as u64, 1 << 20).unwrap();
+        got.extend_from_slice(&bytes);
+        fs.served(got.len() as u64 - bytes.len() as u64, bytes);
+    }
+    assert_eq!(got, data);
+    // Every byte came from the backing file: nothing was decoded again.
+    assert_eq!(fs.data().stats().decompressions.load(Relaxed), decodes);
+    fs.release(b);
+    fs.release(c);
+}
