@@ -1743,3 +1743,42 @@ fn bytes_written_through_are_not_served_once_the_source_changed() {
     drop(f);
     m.unmount_ok();
 }
+
+/// A copy kept for speed yields to a spill a read needs, also while it is
+/// still being filled after its file's close: a `.npy` view read whole
+/// and closed takes the room of an idle spill, and the spill's tensor,
+/// read again at once, is spilled again in the copy's place, with the
+/// right bytes (it failed with `ENOSPC` while the copy was filling).
+#[test]
+fn a_copy_still_filling_yields_to_a_spill_a_read_needs() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("bm.zt");
+    let mut w = Writer::create(&src).unwrap();
+    let one_frame = support::one_frame_options(3);
+    // `big` spills (over half of --cache-size); it and `mid`'s view's
+    // copy do not fit in --decoded-cache-size together.
+    let (big, mid) = (
+        support::compressible(51, 64 << 20),
+        support::compressible(52, 12 << 20),
+    );
+    for (name, v) in [("big", &big), ("mid", &mid)] {
+        w.add(name, DType::Float32, &[v.len() as u64 / 4], v, &one_frame)
+            .unwrap();
+    }
+    w.finish().unwrap();
+    let cache = m.scratch_path("cache");
+    std::fs::create_dir(&cache).unwrap();
+    let dir = cache.to_str().unwrap();
+    let opts = ["--cache-size", "40M", "--decoded-cache-size", "70M"];
+    m.mount(&src, &[&opts[..], &["--cache-dir", dir]].concat());
+    for _ in 0..3 {
+        assert!(m.read("big") == big, "big's bytes");
+        assert!(npy_data(&m.read(".npy/mid.npy")) == &mid[..], "mid's bytes");
+        assert!(m.read("big") == big, "big's bytes, read at once");
+    }
+    assert_eq!(m.stat_u64("errors"), 0, "{}", m.stats());
+    m.unmount_ok();
+}

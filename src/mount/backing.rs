@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::activity::Activity;
@@ -549,6 +549,22 @@ struct Inner {
     slots: HashMap<Content, Slot>,
     /// Bytes of filled files, ready or being filled.
     filled: u64,
+    /// The fills queued or running that take room of their own, by key:
+    /// a spill a read needs may stop one (see [`Backings::give_up_writing`]).
+    fills: HashMap<Content, Queued>,
+}
+
+/// A file [`Backings::give_up_writing`] found, to give up if still there.
+enum Giving {
+    Writing(Arc<Partial>),
+    Filling(Arc<AtomicBool>),
+}
+
+/// A fill queued or running: told to stop when its file is given up.
+struct Queued {
+    stop: Arc<AtomicBool>,
+    len: u64,
+    charge: u64,
 }
 
 /// Bytes of the filled files that are complete (the rest of
@@ -573,6 +589,9 @@ enum Made {
 /// A file to fill: `len` bytes of `segments` into `file`, then `key`'s.
 struct Job {
     key: Content,
+    /// Set when its file is given up for a spill: the fill stops, and
+    /// neither publishes the file nor uncharges it again.
+    stop: Arc<AtomicBool>,
     /// The exposed file whose reads asked for it (see [`Filled`]).
     asked_by: u64,
     file: File,
@@ -967,6 +986,7 @@ impl Backings {
         let whole = skip.covers(0, len);
         let job = Job {
             key: key.clone(),
+            stop: Arc::default(),
             asked_by,
             file,
             holds: None,
@@ -1030,6 +1050,7 @@ impl Backings {
         Stats::add(&self.stats.backing_decoded, 1);
         let job = Job {
             key: key.clone(),
+            stop: Arc::default(),
             asked_by,
             file,
             holds,
@@ -1115,6 +1136,14 @@ impl Backings {
     /// when it is `whole` (an open may be waiting for it).
     fn queue(self: &Arc<Self>, job: Job, whole: bool) {
         let (key, charge) = (job.key.clone(), charge_of(job.len, &job.holds));
+        if charge > 0 {
+            let queued = Queued {
+                stop: job.stop.clone(),
+                len: job.len,
+                charge,
+            };
+            lock(&self.inner).fills.insert(key.clone(), queued);
+        }
         let mut queue = lock(&self.queue);
         queue.of(whole).push_back(job);
         if !queue.running[whole as usize] {
@@ -1134,9 +1163,11 @@ impl Backings {
                 Err(e) => {
                     log::warn!("cannot start a backing file's filler: {e}");
                     // No thread was running, so the queue held only this job.
-                    queue.of(whole).clear();
+                    let stop = queue.of(whole).pop_front().map(|j| j.stop);
                     drop(queue);
-                    self.forget(&key, charge);
+                    if !stop.is_some_and(|s| self.given_up(&key, &s)) {
+                        self.forget(&key, charge);
+                    }
                 }
             }
         }
@@ -1160,9 +1191,9 @@ impl Backings {
             // A fill that panics leaves its file to the daemon and the
             // queue running: the files behind it still get filled.
             let (key, charge) = (job.key.clone(), charge_of(job.len, &job.holds));
-            let asked_by = job.asked_by;
+            let (asked_by, stop) = (job.asked_by, job.stop.clone());
             let fill = std::panic::AssertUnwindSafe(|| self.fill(job));
-            if std::panic::catch_unwind(fill).is_err() {
+            if std::panic::catch_unwind(fill).is_err() && !self.given_up(&key, &stop) {
                 log::error!(
                     "filling the backing file of {} failed (a panic): it stays served by the daemon",
                     self.name(asked_by)
@@ -1233,37 +1264,56 @@ impl Backings {
     }
 
     /// Gives up the files that the reads of served opens write through
-    /// to where `mine` (given the content and the file's length) says so:
-    /// files of a tensor that spills and that cannot be kept beside its
-    /// spill. A tensor that spills is never written there (the spill
-    /// becomes the tensor's own backing file, and a view's fill would read
-    /// the spill back). Their reads write nothing more, and read nothing
-    /// back from them. `mine` is asked outside the lock (a view's file may
-    /// list 10^5 tensors). False when there is none.
+    /// to, and those being filled after their last close, where `mine`
+    /// (given the content and the file's length) says so: files of a
+    /// tensor that spills and that cannot be kept beside its spill, or
+    /// (copies kept for speed) any, for a spill a read needs. A tensor
+    /// that spills is never written there (the spill becomes the tensor's
+    /// own backing file, and a view's fill would read the spill back).
+    /// Their reads write nothing more, and read nothing back from them; a
+    /// fill stops at its next piece. `mine` is asked outside the lock (a
+    /// view's file may list 10^5 tensors). False when there is none.
     pub fn give_up_writing(&self, mine: impl Fn(&Content, u64) -> bool) -> bool {
-        let writing: Vec<(Content, Arc<Partial>)> = lock(&self.inner)
-            .slots
-            .iter()
-            .filter_map(|(key, s)| match s {
-                Slot::Writing(p) => Some((key.clone(), p.clone())),
+        let found: Vec<(Content, u64, Giving)> = {
+            let inner = lock(&self.inner);
+            let writing = inner.slots.iter().filter_map(|(key, s)| match s {
+                Slot::Writing(p) => Some((key.clone(), p.len, Giving::Writing(p.clone()))),
                 _ => None,
-            })
-            .collect();
+            });
+            let filling = inner
+                .fills
+                .iter()
+                .map(|(key, q)| (key.clone(), q.len, Giving::Filling(q.stop.clone())));
+            writing.chain(filling).collect()
+        };
         let mut gave_up = false;
-        for (key, p) in writing.into_iter().filter(|(key, p)| mine(key, p.len)) {
+        for (key, len, giving) in found.into_iter().filter(|(key, len, _)| mine(key, *len)) {
             let mut inner = lock(&self.inner);
-            // Still the same reservation, not sealed by a close meanwhile.
-            if !matches!(inner.slots.get(&key), Some(Slot::Writing(q)) if Arc::ptr_eq(q, &p)) {
-                continue;
-            }
-            lock(&p.written).failed = true;
+            // Still the same file, not sealed by a close or published
+            // meanwhile.
+            let charge = match (&giving, inner.slots.get(&key)) {
+                (Giving::Writing(p), Some(Slot::Writing(q))) if Arc::ptr_eq(p, q) => {
+                    lock(&p.written).failed = true;
+                    len
+                }
+                (Giving::Filling(stop), Some(Slot::Filling(partial)))
+                    if inner
+                        .fills
+                        .get(&key)
+                        .is_some_and(|q| Arc::ptr_eq(&q.stop, stop)) =>
+                {
+                    if let Some(p) = partial {
+                        lock(&p.written).failed = true;
+                    }
+                    stop.store(true, Relaxed);
+                    inner.fills.remove(&key).map_or(0, |q| q.charge)
+                }
+                _ => continue,
+            };
             inner.slots.remove(&key);
-            self.uncharge(&mut inner, p.len);
+            self.uncharge(&mut inner, charge);
             gave_up = true;
-            log::debug!(
-                "gave up the {}-byte backing file of {key:?} for a spill it reads",
-                p.len
-            );
+            log::debug!("gave up the {len}-byte backing file of {key:?} for a spill");
         }
         if gave_up {
             self.published.notify_all();
@@ -1364,6 +1414,12 @@ impl Backings {
     }
 
     /// (Bytes of filled backing files, how many are being filled) now.
+    /// Whether no fill is queued or running.
+    #[cfg(test)]
+    pub fn fills_done(&self) -> bool {
+        !lock(&self.queue).running.iter().any(|&r| r)
+    }
+
     pub fn gauges(&self) -> (u64, u64) {
         let inner = lock(&self.inner);
         let filling = inner
@@ -1383,6 +1439,7 @@ impl Backings {
     fn fill(&self, job: Job) {
         let Job {
             key,
+            stop,
             asked_by,
             file,
             holds,
@@ -1392,8 +1449,12 @@ impl Backings {
             skip,
         } = job;
         let t0 = std::time::Instant::now();
-        let wrote = match write_all(&file, len, &data, &segments, &skip, &self.activity) {
+        let wrote = match write_all(&file, len, &data, &segments, &skip, &self.activity, &stop) {
             Ok(n) => n,
+            Err(_) if self.given_up(&key, &stop) => {
+                log::debug!("{}: its backing file's fill stopped", self.name(asked_by));
+                return;
+            }
             Err(why) => {
                 warn_once(
                     &WRITE_FAILED,
@@ -1421,11 +1482,38 @@ impl Backings {
             t1 - t0,
             t1.elapsed()
         );
-        self.publish(key, file, holds, len);
+        self.publish(key, file, holds, len, &stop);
     }
 
-    /// Makes `file`, complete, the backing of files of content `key`.
-    fn publish(&self, key: Content, file: File, holds: Holds, len: u64) {
+    /// The fill of `key` that `stop` tells is over: whether its file was
+    /// given up meanwhile, which leaves it neither to publish nor to
+    /// uncharge (see [`Self::give_up_writing`]).
+    fn given_up(&self, key: &Content, stop: &Arc<AtomicBool>) -> bool {
+        let mut inner = lock(&self.inner);
+        if inner
+            .fills
+            .get(key)
+            .is_some_and(|q| Arc::ptr_eq(&q.stop, stop))
+        {
+            inner.fills.remove(key);
+        }
+        stop.load(Relaxed)
+    }
+
+    /// Makes `file`, complete, the backing of files of content `key`,
+    /// unless its fill was told to `stop`.
+    fn publish(&self, key: Content, file: File, holds: Holds, len: u64, stop: &Arc<AtomicBool>) {
+        let mut inner = lock(&self.inner);
+        if inner
+            .fills
+            .get(&key)
+            .is_some_and(|q| Arc::ptr_eq(&q.stop, stop))
+        {
+            inner.fills.remove(&key);
+        }
+        if stop.load(Relaxed) {
+            return;
+        }
         Stats::add(&self.stats.backing_files, 1);
         Stats::add(&self.stats.backing_bytes, len);
         let b = Arc::new(Backing::new(
@@ -1435,7 +1523,8 @@ impl Backings {
             Origin::Filled,
             self.clock.fetch_add(1, Relaxed),
         ));
-        lock(&self.inner).slots.insert(key, Slot::Ready(b));
+        inner.slots.insert(key, Slot::Ready(b));
+        drop(inner);
         self.published.notify_all();
     }
 }
@@ -1602,6 +1691,7 @@ fn write_all(
     segments: &[Segment],
     skip: &Written,
     activity: &Activity,
+    stop: &AtomicBool,
 ) -> Result<u64, String> {
     let io = |e: std::io::Error| format!("cannot write a backing file: {e}");
     let mut pieces = Vec::new();
@@ -1654,7 +1744,11 @@ fn write_all(
                     // A mount never quiet (a reader that never pauses)
                     // still gets its files, a piece now and then.
                     let asked = std::time::Instant::now();
-                    activity.wait_quiet(|| asked.elapsed() >= FILL_PATIENCE);
+                    activity.wait_quiet(|| stop.load(Relaxed) || asked.elapsed() >= FILL_PATIENCE);
+                    if stop.load(Relaxed) {
+                        lock(&failed).get_or_insert_with(|| "given up".into());
+                        return;
+                    }
                     let r = data
                         .read(p.tensor, p.part, p.at, p.len)
                         .map_err(|e| e.to_string())
@@ -1722,7 +1816,7 @@ mod tests {
         let key = |tensor| Content::Part { tensor, part: 0 };
         for t in 0..2 {
             let f = b.reserve(&key(t), 10).unwrap();
-            b.publish(key(t), f, None, 10);
+            b.publish(key(t), f, None, 10, &Arc::default());
         }
         // Tensor 1 held open, tensor 0 idle: 0 makes room for 2.
         let one = b.ready(&key(1)).unwrap();

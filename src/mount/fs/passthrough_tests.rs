@@ -742,3 +742,50 @@ fn an_open_served_beside_another_reads_the_complete_backing_file_without_decodin
     fs.release(b);
     fs.release(c);
 }
+
+#[test]
+fn a_file_being_filled_is_given_up_for_a_spill_and_never_published() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..4_000_000u32).map(|i| (i / 3 % 211) as u8).collect();
+    let blob: Vec<u8> = data
+        .chunks(1 << 20)
+        .flat_map(|c| zstd::bulk::compress(c, 3).unwrap())
+        .collect();
+    let fs = zstd_fs_of(dir.path(), &data, &blob, 1 << 30, Vec::new());
+    fs.set_passthrough(true);
+    // Half read, then closed: the fill of the rest waits for a quiet mount.
+    let (z, a) = open_z(&fs);
+    for at in [0, 1 << 20] {
+        let bytes = fs.read(z, a, at, 1 << 20).unwrap();
+        fs.served(at, bytes);
+    }
+    fs.write_behind.flush();
+    let busy = fs.backings.activity().begin();
+    fs.release(a);
+    let n = data.len() as u64;
+    assert_eq!(fs.backings.gauges(), (n, 1));
+    let used = fs.data().decoded_disk().used();
+    // A spill a read needs takes its room at once.
+    assert!(fs.backings.give_up_writing(|_, _| true));
+    assert_eq!(fs.backings.gauges(), (0, 0));
+    assert_eq!(fs.data().decoded_disk().used(), used - n);
+    drop(busy);
+    let t = std::time::Instant::now();
+    while !fs.backings.fills_done() {
+        assert!(t.elapsed().as_secs() < 30, "the fill did not stop");
+        std::thread::yield_now();
+    }
+    // Stopped, not published: the next open is served, with the right
+    // bytes, and nothing is charged twice.
+    assert_eq!(fs.backings.gauges(), (0, 0));
+    assert_eq!(fs.data().decoded_disk().used(), used - n);
+    let (b, how) = fs.open(z, false).unwrap();
+    assert!(matches!(how, Open::Served(_)));
+    let mut got = Vec::new();
+    while got.len() < data.len() {
+        let bytes = fs.read(z, b, got.len() as u64, 1 << 20).unwrap();
+        got.extend_from_slice(&bytes);
+    }
+    assert_eq!(got, data);
+    fs.release(b);
+}
