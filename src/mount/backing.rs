@@ -38,6 +38,10 @@ const CHUNK: u64 = 1 << 20;
 /// published (see [`Backings::ready_or_wait`]).
 const PUBLISH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// The longest an open waits for a backing file whose reads wrote all
+/// but an eighth of it (see [`Backings::ready_or_wait`]).
+const NEARLY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How long the last close of a file waits for the write-through of
 /// reads already sent to the reader (see [`Through`]); a write that takes
 /// longer is left to the filler.
@@ -467,6 +471,12 @@ impl Partial {
         w.sealed && !w.failed && w.covers(0, self.len)
     }
 
+    /// Whether all but at most an eighth of it is written (see
+    /// [`Backings::ready_or_wait`]).
+    fn nearly_whole(&self) -> bool {
+        lock(&self.written).nearly_covers(self.len)
+    }
+
     /// Writes `bytes`, served at `at`: the written range they are in now,
     /// or `None` when they could not be written (a full disk leaves the
     /// file to be dropped at close).
@@ -534,6 +544,12 @@ impl Written {
         self.around(start, end).is_some()
     }
 
+    /// Whether all but at most an eighth of `len` bytes are written.
+    fn nearly_covers(&self, len: u64) -> bool {
+        let written: u64 = self.ranges.iter().map(|(s, e)| e - s).sum();
+        !self.failed && written >= len - len / 8
+    }
+
     /// The written range holding all of `[start, end)`, if one does.
     fn around(&self, start: u64, end: u64) -> Option<(u64, u64)> {
         self.ranges
@@ -592,6 +608,9 @@ struct Job {
     /// Set when its file is given up for a spill: the fill stops, and
     /// neither publishes the file nor uncharges it again.
     stop: Arc<AtomicBool>,
+    /// Whether each piece it decodes waits for a quiet mount (see
+    /// [`write_all`]).
+    patient: bool,
     /// The exposed file whose reads asked for it (see [`Filled`]).
     asked_by: u64,
     file: File,
@@ -604,9 +623,10 @@ struct Job {
 }
 
 /// Files to fill, on two threads: one for files whose served reads wrote
-/// every byte (nothing left but publishing them, which an open may be
-/// waiting for), one for the rest, which waits for a quiet mount before
-/// each piece it decodes (see [`Activity`]).
+/// every byte (nothing left but publishing them) or all but an eighth
+/// (filled at once), which an open may be waiting for, one for the rest,
+/// which waits for a quiet mount before each piece it decodes (see
+/// [`Activity`]).
 #[derive(Default)]
 struct Queue {
     whole: std::collections::VecDeque<Job>,
@@ -887,16 +907,27 @@ impl Backings {
     /// that, at most [`PUBLISH_WAIT`]: an open served meanwhile would fill
     /// that page cache again (a model loaded twice in a row, by `mmap`),
     /// and the next passthrough open would wait for its drop instead.
-    pub fn ready_or_wait(&self, key: &Content) -> Option<Arc<Backing>> {
-        let deadline = std::time::Instant::now() + PUBLISH_WAIT;
+    /// When they wrote all but an eighth of it, waits at most
+    /// [`NEARLY_WAIT`] for the fill of the rest; so, once told that no
+    /// served open holds the file any more (`closing`: its last close is
+    /// under way, and the file not yet handed to the filler), does an
+    /// open whose reads wrote that much. A loader's second load opens the
+    /// file the moment its first closed it (1 ms later on a 16-core host),
+    /// and served, it read the whole file through the daemon while the
+    /// file was published, and its open kept the next load from being
+    /// passed through until the page cache it filled was dropped.
+    pub fn ready_or_wait(&self, key: &Content, closing: bool) -> Option<Arc<Backing>> {
+        let start = std::time::Instant::now();
         let mut inner = lock(&self.inner);
         loop {
-            match inner.slots.get(key) {
+            let wait = match inner.slots.get(key) {
                 Some(Slot::Ready(b)) => return Some(b.clone()),
-                Some(Slot::Filling(Some(p))) if p.whole() => {}
+                Some(Slot::Filling(Some(p))) if p.whole() => PUBLISH_WAIT,
+                Some(Slot::Filling(Some(p))) if p.nearly_whole() => NEARLY_WAIT,
+                Some(Slot::Writing(p)) if closing && p.nearly_whole() => NEARLY_WAIT,
                 _ => return None,
-            }
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            };
+            let left = (start + wait).saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 return None;
             }
@@ -957,6 +988,8 @@ impl Backings {
                     inner
                         .slots
                         .insert(key.clone(), Slot::Filling(Some(p.clone())));
+                    // An open waiting for the close to hand it over.
+                    self.published.notify_all();
                     Some(p)
                 }
                 Some(_) => return,
@@ -983,10 +1016,14 @@ impl Backings {
             },
             None => return,
         };
-        let whole = skip.covers(0, len);
+        // Reads that wrote all but an eighth left a core free for their
+        // writes (see `write_behind`): the rest is filled at once, on the
+        // queue of files an open may be waiting for.
+        let (whole, nearly) = (skip.covers(0, len), skip.nearly_covers(len));
         let job = Job {
             key: key.clone(),
             stop: Arc::default(),
+            patient: !nearly,
             asked_by,
             file,
             holds: None,
@@ -995,7 +1032,7 @@ impl Backings {
             segments,
             skip,
         };
-        self.queue(job, whole);
+        self.queue(job, whole || nearly);
     }
 
     /// Makes `file`, which holds every byte of files of content `key`
@@ -1051,6 +1088,7 @@ impl Backings {
         let job = Job {
             key: key.clone(),
             stop: Arc::default(),
+            patient: false,
             asked_by,
             file,
             holds,
@@ -1440,6 +1478,7 @@ impl Backings {
         let Job {
             key,
             stop,
+            patient,
             asked_by,
             file,
             holds,
@@ -1449,7 +1488,12 @@ impl Backings {
             skip,
         } = job;
         let t0 = std::time::Instant::now();
-        let wrote = match write_all(&file, len, &data, &segments, &skip, &self.activity, &stop) {
+        let pace = Pace {
+            activity: &self.activity,
+            stop: &stop,
+            patient,
+        };
+        let wrote = match write_all(&file, len, &data, &segments, &skip, &pace) {
             Ok(n) => n,
             Err(_) if self.given_up(&key, &stop) => {
                 log::debug!("{}: its backing file's fill stopped", self.name(asked_by));
@@ -1679,19 +1723,41 @@ struct Piece {
     to: u64,
 }
 
+/// When a fill's pieces go, and whether it is to stop.
+struct Pace<'a> {
+    activity: &'a Activity,
+    /// See [`Job::stop`].
+    stop: &'a AtomicBool,
+    /// See [`Job::patient`].
+    patient: bool,
+}
+
+impl Pace<'_> {
+    /// Waits, when patient, until the mount is quiet or [`FILL_PATIENCE`]
+    /// has passed (a mount never quiet, a reader that never pauses, still
+    /// gets its files, a piece now and then); whether to go on.
+    fn go(&self) -> bool {
+        if self.patient {
+            let asked = std::time::Instant::now();
+            self.activity
+                .wait_quiet(|| self.stop.load(Relaxed) || asked.elapsed() >= FILL_PATIENCE);
+        }
+        !self.stop.load(Relaxed)
+    }
+}
+
 /// Writes `segments` into `file` (sized) in order, but for what `skip`
 /// says is there; parts in [`CHUNK`]s taken by one worker per core, each
-/// once the mount is quiet (`activity`) or after [`FILL_PATIENCE`]: what
-/// the reads did not write is decoded again, and a load going on must not
-/// wait for that. The bytes of parts it wrote.
+/// when `pace` says: what the reads did not write is decoded again, and a
+/// load going on must not wait for that, unless they wrote nearly all. The
+/// bytes of parts it wrote.
 fn write_all(
     file: &File,
     len: u64,
     data: &Data,
     segments: &[Segment],
     skip: &Written,
-    activity: &Activity,
-    stop: &AtomicBool,
+    pace: &Pace<'_>,
 ) -> Result<u64, String> {
     let io = |e: std::io::Error| format!("cannot write a backing file: {e}");
     let mut pieces = Vec::new();
@@ -1741,11 +1807,7 @@ fn write_all(
                     let Some(p) = pieces.get(next.fetch_add(1, Relaxed)) else {
                         return;
                     };
-                    // A mount never quiet (a reader that never pauses)
-                    // still gets its files, a piece now and then.
-                    let asked = std::time::Instant::now();
-                    activity.wait_quiet(|| stop.load(Relaxed) || asked.elapsed() >= FILL_PATIENCE);
-                    if stop.load(Relaxed) {
+                    if !pace.go() {
                         lock(&failed).get_or_insert_with(|| "given up".into());
                         return;
                     }

@@ -190,12 +190,15 @@ impl TensorFs {
         if let Some((tensor, part, _)) = self.clonable(c) {
             return self.cloned_backing(c, tensor, part);
         }
-        let found = match self.backings.ready_or_wait(c) {
+        // No served open holds it: a last close may be handing its file
+        // to the filler.
+        let closing = !crate::mount::lock(&self.opens).served.contains_key(&ino);
+        let found = match self.backings.ready_or_wait(c, closing) {
             Some(b) => Some(b),
             // Decoded into a file by a read of another file (its `.npy`, say).
             None => self
                 .adopt_decoded(ino, c)
-                .then(|| self.backings.ready_or_wait(c))
+                .then(|| self.backings.ready_or_wait(c, closing))
                 .flatten(),
         };
         // A decoded file holds checked bytes, but once the source is seen

@@ -789,3 +789,29 @@ fn a_file_being_filled_is_given_up_for_a_spill_and_never_published() {
     assert_eq!(got, data);
     fs.release(b);
 }
+
+#[test]
+fn an_open_right_after_a_close_that_wrote_nearly_all_waits_for_the_backing_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..8u32 << 20).map(|i| (i / 9 % 223) as u8).collect();
+    let blob: Vec<u8> = data
+        .chunks(1 << 20)
+        .flat_map(|c| zstd::bulk::compress(c, 3).unwrap())
+        .collect();
+    let fs = zstd_fs_of(dir.path(), &data, &blob, 1 << 30, Vec::new());
+    fs.set_passthrough(true);
+    // Seven of its eight frames read, written through, then closed while
+    // another reader keeps the mount busy.
+    let (z, a) = open_z(&fs);
+    for k in 0..7u64 {
+        let bytes = fs.read(z, a, k << 20, 1 << 20).unwrap();
+        fs.served(k << 20, bytes);
+    }
+    fs.write_behind.flush();
+    let busy = fs.backings.activity().begin();
+    fs.release(a);
+    // The next open waits for the last eighth, filled at once, and is
+    // passed through to the complete file.
+    assert_eq!(backed_bytes(&fs, z), data);
+    drop(busy);
+}
