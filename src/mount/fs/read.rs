@@ -52,7 +52,7 @@ impl WriteThrough {
     /// `[from, to)` around them: drops the page cache behind the reader,
     /// and (`frames`) lets the decoded frames behind it leave the cache.
     fn written(&self, p: &Through, end: u64, (from, to): (u64, u64), frames: bool) {
-        if let Some(range) = p.behind(self.off, (from, to)) {
+        for range in p.behind(self.off, (from, to)) {
             self.backings.drop_behind(self.ino, range);
         }
         let Some((tensor, part, start, len)) = self.part else {
