@@ -168,3 +168,47 @@ fn made(m: &Mount, name: &str) -> PathBuf {
     std::fs::create_dir_all(&p).unwrap();
     p
 }
+
+/// A tensor whose read fails (a one-frame tensor too big for the cache,
+/// whose spill does not fit in `--decoded-cache-size`) is named on stderr
+/// with its error and not counted as prefetched; the command exits 1.
+#[test]
+fn prefetch_counts_a_tensor_that_fails_apart() {
+    let mut small = Vec::new();
+    let write = |p: &Path| {
+        let mut w = Writer::create(p).unwrap();
+        let one_frame = support::one_frame_options(1);
+        let big = support::compressible(9, 24 * MIB);
+        w.add("big", DType::Uint8, &[big.len() as u64], &big, &one_frame)
+            .unwrap();
+        small = support::compressible(10, MIB);
+        w.add("small", DType::Uint8, &[MIB as u64], &small, &one_frame)
+            .unwrap();
+        w.finish().unwrap();
+    };
+    let opts = ["--cache-size", "8M", "--decoded-cache-size", "4M"];
+    let Some(m) = Mount::with(&opts, write) else {
+        return;
+    };
+    let r = prefetch(&m.mp, &["-j", "1"]);
+    assert!(!r.ok(), "{r:?}");
+    assert!(
+        r.stdout.starts_with("prefetched 1 of 2 tensors (1.0 MiB)"),
+        "{r:?}"
+    );
+    assert!(r.stdout.trim_end().ends_with("; 1 failed"), "{r:?}");
+    // Beside the note that the tensors chosen do not all fit in the cache.
+    let errors: Vec<&str> = r
+        .stderr
+        .lines()
+        .filter(|l| !l.contains(": note: "))
+        .collect();
+    assert_eq!(
+        errors,
+        ["ztensor-mount prefetch: big: No space left on device (os error 28)"],
+        "{}",
+        r.stderr
+    );
+    assert!(m.read("small") == small, "small's bytes");
+    m.unmount_ok();
+}

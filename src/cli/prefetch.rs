@@ -213,8 +213,13 @@ fn prefetch(mp: &Path, wanted: &[String], jobs: usize) -> Result<bool, String> {
     let secs = start.elapsed().as_secs_f64();
     let bytes = done.load(Relaxed);
     let failed = failed.into_inner().unwrap_or_else(|p| p.into_inner());
+    // Those that failed were not prefetched: they are counted apart.
+    let read = match failed.len() {
+        0 => format!("{tensors} tensors"),
+        n => format!("{} of {tensors} tensors", tensors.saturating_sub(n)),
+    };
     let mut line = format!(
-        "prefetched {tensors} tensors ({}) from {} in {secs:.1} s ({}/s)",
+        "prefetched {read} ({}) from {} in {secs:.1} s ({}/s)",
         human(bytes),
         mp.display(),
         human((bytes as f64 / secs.max(1e-3)) as u64),
