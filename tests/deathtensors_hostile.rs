@@ -367,6 +367,15 @@ fn a_zstd_bomb_fails_at_the_declared_size() {
     assert!(t.elapsed() < std::time::Duration::from_secs(20));
     assert!(!e.contains('\n'), "{e}");
     assert!(e.contains("zstd data blob"), "{e}");
+    // Logged (and listed in .ztensor/errors) naming the tensor read, not
+    // only the stream the two share.
+    let listed = String::from_utf8(d.errors_text()).unwrap();
+    let line: serde_json::Value = serde_json::from_str(listed.trim_end()).unwrap();
+    let logged = line["error"].as_str().unwrap();
+    assert!(
+        logged.contains(": tensor \"a\": the zstd data blob: "),
+        "{logged}"
+    );
 }
 
 trait TakeN: std::io::Read + Sized {

@@ -425,6 +425,7 @@ impl Data {
             }
             return;
         }
+        let why = self.naming_tensor(ti, why.to_string());
         let h = {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -435,9 +436,27 @@ impl Data {
         if last.0 != h && last.1 < LOGGED_REASONS {
             *last = (h, last.1 + 1);
             log::error!("{why}");
-            super::lock(&self.errors).push(ti, why);
+            super::lock(&self.errors).push(ti, &why);
         } else {
             log::debug!("{why}");
+        }
+    }
+
+    /// `why`, for a read of tensor `ti`, naming that tensor when it names
+    /// only what it failed in: a stream several tensors share (a
+    /// deathtensors blob) is named for itself, not for the tensor read.
+    fn naming_tensor(&self, ti: usize, why: String) -> String {
+        let Some(t) = self.catalog.tensors.get(ti) else {
+            return why;
+        };
+        let tensor = format!("tensor {:?}", t.name);
+        if why.contains(&tensor) {
+            return why;
+        }
+        let file = format!("{}: ", self.catalog.label);
+        match why.strip_prefix(&file) {
+            Some(rest) => format!("{file}{tensor}: {rest}"),
+            None => format!("{tensor}: {why}"),
         }
     }
 
