@@ -601,11 +601,24 @@ enum Giving {
     Filling(Arc<AtomicBool>),
 }
 
-/// A fill queued or running: told to stop when its file is given up.
+/// A fill queued or running: told to stop when its file is given up,
+/// and when an open waits for it.
 struct Queued {
     stop: Arc<AtomicBool>,
+    wanted: Arc<AtomicBool>,
     len: u64,
     charge: u64,
+}
+
+/// The fill of `key` that `stop` tells is over: no longer one to give up.
+fn fill_over(inner: &mut Inner, key: &Content, stop: &Arc<AtomicBool>) {
+    if inner
+        .fills
+        .get(key)
+        .is_some_and(|q| Arc::ptr_eq(&q.stop, stop))
+    {
+        inner.fills.remove(key);
+    }
 }
 
 /// Bytes of the filled files that are complete (the rest of
@@ -633,9 +646,9 @@ struct Job {
     /// Set when its file is given up for a spill: the fill stops, and
     /// neither publishes the file nor uncharges it again.
     stop: Arc<AtomicBool>,
-    /// Whether each piece it decodes waits for a quiet mount (see
-    /// [`write_all`]).
-    patient: bool,
+    /// Set when an open waits for it: its pieces no longer wait for a
+    /// quiet mount (see [`write_all`]).
+    wanted: Arc<AtomicBool>,
     /// The exposed file whose reads asked for it (see [`Filled`]).
     asked_by: u64,
     file: File,
@@ -648,10 +661,9 @@ struct Job {
 }
 
 /// Files to fill, on two threads: one for files whose served reads wrote
-/// every byte (nothing left but publishing them) or all but an eighth
-/// (filled at once), which an open may be waiting for, one for the rest,
-/// which waits for a quiet mount before each piece it decodes (see
-/// [`Activity`]).
+/// every byte (nothing left but publishing them, which an open may be
+/// waiting for), one for the rest, which waits for a quiet mount before
+/// each piece it decodes (see [`Activity`]) unless an open waits for it.
 #[derive(Default)]
 struct Queue {
     whole: std::collections::VecDeque<Job>,
@@ -933,14 +945,15 @@ impl Backings {
     /// that page cache again (a model loaded twice in a row, by `mmap`),
     /// and the next passthrough open would wait for its drop instead.
     /// When they wrote all but an eighth of it, waits at most
-    /// [`NEARLY_WAIT`] for the fill of the rest; so, once told that no
-    /// served open holds the file any more (`closing`: its last close is
-    /// under way, and the file not yet handed to the filler), does an
-    /// open whose reads wrote that much. A loader's second load opens the
-    /// file the moment its first closed it (1 ms later on a 16-core host),
-    /// and served, it read the whole file through the daemon while the
-    /// file was published, and its open kept the next load from being
-    /// passed through until the page cache it filled was dropped.
+    /// [`NEARLY_WAIT`] for the fill of the rest, which then no longer
+    /// waits for a quiet mount; so, once told that no served open holds
+    /// the file any more (`closing`: its last close is under way, and the
+    /// file not yet handed to the filler), does an open whose reads wrote
+    /// that much. A loader's second load opens the file the moment its
+    /// first closed it (1 ms later on a 16-core host), and served, it read
+    /// the whole file through the daemon while the file was published, and
+    /// its open kept the next load from being passed through until the
+    /// page cache it filled was dropped.
     pub fn ready_or_wait(&self, key: &Content, closing: bool) -> Option<Arc<Backing>> {
         let start = std::time::Instant::now();
         let mut inner = lock(&self.inner);
@@ -952,13 +965,19 @@ impl Backings {
                 Some(Slot::Writing(p)) if closing && p.nearly_whole() => NEARLY_WAIT,
                 _ => return None,
             };
+            // Its fill, once queued, goes on without waiting for quiet.
+            if let Some(q) = inner.fills.get(key) {
+                q.wanted.store(true, Relaxed);
+            }
             let left = (start + wait).saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 return None;
             }
+            // Looked at again soon: the close queues the fill after it
+            // hands the file over.
             inner = self
                 .published
-                .wait_timeout(inner, left)
+                .wait_timeout(inner, left.min(std::time::Duration::from_millis(10)))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
@@ -1041,14 +1060,11 @@ impl Backings {
             },
             None => return,
         };
-        // Reads that wrote all but an eighth left a core free for their
-        // writes (see `write_behind`): the rest is filled at once, on the
-        // queue of files an open may be waiting for.
-        let (whole, nearly) = (skip.covers(0, len), skip.nearly_covers(len));
+        let whole = skip.covers(0, len);
         let job = Job {
             key: key.clone(),
             stop: Arc::default(),
-            patient: !nearly,
+            wanted: Arc::default(),
             asked_by,
             file,
             holds: None,
@@ -1057,7 +1073,7 @@ impl Backings {
             segments,
             skip,
         };
-        self.queue(job, whole || nearly);
+        self.queue(job, whole);
     }
 
     /// Makes `file`, which holds every byte of files of content `key`
@@ -1113,7 +1129,7 @@ impl Backings {
         let job = Job {
             key: key.clone(),
             stop: Arc::default(),
-            patient: false,
+            wanted: Arc::default(),
             asked_by,
             file,
             holds,
@@ -1202,6 +1218,7 @@ impl Backings {
         if charge > 0 {
             let queued = Queued {
                 stop: job.stop.clone(),
+                wanted: job.wanted.clone(),
                 len: job.len,
                 charge,
             };
@@ -1503,7 +1520,7 @@ impl Backings {
         let Job {
             key,
             stop,
-            patient,
+            wanted,
             asked_by,
             file,
             holds,
@@ -1516,7 +1533,7 @@ impl Backings {
         let pace = Pace {
             activity: &self.activity,
             stop: &stop,
-            patient,
+            wanted: &wanted,
         };
         let wrote = match write_all(&file, len, &data, &segments, &skip, &pace) {
             Ok(n) => n,
@@ -1558,14 +1575,7 @@ impl Backings {
     /// given up meanwhile, which leaves it neither to publish nor to
     /// uncharge (see [`Self::give_up_writing`]).
     fn given_up(&self, key: &Content, stop: &Arc<AtomicBool>) -> bool {
-        let mut inner = lock(&self.inner);
-        if inner
-            .fills
-            .get(key)
-            .is_some_and(|q| Arc::ptr_eq(&q.stop, stop))
-        {
-            inner.fills.remove(key);
-        }
+        fill_over(&mut lock(&self.inner), key, stop);
         stop.load(Relaxed)
     }
 
@@ -1573,13 +1583,7 @@ impl Backings {
     /// unless its fill was told to `stop`.
     fn publish(&self, key: Content, file: File, holds: Holds, len: u64, stop: &Arc<AtomicBool>) {
         let mut inner = lock(&self.inner);
-        if inner
-            .fills
-            .get(&key)
-            .is_some_and(|q| Arc::ptr_eq(&q.stop, stop))
-        {
-            inner.fills.remove(&key);
-        }
+        fill_over(&mut inner, &key, stop);
         if stop.load(Relaxed) {
             return;
         }
@@ -1753,20 +1757,20 @@ struct Pace<'a> {
     activity: &'a Activity,
     /// See [`Job::stop`].
     stop: &'a AtomicBool,
-    /// See [`Job::patient`].
-    patient: bool,
+    /// See [`Job::wanted`].
+    wanted: &'a AtomicBool,
 }
 
 impl Pace<'_> {
-    /// Waits, when patient, until the mount is quiet or [`FILL_PATIENCE`]
-    /// has passed (a mount never quiet, a reader that never pauses, still
-    /// gets its files, a piece now and then); whether to go on.
+    /// Waits until the mount is quiet, an open waits for the file, or
+    /// [`FILL_PATIENCE`] has passed (a mount never quiet, a reader that
+    /// never pauses, still gets its files, a piece now and then); whether
+    /// to go on.
     fn go(&self) -> bool {
-        if self.patient {
-            let asked = std::time::Instant::now();
-            self.activity
-                .wait_quiet(|| self.stop.load(Relaxed) || asked.elapsed() >= FILL_PATIENCE);
-        }
+        let asked = std::time::Instant::now();
+        self.activity.wait_quiet(|| {
+            self.stop.load(Relaxed) || self.wanted.load(Relaxed) || asked.elapsed() >= FILL_PATIENCE
+        });
         !self.stop.load(Relaxed)
     }
 }
@@ -1774,8 +1778,8 @@ impl Pace<'_> {
 /// Writes `segments` into `file` (sized) in order, but for what `skip`
 /// says is there; parts in [`CHUNK`]s taken by one worker per core, each
 /// when `pace` says: what the reads did not write is decoded again, and a
-/// load going on must not wait for that, unless they wrote nearly all. The
-/// bytes of parts it wrote.
+/// load going on must not wait for that, unless it waits for the file.
+/// The bytes of parts it wrote.
 fn write_all(
     file: &File,
     len: u64,

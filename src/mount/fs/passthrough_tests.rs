@@ -78,6 +78,34 @@ fn fs_of(dir: &std::path::Path, catalog: crate::catalog::Catalog, limit: u64) ->
     TensorFs::new(catalog, files, opts).unwrap()
 }
 
+/// A mount of one zstd tensor "z" of `data` in 1 MiB frames, passthrough
+/// on, with backing files in `dir`.
+fn framed_fs(dir: &std::path::Path, data: &[u8]) -> TensorFs {
+    let blob: Vec<u8> = data
+        .chunks(1 << 20)
+        .flat_map(|c| zstd::bulk::compress(c, 3).unwrap())
+        .collect();
+    let fs = zstd_fs_of(dir, data, &blob, 1 << 30, Vec::new());
+    fs.set_passthrough(true);
+    fs
+}
+
+/// Tensor "z" of `fs` opened, its first `frames` MiB read and written
+/// through, and closed while the mount is busy, so that the fill of
+/// the rest waits for a quiet mount (unless nearly all was written):
+/// its inode, and the hold that keeps the mount busy.
+fn read_then_closed_busy(fs: &TensorFs, frames: u64) -> (Ino, crate::mount::activity::Busy<'_>) {
+    let (z, fh) = open_z(fs);
+    for k in 0..frames {
+        let bytes = fs.read(z, fh, k << 20, 1 << 20).unwrap();
+        fs.served(k << 20, bytes);
+    }
+    fs.write_behind.flush();
+    let busy = fs.backings.activity().begin();
+    fs.release(fh);
+    (z, busy)
+}
+
 fn filled(fs: &TensorFs) {
     let t = std::time::Instant::now();
     while fs.backings.gauges().1 > 0 {
@@ -608,12 +636,7 @@ fn a_partly_read_file_is_filled_in_its_gaps_and_a_peek_keeps_nothing() {
 fn a_filled_file_leaves_none_of_its_frames_in_memory() {
     let dir = tempfile::tempdir().unwrap();
     let data: Vec<u8> = (0..4_000_000u32).map(|i| (i / 7 % 233) as u8).collect();
-    let blob: Vec<u8> = data
-        .chunks(1 << 20)
-        .flat_map(|c| zstd::bulk::compress(c, 3).unwrap())
-        .collect();
-    let fs = zstd_fs_of(dir.path(), &data, &blob, 1 << 30, Vec::new());
-    fs.set_passthrough(true);
+    let fs = framed_fs(dir.path(), &data);
     // Reads of its first two frames, which queue decodes of the next
     // ones (read-ahead); the fill writes those two, from the cache.
     let (z, fh) = open_z(&fs);
@@ -707,22 +730,10 @@ fn nothing_is_backed_without_passthrough_or_room() {
 fn an_open_served_beside_another_reads_the_complete_backing_file_without_decoding() {
     let dir = tempfile::tempdir().unwrap();
     let data: Vec<u8> = (0..4_000_000u32).map(|i| (i / 5 % 227) as u8).collect();
-    let blob: Vec<u8> = data
-        .chunks(1 << 20)
-        .flat_map(|c| zstd::bulk::compress(c, 3).unwrap())
-        .collect();
-    let fs = zstd_fs_of(dir.path(), &data, &blob, 1 << 30, Vec::new());
-    fs.set_passthrough(true);
+    let fs = framed_fs(dir.path(), &data);
     // A first open reads half and closes: the fill of the rest waits
     // while the mount is busy, and a second open meanwhile is served.
-    let (z, a) = open_z(&fs);
-    for at in [0, 1 << 20] {
-        let bytes = fs.read(z, a, at, 1 << 20).unwrap();
-        fs.served(at, bytes);
-    }
-    fs.write_behind.flush();
-    let busy = fs.backings.activity().begin();
-    fs.release(a);
+    let (z, busy) = read_then_closed_busy(&fs, 2);
     let (_, b) = open_z(&fs);
     drop(busy);
     filled(&fs);
@@ -747,21 +758,9 @@ fn an_open_served_beside_another_reads_the_complete_backing_file_without_decodin
 fn a_file_being_filled_is_given_up_for_a_spill_and_never_published() {
     let dir = tempfile::tempdir().unwrap();
     let data: Vec<u8> = (0..4_000_000u32).map(|i| (i / 3 % 211) as u8).collect();
-    let blob: Vec<u8> = data
-        .chunks(1 << 20)
-        .flat_map(|c| zstd::bulk::compress(c, 3).unwrap())
-        .collect();
-    let fs = zstd_fs_of(dir.path(), &data, &blob, 1 << 30, Vec::new());
-    fs.set_passthrough(true);
+    let fs = framed_fs(dir.path(), &data);
     // Half read, then closed: the fill of the rest waits for a quiet mount.
-    let (z, a) = open_z(&fs);
-    for at in [0, 1 << 20] {
-        let bytes = fs.read(z, a, at, 1 << 20).unwrap();
-        fs.served(at, bytes);
-    }
-    fs.write_behind.flush();
-    let busy = fs.backings.activity().begin();
-    fs.release(a);
+    let (z, busy) = read_then_closed_busy(&fs, 2);
     let n = data.len() as u64;
     assert_eq!(fs.backings.gauges(), (n, 1));
     let used = fs.data().decoded_disk().used();
@@ -794,22 +793,10 @@ fn a_file_being_filled_is_given_up_for_a_spill_and_never_published() {
 fn an_open_right_after_a_close_that_wrote_nearly_all_waits_for_the_backing_file() {
     let dir = tempfile::tempdir().unwrap();
     let data: Vec<u8> = (0..8u32 << 20).map(|i| (i / 9 % 223) as u8).collect();
-    let blob: Vec<u8> = data
-        .chunks(1 << 20)
-        .flat_map(|c| zstd::bulk::compress(c, 3).unwrap())
-        .collect();
-    let fs = zstd_fs_of(dir.path(), &data, &blob, 1 << 30, Vec::new());
-    fs.set_passthrough(true);
+    let fs = framed_fs(dir.path(), &data);
     // Seven of its eight frames read, written through, then closed while
     // another reader keeps the mount busy.
-    let (z, a) = open_z(&fs);
-    for k in 0..7u64 {
-        let bytes = fs.read(z, a, k << 20, 1 << 20).unwrap();
-        fs.served(k << 20, bytes);
-    }
-    fs.write_behind.flush();
-    let busy = fs.backings.activity().begin();
-    fs.release(a);
+    let (z, busy) = read_then_closed_busy(&fs, 7);
     // The next open waits for the last eighth, filled at once, and is
     // passed through to the complete file.
     assert_eq!(backed_bytes(&fs, z), data);
