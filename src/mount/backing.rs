@@ -938,6 +938,16 @@ impl Backings {
         }
     }
 
+    /// Like [`Self::ready`], for a read: `None` while another thread holds
+    /// the record of backing files (one may be closing a file on a disk
+    /// that does not answer), so that no read waits for it.
+    pub fn ready_now(&self, key: &Content) -> Option<Arc<Backing>> {
+        match self.inner.try_lock().ok()?.slots.get(key) {
+            Some(Slot::Ready(b)) => Some(b.clone()),
+            _ => None,
+        }
+    }
+
     /// Like [`Self::ready`], but when the reads of the last served opens
     /// wrote every byte of it and only its publication is pending (the
     /// kernel dropping the inode's page cache, see [`Filled`]), waits for

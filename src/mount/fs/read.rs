@@ -394,11 +394,14 @@ impl TensorFs {
     /// the file holds, checked when written, instead of decoding them
     /// again (a 3 GiB zstd model's second load took 2.0 s decoding, on a
     /// 16-core host, against 0.47 s for the raw file; BENCHMARKS.md).
+    /// Only a tensor's or a view's file, and never waiting for the record
+    /// of backing files: a read of `.ztensor/stats` or of another tensor
+    /// must be answered while a disk stalls (see `Backings::ready_now`).
     fn read_from_backing(&self, kind: &NodeKind, off: u64, size: u32) -> Option<Vec<u8>> {
-        let NodeKind::File(c) = kind else {
+        let NodeKind::File(c @ (Content::Part { .. } | Content::ViewData { .. })) = kind else {
             return None;
         };
-        let b = self.backings.ready(c)?;
+        let b = self.backings.ready_now(c)?;
         self.written(kind, off, size, |at, n| b.read(at, n))
     }
 
