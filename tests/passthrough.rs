@@ -375,25 +375,35 @@ fn first_mib(m: &Mount, name: &str) -> (std::fs::File, Vec<u8>) {
 /// `--decoded-cache-size` that holds one spill, not two: the mount and the
 /// two tensors' bytes.
 fn mount_two_spilling_tensors() -> Option<(Mount, Vec<u8>, Vec<u8>)> {
+    let opts = ["--cache-size", "16M", "--decoded-cache-size", "20M"];
+    let (m, mut t) = mount_one_frame_tensors(&[("a", 41, 12 << 20), ("b", 42, 12 << 20)], &opts)?;
+    let b = t.pop()?;
+    Some((m, t.pop()?, b))
+}
+
+/// A mount, with a cache dir of its own and `opts`, of float32 tensors
+/// (name, seed, bytes) each in one zstd frame: the mount and their bytes.
+fn mount_one_frame_tensors(
+    tensors: &[(&str, u64, usize)],
+    opts: &[&str],
+) -> Option<(Mount, Vec<Vec<u8>>)> {
     let mut m = Mount::scratch()?;
-    let src = m.scratch_path("ab.zt");
+    let src = m.scratch_path("frames.zt");
     let mut w = Writer::create(&src).unwrap();
     let one_frame = support::one_frame_options(3);
-    let (a, b) = (
-        support::compressible(41, 12 << 20),
-        support::compressible(42, 12 << 20),
-    );
-    for (name, v) in [("a", &a), ("b", &b)] {
-        w.add(name, DType::Float32, &[3 << 20], v, &one_frame)
+    let mut out = Vec::new();
+    for &(name, seed, len) in tensors {
+        let v = support::compressible(seed, len);
+        w.add(name, DType::Float32, &[len as u64 / 4], &v, &one_frame)
             .unwrap();
+        out.push(v);
     }
     w.finish().unwrap();
     let cache = m.scratch_path("cache");
     std::fs::create_dir(&cache).unwrap();
     let dir = cache.to_str().unwrap();
-    let opts = ["--cache-size", "16M", "--decoded-cache-size", "20M"];
-    m.mount(&src, &[&opts[..], &["--cache-dir", dir]].concat());
-    Some((m, a, b))
+    m.mount(&src, &[opts, &["--cache-dir", dir]].concat());
+    Some((m, out))
 }
 
 #[test]
@@ -1752,32 +1762,18 @@ fn bytes_written_through_are_not_served_once_the_source_changed() {
 #[test]
 fn a_copy_still_filling_yields_to_a_spill_a_read_needs() {
     let _s = support::serial();
-    let Some(mut m) = Mount::scratch() else {
-        return;
-    };
-    let src = m.scratch_path("bm.zt");
-    let mut w = Writer::create(&src).unwrap();
-    let one_frame = support::one_frame_options(3);
     // `big` spills (over half of --cache-size); it and `mid`'s view's
     // copy do not fit in --decoded-cache-size together.
-    let (big, mid) = (
-        support::compressible(51, 64 << 20),
-        support::compressible(52, 12 << 20),
-    );
-    for (name, v) in [("big", &big), ("mid", &mid)] {
-        w.add(name, DType::Float32, &[v.len() as u64 / 4], v, &one_frame)
-            .unwrap();
-    }
-    w.finish().unwrap();
-    let cache = m.scratch_path("cache");
-    std::fs::create_dir(&cache).unwrap();
-    let dir = cache.to_str().unwrap();
     let opts = ["--cache-size", "40M", "--decoded-cache-size", "70M"];
-    m.mount(&src, &[&opts[..], &["--cache-dir", dir]].concat());
+    let tensors = [("big", 51, 64 << 20), ("mid", 52, 12 << 20)];
+    let Some((m, t)) = mount_one_frame_tensors(&tensors, &opts) else {
+        return;
+    };
+    let (big, mid) = (&t[0], &t[1]);
     for _ in 0..3 {
-        assert!(m.read("big") == big, "big's bytes");
+        assert!(m.read("big") == *big, "big's bytes");
         assert!(npy_data(&m.read(".npy/mid.npy")) == &mid[..], "mid's bytes");
-        assert!(m.read("big") == big, "big's bytes, read at once");
+        assert!(m.read("big") == *big, "big's bytes, read at once");
     }
     assert_eq!(m.stat_u64("errors"), 0, "{}", m.stats());
     m.unmount_ok();
