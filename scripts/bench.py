@@ -21,7 +21,8 @@ Conventions (see BENCHMARKS.md):
   against the tensor's own file, each through a fresh mount.
 - remote: raw.zt's tensor mounted as http://127.0.0.1:PORT/raw.zt from the
   tests' Range server (4 MiB blocks); its baselines are curl fetching the
-  same blocks 4 at a time, curl of the same 4 KiB, and dd of the .zt with
+  same blocks 4 at a time (to /dev/null, and into files on this disk, as
+  the mount keeps them), curl of the same 4 KiB, and dd of the .zt with
   its pages evicted (the second read comes from the cache file on disk);
   the .safetensors view of a remote safetensors file read after a remount
   is against dd of a copy curl downloaded when the cache was filled.
@@ -1022,12 +1023,15 @@ def range_server(folder, latency_ms=0):
     return test_server("range_server.py", folder, latency_ms)
 
 
-def curl_ranges(url, ranges, parallel):
-    """Seconds for curl to fetch ranges [(start, end)) of url to /dev/null,
-    parallel ranged GETs at a time (process start to exit)."""
+def curl_ranges(url, ranges, parallel, into=None):
+    """Seconds for curl to fetch ranges [(start, end)) of url to /dev/null
+    (or each into a file of its own in folder `into`), parallel ranged GETs
+    at a time (process start to exit)."""
+    def out(i):
+        return "/dev/null" if into is None else str(Path(into) / f"block.{i}")
     # "next" ends one URL's options.
-    cfg = "\nnext\n".join(f'url = "{url}"\nrange = "{a}-{b - 1}"\noutput = "/dev/null"'
-                           for a, b in ranges)
+    cfg = "\nnext\n".join(f'url = "{url}"\nrange = "{a}-{b - 1}"\noutput = "{out(i)}"'
+                           for i, (a, b) in enumerate(ranges))
     t0 = time.perf_counter()
     r = subprocess.run(["curl", "-s", "-f", "--parallel", "--parallel-max", str(parallel),
                         "-K", "-"], input=cfg, capture_output=True, text=True)
@@ -1445,6 +1449,9 @@ class Bench:
         # The blocks the mount fetches for the tensor: those covering it.
         ranges = [(a, min(a + block, size)) for a in range(off // block * block, off + n, block)]
         cold, curl, ttfb, curl_small, second, disk, rss = [], [], [], [], [], [], []
+        # curl keeping what it fetched, as the mount keeps its cache file:
+        # each block into a file on this disk.
+        curl_kept, kept = [], self.work / "remote-curl-kept"
         # The same bytes read from the cache file itself: the disk's speed
         # for that file (where its blocks landed), apart from the .zt's.
         cache_disk, view_cache_disk = [], []
@@ -1459,6 +1466,11 @@ class Bench:
             for _ in range(self.runs):
                 self.hot(f.raw)
                 curl.append(curl_ranges(url, ranges, parallel))
+                shutil.rmtree(kept, ignore_errors=True)
+                kept.mkdir()
+                self.hot(f.raw)
+                curl_kept.append(curl_ranges(url, ranges, parallel, into=kept))
+                shutil.rmtree(kept, ignore_errors=True)
                 opts = fresh()
                 with self.mounter.mount(url, opts, tag="remote") as m:
                     self.hot(f.raw)
@@ -1537,6 +1549,9 @@ class Bench:
         what = f"curl, ranged GETs of one {block // MiB} MiB block, {parallel} at a time"
         self.throughput_row(f"remote seq read, cold (fresh cache), {n / GiB:.2g} GiB over "
                             f"HTTP on loopback", n, cold, curl, 0.8, what)
+        self.throughput_row("  same, against curl keeping the blocks (each into a file on "
+                            "this disk, as the mount keeps them in its cache file)", n, cold,
+                            curl_kept, None, what + ", each into a file")
         self.throughput_row("  same, through a signed URL (a query the server checks; "
                             "no HEAD)", n, signed_cold, signed_curl, 0.8,
                             what + ", of the signed URL")
