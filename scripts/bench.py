@@ -851,6 +851,17 @@ def zstd_d(blob):
     return time.perf_counter() - t0
 
 
+def zstd_d_at_once(blob, k):
+    """Seconds for k `zstd -d` of blob started at once to all finish."""
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(["zstd", "-d", "-c", "-q", blob], stdout=subprocess.DEVNULL)
+             for _ in range(k)]
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise BenchError(f"zstd -d of {blob} exited {codes}")
+    return time.perf_counter() - t0
+
+
 def memmap_sum(path, offset, n):
     t0 = time.perf_counter()
     m = np.memmap(path, dtype="<f4", mode="r", offset=offset, shape=(n,))
@@ -1350,10 +1361,13 @@ class Bench:
             t = f.tensor(zt, name)
             n = t["nbytes"]
             blob = f.blob(zt, name)
-            first, second, ofirst, osecond, base = [], [], [], [], []
+            first, second, ofirst, osecond, base, many = [], [], [], [], [], []
+            cores = os.cpu_count() or 1
             for i in range(self.runs):
                 self.hot(blob)
                 base.append(zstd_d(blob))
+                if target > 1:
+                    many.append(zstd_d_at_once(blob, cores))
                 modes = [(self.mode_opts[self.default_mode], first, second),
                          (self.mode_opts[other], ofirst, osecond)]
                 # Alternate which mode goes first: the second mount of a
@@ -1380,6 +1394,12 @@ class Bench:
             dl, ol = self.mode_label(self.default_mode), self.mode_label(other)
             self.throughput_row(f"zstd {label}: first read (fresh mount), {dl}", n, first, base,
                                 target, what)
+            if many:
+                # What the cores give a decode spread over all of them, as
+                # the mount's is: the host's ceiling for the row above.
+                self.throughput_row(f"  {cores} `zstd -d` of the blob at once (their bytes "
+                                    "together), the host's ceiling for the row above", cores * n,
+                                    many, [cores * b for b in base], None, what + ", once")
             self.throughput_row(f"zstd {label}: second read, {dl}", n, second, base, None, what)
             self.throughput_row(f"zstd {label}: first read, {ol}", n, ofirst, base, None, what)
             self.throughput_row(f"zstd {label}: second read, {ol}", n, osecond, base, None, what)
