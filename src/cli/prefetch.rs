@@ -186,7 +186,9 @@ fn prefetch(mp: &Path, wanted: &[String], jobs: usize) -> Result<bool, String> {
     let start = Instant::now();
     let next = AtomicUsize::new(0);
     let done = AtomicU64::new(0);
-    let failed: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    // (tensor, why) of each file that failed: a tensor of several parts
+    // may fail in more than one.
+    let failed: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
     let jobs = jobs.clamp(1, 64).min(items.len().max(1));
     std::thread::scope(|s| {
         for _ in 0..jobs {
@@ -203,7 +205,7 @@ fn prefetch(mp: &Path, wanted: &[String], jobs: usize) -> Result<bool, String> {
                         failed
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
-                            .push(format!("{}: {e}", item.tensor));
+                            .push((item.tensor.clone(), format!("{}: {e}", item.tensor)));
                     }
                 }
             });
@@ -214,7 +216,8 @@ fn prefetch(mp: &Path, wanted: &[String], jobs: usize) -> Result<bool, String> {
     let bytes = done.load(Relaxed);
     let failed = failed.into_inner().unwrap_or_else(|p| p.into_inner());
     // Those that failed were not prefetched: they are counted apart.
-    let read = match failed.len() {
+    let failed_tensors = tensors_failed(&failed);
+    let read = match failed_tensors {
         0 => format!("{tensors} tensors"),
         n => format!("{} of {tensors} tensors", tensors.saturating_sub(n)),
     };
@@ -242,14 +245,24 @@ fn prefetch(mp: &Path, wanted: &[String], jobs: usize) -> Result<bool, String> {
     if unsupported > 0 {
         line.push_str(&format!("; {unsupported} unsupported tensors skipped"));
     }
-    if !failed.is_empty() {
-        line.push_str(&format!("; {} failed", failed.len()));
+    if failed_tensors > 0 {
+        line.push_str(&format!("; {failed_tensors} failed"));
     }
     println!("{line}");
-    for f in &failed {
-        eprintln!("ztensor-mount prefetch: {f}");
+    for (_, why) in &failed {
+        eprintln!("ztensor-mount prefetch: {why}");
     }
     Ok(failed.is_empty())
+}
+
+/// The tensors among files that failed, `(tensor, why)` each: a tensor
+/// of several parts (a sparse tensor's) counts once.
+fn tensors_failed(failed: &[(String, String)]) -> usize {
+    failed
+        .iter()
+        .map(|(t, _)| t)
+        .collect::<std::collections::HashSet<_>>()
+        .len()
 }
 
 /// Reads `path` to its end, telling `progress` of each piece.
@@ -294,6 +307,19 @@ mod tests {
             {"name": "sp", "path": "sp", "supported": true, "nbytes": 12, "parts": [
                 {"path": "sp/indptr", "nbytes": 4}, {"path": "sp/values", "nbytes": 8}]},
         ]})
+    }
+
+    #[test]
+    fn a_tensor_whose_parts_both_fail_counts_as_one_failed_tensor() {
+        let why = |t: &str, p: &str| (t.to_string(), format!("{t}: {p}: Input/output error"));
+        let failed = [
+            why("sp", "sp/indptr"),
+            why("sp", "sp/values"),
+            why("a", "a"),
+        ];
+        assert_eq!(tensors_failed(&failed[..2]), 1);
+        assert_eq!(tensors_failed(&failed), 2);
+        assert_eq!(tensors_failed(&[]), 0);
     }
 
     #[test]
