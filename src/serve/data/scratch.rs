@@ -82,9 +82,12 @@ mod tests {
         give_back(again);
 
         give_back(vec![0u8; KEEP_MAX + 1]);
-        // The 1 MiB one is still the spare, and taken it is gone.
+        // The 1 MiB one is still the spare, and taken it is gone (the
+        // next take may find a buffer another test's thread gave to the
+        // shared pool, never this one).
         let kept = take();
         assert_eq!(kept.as_ptr(), at);
-        assert_eq!(take().capacity(), 0);
+        let next = take();
+        assert!(next.capacity() == 0 || next.as_ptr() != at);
     }
 }
