@@ -42,6 +42,11 @@ const PUBLISH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// but an eighth of it (see [`Backings::ready_or_wait`]).
 const NEARLY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How long an open waiting for a nearly written file's fill gives the
+/// fill, once queued, to be taken by its thread: longer, it waits behind
+/// other fills, and the open is served instead.
+const HANDOVER: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// How long the last close of a file waits for the write-through of
 /// reads already sent to the reader (see [`Through`]); a write that takes
 /// longer is left to the filler.
@@ -606,6 +611,8 @@ enum Giving {
 struct Queued {
     stop: Arc<AtomicBool>,
     wanted: Arc<AtomicBool>,
+    /// See [`Job::started`].
+    started: Arc<AtomicBool>,
     len: u64,
     charge: u64,
 }
@@ -649,6 +656,9 @@ struct Job {
     /// Set when an open waits for it: its pieces no longer wait for a
     /// quiet mount (see [`write_all`]).
     wanted: Arc<AtomicBool>,
+    /// Set when its thread takes it from the queue: until then it waits
+    /// behind other fills, which an open cannot hurry.
+    started: Arc<AtomicBool>,
     /// The exposed file whose reads asked for it (see [`Filled`]).
     asked_by: u64,
     file: File,
@@ -964,20 +974,34 @@ impl Backings {
     /// the whole file through the daemon while the file was published, and
     /// its open kept the next load from being passed through until the
     /// page cache it filled was dropped.
+    ///
+    /// No wait where it would be for nothing: beside a served open of the
+    /// file (this open is served whatever it finds), nor for a fill
+    /// queued behind others (which wait for a quiet mount), once the
+    /// close had time to hand it over ([`HANDOVER`]).
     pub fn ready_or_wait(&self, key: &Content, closing: bool) -> Option<Arc<Backing>> {
         let start = std::time::Instant::now();
+        // When its fill was first seen queued and not yet taken.
+        let mut queued_seen = None;
         let mut inner = lock(&self.inner);
         loop {
             let wait = match inner.slots.get(key) {
                 Some(Slot::Ready(b)) => return Some(b.clone()),
+                _ if !closing => return None,
                 Some(Slot::Filling(Some(p))) if p.whole() => PUBLISH_WAIT,
                 Some(Slot::Filling(Some(p))) if p.nearly_whole() => NEARLY_WAIT,
-                Some(Slot::Writing(p)) if closing && p.nearly_whole() => NEARLY_WAIT,
+                Some(Slot::Writing(p)) if p.nearly_whole() => NEARLY_WAIT,
                 _ => return None,
             };
             // Its fill, once queued, goes on without waiting for quiet.
             if let Some(q) = inner.fills.get(key) {
                 q.wanted.store(true, Relaxed);
+                if wait == NEARLY_WAIT && !q.started.load(Relaxed) {
+                    let since = *queued_seen.get_or_insert_with(std::time::Instant::now);
+                    if since.elapsed() >= HANDOVER {
+                        return None;
+                    }
+                }
             }
             let left = (start + wait).saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
@@ -1075,6 +1099,7 @@ impl Backings {
             key: key.clone(),
             stop: Arc::default(),
             wanted: Arc::default(),
+            started: Arc::default(),
             asked_by,
             file,
             holds: None,
@@ -1140,6 +1165,7 @@ impl Backings {
             key: key.clone(),
             stop: Arc::default(),
             wanted: Arc::default(),
+            started: Arc::default(),
             asked_by,
             file,
             holds,
@@ -1229,6 +1255,7 @@ impl Backings {
             let queued = Queued {
                 stop: job.stop.clone(),
                 wanted: job.wanted.clone(),
+                started: job.started.clone(),
                 len: job.len,
                 charge,
             };
@@ -1271,7 +1298,10 @@ impl Backings {
             let job = {
                 let mut queue = lock(&self.queue);
                 match queue.of(whole).pop_front() {
-                    Some(j) => j,
+                    Some(j) => {
+                        j.started.store(true, Relaxed);
+                        j
+                    }
                     None => {
                         queue.running[whole as usize] = false;
                         return;
@@ -1362,9 +1392,13 @@ impl Backings {
     /// own backing file, and a view's fill would read the spill back).
     /// Their reads write nothing more, and read nothing back from them; a
     /// fill stops at its next piece. `mine` is asked outside the lock (a
-    /// view's file may list 10^5 tensors). False when there is none.
-    pub fn give_up_writing(&self, mine: impl Fn(&Content, u64) -> bool) -> bool {
-        let found: Vec<(Content, u64, Giving)> = {
+    /// view's file may list 10^5 tensors). At most `most` files, the
+    /// largest first. A fill given up while still queued leaves the queue
+    /// at once, its file closed: its written blocks would otherwise stay
+    /// on disk, past the bound that no longer counts them, until the fills
+    /// ahead of it are done. False when there is none.
+    pub fn give_up_writing(&self, mine: impl Fn(&Content, u64) -> bool, most: usize) -> bool {
+        let mut found: Vec<(Content, u64, Giving)> = {
             let inner = lock(&self.inner);
             let writing = inner.slots.iter().filter_map(|(key, s)| match s {
                 Slot::Writing(p) => Some((key.clone(), p.len, Giving::Writing(p.clone()))),
@@ -1376,8 +1410,12 @@ impl Backings {
                 .map(|(key, q)| (key.clone(), q.len, Giving::Filling(q.stop.clone())));
             writing.chain(filling).collect()
         };
-        let mut gave_up = false;
+        found.sort_by_key(|f| std::cmp::Reverse(f.1));
+        let (mut gave_up, mut filling) = (0, false);
         for (key, len, giving) in found.into_iter().filter(|(key, len, _)| mine(key, *len)) {
+            if gave_up == most {
+                break;
+            }
             let mut inner = lock(&self.inner);
             // Still the same file, not sealed by a close or published
             // meanwhile.
@@ -1396,19 +1434,42 @@ impl Backings {
                         lock(&p.written).failed = true;
                     }
                     stop.store(true, Relaxed);
+                    filling = true;
                     inner.fills.remove(&key).map_or(0, |q| q.charge)
                 }
                 _ => continue,
             };
             inner.slots.remove(&key);
             self.uncharge(&mut inner, charge);
-            gave_up = true;
+            gave_up += 1;
             log::debug!("gave up the {len}-byte backing file of {key:?} for a spill");
         }
-        if gave_up {
+        if filling {
+            self.unqueue_stopped();
+        }
+        if gave_up > 0 {
             self.published.notify_all();
         }
-        gave_up
+        gave_up > 0
+    }
+
+    /// Takes the fills told to stop out of the queue (a running one sees
+    /// it at its next piece), closing their files outside the lock (a
+    /// disk that does not answer must not hold the queue).
+    fn unqueue_stopped(&self) {
+        let stopped: Vec<Job> = {
+            let mut guard = lock(&self.queue);
+            let queue = &mut *guard;
+            let mut out = Vec::new();
+            for q in [&mut queue.rest, &mut queue.whole] {
+                let (gone, kept): (Vec<Job>, Vec<Job>) =
+                    q.drain(..).partition(|j| j.stop.load(Relaxed));
+                q.extend(kept);
+                out.extend(gone);
+            }
+            out
+        };
+        drop(stopped);
     }
 
     /// Frees the least recently opened filled file no open holds (or
@@ -1531,6 +1592,7 @@ impl Backings {
             key,
             stop,
             wanted,
+            started: _,
             asked_by,
             file,
             holds,

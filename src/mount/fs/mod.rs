@@ -223,7 +223,9 @@ fn share_room(
         // Copies kept for speed yield to a spill a read needs, once
         // nothing idle is left to make room.
         if which == Copies::All {
-            return files.give_up_writing(|_, _| true);
+            // One at a time, the largest first: the spill asks again
+            // while it is short of room.
+            return files.give_up_writing(|_, _| true, 1);
         }
         // First the tensor's own file (never written: the spill
         // becomes its backing), and views' files that could never be
@@ -231,14 +233,17 @@ fn share_room(
         // made no room (`Copies::All` above).
         let disk = data.decoded_disk();
         let decoded = data.catalog().blobs.get(bi).map_or(0, |b| b.decoded_len);
-        files.give_up_writing(|c, len| {
-            let never =
-                matches!(c, Content::Part { .. }) || len.saturating_add(decoded) > disk.limit();
-            never
-                && any_part_of(&tree, &data, c, |t, p| {
-                    part_of(&data, t, p).is_some_and(|p| p.blob == bi)
-                })
-        })
+        files.give_up_writing(
+            |c, len| {
+                let never =
+                    matches!(c, Content::Part { .. }) || len.saturating_add(decoded) > disk.limit();
+                never
+                    && any_part_of(&tree, &data, c, |t, p| {
+                        part_of(&data, t, p).is_some_and(|p| p.blob == bi)
+                    })
+            },
+            usize::MAX,
+        )
     }));
     let named = Arc::downgrade(tree);
     backings.name_files_with(Box::new(move |ino| {

@@ -765,7 +765,7 @@ fn a_file_being_filled_is_given_up_for_a_spill_and_never_published() {
     assert_eq!(fs.backings.gauges(), (n, 1));
     let used = fs.data().decoded_disk().used();
     // A spill a read needs takes its room at once.
-    assert!(fs.backings.give_up_writing(|_, _| true));
+    assert!(fs.backings.give_up_writing(|_, _| true, usize::MAX));
     assert_eq!(fs.backings.gauges(), (0, 0));
     assert_eq!(fs.data().decoded_disk().used(), used - n);
     drop(busy);
@@ -800,5 +800,131 @@ fn an_open_right_after_a_close_that_wrote_nearly_all_waits_for_the_backing_file(
     // The next open waits for the last eighth, filled at once, and is
     // passed through to the complete file.
     assert_eq!(backed_bytes(&fs, z), data);
+    drop(busy);
+}
+
+/// Disk held by the unlinked files under `dir` that this process has
+/// open, each file once.
+fn held(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let dir = dir.to_string_lossy().into_owned();
+    let mut seen = std::collections::HashSet::new();
+    let mut bytes = 0;
+    for fd in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(target) = std::fs::read_link(fd.path()) else {
+            continue;
+        };
+        let target = target.to_string_lossy();
+        if !target.starts_with(&dir) || !target.ends_with(" (deleted)") {
+            continue;
+        }
+        if let Ok(m) = std::fs::metadata(fd.path())
+            && seen.insert(m.ino())
+        {
+            bytes += m.blocks() * 512;
+        }
+    }
+    bytes
+}
+
+/// The `.safetensors` view of `fs` opened, its first `len` bytes read
+/// and written through, and closed: its inode.
+fn view_read_and_closed(fs: &TensorFs, len: u64) -> Ino {
+    let views = fs.lookup(ROOT, OsStr::new(".safetensors")).unwrap().ino;
+    let view = fs
+        .lookup(views, OsStr::new("model.safetensors"))
+        .unwrap()
+        .ino;
+    let (fh, _) = fs.open(view, false).unwrap();
+    let mut at = 0;
+    while at < len {
+        let bytes = fs
+            .read(view, fh, at, (len - at).min(1 << 20) as u32)
+            .unwrap();
+        let n = bytes.len() as u64;
+        fs.served(at, bytes);
+        at += n;
+    }
+    fs.write_behind.flush();
+    fs.release(fh);
+    view
+}
+
+#[test]
+fn a_fill_given_up_while_queued_frees_its_disk_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..4_000_000u32).map(|i| (i / 5 % 199) as u8).collect();
+    let fs = framed_fs(dir.path(), &data);
+    // Tensor z's fill taken by its thread, waiting for a quiet mount; the
+    // view's, 3 MiB of it written, queued behind it.
+    let (z, busy) = read_then_closed_busy(&fs, 2);
+    let before = held(dir.path());
+    view_read_and_closed(&fs, 3 << 20);
+    assert!(held(dir.path()) >= before + (3 << 20));
+    assert!(
+        fs.backings
+            .give_up_writing(|c, _| matches!(c, Content::ViewData { .. }), usize::MAX)
+    );
+    // Its blocks are freed now, not when the fill ahead of it is done.
+    assert!(
+        held(dir.path()) <= before + (64 << 10),
+        "{}",
+        held(dir.path())
+    );
+    drop(busy);
+    filled(&fs);
+    assert_eq!(backed_bytes(&fs, z), data);
+}
+
+#[test]
+fn copies_for_speed_are_given_up_one_at_a_time_the_largest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..4_000_000u32).map(|i| (i / 7 % 193) as u8).collect();
+    let fs = framed_fs(dir.path(), &data);
+    let (z, busy) = read_then_closed_busy(&fs, 2);
+    view_read_and_closed(&fs, 3 << 20);
+    assert_eq!(fs.backings.gauges().1, 2);
+    // The view's file, the larger, goes; the tensor's is still filled.
+    assert!(fs.backings.give_up_writing(|_, _| true, 1));
+    assert_eq!(fs.backings.gauges(), (data.len() as u64, 1));
+    drop(busy);
+    filled(&fs);
+    assert_eq!(backed_bytes(&fs, z), data);
+}
+
+#[test]
+fn an_open_waits_neither_for_a_fill_queued_behind_another_nor_beside_a_served_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..8u32 << 20).map(|i| (i / 11 % 227) as u8).collect();
+    let fs = framed_fs(dir.path(), &data);
+    // Tensor z's fill waits for a quiet mount; the view's, all but its
+    // last 512 KiB written, is queued behind it.
+    let (_z, busy) = read_then_closed_busy(&fs, 5);
+    let views = fs.lookup(ROOT, OsStr::new(".safetensors")).unwrap().ino;
+    let size = fs
+        .lookup(views, OsStr::new("model.safetensors"))
+        .unwrap()
+        .size;
+    let view = view_read_and_closed(&fs, size - (512 << 10));
+    // Served at once, not after the second a fill being made would get.
+    let t = std::time::Instant::now();
+    let (a, how) = fs.open(view, false).unwrap();
+    assert!(matches!(how, Open::Served(_)));
+    assert!(
+        t.elapsed() < std::time::Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    // Beside that served open, a second one is served whatever it finds.
+    let t = std::time::Instant::now();
+    let (b, how) = fs.open(view, false).unwrap();
+    assert!(matches!(how, Open::Served(_)));
+    assert!(
+        t.elapsed() < std::time::Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    fs.release(a);
+    fs.release(b);
     drop(busy);
 }
