@@ -148,6 +148,45 @@ fn the_safetensors_view_of_a_safetensors_file_is_that_file_read_by_the_kernel() 
 }
 
 #[test]
+fn a_safetensors_view_holding_a_tensor_that_fails_its_check_is_served_but_for_that_tensor() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    // A bool tensor with a byte that is neither 0 nor 1, beside a good one.
+    let src = m.scratch_path("model.safetensors");
+    let w: Vec<u8> = values(4, 2048)
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let mut text = serde_json::to_vec(&serde_json::json!({
+        "w": {"dtype": "F32", "shape": [2048], "data_offsets": [0, 8192]},
+        "flags": {"dtype": "BOOL", "shape": [4], "data_offsets": [8192, 8196]},
+    }))
+    .unwrap();
+    text.resize((text.len() + 8).next_multiple_of(8) - 8, b' ');
+    let mut bytes = (text.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&text);
+    bytes.extend_from_slice(&w);
+    bytes.extend_from_slice(&[0, 1, 2, 1]);
+    std::fs::write(&src, &bytes).unwrap();
+    m.mount(&src, &[]);
+    // The kernel would serve every byte of the file: the daemon serves
+    // the view, as without passthrough, and fails only that tensor's range.
+    let view = std::fs::File::open(m.path(".safetensors/model.safetensors")).unwrap();
+    let data = 8 + text.len() as u64;
+    let mut got = vec![0u8; w.len()];
+    view.read_exact_at(&mut got, data).unwrap();
+    assert!(got == w, "the good tensor's bytes");
+    let err = view.read_exact_at(&mut [0u8; 4], data + 8192).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert_eq!(m.stat_u64("passthrough_opens"), 0);
+    assert!(m.log_text().contains("flags"), "{}", m.log_text());
+    drop(view);
+    m.unmount_ok();
+}
+
+#[test]
 fn without_passthrough_the_daemon_serves_the_same_bytes_and_says_why() {
     let _s = support::serial();
     let Some(mut m) = Mount::scratch() else {

@@ -324,7 +324,11 @@ impl TensorFs {
     /// The source file as the backing of a view `l` that is that file,
     /// after the checks a read of every tensor in it would make; `None`
     /// while it is a remote object whose cache file lacks some of it (the
-    /// daemon serves the view, fetching, until every block is there).
+    /// daemon serves the view, fetching, until every block is there), and
+    /// when a tensor in it fails its checks: the daemon serves the view
+    /// then, as without passthrough, failing only the reads of that
+    /// tensor's range (the kernel, reading the file itself, would serve
+    /// every byte). `ESTALE` once the source changed, as every open gets.
     pub(super) fn source_backing(
         &self,
         c: &Content,
@@ -334,7 +338,11 @@ impl TensorFs {
             return Ok(None);
         };
         for e in l.entries.iter() {
-            self.check_raw(e.tensor, 0)?;
+            match self.check_raw(e.tensor, 0) {
+                Ok(()) => {}
+                Err(libc::ESTALE) => return Err(libc::ESTALE),
+                Err(_) => return Ok(None),
+            }
         }
         let file = f.file().try_clone().map_err(|e| {
             log::error!("{}: cannot hand the file to the kernel: {e}", f.label());
