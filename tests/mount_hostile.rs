@@ -336,6 +336,63 @@ fn index_memory_bounds_a_large_safetensors_header() {
     m.unmount_ok();
 }
 
+/// With long names, what the measure counts for an index still bounds the
+/// daemon, `.ztensor/index.json` read whole included: 20 000 tensors of
+/// 1000-byte names (each name is held many times over: the catalog, the
+/// tree, the views, the sidecars, the index's text).
+#[test]
+fn index_memory_bounds_an_index_of_long_names_read_whole() {
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let path = m.scratch_path("long.safetensors");
+    let n = 20_000;
+    let mut header = String::from("{");
+    for k in 0..n {
+        if k > 0 {
+            header.push(',');
+        }
+        let name = format!("{k:05}.{}", "y".repeat(994));
+        header.push_str(&format!(
+            r#""{name}":{{"dtype":"U8","shape":[1],"data_offsets":[{k},{}]}}"#,
+            k + 1
+        ));
+    }
+    header.push('}');
+    let mut b = (header.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(header.as_bytes());
+    b.extend((0..n).map(|k| k as u8));
+    std::fs::write(&path, &b).unwrap();
+    let opened = ztensor_mount::formats::open(&path, Default::default()).unwrap();
+    let cost = ztensor_mount::catalog::cost::catalog_cost(&opened.catalog);
+    drop(opened);
+    let limit = (cost + cost / 4).to_string();
+    m.mount(&path, &["--cache-size", "1M", "--index-memory", &limit]);
+    let pid = m.pid.expect("daemon pid");
+    let listed = std::io::copy(
+        &mut std::fs::File::open(m.path(".ztensor/index.json")).unwrap(),
+        &mut std::io::sink(),
+    )
+    .unwrap();
+    assert!(listed >= 1000 * n as u64, "index.json of {listed} bytes");
+    // Past 255 bytes a name's file is named by an escape the index gives.
+    let index = m.json(".ztensor/index.json");
+    let seventh = &index["tensors"][7];
+    assert_eq!(seventh["name"], format!("{:05}.{}", 7, "y".repeat(994)));
+    assert_eq!(m.read(seventh["path"].as_str().unwrap()), [7]);
+    let hwm = support::status_kib(pid, "VmHWM:").unwrap() * 1024;
+    eprintln!(
+        "{n} tensors of 1000-byte names: daemon peak {} MiB, the index counted as {} MiB",
+        hwm >> 20,
+        cost >> 20
+    );
+    assert!(
+        hwm <= cost + (1 << 20) + (64 << 20),
+        "daemon peak {hwm} bytes for an index counted as {cost}"
+    );
+    m.unmount_ok();
+}
+
 /// `--index-memory` bounds a GGUF header of many small values: a token
 /// list of a million empty strings (8 MB in the file) was counted at 48
 /// bytes a value where it takes about 110 at mount (the crate's value and
