@@ -160,6 +160,19 @@ impl Layout {
                 omitted.push((t.name.clone(), format!("safetensors has no {}", part.dtype)));
                 continue;
             };
+            // safetensors reads F4 in whole bytes, two elements each, and
+            // refuses a file with a tensor of an odd count (every tensor
+            // of the view would be lost to it).
+            let count = t.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
+            if part.dtype == DType::Float4E2M1FnX2 && count.is_none_or(|n| n % 2 == 1) {
+                omitted.push((
+                    t.name.clone(),
+                    "F4 of an odd number of elements: safetensors reads F4 two elements to a \
+                     byte"
+                        .into(),
+                ));
+                continue;
+            }
             if t.name == "__metadata__" {
                 omitted.push((
                     t.name.clone(),
@@ -380,6 +393,46 @@ mod tests {
             }]),
             meta: Default::default(),
         }
+    }
+
+    /// A packed f4 tensor of `shape` elements, two to a byte.
+    fn f4(name: &str, shape: &[u64]) -> Tensor {
+        let count: u64 = shape.iter().product();
+        let mut t = dense(name, shape);
+        t.dtype = "float4_e2m1fn_x2".into();
+        if let Ok(ps) = t.parts.as_mut() {
+            ps[0].dtype = DType::Float4E2M1FnX2;
+            ps[0].shape = vec![count.div_ceil(2)];
+            ps[0].nbytes = count.div_ceil(2);
+        }
+        t
+    }
+
+    #[test]
+    fn an_f4_tensor_of_an_odd_count_is_left_out_and_the_rest_kept() {
+        let c = Catalog {
+            format: "test".into(),
+            label: "t.zt".into(),
+            tensors: vec![f4("q", &[7]), f4("even", &[2, 3]), dense("w", &[2])],
+            ..Default::default()
+        };
+        let l = Layout::build(&c).unwrap();
+        let n = u64::from_le_bytes(l.header[..8].try_into().unwrap()) as usize;
+        let text = std::str::from_utf8(&l.header[8..8 + n]).unwrap().trim_end();
+        let json: serde_json::Map<String, Json> = serde_json::from_str(text).unwrap();
+        let keys: Vec<_> = json.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["even", "w", "__metadata__"]);
+        assert_eq!(
+            json["even"],
+            serde_json::json!({"dtype": "F4", "shape": [2, 3], "data_offsets": [0, 3]})
+        );
+        let omitted = json["__metadata__"]["ztensor_mount.omitted"]
+            .as_str()
+            .unwrap();
+        assert!(
+            omitted.contains("F4 of an odd number of elements"),
+            "{omitted}"
+        );
     }
 
     #[test]
