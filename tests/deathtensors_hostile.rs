@@ -514,7 +514,7 @@ fn hostile_shard_lists_are_refused() {
     let cases = [
         (
             text.replace("m-00002-of-0002", "../m-00002-of-0002"),
-            "not a file name beside the index",
+            "not a plain file name beside the index (no `/`, `\\` or control character)",
         ),
         (
             text.replace("m-00002-of-0002", "m-00001-of-0002"),

@@ -706,14 +706,18 @@ fn shard_index_cannot_escape_its_directory() {
     let ix = dir.path().join("m.safetensors.index.json");
     std::fs::write(&ix, r#"{"weight_map":{"a":"../etc/passwd"}}"#).unwrap();
     let e = formats::open(&ix, Limits::default()).err().unwrap();
-    assert!(e.to_string().contains("not a file beside the index"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("not a plain file name beside the index (no `/`, `\\` or control character)"),
+        "{e}"
+    );
     // A control character: a URL parser drops a newline, so over HTTP
     // `m\n.safetensors` would be another file; named escaped.
     std::fs::write(&ix, r#"{"weight_map":{"a":"m\n\u001b.safetensors"}}"#).unwrap();
     let e = formats::open(&ix, Limits::default()).err().unwrap();
     assert!(
         e.to_string().ends_with(
-            r#"weight_map["a"] names "m\n\u{1b}.safetensors", not a file beside the index"#
+            r#"weight_map["a"] names "m\n\u{1b}.safetensors", not a plain file name beside the index (no `/`, `\` or control character)"#
         ),
         "{e}"
     );

@@ -672,8 +672,9 @@ fn shard_list(src: &MappedFile, p: &Parsed) -> Result<Vec<RawShard>> {
     for s in &shards {
         if !super::shard_set::name_ok(&s.path) {
             return Err(err(format!(
-                "shard path {:?} is not a file name beside the index",
-                s.path
+                "shard path {:?} is not {}",
+                s.path,
+                super::shard_set::PLAIN_NAME
             )));
         }
         if !seen.insert(s.path.as_str()) {

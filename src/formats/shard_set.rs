@@ -37,6 +37,10 @@ use crate::catalog::{Catalog, JsonMap, SourceRef, Tensor};
 use crate::error::{Error, ErrorKind, Result};
 use crate::source::MappedFile;
 
+/// What [`name_ok`] asks of a shard's name, as an error says it.
+pub const PLAIN_NAME: &str =
+    "a plain file name beside the index (no `/`, `\\` or control character)";
+
 /// A shard file name an index gives, for every format's index alike: a
 /// plain name in the index's directory (no control character: a URL
 /// parser drops tabs and newlines, so `a\n.safetensors` would fetch

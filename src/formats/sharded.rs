@@ -126,7 +126,8 @@ pub fn open_hf_index(index: MappedFile, limits: Limits) -> Result<Opened> {
         let file = file.strip_prefix("./").unwrap_or(file);
         if !shard_set::name_ok(file) {
             return Err(bad(format!(
-                "weight_map[{tensor:?}] names {given:?}, not a file beside the index"
+                "weight_map[{tensor:?}] names {given:?}, not {}",
+                shard_set::PLAIN_NAME
             )));
         }
         match shard_at.get(file) {
