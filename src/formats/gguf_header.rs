@@ -40,18 +40,35 @@ pub fn decoded_cost(b: &[u8]) -> Result<u64, String> {
                 "the name of tensor {i} (at byte {at}) is not UTF-8"
             ));
         };
-        let name = cost::name_cost(name);
+        let name_cost = cost::name_cost(name);
         let Ok(dims) = r.u32() else { break };
-        total = total
-            .saturating_add(name)
-            .saturating_add(u64::from(dims).saturating_mul(8))
-            .saturating_add(cost::TENSOR_COST);
         if r.skip(u64::from(dims) * 8 + 4 + 8).is_err() {
+            // The bytes `take` gave, taken again (it holds the reader).
+            let bytes = b
+                .get(at..)
+                .and_then(|x| x.get(..n as usize))
+                .unwrap_or_default();
+            let name = String::from_utf8_lossy(bytes);
+            // A count past what ggml allows (4) that the file cannot hold
+            // is that tensor's fault, not a matter of --index-memory.
+            if dims > GGML_MAX_DIMS {
+                return Err(format!(
+                    "tensor {name:?} (tensor {i}, at byte {at}) declares {dims} dimensions \
+                     (GGUF allows {GGML_MAX_DIMS}), more than the rest of the file holds"
+                ));
+            }
             break;
         }
+        total = total
+            .saturating_add(name_cost)
+            .saturating_add(u64::from(dims).saturating_mul(8))
+            .saturating_add(cost::TENSOR_COST);
     }
     Ok(total)
 }
+
+/// The most dimensions ggml gives a tensor.
+const GGML_MAX_DIMS: u32 = 4;
 
 /// The data section's alignment when the header sets none.
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -369,6 +386,37 @@ mod tests {
         let mut lie = b.clone();
         lie[24..32].copy_from_slice(&(1u64 << 40).to_le_bytes());
         assert!(matches!(extent(&lie[..64], whole), Extent::Broken(_)));
+    }
+
+    #[test]
+    fn a_tensor_of_more_dimensions_than_the_file_holds_is_named() {
+        // One tensor info, "t", claiming 2^31 dimensions in a 100-byte file.
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend(1u64.to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+        b.extend(1u64.to_le_bytes());
+        b.push(b't');
+        b.extend((1u32 << 31).to_le_bytes());
+        b.extend([0u8; 64]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dims.gguf");
+        std::fs::write(&path, &b).unwrap();
+        let Err(e) = crate::formats::open(&path, Default::default()) else {
+            panic!("mounted a tensor of 2^31 dimensions");
+        };
+        let msg = e.to_string();
+        assert!(
+            msg.ends_with(
+                "tensor \"t\" (tensor 0, at byte 32) declares 2147483648 dimensions (GGUF \
+                 allows 4), more than the rest of the file holds"
+            ),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("dims.gguf") && !msg.contains("--index-memory"),
+            "{msg}"
+        );
     }
 
     #[test]
