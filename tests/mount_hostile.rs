@@ -250,6 +250,12 @@ fn run_measured(cmd: &mut std::process::Command) -> (i32, String, u64) {
 }
 
 fn many_tensor_safetensors(path: &Path, n: usize) -> u64 {
+    safetensors_of_bytes(path, n, |k| format!("layer.{k}.weight"))
+}
+
+/// A safetensors file of `n` one-byte U8 tensors, tensor k named
+/// `name(k)` and holding k % 256: the length of its header.
+fn safetensors_of_bytes(path: &Path, n: usize, name: impl Fn(usize) -> String) -> u64 {
     let mut header = String::with_capacity(n * 72);
     header.push('{');
     for k in 0..n {
@@ -257,7 +263,8 @@ fn many_tensor_safetensors(path: &Path, n: usize) -> u64 {
             header.push(',');
         }
         header.push_str(&format!(
-            r#""layer.{k}.weight":{{"dtype":"U8","shape":[1],"data_offsets":[{k},{}]}}"#,
+            r#""{}":{{"dtype":"U8","shape":[1],"data_offsets":[{k},{}]}}"#,
+            name(k),
             k + 1
         ));
     }
@@ -347,22 +354,7 @@ fn index_memory_bounds_an_index_of_long_names_read_whole() {
     };
     let path = m.scratch_path("long.safetensors");
     let n = 20_000;
-    let mut header = String::from("{");
-    for k in 0..n {
-        if k > 0 {
-            header.push(',');
-        }
-        let name = format!("{k:05}.{}", "y".repeat(994));
-        header.push_str(&format!(
-            r#""{name}":{{"dtype":"U8","shape":[1],"data_offsets":[{k},{}]}}"#,
-            k + 1
-        ));
-    }
-    header.push('}');
-    let mut b = (header.len() as u64).to_le_bytes().to_vec();
-    b.extend_from_slice(header.as_bytes());
-    b.extend((0..n).map(|k| k as u8));
-    std::fs::write(&path, &b).unwrap();
+    safetensors_of_bytes(&path, n, |k| format!("{k:05}.{}", "y".repeat(994)));
     let opened = ztensor_mount::formats::open(&path, Default::default()).unwrap();
     let cost = ztensor_mount::catalog::cost::catalog_cost(&opened.catalog);
     drop(opened);
