@@ -132,14 +132,20 @@ fn read_all(fs: &TensorFs, ino: Ino, fh: u64, len: usize) {
     fs.write_behind.flush();
 }
 
+/// The `.safetensors` view's file: its inode and size.
+fn safetensors_view(fs: &TensorFs) -> (Ino, u64) {
+    let views = fs.lookup(ROOT, OsStr::new(".safetensors")).unwrap().ino;
+    let view = fs.lookup(views, OsStr::new("model.safetensors")).unwrap();
+    (view.ino, view.size)
+}
+
 /// The `.safetensors` view's file, opened and read whole: its inode and
 /// the open.
 fn read_safetensors_view(fs: &TensorFs) -> (Ino, u64) {
-    let views = fs.lookup(ROOT, OsStr::new(".safetensors")).unwrap().ino;
-    let view = fs.lookup(views, OsStr::new("model.safetensors")).unwrap();
-    let (fh, _) = fs.open(view.ino, false).unwrap();
-    read_all(fs, view.ino, fh, view.size as usize);
-    (view.ino, fh)
+    let (view, size) = safetensors_view(fs);
+    let (fh, _) = fs.open(view, false).unwrap();
+    read_all(fs, view, fh, size as usize);
+    (view, fh)
 }
 
 /// The bytes of the backing file a new open of `ino` is passed through to.
@@ -830,11 +836,7 @@ fn held(dir: &std::path::Path) -> u64 {
 /// The `.safetensors` view of `fs` opened, its first `len` bytes read
 /// and written through, and closed: its inode.
 fn view_read_and_closed(fs: &TensorFs, len: u64) -> Ino {
-    let views = fs.lookup(ROOT, OsStr::new(".safetensors")).unwrap().ino;
-    let view = fs
-        .lookup(views, OsStr::new("model.safetensors"))
-        .unwrap()
-        .ino;
+    let (view, _) = safetensors_view(fs);
     let (fh, _) = fs.open(view, false).unwrap();
     let mut at = 0;
     while at < len {
@@ -900,11 +902,7 @@ fn an_open_waits_neither_for_a_fill_queued_behind_another_nor_beside_a_served_op
     // Tensor z's fill waits for a quiet mount; the view's, all but its
     // last 512 KiB written, is queued behind it.
     let (_z, busy) = read_then_closed_busy(&fs, 5);
-    let views = fs.lookup(ROOT, OsStr::new(".safetensors")).unwrap().ino;
-    let size = fs
-        .lookup(views, OsStr::new("model.safetensors"))
-        .unwrap()
-        .size;
+    let (_, size) = safetensors_view(&fs);
     let view = view_read_and_closed(&fs, size - (512 << 10));
     // Served at once, not after the second a fill being made would get.
     let t = std::time::Instant::now();
