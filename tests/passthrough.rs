@@ -22,14 +22,28 @@ use ztensor_mount::formats::zt_v01::writer::{Compression, Options, Writer};
 /// A safetensors file of `tensors` (name, F32 values), as the format lays
 /// it out: header length, JSON header padded with spaces to 8 bytes, data.
 fn write_safetensors(path: &Path, tensors: &[(&str, Vec<f32>)]) -> Vec<u8> {
+    let typed: Vec<(&str, &str, Vec<u8>, usize)> = tensors
+        .iter()
+        .map(|(name, v)| {
+            let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            (*name, "F32", bytes, v.len())
+        })
+        .collect();
+    write_typed_safetensors(path, &typed)
+}
+
+/// A safetensors file of `tensors` (name, dtype, little-endian bytes,
+/// element count; one dimension each), laid out as [`write_safetensors`]
+/// does: the file's bytes.
+fn write_typed_safetensors(path: &Path, tensors: &[(&str, &str, Vec<u8>, usize)]) -> Vec<u8> {
     let mut header = serde_json::Map::new();
     let mut data = Vec::new();
-    for (name, v) in tensors {
+    for (name, dtype, bytes, n) in tensors {
         let start = data.len();
-        data.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        data.extend_from_slice(bytes);
         header.insert(
             name.to_string(),
-            serde_json::json!({"dtype": "F32", "shape": [v.len()], "data_offsets": [start, data.len()]}),
+            serde_json::json!({"dtype": dtype, "shape": [n], "data_offsets": [start, data.len()]}),
         );
     }
     header.insert(
@@ -159,22 +173,19 @@ fn a_safetensors_view_holding_a_tensor_that_fails_its_check_is_served_but_for_th
         .iter()
         .flat_map(|x| x.to_le_bytes())
         .collect();
-    let mut text = serde_json::to_vec(&serde_json::json!({
-        "w": {"dtype": "F32", "shape": [2048], "data_offsets": [0, 8192]},
-        "flags": {"dtype": "BOOL", "shape": [4], "data_offsets": [8192, 8196]},
-    }))
-    .unwrap();
-    text.resize((text.len() + 8).next_multiple_of(8) - 8, b' ');
-    let mut bytes = (text.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(&text);
-    bytes.extend_from_slice(&w);
-    bytes.extend_from_slice(&[0, 1, 2, 1]);
-    std::fs::write(&src, &bytes).unwrap();
+    let bytes = write_typed_safetensors(
+        &src,
+        &[
+            ("w", "F32", w.clone(), 2048),
+            ("flags", "BOOL", vec![0, 1, 2, 1], 4),
+        ],
+    );
     m.mount(&src, &[]);
     // The kernel would serve every byte of the file: the daemon serves
     // the view, as without passthrough, and fails only that tensor's range.
     let view = std::fs::File::open(m.path(".safetensors/model.safetensors")).unwrap();
-    let data = 8 + text.len() as u64;
+    // The data section: the two tensors' 8196 bytes at the file's end.
+    let data = bytes.len() as u64 - 8196;
     let mut got = vec![0u8; w.len()];
     view.read_exact_at(&mut got, data).unwrap();
     assert!(got == w, "the good tensor's bytes");
