@@ -1017,16 +1017,22 @@ impl Backings {
         }
     }
 
+    /// The backing file being written for files of content `key`, when
+    /// there is one (served opens' reads write it, or its fill does).
+    pub fn being_written(&self, key: &Content) -> Option<Arc<Partial>> {
+        match lock(&self.inner).slots.get(key) {
+            Some(Slot::Writing(p) | Slot::Filling(Some(p))) => Some(p.clone()),
+            _ => None,
+        }
+    }
+
     /// At a served open of a file of content `key` (`len` bytes) whose
     /// bytes take work: a backing file its reads write through to (see
     /// [`Partial`]), made now unless one is there already, being filled,
     /// or has no room.
     pub fn begin(&self, key: &Content, len: u64) -> Option<Arc<Partial>> {
-        if let Some(slot) = lock(&self.inner).slots.get(key) {
-            return match slot {
-                Slot::Writing(p) | Slot::Filling(Some(p)) => Some(p.clone()),
-                _ => None,
-            };
+        if lock(&self.inner).slots.contains_key(key) {
+            return self.being_written(key);
         }
         let file = self.reserve(key, len)?;
         let p = Arc::new(Partial {

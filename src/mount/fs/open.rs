@@ -12,6 +12,10 @@ pub(super) struct OpenFile {
     /// The backing file its reads write through to, when the daemon
     /// serves it and its bytes take work.
     pub(super) partial: Option<Arc<Partial>>,
+    /// Served, its bytes take work, and no read from its start has been
+    /// made yet: its reads join a backing file other opens write, and
+    /// the first read from offset 0 makes one (see `TensorFs::read`).
+    pub(super) through_later: bool,
     /// The spill its reads come from, held while it is read (see
     /// `TensorFs::hold_spill`): (tensor, part, the hold).
     pub(super) reading: Option<Reading>,
@@ -80,6 +84,7 @@ impl TensorFs {
                     ino,
                     backing: None,
                     partial: None,
+                    through_later: false,
                     reading: None,
                     read: 0,
                     last_read: std::time::Instant::now(),
@@ -95,7 +100,11 @@ impl TensorFs {
                 if mode == CacheMode::KeepCache {
                     self.sources_unchanged(c)?;
                 }
-                open.partial = self.write_through(ino, c);
+                // A backing file for its reads is made at its first read
+                // from the start, not now: an open that reads here and
+                // there (a random reader's peek) would only make the file
+                // and drop it at its close, a new inode each time.
+                open.through_later = self.passthrough() && self.worth_filling(c);
                 let mut opens = crate::mount::lock(&self.opens);
                 *opens.served.entry(ino).or_default() += 1;
                 self.backings.served_inodes(opens.served.len());

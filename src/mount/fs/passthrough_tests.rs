@@ -616,16 +616,21 @@ fn a_partly_read_file_is_filled_in_its_gaps_and_a_peek_keeps_nothing() {
     let fs = zstd_fs(dir.path(), &data, 1 << 30);
     fs.set_passthrough(true);
     let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
-    // A peek: what it wrote is dropped at close.
+    // A peek away from the start makes no backing file; one from the
+    // start makes one, and what it wrote is dropped at close.
     let (fh, _) = fs.open(z, false).unwrap();
     let bytes = fs.read(z, fh, 4096, 4096).unwrap();
     fs.served(4096, bytes);
+    assert_eq!(fs.backings.gauges(), (0, 0));
+    let bytes = fs.read(z, fh, 0, 4096).unwrap();
+    fs.served(0, bytes);
     assert_eq!(fs.backings.gauges(), (data.len() as u64, 1));
     fs.release(fh);
     assert_eq!(fs.backings.gauges(), (0, 0));
     // Two thirds read, out of order and in odd sizes: the rest is filled.
     let (fh, _) = fs.open(z, false).unwrap();
     for (at, n) in [
+        (0, 12_345),
         (1_000_000u64, 777_777u32),
         (12_345, 987_655),
         (1_777_777, 222_223),
@@ -636,6 +641,36 @@ fn a_partly_read_file_is_filled_in_its_gaps_and_a_peek_keeps_nothing() {
     fs.release(fh);
     filled(&fs);
     assert_eq!(backed_bytes(&fs, z), data);
+}
+
+/// Reads away from the start of a file whose backing file another open's
+/// reads write join it: what they decode is written there too.
+#[test]
+fn a_read_away_from_the_start_joins_the_backing_file_another_open_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..4_000_000u32).map(|i| (i / 11 % 229) as u8).collect();
+    let fs = framed_fs(dir.path(), &data);
+    let (z, a) = open_z(&fs);
+    let (_, b) = open_z(&fs);
+    // `b` peeks first: nothing is made for it alone.
+    let bytes = fs.read(z, b, 3 << 20, 4096).unwrap();
+    fs.served(3 << 20, bytes);
+    assert_eq!(fs.backings.gauges(), (0, 0));
+    let bytes = fs.read(z, a, 0, 1 << 20).unwrap();
+    fs.served(0, bytes);
+    assert_eq!(fs.backings.gauges(), (data.len() as u64, 1));
+    let bytes = fs.read(z, b, 2 << 20, 1 << 20).unwrap();
+    fs.served(2 << 20, bytes);
+    fs.write_behind.flush();
+    // What `b` read is in the file.
+    let key = Content::Part { tensor: 0, part: 0 };
+    let file = fs.backings.being_written(&key).unwrap();
+    let written = file
+        .read(2 << 20, 1 << 20)
+        .expect("b's read written through");
+    assert!(written[..] == data[2 << 20..3 << 20]);
+    fs.release(a);
+    fs.release(b);
 }
 
 #[test]

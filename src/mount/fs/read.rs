@@ -72,6 +72,21 @@ impl WriteThrough {
     }
 }
 
+/// What an open has as it begins a read (see `TensorFs::before_read`).
+#[derive(Default)]
+pub(super) struct BeforeRead {
+    /// The backing file its reads write through to, and its inode.
+    pub(super) partial: Option<(Ino, Arc<Partial>)>,
+    /// The hold it had on the spill of another part (a view's file of
+    /// several tensors read in order), taken from it so that the hold
+    /// cannot keep this part's spill from being made; to be dropped
+    /// outside the lock.
+    pub(super) other: Option<Reading>,
+    /// Whether it is to look for a backing file for its reads
+    /// (`OpenFile::through_later`).
+    pub(super) later: bool,
+}
+
 impl TensorFs {
     /// Bytes `[off, off+size)` of a view's file `f`: its header, then the
     /// tensors of its entries (each its part 0). A read within one tensor
@@ -149,9 +164,13 @@ impl TensorFs {
                 .map(|(t, p, ..)| (t, p, self.size_of(ino, c))),
             _ => None,
         };
-        let (partial, other) = self.partial_for_read(fh, part.map(|(t, p, _)| (t, p)));
-        drop(other);
-        let partial = partial.filter(|(i, _)| *i == ino).map(|(_, p)| p);
+        let before = self.before_read(fh, part.map(|(t, p, _)| (t, p)));
+        drop(before.other);
+        let partial = match (before.partial, &node.kind) {
+            (Some((i, p)), _) => Some(p).filter(|_| i == ino),
+            (None, NodeKind::File(c)) if before.later => self.through_from(fh, ino, c, off),
+            (None, _) => None,
+        };
         let written = match &partial {
             Some(p) => self.written(&node.kind, off, size, |at, n| p.read(at, n)),
             None => None,
@@ -205,25 +224,46 @@ impl TensorFs {
         None
     }
 
-    /// Before open `fh` reads part `part`: the backing file its reads
-    /// write through to, and its inode, and the hold it had on
-    /// the spill of another part (a view's file of several tensors read in
-    /// order), taken from it so that the hold cannot keep this part's spill
-    /// from being made; to be dropped outside the lock. One look at the
-    /// open for both.
-    pub(super) fn partial_for_read(
-        &self,
-        fh: u64,
-        part: Option<(usize, usize)>,
-    ) -> (Option<(Ino, Arc<Partial>)>, Option<Reading>) {
+    /// What open `fh` has before it reads part `part` (one look at the
+    /// open for all of it).
+    pub(super) fn before_read(&self, fh: u64, part: Option<(usize, usize)>) -> BeforeRead {
         let mut opens = crate::mount::lock(&self.opens);
         let Some(o) = opens.by_fh.get_mut(&fh) else {
-            return (None, None);
+            return BeforeRead::default();
         };
         let same = o.reading.as_ref().map(|(t, p, _)| (*t, *p)) == part;
-        let other = if same { None } else { o.reading.take() };
-        let partial = o.partial.clone().map(|p| (o.ino, p));
-        (partial, other)
+        BeforeRead {
+            partial: o.partial.clone().map(|p| (o.ino, p)),
+            other: if same { None } else { o.reading.take() },
+            later: o.through_later,
+        }
+    }
+
+    /// For served open `fh` of `ino` (content `c`), reading at `off` with
+    /// no backing file for its reads yet: the one other opens' reads or a
+    /// fill write, else, at its first read from the start, a new one (a
+    /// reader of the whole file begins there; one that peeks here and
+    /// there makes none).
+    pub(super) fn through_from(
+        &self,
+        fh: u64,
+        ino: Ino,
+        c: &Content,
+        off: u64,
+    ) -> Option<Arc<Partial>> {
+        let from_start = off == 0;
+        let found = if from_start {
+            self.write_through(ino, c)
+        } else {
+            self.backings.being_written(c)
+        };
+        let mut opens = crate::mount::lock(&self.opens);
+        let o = opens.by_fh.get_mut(&fh)?;
+        o.through_later &= !from_start && found.is_none();
+        if o.partial.is_none() {
+            o.partial = found;
+        }
+        o.partial.clone()
     }
 
     /// Whether a read of `size` bytes at `off` of file `ino` would wait
