@@ -2568,6 +2568,49 @@ class Bench:
                      None, None, f"<= {cap / MiB:.0f} MiB", hw <= cap, "MiB",
                      dict(bytes=hwm, rss_anon=anon))
         self.model_bufs = None
+        self.random_peeks(models["zt v0.1 zstd (pack --zstd)"])
+
+    def random_peeks(self, path):
+        """Many threads reading 64 KiB at random offsets of random tensors
+        of a zstd model, a small cache: the served path with passthrough
+        (which must not cost these peeks a backing file each) against the
+        same mount with --no-passthrough."""
+        threads, per, cache = 48, 20, "8M"
+        names = [t["path"] for t in self.more.info(path).values()]
+        rng = np.random.default_rng(29)
+        picks = [[(names[int(rng.integers(len(names)))], float(rng.random()))
+                  for _ in range(per)] for _ in range(threads)]
+
+        def peeks(mp):
+            def one(todo):
+                for name, at in todo:
+                    fd = os.open(mp / name, os.O_RDONLY)
+                    try:
+                        n = os.fstat(fd).st_size
+                        os.pread(fd, 64 << 10, int(at * max(1, n - (64 << 10))) // 4096 * 4096)
+                    finally:
+                        os.close(fd)
+            ts = [threading.Thread(target=one, args=(todo,)) for todo in picks]
+            t0 = time.perf_counter()
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            return time.perf_counter() - t0
+
+        log(f"random peeks: {threads} threads x {per} reads of 64 KiB, --cache-size {cache}")
+        on, off = [], []
+        for _ in range(self.runs):
+            self.hot(path)
+            for opts, into in (([], on), (["--no-passthrough"], off)):
+                with self.mounter.mount(path, ["--cache-size", cache, *opts], tag="peek") as m:
+                    into.append(peeks(m.mp))
+        n = threads * per
+        self.row(f"random 64 KiB peeks at the zstd model's tensors, {threads} threads x {per} "
+                 f"(open, pread, close), --cache-size {cache}, fresh mount, passthrough",
+                 n / median(on) / 1e3, n / median(off) / 1e3, median(off) / median(on), "-",
+                 None, "k reads/s", dict(mount_s=on, baseline_s=off,
+                                          baseline="the same mount with --no-passthrough"))
 
     def section_reflink(self):
         """Raw tensors backed by clones of their ranges (FICLONERANGE): the
