@@ -99,10 +99,24 @@ impl Kept {
     }
 
     /// The bytes, unless the cache let their unit go meanwhile.
-    pub fn get(self) -> Option<Bytes<'static>> {
-        match self {
-            Kept::Cached(b, at, n) => Some(Bytes::Shared(b.upgrade()?, at, n)),
-            Kept::Owned(v) => Some(Bytes::Owned(v)),
+    pub fn get(mut self) -> Option<Bytes<'static>> {
+        match &mut self {
+            Kept::Cached(b, at, n) => Some(Bytes::Shared(b.upgrade()?, *at, *n)),
+            Kept::Owned(v) => Some(Bytes::Owned(std::mem::take(v))),
+        }
+    }
+}
+
+impl Drop for Kept {
+    /// Owned bytes let go unwritten (the write-behind's queue full, as it
+    /// is while a load keeps every core busy, or their file gone) go back
+    /// to the reply buffers, to the thread that let them go: freed, each
+    /// next reply of a worker would be a new buffer, faulted in page by
+    /// page (most of the daemon's page faults in a zstd model's first
+    /// load).
+    fn drop(&mut self) {
+        if let Kept::Owned(v) = self {
+            scratch::give_back(std::mem::take(v));
         }
     }
 }

@@ -9,7 +9,12 @@
 //!
 //! A reply's buffer that outlives the reply (kept to be written into a
 //! backing file later, by another thread) comes back to a small pool
-//! shared by all threads, which a thread without a spare takes from.
+//! shared by all threads, which a thread without a spare takes from; one
+//! let go unwritten (the write-behind's queue full) comes back to the
+//! thread that let it go, the worker about to need one. Each buffer freed
+//! instead made a worker's next reply a new one: in a zstd model's first
+//! load on two busy cores, most of the daemon's page faults, and a load
+//! 1.35x as long (2.35 s against 1.75 s).
 //!
 //! Memory: at most one buffer of at most [`KEEP_MAX`] per thread that
 //! served such a read, and [`POOL_MAX`] in the pool, next to the request

@@ -329,3 +329,17 @@ fn a_dropped_spill_still_counts_as_the_tensors_spill() {
     assert!(!d.spilled(0, 0));
     assert_eq!(d.spill_len(0, 0), Some(data.len() as u64));
 }
+
+#[test]
+fn a_reply_buffer_kept_for_a_write_and_let_go_unwritten_is_reused() {
+    let mut v = super::scratch::take();
+    v.resize(1 << 20, 3);
+    let at = v.as_ptr();
+    let Ok(kept) = super::Bytes::Owned(v).keep() else {
+        panic!("owned bytes are kept as they are")
+    };
+    // The write-behind's queue was full: the write is dropped unmade.
+    drop(kept);
+    let again = super::scratch::take();
+    assert_eq!(again.as_ptr(), at);
+}
