@@ -102,7 +102,11 @@ impl Drop for Waits {
 fn answer_read(fs: &TensorFs, i: Ino, fh: u64, offset: u64, size: u32, reply: ReplyData) {
     match fs.read(i, fh, offset, size) {
         Ok(bytes) => {
-            reply.data(&bytes);
+            if bytes.mapped() {
+                super::staging::send(&bytes, |b| reply.data(b));
+            } else {
+                reply.data(&bytes);
+            }
             fs.served(offset, bytes);
         }
         Err(e) => reply.error(err(e)),

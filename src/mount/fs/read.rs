@@ -14,6 +14,14 @@ pub struct Served<'a> {
     _busy: Option<Busy<'a>>,
 }
 
+impl Served<'_> {
+    /// Whether the bytes are straight from a source's mapping, where they
+    /// lie in the page as they lie in the file.
+    pub fn mapped(&self) -> bool {
+        matches!(self.bytes, Bytes::Mapped(..))
+    }
+}
+
 impl std::ops::Deref for Served<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
