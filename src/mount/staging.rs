@@ -10,7 +10,8 @@
 //! is answered from the file's mapping at the start of a page, so every
 //! large reply of such a tensor met that case. One more copy, to a buffer
 //! half a page off, is cheaper than the aliased one: a whole-model load of
-//! page-aligned tensors took 10% less time (BENCHMARKS.md, "4K aliasing").
+//! page-aligned tensors took about 8% less time (BENCHMARKS.md, "4K
+//! aliasing").
 //! Replies from the daemon's own buffers are not staged: where those lie
 //! in the page does not follow the file, and a 1 MiB-frame tensor's first
 //! read, bound by the decode on every core, has no time for the copy.
