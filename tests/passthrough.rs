@@ -562,6 +562,58 @@ fn kill_9_leaves_nothing_in_the_cache_dir() {
     assert_killed_leaving_nothing(m, &cache);
 }
 
+/// A backing file a passed-through open holds at `kill -9` is kept by the
+/// kernel with the dead mount (its id stays registered there), not by any
+/// process: nothing is left to list, and its disk comes back when the dead
+/// mount is unmounted (docs/serving.md, "Filling").
+#[test]
+fn kill_9_with_a_passed_through_open_held_frees_its_disk_at_unmount() {
+    let _s = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let src = m.scratch_path("z.zt");
+    let tensors = write_zstd(&src, &["a"], 1 << 20);
+    let cache = m.scratch_path("cache");
+    let tmpfs = match support::Tmpfs::mount(&cache, "64m") {
+        Ok(t) => t,
+        Err(why) => {
+            support::require("a tmpfs for --cache-dir", Err(why));
+            return;
+        }
+    };
+    let empty = used_bytes(&cache);
+    m.mount(&src, &["--cache-dir", cache.to_str().unwrap()]);
+    assert_eq!(m.read("a"), tensors[0].1);
+    m.settled();
+    let before = m.stat_u64("passthrough_opens");
+    let held = std::fs::File::open(m.path("a")).unwrap();
+    assert_eq!(m.stat_u64("passthrough_opens"), before + 1);
+    assert!(used_bytes(&cache) >= empty + (4 << 20));
+    let pid = m.pid.expect("daemon pid");
+    support::signal(pid, libc::SIGKILL);
+    assert!(wait_until(Duration::from_secs(5), || !support::alive(pid)));
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 0);
+    drop(held);
+    m.cleanup();
+    assert!(
+        wait_until(Duration::from_secs(5), || used_bytes(&cache) <= empty),
+        "{} bytes still used in --cache-dir after the unmount, {empty} before the mount",
+        used_bytes(&cache)
+    );
+    drop(tmpfs);
+}
+
+/// Bytes in use on the filesystem holding `dir`.
+fn used_bytes(dir: &Path) -> u64 {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: all zeros is a valid statvfs, which the call fills in.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C path and a valid statvfs to write.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    (st.f_blocks - st.f_bfree) * st.f_frsize
+}
+
 /// Kills `m`'s daemon with SIGKILL: its files under `cache` (unlinked)
 /// go with it.
 fn assert_killed_leaving_nothing(mut m: Mount, cache: &Path) {
