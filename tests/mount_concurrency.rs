@@ -601,12 +601,8 @@ fn a_spill_that_does_not_fit_fails_until_there_is_room() {
     write(&zt, &[t.clone(), damaged]);
     garble_middle_block(&zt, 1);
     let dir = m.scratch_path("small");
-    let tmpfs = match Tmpfs::mount(&dir, "1m") {
-        Ok(t) => t,
-        Err(why) => {
-            support::require("a tmpfs for --cache-dir", Err(why));
-            return;
-        }
+    let Some(tmpfs) = Tmpfs::cache_dir(&dir, "1m") else {
+        return;
     };
     let dir_arg = dir.to_str().unwrap().to_string();
     // Direct I/O: the kernel sends no read-ahead of its own, which could
@@ -673,12 +669,8 @@ fn finished_spills_nobody_reads_make_room_for_new_ones() {
     let zt = m.scratch_path("test.zt");
     write(&zt, &ts);
     let dir = m.scratch_path("small");
-    let _tmpfs = match Tmpfs::mount(&dir, "10m") {
-        Ok(t) => t,
-        Err(why) => {
-            support::require("a tmpfs for --cache-dir", Err(why));
-            return;
-        }
+    let Some(_tmpfs) = Tmpfs::cache_dir(&dir, "10m") else {
+        return;
     };
     let dir_arg = dir.to_str().unwrap().to_string();
     // Spills alone: backing files filled beside them in this small

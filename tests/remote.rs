@@ -807,12 +807,8 @@ fn a_cache_dir_without_room_fails_the_read_with_enospc_until_it_has_room() {
     // Room for the blocks the mount reads (the first and the last, 1 MiB
     // each) and the block bitmaps, not for one block more.
     let dir = m.scratch_path("small");
-    let tmpfs = match support::Tmpfs::mount(&dir, "2112k") {
-        Ok(t) => t,
-        Err(why) => {
-            support::require("a tmpfs for --cache-dir", Err(why));
-            return;
-        }
+    let Some(tmpfs) = support::Tmpfs::cache_dir(&dir, "2112k") else {
+        return;
     };
     mount_remote(&mut m, &srv.url("/model.zt"), &dir, &[]);
     for (name, _) in &tensors {

@@ -673,6 +673,18 @@ impl Tmpfs {
         Ok(Tmpfs(dir.to_path_buf()))
     }
 
+    /// A tmpfs of `size` at `dir` for a `--cache-dir`, or `None` (test
+    /// skipped) when one cannot be mounted and CI is not set.
+    pub fn cache_dir(dir: &Path, size: &str) -> Option<Tmpfs> {
+        match Tmpfs::mount(dir, size) {
+            Ok(t) => Some(t),
+            Err(why) => {
+                require("a tmpfs for --cache-dir", Err(why));
+                None
+            }
+        }
+    }
+
     pub fn resize(&self, size: &str) {
         let r = run_with_timeout(
             Command::new("mount").args([
