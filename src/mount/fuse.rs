@@ -102,10 +102,15 @@ impl Drop for Waits {
 fn answer_read(fs: &TensorFs, i: Ino, fh: u64, offset: u64, size: u32, reply: ReplyData) {
     match fs.read(i, fh, offset, size) {
         Ok(bytes) => {
-            if bytes.mapped() {
-                super::staging::send(&bytes, |b| reply.data(b));
-            } else {
-                reply.data(&bytes);
+            let staged = match bytes.mapped() {
+                true => super::staging::stage(&bytes, |out| bytes.copy_checked(out)),
+                false => Ok(None),
+            };
+            match staged {
+                Ok(Some(s)) => reply.data(&s),
+                Ok(None) => reply.data(&bytes),
+                // The page the copy met was gone: nothing of it is sent.
+                Err(e) => return reply.error(err(e)),
             }
             fs.served(offset, bytes);
         }

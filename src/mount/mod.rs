@@ -16,7 +16,7 @@ pub mod fs;
 pub mod fuse;
 mod priority;
 pub mod sidecar;
-mod staging;
+pub(crate) mod staging;
 pub mod tree;
 mod waiting;
 mod warmer;

@@ -38,7 +38,9 @@ pub use spills::Hold;
 /// Bytes for one read reply.
 pub enum Bytes<'a> {
     /// Straight from a source's mapping; counted by its window once sent.
-    Mapped(&'a MapWindow<MappedFile>, &'a [u8]),
+    /// With the guard of its file, for a copy made here (see
+    /// [`Bytes::copy_checked`]).
+    Mapped(&'a MapWindow<MappedFile>, &'a [u8], &'a Guard),
     /// A slice of a cached unit.
     Shared(Arc<Buf>, usize, usize),
     Owned(Vec<u8>),
@@ -49,7 +51,7 @@ impl Drop for Bytes<'_> {
     /// counted now, not before, so nothing it mapped escapes the count.
     fn drop(&mut self) {
         match self {
-            Bytes::Mapped(w, s) => w.served_bytes(s),
+            Bytes::Mapped(w, s, _) => w.served_bytes(s),
             Bytes::Owned(v) => scratch::give_back(std::mem::take(v)),
             Bytes::Shared(..) => {}
         }
@@ -71,6 +73,21 @@ impl<'a> Bytes<'a> {
             Bytes::Owned(v) => Kept::Owned(std::mem::take(v)),
             Bytes::Mapped(..) => Kept::Owned(Vec::new()),
         })
+    }
+}
+
+impl Bytes<'_> {
+    /// Copies the bytes into `out` (of their length). A copy from a
+    /// source's mapping is checked after it: where a page of it is gone
+    /// (the file cut short, a disk error), the kernel's own copy into a
+    /// reply fails, while a copy made here meets the SIGBUS handler's
+    /// zero page, which only the guard's verdict tells from data.
+    pub fn copy_checked(&self, out: &mut [u8]) -> Result<(), ReadError> {
+        out.copy_from_slice(self);
+        match self {
+            Bytes::Mapped(_, _, guard) => guard.verdict(),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -125,7 +142,7 @@ impl std::ops::Deref for Bytes<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            Bytes::Mapped(_, s) => s,
+            Bytes::Mapped(_, s, _) => s,
             // Made only after `Buf::range` returned these bytes: they are there.
             Bytes::Shared(b, at, n) => b.ready().get(*at..*at + *n).unwrap_or_default(),
             Bytes::Owned(v) => v,
@@ -691,7 +708,7 @@ impl Data {
             }
             s.window.ahead(start as usize, n as usize, end as usize);
             let bytes = &blob[at as usize..(at + n) as usize];
-            return Ok(Bytes::Mapped(&s.window, bytes));
+            return Ok(Bytes::Mapped(&s.window, bytes, &s.guard));
         }
         let mut touched = Touched::default();
         let v: Result<Vec<u8>, ReadError> =

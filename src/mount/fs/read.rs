@@ -20,6 +20,12 @@ impl Served<'_> {
     pub fn mapped(&self) -> bool {
         matches!(self.bytes, Bytes::Mapped(..))
     }
+
+    /// Copies the bytes into `out`, checked where they come from a
+    /// source's mapping (see `Bytes::copy_checked`).
+    pub fn copy_checked(&self, out: &mut [u8]) -> Result<(), Errno> {
+        self.bytes.copy_checked(out).map_err(|e| e.errno())
+    }
 }
 
 impl std::ops::Deref for Served<'_> {

@@ -223,3 +223,26 @@ fn first_opens_at_once_share_one_text_and_sizes_match_it() {
         assert!(serde_json::from_slice::<serde_json::Value>(&text).is_ok());
     }
 }
+
+/// A reply staged half a page in is copied by the daemon, not by the
+/// kernel: where the page it copies from is gone (the file cut short
+/// between the read's checks and the copy), the copy meets the SIGBUS
+/// handler's zero page, and the guard fails it instead of sending zeros.
+#[test]
+fn a_staged_reply_from_a_file_cut_short_fails_instead_of_sending_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251 + 1) as u8).collect();
+    let fs = fs_of_tensors(dir.path(), &[("z", &data)]);
+    let z = fs.lookup(ROOT, OsStr::new("z")).unwrap().ino;
+    let (fh, _) = fs.open(z, false).unwrap();
+    let served = fs.read(z, fh, 0, 1 << 20).unwrap();
+    assert!(served.mapped());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("data"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let staged = crate::mount::staging::stage(&served, |out| served.copy_checked(out));
+    assert_eq!(staged.err(), Some(libc::ESTALE));
+}
