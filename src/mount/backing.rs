@@ -1026,10 +1026,10 @@ impl Backings {
         }
     }
 
-    /// At a served open of a file of content `key` (`len` bytes) whose
-    /// bytes take work: a backing file its reads write through to (see
-    /// [`Partial`]), made now unless one is there already, being filled,
-    /// or has no room.
+    /// At a served open's read from the start of a file of content `key`
+    /// (`len` bytes) whose bytes take work: a backing file its reads
+    /// write through to (see [`Partial`]), made now unless one is there
+    /// already, being made or filled, or has no room.
     pub fn begin(&self, key: &Content, len: u64) -> Option<Arc<Partial>> {
         if lock(&self.inner).slots.contains_key(key) {
             return self.being_written(key);

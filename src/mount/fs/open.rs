@@ -12,9 +12,9 @@ pub(super) struct OpenFile {
     /// The backing file its reads write through to, when the daemon
     /// serves it and its bytes take work.
     pub(super) partial: Option<Arc<Partial>>,
-    /// Served, its bytes take work, and no read from its start has been
-    /// made yet: its reads join a backing file other opens write, and
-    /// the first read from offset 0 makes one (see `TensorFs::read`).
+    /// Served, its bytes take work, and no backing file found for its
+    /// reads yet: its reads join one other opens write, and a read from
+    /// offset 0 makes one (see `TensorFs::through_from`).
     pub(super) through_later: bool,
     /// The spill its reads come from, held while it is read (see
     /// `TensorFs::hold_spill`): (tensor, part, the hold).

@@ -673,6 +673,39 @@ fn a_read_away_from_the_start_joins_the_backing_file_another_open_writes() {
     fs.release(b);
 }
 
+/// An open whose read from the start found no backing file to make (no
+/// room, or another open's still being made) still joins one made later:
+/// what its next reads decode is written there too.
+#[test]
+fn a_read_from_the_start_that_found_no_backing_file_joins_one_made_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..4_000_000u32).map(|i| (i / 7 % 241) as u8).collect();
+    let fs = framed_fs(dir.path(), &data);
+    let (z, b) = open_z(&fs);
+    // Nothing can be made for `b`'s first read (passthrough given up a
+    // moment, as when the room is taken).
+    fs.set_passthrough(false);
+    let bytes = fs.read(z, b, 0, 1 << 20).unwrap();
+    fs.served(0, bytes);
+    fs.set_passthrough(true);
+    assert_eq!(fs.backings.gauges(), (0, 0));
+    let (_, a) = open_z(&fs);
+    let bytes = fs.read(z, a, 0, 1 << 20).unwrap();
+    fs.served(0, bytes);
+    assert_eq!(fs.backings.gauges(), (data.len() as u64, 1));
+    let bytes = fs.read(z, b, 2 << 20, 1 << 20).unwrap();
+    fs.served(2 << 20, bytes);
+    fs.write_behind.flush();
+    let key = Content::Part { tensor: 0, part: 0 };
+    let file = fs.backings.being_written(&key).unwrap();
+    let written = file
+        .read(2 << 20, 1 << 20)
+        .expect("b's read written through");
+    assert!(written[..] == data[2 << 20..3 << 20]);
+    fs.release(a);
+    fs.release(b);
+}
+
 #[test]
 fn a_filled_file_leaves_none_of_its_frames_in_memory() {
     let dir = tempfile::tempdir().unwrap();

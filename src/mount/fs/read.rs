@@ -255,9 +255,9 @@ impl TensorFs {
 
     /// For served open `fh` of `ino` (content `c`), reading at `off` with
     /// no backing file for its reads yet: the one other opens' reads or a
-    /// fill write, else, at its first read from the start, a new one (a
-    /// reader of the whole file begins there; one that peeks here and
-    /// there makes none).
+    /// fill write, else, at a read from the start, a new one (a reader of
+    /// the whole file begins there; one that peeks here and there makes
+    /// none).
     pub(super) fn through_from(
         &self,
         fh: u64,
@@ -272,8 +272,10 @@ impl TensorFs {
             self.backings.being_written(c)
         };
         let mut opens = crate::mount::lock(&self.opens);
-        let o = opens.by_fh.get_mut(&fh)?;
-        o.through_later &= !from_start && found.is_none();
+        let o = opens.by_fh.get_mut(&fh).filter(|o| o.ino == ino)?;
+        // Found nothing (another open's file still being made, or no
+        // room): its later reads look again.
+        o.through_later &= found.is_none();
         if o.partial.is_none() {
             o.partial = found;
         }
