@@ -273,10 +273,21 @@ impl TensorFs {
         let Some(NodeKind::File(c)) = self.tree.node(ino).map(|n| &n.kind) else {
             return;
         };
-        if !self.passthrough() || !matches!(c, Content::Part { .. } | Content::ViewData { .. }) {
+        if !matches!(c, Content::Part { .. } | Content::ViewData { .. }) {
             return;
         }
         let len = self.size_of(ino, c);
+        if !self.passthrough() {
+            // Refused by the kernel since its reads began a backing file:
+            // none will be passed through, so what they wrote goes now
+            // (kept, it held its disk and its charge until unmount).
+            if self.worth_filling(c) {
+                let segments = self.segments(c);
+                self.backings
+                    .close(c, ino, len, Fill::Drop, &self.data, segments);
+            }
+            return;
+        }
         // A peek (less than half of the file) keeps no disk.
         let most = read.saturating_mul(2) >= len;
         if self.worth_filling(c) {

@@ -706,6 +706,22 @@ fn a_read_from_the_start_that_found_no_backing_file_joins_one_made_later() {
     fs.release(b);
 }
 
+/// A backing file begun by an open's reads is dropped at its close when
+/// the kernel refused passthrough meanwhile: none would be passed through.
+#[test]
+fn a_backing_file_begun_before_passthrough_was_refused_is_dropped_at_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..4_000_000u32).map(|i| (i / 13 % 239) as u8).collect();
+    let fs = framed_fs(dir.path(), &data);
+    let (z, a) = open_z(&fs);
+    read_all(&fs, z, a, data.len());
+    assert_eq!(fs.backings.gauges(), (data.len() as u64, 1));
+    // What `refused_backing` does first.
+    fs.set_passthrough(false);
+    fs.release(a);
+    assert_eq!(fs.backings.gauges(), (0, 0));
+}
+
 #[test]
 fn a_filled_file_leaves_none_of_its_frames_in_memory() {
     let dir = tempfile::tempdir().unwrap();
