@@ -656,13 +656,19 @@ fn a_read_away_from_the_start_joins_the_backing_file_another_open_writes() {
     let bytes = fs.read(z, b, 3 << 20, 4096).unwrap();
     fs.served(3 << 20, bytes);
     assert_eq!(fs.backings.gauges(), (0, 0));
+    b_joins_the_file_a_makes(&fs, z, &data, a, b);
+}
+
+/// Open `a` reads file `z` (of `data`) from the start, which makes its
+/// backing file; open `b` then reads its third MiB, which must be written
+/// there too. Both are closed.
+fn b_joins_the_file_a_makes(fs: &TensorFs, z: Ino, data: &[u8], a: u64, b: u64) {
     let bytes = fs.read(z, a, 0, 1 << 20).unwrap();
     fs.served(0, bytes);
     assert_eq!(fs.backings.gauges(), (data.len() as u64, 1));
     let bytes = fs.read(z, b, 2 << 20, 1 << 20).unwrap();
     fs.served(2 << 20, bytes);
     fs.write_behind.flush();
-    // What `b` read is in the file.
     let key = Content::Part { tensor: 0, part: 0 };
     let file = fs.backings.being_written(&key).unwrap();
     let written = file
@@ -690,20 +696,7 @@ fn a_read_from_the_start_that_found_no_backing_file_joins_one_made_later() {
     fs.set_passthrough(true);
     assert_eq!(fs.backings.gauges(), (0, 0));
     let (_, a) = open_z(&fs);
-    let bytes = fs.read(z, a, 0, 1 << 20).unwrap();
-    fs.served(0, bytes);
-    assert_eq!(fs.backings.gauges(), (data.len() as u64, 1));
-    let bytes = fs.read(z, b, 2 << 20, 1 << 20).unwrap();
-    fs.served(2 << 20, bytes);
-    fs.write_behind.flush();
-    let key = Content::Part { tensor: 0, part: 0 };
-    let file = fs.backings.being_written(&key).unwrap();
-    let written = file
-        .read(2 << 20, 1 << 20)
-        .expect("b's read written through");
-    assert!(written[..] == data[2 << 20..3 << 20]);
-    fs.release(a);
-    fs.release(b);
+    b_joins_the_file_a_makes(&fs, z, &data, a, b);
 }
 
 /// A backing file begun by an open's reads is dropped at its close when
