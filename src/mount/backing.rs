@@ -348,6 +348,16 @@ enum Slot {
     Ready(Arc<Backing>),
 }
 
+impl Slot {
+    /// The file being written, by served opens' reads or its fill.
+    fn being_written(&self) -> Option<Arc<Partial>> {
+        match self {
+            Slot::Writing(p) | Slot::Filling(Some(p)) => Some(p.clone()),
+            _ => None,
+        }
+    }
+}
+
 /// A backing file written as the daemon serves its file's reads: each
 /// range a read got from the data layer (checked, as every byte it
 /// serves) is written here too. At the last close only what no read asked
@@ -1020,10 +1030,7 @@ impl Backings {
     /// The backing file being written for files of content `key`, when
     /// there is one (served opens' reads write it, or its fill does).
     pub fn being_written(&self, key: &Content) -> Option<Arc<Partial>> {
-        match lock(&self.inner).slots.get(key) {
-            Some(Slot::Writing(p) | Slot::Filling(Some(p))) => Some(p.clone()),
-            _ => None,
-        }
+        lock(&self.inner).slots.get(key)?.being_written()
     }
 
     /// At a served open's read from the start of a file of content `key`
@@ -1031,8 +1038,8 @@ impl Backings {
     /// write through to (see [`Partial`]), made now unless one is there
     /// already, being made or filled, or has no room.
     pub fn begin(&self, key: &Content, len: u64) -> Option<Arc<Partial>> {
-        if lock(&self.inner).slots.contains_key(key) {
-            return self.being_written(key);
+        if let Some(slot) = lock(&self.inner).slots.get(key) {
+            return slot.being_written();
         }
         let file = self.reserve(key, len)?;
         let p = Arc::new(Partial {

@@ -102,9 +102,10 @@ impl Drop for Waits {
 fn answer_read(fs: &TensorFs, i: Ino, fh: u64, offset: u64, size: u32, reply: ReplyData) {
     match fs.read(i, fh, offset, size) {
         Ok(bytes) => {
-            let staged = match bytes.mapped() {
-                true => super::staging::stage(&bytes, |out| bytes.copy_checked(out)),
-                false => Ok(None),
+            let staged = if bytes.mapped() {
+                super::staging::stage(&bytes, |out| bytes.copy_checked(out))
+            } else {
+                Ok(None)
             };
             match staged {
                 Ok(Some(s)) => reply.data(&s),

@@ -280,11 +280,11 @@ impl TensorFs {
         if !self.passthrough() {
             // Refused by the kernel since its reads began a backing file:
             // none will be passed through, so what they wrote goes now
-            // (kept, it held its disk and its charge until unmount).
-            if self.worth_filling(c) {
-                let segments = self.segments(c);
+            // (kept, it held its disk and its charge until unmount). A
+            // drop makes no fill: no segments for one.
+            if self.backings.being_written(c).is_some() {
                 self.backings
-                    .close(c, ino, len, Fill::Drop, &self.data, segments);
+                    .close(c, ino, len, Fill::Drop, &self.data, Vec::new());
             }
             return;
         }
