@@ -1003,25 +1003,24 @@ impl Backings {
                 Some(Slot::Writing(p)) if p.nearly_whole() => NEARLY_WAIT,
                 _ => return None,
             };
+            // Woken by each change it waits on (the file handed over, its
+            // fill queued, published or given up), or at its deadline.
+            let mut until = start + wait;
             // Its fill, once queued, goes on without waiting for quiet.
             if let Some(q) = inner.fills.get(key) {
                 q.wanted.store(true, Relaxed);
                 if wait == NEARLY_WAIT && !q.started.load(Relaxed) {
                     let since = *queued_seen.get_or_insert_with(std::time::Instant::now);
-                    if since.elapsed() >= HANDOVER {
-                        return None;
-                    }
+                    until = until.min(since + HANDOVER);
                 }
             }
-            let left = (start + wait).saturating_duration_since(std::time::Instant::now());
+            let left = until.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 return None;
             }
-            // Looked at again soon: the close queues the fill after it
-            // hands the file over.
             inner = self
                 .published
-                .wait_timeout(inner, left.min(std::time::Duration::from_millis(10)))
+                .wait_timeout(inner, left)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
@@ -1273,6 +1272,8 @@ impl Backings {
                 charge,
             };
             lock(&self.inner).fills.insert(key.clone(), queued);
+            // An open waiting for the file marks its fill wanted.
+            self.published.notify_all();
         }
         let mut queue = lock(&self.queue);
         queue.of(whole).push_back(job);
