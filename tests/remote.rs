@@ -1868,6 +1868,34 @@ dt.save(out + "/model.deathtensors",
     }
 }
 
+/// Mounting one safetensors file reads its header as an index: the HEAD
+/// and the file's two ends, nothing read ahead of it (the safetensors
+/// view's look at the header once set a read-ahead of 8 blocks going,
+/// the whole of a small file, before anything was read).
+#[test]
+fn a_safetensors_file_mounts_over_http_in_three_requests_nothing_read_ahead() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let script = random_safetensors(5, &[("a", 1000), ("b", 1000)]);
+    let (want, srv, cache) = served_safetensors(&py, &m, &script);
+    mount_remote(
+        &mut m,
+        &srv.url("/model.safetensors"),
+        &cache,
+        &["-o", "block_size=256K"],
+    );
+    let opened = srv.log();
+    assert!(
+        opened.len() <= 3,
+        "opening took {} requests: {opened:?}",
+        opened.len()
+    );
+    assert!(bytes_asked(&opened) <= 2 * (256 << 10), "{opened:?}");
+    assert!(m.read(".safetensors/model.safetensors") == want);
+    m.unmount_ok();
+}
+
 /// The cache file (`NAME.data`) of the one object cached under `cache`.
 fn cache_data_file(cache: &Path) -> PathBuf {
     std::fs::read_dir(cache.join("ztensor-remote"))

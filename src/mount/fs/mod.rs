@@ -128,12 +128,13 @@ pub struct TensorFs {
 
 /// The views `on` names, made of `catalog`. The safetensors view compares
 /// its header with the first source file's own (a remote object's is in
-/// its cache file since the index was read).
+/// its cache file since the index was read). Read as an index is: a read
+/// from the start that starts no read-ahead of the tensors behind it.
 fn make_views(catalog: &Catalog, files: &[Option<MappedFile>], on: Views) -> ViewSet {
     let first = files.first().and_then(Option::as_ref);
     let read_at = |buf: &mut [u8], at: u64| match first {
         Some(f) => {
-            f.ensure(at, buf.len() as u64)
+            f.ensure_all(&[(at, buf.len() as u64)], true)
                 .map_err(std::io::Error::other)?;
             f.file().read_exact_at(buf, at)
         }

@@ -246,3 +246,48 @@ fn a_staged_reply_from_a_file_cut_short_fails_instead_of_sending_zeros() {
     let staged = crate::mount::staging::stage(&served, |out| served.copy_checked(out));
     assert_eq!(staged.err(), Some(libc::ESTALE));
 }
+
+/// A source whose bytes are present, recording whether each `ensure`
+/// asked as an index read does (no read-ahead) or as a reader's.
+#[derive(Default)]
+struct Recording(Mutex<Vec<bool>>);
+
+impl crate::source::Backing for Recording {
+    fn ensure(&self, _: &[(u64, u64)], index: bool) -> Result<(), crate::source::FetchError> {
+        self.0.lock().unwrap().push(index);
+        Ok(())
+    }
+    fn present(&self, _: u64, len: u64) -> u64 {
+        len
+    }
+    fn check_present(&self) {}
+    fn broken(&self) -> Option<crate::source::FetchError> {
+        None
+    }
+    fn sibling(&self, name: &str) -> crate::error::Result<MappedFile> {
+        panic!("no sibling {name}")
+    }
+    fn read_ahead_until(&self, _: u64) {}
+}
+
+#[test]
+fn the_safetensors_view_reads_a_remote_files_header_as_an_index_starting_no_read_ahead() {
+    // Read as a reader's, the header's read from the start set a remote
+    // object's read-ahead going: a mount of one safetensors file fetched
+    // 8 blocks more than its index before anything was read.
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, files) = crate::serve::testing::catalog_of(dir.path(), &[("w", &[1, 2, 3, 4])]);
+    let path = files[0].as_ref().unwrap().path().to_path_buf();
+    let rec = Arc::new(Recording::default());
+    let remote = MappedFile::with_backing(
+        &path,
+        "http://127.0.0.1/data".into(),
+        std::fs::File::open(&path).unwrap(),
+        rec.clone(),
+    )
+    .unwrap();
+    make_views(&catalog, &[Some(remote)], Views::ALL);
+    let asked = rec.0.lock().unwrap().clone();
+    assert!(!asked.is_empty(), "the view read no header");
+    assert!(asked.iter().all(|&index| index), "{asked:?}");
+}
