@@ -391,14 +391,20 @@ impl Object {
     /// Whether an answer is of the object pinned at mount: its size, and
     /// its ETag, or where the mount or the answer has none, its
     /// Last-Modified where both have one (a server without ETags, or
-    /// without them on its ranged answers, may ignore `If-Match`).
+    /// without them on its ranged answers, may ignore `If-Match`). Once a
+    /// GET's answer carried the ETag, one without it is another object.
     pub(super) fn same_object(
         &self,
         meta: &object_store::ObjectMeta,
     ) -> std::result::Result<(), FetchError> {
         let moved = match (&self.etag, &meta.e_tag) {
-            (Some(pinned), Some(now)) => pinned != now,
-            (Some(_), None) if self.etag_on_gets => true,
+            (Some(pinned), Some(now)) => {
+                if pinned == now {
+                    self.etag_seen_on_get.store(true, Relaxed);
+                }
+                pinned != now
+            }
+            (Some(_), None) if self.etag_on_gets || self.etag_seen_on_get.load(Relaxed) => true,
             _ => {
                 let now = meta.last_modified.timestamp();
                 self.modified.is_some_and(|m| now != 0 && m != now)

@@ -57,6 +57,10 @@ pub struct Object {
     /// (one without it is not this object; a server whose HEAD alone gives
     /// an ETag is held to its Last-Modified instead).
     pub(super) etag_on_gets: bool,
+    /// A GET's answer carried the pinned ETag: from then on, every answer
+    /// must (a server that stops sending it serves another object, and
+    /// may ignore `If-Match`).
+    pub(super) etag_seen_on_get: AtomicBool,
     pub(super) version: Option<String>,
     /// Its Last-Modified (seconds) at mount, if the server gave one: what
     /// each answer without an ETag to compare must still say.
@@ -151,6 +155,7 @@ impl Object {
             size: meta.size,
             etag: meta.e_tag,
             etag_on_gets,
+            etag_seen_on_get: AtomicBool::new(false),
             version: meta.version,
             modified,
             block: cache.block,
