@@ -2101,6 +2101,77 @@ fn a_cache_block_changed_on_disk_is_fetched_again_never_served() {
     m.unmount_ok();
 }
 
+/// Whether process `pid` sleeps in `nanosleep` (a wait between tries).
+fn sleeping(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/wchan")).is_ok_and(|w| w == "hrtimer_nanosleep")
+}
+
+/// Whether process `pid` has `file` open.
+fn has_open(pid: i32, file: &Path) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|d| {
+        d.flatten()
+            .any(|e| std::fs::read_link(e.path()).is_ok_and(|to| to == file))
+    })
+}
+
+/// A mount whose cache file's side files are damaged, while another mount
+/// still holds the file (one exiting: its last commit under way after an
+/// unmount), waits for it to let go and sets them up again, rather than
+/// fetching every block into a private file; the next mount shares them.
+#[test]
+fn damaged_side_files_held_by_an_exiting_mount_are_set_up_again_once_it_lets_go() {
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let script = random_safetensors(4, &[("a", 500), ("b", 500)]);
+    let (want, srv, cache) = served_safetensors(&py, &m, &script);
+    let url = srv.url("/model.safetensors");
+    let view = ".safetensors/model.safetensors";
+    let opts = ["-o", "remote_read_ahead=0"];
+    mount_remote(&mut m, &url, &cache, &opts);
+    assert!(m.read(view) == want, "first read");
+    m.unmount_ok();
+    let data = cache_data_file(&cache);
+    std::fs::File::options()
+        .write(true)
+        .open(data.with_extension("sums"))
+        .unwrap()
+        .set_len(8)
+        .unwrap();
+    // The exiting mount's shared lock.
+    let held = std::fs::File::open(&data).unwrap();
+    // SAFETY: flock on a descriptor this test owns.
+    assert_eq!(
+        unsafe { libc::flock(std::os::unix::io::AsRawFd::as_raw_fd(&held), libc::LOCK_SH) },
+        0
+    );
+    let mp = m.mp.clone();
+    std::thread::scope(|s| {
+        let mounting = s.spawn(|| mount_remote(&mut m, &url, &cache, &opts));
+        // The new mount found the files damaged and waits to be alone
+        // with them (its log is written once it is mounted): asleep
+        // between its tries, the cache file open.
+        let waiting = support::wait_until(Duration::from_secs(30), || {
+            support::daemon_pids(&mp)
+                .into_iter()
+                .any(|pid| sleeping(pid) && has_open(pid, &data))
+        });
+        drop(held);
+        assert!(waiting, "the mount did not wait");
+        mounting.join().unwrap();
+    });
+    let log = m.log_text();
+    assert!(log.contains("block sums are missing"), "{log}");
+    assert!(!log.contains("using a private one"), "{log}");
+    assert!(m.read(view) == want, "after the rebuild");
+    m.unmount_ok();
+    srv.control("/__reset");
+    mount_remote(&mut m, &url, &cache, &opts);
+    assert!(m.read(view) == want, "shared");
+    assert_eq!(m.stat_u64("remote_fetched_bytes"), 0, "{}", m.stats());
+    m.unmount_ok();
+}
+
 /// A cache directory damaged by hand between mounts (a FIFO, a huge file,
 /// a directory in place of the files beside the cache file) never hangs
 /// a mount or takes memory: what cannot be believed is rebuilt, what

@@ -121,9 +121,11 @@ impl Live {
         } else {
             let f = old?;
             if !same(&f) {
-                return Err(io::Error::other(
-                    "another mount uses the cache file with another block size, or from before a reboot",
-                ));
+                return Err(io::Error::other(format!(
+                    "{} is not a live bitmap of this object's layout (another block size, from \
+                     before a reboot, or damaged)",
+                    path.display()
+                )));
             }
             (f, None)
         };

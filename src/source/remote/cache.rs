@@ -64,6 +64,22 @@ pub(super) fn flock(f: &File, op: libc::c_int) -> bool {
     unsafe { libc::flock(f.as_raw_fd(), op) == 0 }
 }
 
+/// Whether the lock on `f` became exclusive (no other mount holding the
+/// file) within `wait`. (A shared lock asked to become exclusive is let go
+/// of first: the wait holds none.)
+fn alone_within(f: &File, wait: Duration) -> bool {
+    let until = Instant::now() + wait;
+    loop {
+        if flock(f, libc::LOCK_EX | libc::LOCK_NB) {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 impl Cache {
     /// Opens the cache file of an object. Every mount of it holds a shared
     /// lock on the file while mounted (eviction takes only files no one
@@ -146,19 +162,7 @@ impl Cache {
             }
         };
         if flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
-            return match Self::first(opts, label, size, &n, file) {
-                Ok(c) => {
-                    evict(&n.dir, opts.disk_cache_size, &n.name);
-                    Ok(c)
-                }
-                // Its bitmap or sums cannot be made (a directory in their
-                // place, a folder made immutable): the bytes are fetched
-                // all the same, into a file of this mount's own.
-                Err(e) => {
-                    log::warn!("{e}");
-                    Self::private(opts, label, (size, words), &n, "its files cannot be set up")
-                }
-            };
+            return Self::alone(opts, label, (size, words), &n, file);
         }
         // Another mount has it: wait for its setup (its exclusive lock, held
         // for moments), then share. A lock held longer is not a setup (an
@@ -176,14 +180,52 @@ impl Cache {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        match Self::join(opts, size, &n, file) {
+        match Self::join(opts, size, &n, &file) {
             Ok(c) => {
                 // Each mount brings the cache within its bound, a second
                 // one of an object as the first did.
                 evict(&n.dir, opts.disk_cache_size, &n.name);
                 Ok(c)
             }
-            Err(e) => Self::private(opts, label, (size, words), &n, &e.to_string()),
+            // Files that do not fit the object (damaged, cut short) may be
+            // held by a mount that is exiting, its last commit under way
+            // after an unmount: once none holds them, this mount is the
+            // first and puts new ones in place, instead of fetching every
+            // block again into a private file.
+            Err(e) => {
+                log::info!(
+                    "{label}: its cache files do not fit it ({e}); waiting for the mounts that \
+                     hold them to let go, to set them up again"
+                );
+                if alone_within(&file, SETUP_WAIT) {
+                    return Self::alone(opts, label, (size, words), &n, file);
+                }
+                Self::private(opts, label, (size, words), &n, &e.to_string())
+            }
+        }
+    }
+
+    /// The mount alone with the cache file (its exclusive lock held): the
+    /// first, or, where its side files cannot be made, a private file.
+    fn alone(
+        opts: &Options,
+        label: &str,
+        (size, words): (u64, usize),
+        n: &Names,
+        file: File,
+    ) -> Result<Cache> {
+        match Self::first(opts, label, size, n, file) {
+            Ok(c) => {
+                evict(&n.dir, opts.disk_cache_size, &n.name);
+                Ok(c)
+            }
+            // Its bitmap or sums cannot be made (a directory in their
+            // place, a folder made immutable): the bytes are fetched
+            // all the same, into a file of this mount's own.
+            Err(e) => {
+                log::warn!("{e}");
+                Self::private(opts, label, (size, words), n, "its files cannot be set up")
+            }
         }
     }
 
@@ -219,7 +261,12 @@ impl Cache {
     /// Joins the mounts that have the cache file open: its size and live
     /// bitmap are theirs.
     /// Fetches in the blocks they fetch in, whatever `-o block_size`.
-    pub(super) fn join(opts: &Options, size: u64, n: &Names, file: File) -> std::io::Result<Cache> {
+    pub(super) fn join(
+        opts: &Options,
+        size: u64,
+        n: &Names,
+        file: &File,
+    ) -> std::io::Result<Cache> {
         if file.metadata()?.len() != size {
             return Err(std::io::Error::other("the cache file has another size"));
         }
@@ -236,7 +283,7 @@ impl Cache {
         let sums = Sums::join(&n.sums, size.div_ceil(block))?;
         Ok(Cache {
             path: n.data.clone(),
-            file,
+            file: file.try_clone()?,
             present,
             bitmap: Some(bitmap),
             live: Some(live),
