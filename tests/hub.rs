@@ -134,6 +134,7 @@ fn write_repos(dir: &Path) -> Repos {
     let config = json!({
         "tokens": [TOKEN],
         "renamed": {"old/single": "org/single"},
+        "moved_away": {"away/single": "org/single"},
         "repos": {
             "org/single": {
                 "refs": {"main": C1, "v1": C1, "dev": C2},
@@ -750,6 +751,58 @@ fn rate_limits_5xx_and_a_stall_recover_a_lasting_429_fails_the_read_and_a_lastin
     m.unmount_ok();
 }
 
+/// A 429 from the Hub that lasts refuses the mount in one line, which
+/// suggests a token only to a mount that has none.
+#[test]
+fn a_lasting_429_at_mount_suggests_a_token_only_without_one() {
+    let (_s, mut m, _repos, hub) = setup();
+    let ep = hub.endpoint();
+    for (i, (env, hint)) in [(&[][..], true), (&[("HF_TOKEN", TOKEN)][..], false)]
+        .into_iter()
+        .enumerate()
+    {
+        hub.control("/__fault?kind=status&status=429&count=1000&on=hub");
+        let cache = m.scratch_path(&format!("cache{i}"));
+        let r = hf_run(&mut m, &ep, "hf://org/single", &cache, env);
+        let line = refused(&r);
+        assert!(
+            line.contains("(429) after 4 tries; try again later"),
+            "{line}"
+        );
+        assert_eq!(
+            line.contains("a token raises the Hub's limits"),
+            hint,
+            "{line}"
+        );
+        hub.control("/__reset");
+    }
+}
+
+/// A repo the Hub sends to another host is refused in one line naming it;
+/// the token goes nowhere but the Hub.
+#[test]
+fn a_repo_the_hub_sends_to_another_host_is_refused_naming_it_and_gets_no_token() {
+    let (_s, mut m, _repos, hub) = setup();
+    let cache = m.scratch_path("cache");
+    let r = hf_run(
+        &mut m,
+        &hub.endpoint(),
+        "hf://away/single",
+        &cache,
+        &[("HF_TOKEN", TOKEN)],
+    );
+    let line = refused(&r);
+    assert!(
+        line.contains("the Hub redirects the repo to \"http://localhost:")
+            && line.contains("another host, which is not followed"),
+        "{line}"
+    );
+    // Not followed: nothing went to the other host.
+    let st = hub.stats();
+    let log = st["log"].as_array().unwrap();
+    assert!(log.iter().all(|e| e[0] != "localhost"), "{st}");
+}
+
 /// A CDN answer whose body is cut short is asked for again, from the
 /// first block it did not fill (the HTTP stores' client resumes a body
 /// itself; the Hub's requests are the mount's own). A request that keeps
@@ -866,6 +919,23 @@ fn an_offline_remount_serves_what_the_cache_holds_without_the_hub() {
         "ztensor-mount: hf://org/single@dev: offline (HF_HUB_OFFLINE is set), and neither a \
          mount with this cache directory nor huggingface_hub's cache resolved this revision \
          before"
+    );
+    // A record whose commit is no commit's name is not believed.
+    for e in std::fs::read_dir(cache.join("ztensor-remote/hub"))
+        .unwrap()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("rev-") {
+            let text = std::fs::read_to_string(e.path()).unwrap();
+            std::fs::write(e.path(), text.replace(C1, "../../../../etc")).unwrap();
+        }
+    }
+    let r = hf_run(&mut m, &ep, "hf://org/single", &cache, &offline);
+    let line = refused(&r);
+    assert!(
+        line.contains("the record of this revision (") && line.contains("is damaged"),
+        "{line}"
     );
 }
 

@@ -53,7 +53,8 @@ impl From<Failure> for String {
 /// Who a request goes to, as messages name it.
 #[derive(Clone, Copy)]
 pub(super) enum Who<'a> {
-    Hub,
+    /// The Hub, asked with a token or not.
+    Hub { token: bool },
     /// A CDN, by its host.
     Cdn(&'a str),
     /// The server of a URL given as it is, by its host.
@@ -63,7 +64,7 @@ pub(super) enum Who<'a> {
 impl std::fmt::Display for Who<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Who::Hub => f.write_str("the Hub"),
+            Who::Hub { .. } => f.write_str("the Hub"),
             Who::Cdn(host) => write!(f, "the CDN at {host}"),
             Who::Server(host) => write!(f, "the server at {host}"),
         }
@@ -116,8 +117,8 @@ pub(super) async fn send(
     };
     let msg = if limited > 0 {
         let hint = match who {
-            Who::Hub => " (a token raises the Hub's limits)",
-            Who::Cdn(_) | Who::Server(_) => "",
+            Who::Hub { token: false } => " (a token raises the Hub's limits)",
+            Who::Hub { token: true } | Who::Cdn(_) | Who::Server(_) => "",
         };
         format!(
             "{last} after {} tries; try again later{hint}",

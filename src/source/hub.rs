@@ -292,10 +292,23 @@ struct RepoInfo {
     files: Vec<(String, Option<u64>)>,
 }
 
+/// Whether `s` names a commit as the Hub does (hex, at least 7 digits).
+fn is_commit(s: &str) -> bool {
+    s.len() >= 7 && s.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+/// A revision's record as an earlier mount saved it, if it still looks
+/// so: a commit's name, and files that are a file's path (a record
+/// damaged or written by hand is not believed).
+fn recorded_info(path: &Path) -> Option<RepoInfo> {
+    load_record::<RepoInfo>(path)
+        .filter(|i| is_commit(&i.commit) && i.files.iter().all(|(n, _)| plain_path(n)))
+}
+
 fn parse_info(v: &Value) -> std::result::Result<RepoInfo, Fail> {
     let commit = v["sha"]
         .as_str()
-        .filter(|s| s.len() >= 7 && s.chars().all(|c| c.is_ascii_hexdigit()))
+        .filter(|s| is_commit(s))
         .ok_or("the Hub's answer names no commit (\"sha\")")?
         .to_string();
     let mut files: Vec<(String, Option<u64>)> = Vec::new();
@@ -332,7 +345,10 @@ async fn fetch_info(hub: &Hub, spec: &Spec, opts: &Options) -> std::result::Resu
     url.set_query(Some("blobs=true"));
     let mut hops = 0;
     let r = loop {
-        let r = send(opts, (&spec.repo, Who::Hub), || {
+        let who = Who::Hub {
+            token: hub.token.is_some(),
+        };
+        let r = send(opts, (&spec.repo, who), || {
             with_token(hub, client.get(url.clone()))
         })
         .await?;
@@ -361,6 +377,19 @@ async fn fetch_info(hub: &Hub, spec: &Spec, opts: &Options) -> std::result::Resu
             _ => break r,
         }
     };
+    if r.status().is_redirection()
+        && let Some(to) = header(r.headers(), LOCATION.as_str())
+    {
+        if hops >= 5 {
+            return Err("the Hub redirected the repo more than 5 times".into());
+        }
+        // Another host: not followed, as the token would go there.
+        let shown: String = remote::without_queries(to).chars().take(200).collect();
+        return Err(format!(
+            "the Hub redirects the repo to {shown:?}, another host, which is not followed \
+             (a token goes to the Hub's host alone; set HF_ENDPOINT to use that one)"
+        ));
+    }
     if !r.status().is_success() {
         return Err(refusal(hub, r.status(), r.headers(), ""));
     }
@@ -723,16 +752,27 @@ impl HubStore {
     async fn resolve(&self, path: &str) -> object_store::Result<Resolved> {
         let repo = &self.repo;
         if repo.hub.offline {
-            return load_record(&repo.record(path)).ok_or_else(|| {
-                generic(format!(
-                    "offline (HF_HUB_OFFLINE is set), and {path} was never resolved with this \
-                     cache directory"
-                ))
+            let record = repo.record(path);
+            return load_record(&record).ok_or_else(|| {
+                generic(match std::fs::symlink_metadata(&record) {
+                    Ok(_) => format!(
+                        "offline (HF_HUB_OFFLINE is set), and the record of {path} ({}) cannot \
+                         be read or is damaged",
+                        record.display()
+                    ),
+                    Err(_) => format!(
+                        "offline (HF_HUB_OFFLINE is set), and {path} was never resolved with \
+                         this cache directory"
+                    ),
+                })
             });
         }
         let mut url = repo.resolve_url(path);
         for _ in 0..5 {
-            let r = send(&repo.opts, (path, Who::Hub), || {
+            let who = Who::Hub {
+                token: repo.hub.token.is_some(),
+            };
+            let r = send(&repo.opts, (path, who), || {
                 with_token(&repo.hub, self.client.head(url.clone()))
                     .header("Accept-Encoding", "identity")
             })
@@ -818,7 +858,9 @@ impl HubStore {
             };
             let on_hub = self.repo.hub.is_hub_host(&at);
             let who = match on_hub {
-                true => Who::Hub,
+                true => Who::Hub {
+                    token: self.repo.hub.token.is_some(),
+                },
                 false => Who::Cdn(at.host_str().unwrap_or("?")),
             };
             let r = send(&self.repo.opts, (&path, who), || {
@@ -994,14 +1036,22 @@ fn repo_info(hub: &Hub, spec: &Spec, opts: &Options, label: &str) -> Result<Repo
         &[hub.endpoint.as_str(), &spec.repo, &spec.revision],
     );
     if hub.offline {
-        return load_record(&record)
+        return recorded_info(&record)
             .or_else(|| offline_info(spec))
             .ok_or_else(|| {
-                fail(
-                    label,
-                    "offline (HF_HUB_OFFLINE is set), and neither a mount with this cache \
-                     directory nor huggingface_hub's cache resolved this revision before",
-                )
+                let why = match std::fs::symlink_metadata(&record) {
+                    Ok(_) => format!(
+                        "offline (HF_HUB_OFFLINE is set), the record of this revision ({}) \
+                         cannot be read or is damaged, and huggingface_hub's cache does not \
+                         have it",
+                        record.display()
+                    ),
+                    Err(_) => "offline (HF_HUB_OFFLINE is set), and neither a mount with this \
+                               cache directory nor huggingface_hub's cache resolved this \
+                               revision before"
+                        .into(),
+                };
+                fail(label, why)
             });
     }
     let rt =

@@ -7,6 +7,7 @@ CONFIG names the repos:
 
     {"tokens": ["hf_ok"],                       # tokens that may read gated repos
      "renamed": {"old/name": "org/name"},       # repos moved: 307 to the new name
+     "moved_away": {"gone/name": "org/name"},   # 307 to the new name on the CDN's host
      "repos": {"org/name": {"gated": false,
                             "refs": {"main": SHA, "v1": SHA},
                             "commits": {SHA: {"PATH": "/abs/local/file", ...}}}}}
@@ -29,7 +30,8 @@ is. Routes, as the Hub answers them:
          the bytes, honouring Range (206 + Content-Range); 403 once the
          signature has expired
     a renamed repo's old name, in the API or resolve: 307 to the same path
-    with the new name (relative, on the Hub's host), as the Hub answers
+    with the new name (relative, on the Hub's host; for "moved_away", on
+    the host localhost), as the Hub answers
     errors: 401 + X-Error-Code: GatedRepo (gated, no token), 403 GatedRepo
     (a token not granted), 401/404 RepoNotFound, 404 RevisionNotFound,
     404 EntryNotFound, each with X-Error-Message
@@ -144,10 +146,13 @@ class Handler(BaseHTTPRequestHandler):
             cut = fault is not None and fault["kind"] == "drop"
             return self.serve_cdn(url.path[len("/__cdn/"):], q, cut)
         parts = [unquote(p) for p in url.path.split("/")[1:]]
-        moved = self.renamed(parts)
-        if moved is not None:
-            to = "/" + "/".join(quote(p, safe="") for p in moved)
+        moved = self.renamed(parts, "renamed")
+        away = self.renamed(parts, "moved_away")
+        if moved is not None or away is not None:
+            to = "/" + "/".join(quote(p, safe="") for p in (moved or away))
             to += "?" + url.query if url.query else ""
+            if away is not None:
+                to = "http://localhost:%d%s" % (self.server.server_address[1], to)
             return self.send(307, b"", {"Location": to})
         if parts[0] == "api" and len(parts) >= 6 and parts[1] in KINDS and parts[4] == "revision":
             return self.api(KINDS[parts[1]], "/".join(parts[2:4]), "/".join(parts[5:]), "blobs" in q)
@@ -160,12 +165,12 @@ class Handler(BaseHTTPRequestHandler):
             return self.resolve(prefix + "/".join(rest[:2]), rest[3], "/".join(rest[4:]))
         self.error(404, "", "no such route")
 
-    def renamed(self, parts):
-        """The path's parts with a renamed repo's old name replaced by the
-        new one, or None."""
+    def renamed(self, parts, key):
+        """The path's parts with the old name of a repo moved (CONFIG[key])
+        replaced by the new one, or None."""
         at = 2 if parts[0] == "api" else 0
         name = "/".join(parts[at : at + 2])
-        new = CONFIG.get("renamed", {}).get(name)
+        new = CONFIG.get(key, {}).get(name)
         if new is None or len(parts) < at + 2:
             return None
         return parts[:at] + new.split("/") + parts[at + 2 :]
