@@ -110,6 +110,8 @@ pub(super) fn describe(e: &object_store::Error) -> String {
              object store, nginx, caddy)"
                 .into()
         }
+        // "Generic HTTP error: " says nothing its cause does not.
+        object_store::Error::Generic { source, .. } => one_line(with_causes(source.as_ref())),
         other => one_line(with_causes(other)),
     }
 }
