@@ -458,7 +458,8 @@ fn npy_head(
                 })
                 .map_err(|why| (ErrorKind::Data, why))?;
         } else {
-            src.ensure(m.start, probe)
+            // An index read: no read-ahead of the member's data.
+            src.ensure_all(&[(m.start, probe)], true)
                 .map_err(|why| (ErrorKind::Io, why.into()))?;
             let at = m.start as usize;
             head.extend_from_slice(&src.bytes()[at..at + probe as usize]);

@@ -838,6 +838,8 @@ impl Backings {
         }
         let b = Arc::new(Backing::new(file, None, len, Origin::Source, 0));
         inner.slots.insert(key.clone(), Slot::Ready(b.clone()));
+        drop(inner);
+        self.published.notify_all();
         b
     }
 
@@ -909,6 +911,7 @@ impl Backings {
         }
         inner.slots.insert(key.clone(), Slot::Ready(b.clone()));
         drop(inner);
+        self.published.notify_all();
         Stats::add(&self.stats.backing_clones, 1);
         Some(b)
     }

@@ -297,12 +297,16 @@ fn is_commit(s: &str) -> bool {
     s.len() >= 7 && s.chars().all(|c| c.is_ascii_hexdigit())
 }
 
-/// A revision's record as an earlier mount saved it, if it still looks
-/// so: a commit's name, and files that are a file's path (a record
-/// damaged or written by hand is not believed).
+/// A revision's record as an earlier mount saved it, if it names a
+/// commit (a record damaged or written by hand is not believed), less any
+/// file name that is no file's path or repeats one.
 fn recorded_info(path: &Path) -> Option<RepoInfo> {
-    load_record::<RepoInfo>(path)
-        .filter(|i| is_commit(&i.commit) && i.files.iter().all(|(n, _)| plain_path(n)))
+    let mut info = load_record::<RepoInfo>(path).filter(|i| is_commit(&i.commit))?;
+    // Names that are no file's path are left out, as from the Hub's list.
+    let mut seen = std::collections::HashSet::new();
+    info.files
+        .retain(|(n, _)| plain_path(n) && seen.insert(n.clone()));
+    Some(info)
 }
 
 fn parse_info(v: &Value) -> std::result::Result<RepoInfo, Fail> {
@@ -383,8 +387,16 @@ async fn fetch_info(hub: &Hub, spec: &Spec, opts: &Options) -> std::result::Resu
         if hops >= 5 {
             return Err("the Hub redirected the repo more than 5 times".into());
         }
-        // Another host: not followed, as the token would go there.
-        let shown: String = remote::without_queries(to).chars().take(200).collect();
+        // Another host: not followed, as the token would go there. Shown
+        // without what may be a secret (a query, a fragment, a user).
+        let Ok(mut to) = url.join(to) else {
+            return Err("the Hub redirects the repo to an address that is not a URL".into());
+        };
+        to.set_query(None);
+        to.set_fragment(None);
+        let _ = to.set_username("");
+        let _ = to.set_password(None);
+        let shown: String = to.as_str().chars().take(200).collect();
         return Err(format!(
             "the Hub redirects the repo to {shown:?}, another host, which is not followed \
              (a token goes to the Hub's host alone; set HF_ENDPOINT to use that one)"

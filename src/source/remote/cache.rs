@@ -64,17 +64,51 @@ pub(super) fn flock(f: &File, op: libc::c_int) -> bool {
     unsafe { libc::flock(f.as_raw_fd(), op) == 0 }
 }
 
-/// Whether the lock on `f` became exclusive (no other mount holding the
-/// file) within `wait`. (A shared lock asked to become exclusive is let go
-/// of first: the wait holds none.)
-fn alone_within(f: &File, wait: Duration) -> bool {
+/// How a mount whose cache files did not fit it settled.
+enum Settled {
+    /// Alone with the file (its exclusive lock held): the first mount.
+    Alone,
+    /// Another mount set the files up meanwhile: joined.
+    Joined(Cache),
+    /// Neither, within the wait.
+    Not,
+}
+
+/// Waits at most `wait` for the mounts holding `f` (the cache file at
+/// `path`) to let go of it, or for one of them to set its files up again,
+/// which `join` then joins. (A shared lock asked to become exclusive is
+/// let go of first: between tries the wait holds none.)
+fn settle(
+    f: &File,
+    path: &Path,
+    wait: Duration,
+    join: impl Fn() -> std::io::Result<Cache>,
+) -> Settled {
+    use std::os::unix::fs::MetadataExt;
     let until = Instant::now() + wait;
+    let mut joined_at = Instant::now();
     loop {
         if flock(f, libc::LOCK_EX | libc::LOCK_NB) {
-            return true;
+            // Still the file of that name: not one an eviction removed
+            // while no lock was held.
+            let same = |a: &std::fs::Metadata, b: &std::fs::Metadata| {
+                a.dev() == b.dev() && a.ino() == b.ino()
+            };
+            return match (f.metadata(), std::fs::symlink_metadata(path)) {
+                (Ok(a), Ok(b)) if same(&a, &b) => Settled::Alone,
+                _ => Settled::Not,
+            };
+        }
+        if joined_at.elapsed() >= Duration::from_millis(100)
+            && flock(f, libc::LOCK_SH | libc::LOCK_NB)
+        {
+            joined_at = Instant::now();
+            if let Ok(c) = join() {
+                return Settled::Joined(c);
+            }
         }
         if Instant::now() >= until {
-            return false;
+            return Settled::Not;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -197,10 +231,16 @@ impl Cache {
                     "{label}: its cache files do not fit it ({e}); waiting for the mounts that \
                      hold them to let go, to set them up again"
                 );
-                if alone_within(&file, SETUP_WAIT) {
-                    return Self::alone(opts, label, (size, words), &n, file);
+                match settle(&file, &n.data, SETUP_WAIT, || {
+                    Self::join(opts, size, &n, &file)
+                }) {
+                    Settled::Alone => Self::alone(opts, label, (size, words), &n, file),
+                    Settled::Joined(c) => {
+                        evict(&n.dir, opts.disk_cache_size, &n.name);
+                        Ok(c)
+                    }
+                    Settled::Not => Self::private(opts, label, (size, words), &n, &e.to_string()),
                 }
-                Self::private(opts, label, (size, words), &n, &e.to_string())
             }
         }
     }

@@ -111,7 +111,9 @@ pub(super) fn describe(e: &object_store::Error) -> String {
                 .into()
         }
         // "Generic HTTP error: " says nothing its cause does not.
-        object_store::Error::Generic { source, .. } => one_line(with_causes(source.as_ref())),
+        object_store::Error::Generic { source, .. } if !source.to_string().is_empty() => {
+            one_line(with_causes(source.as_ref()))
+        }
         other => one_line(with_causes(other)),
     }
 }
