@@ -2202,7 +2202,13 @@ fn a_damaged_cache_directory_is_rebuilt_or_refused_never_hangs() {
     mkfifo(&data.with_extension("sums"));
     mount_remote(&mut m, &url, &cache, &opts);
     assert!(m.read(view) == want, "sums a FIFO");
-    assert_eq!(m.stat_u64("remote_fetched_bytes"), want.len() as u64);
+    assert_eq!(
+        m.stat_u64("remote_fetched_bytes"),
+        want.len() as u64,
+        "{}\n{}",
+        m.stats(),
+        m.log_text()
+    );
     assert!(
         m.log_text().contains("block sums are missing"),
         "{}",
