@@ -2097,6 +2097,44 @@ fn a_cache_block_changed_on_disk_is_fetched_again_never_served() {
     m.unmount_ok();
 }
 
+/// The view [`cached_safetensors`] reads, and its mounts' options.
+const CACHED_VIEW: &str = ".safetensors/model.safetensors";
+const NO_READ_AHEAD: [&str; 2] = ["-o", "remote_read_ahead=0"];
+
+/// What [`cached_safetensors`] leaves: the mount (unmounted), the file's
+/// bytes, its server and URL, the cache directory and the cache file.
+struct Cached {
+    m: Mount,
+    want: Vec<u8>,
+    srv: Server,
+    cache: PathBuf,
+    url: String,
+    data: PathBuf,
+}
+
+/// A safetensors file of two random tensors (drawn from `seed`) served
+/// over HTTP, mounted once and read whole through its view, so that its
+/// cache file is complete.
+fn cached_safetensors(seed: u64) -> Option<Cached> {
+    let py = python()?;
+    let mut m = scratch_mount()?;
+    let script = random_safetensors(seed, &[("a", 500), ("b", 500)]);
+    let (want, srv, cache) = served_safetensors(&py, &m, &script);
+    let url = srv.url("/model.safetensors");
+    mount_remote(&mut m, &url, &cache, &NO_READ_AHEAD);
+    assert!(m.read(CACHED_VIEW) == want, "first read");
+    m.unmount_ok();
+    let data = cache_data_file(&cache);
+    Some(Cached {
+        m,
+        want,
+        srv,
+        cache,
+        url,
+        data,
+    })
+}
+
 /// Whether a thread of process `pid` sleeps in `nanosleep` (a wait
 /// between tries).
 fn sleeping(pid: i32) -> bool {
@@ -2122,17 +2160,18 @@ fn has_open(pid: i32, file: &Path) -> bool {
 #[test]
 fn damaged_side_files_held_by_an_exiting_mount_are_set_up_again_once_it_lets_go() {
     let _s = support::serial();
-    let Some(py) = python() else { return };
-    let Some(mut m) = scratch_mount() else { return };
-    let script = random_safetensors(4, &[("a", 500), ("b", 500)]);
-    let (want, srv, cache) = served_safetensors(&py, &m, &script);
-    let url = srv.url("/model.safetensors");
-    let view = ".safetensors/model.safetensors";
-    let opts = ["-o", "remote_read_ahead=0"];
-    mount_remote(&mut m, &url, &cache, &opts);
-    assert!(m.read(view) == want, "first read");
-    m.unmount_ok();
-    let data = cache_data_file(&cache);
+    let Some(Cached {
+        mut m,
+        want,
+        srv,
+        cache,
+        url,
+        data,
+    }) = cached_safetensors(4)
+    else {
+        return;
+    };
+    let (view, opts) = (CACHED_VIEW, NO_READ_AHEAD);
     std::fs::File::options()
         .write(true)
         .open(data.with_extension("sums"))
@@ -2181,17 +2220,18 @@ fn damaged_side_files_held_by_an_exiting_mount_are_set_up_again_once_it_lets_go(
 #[test]
 fn a_damaged_cache_directory_is_rebuilt_or_refused_never_hangs() {
     let _s = support::serial();
-    let Some(py) = python() else { return };
-    let Some(mut m) = scratch_mount() else { return };
-    let script = random_safetensors(9, &[("a", 500), ("b", 500)]);
-    let (want, srv, cache) = served_safetensors(&py, &m, &script);
-    let url = srv.url("/model.safetensors");
-    let view = ".safetensors/model.safetensors";
-    let opts = ["-o", "remote_read_ahead=0"];
-    mount_remote(&mut m, &url, &cache, &opts);
-    assert!(m.read(view) == want, "first read");
-    m.unmount_ok();
-    let data = cache_data_file(&cache);
+    let Some(Cached {
+        mut m,
+        want,
+        srv: _srv,
+        cache,
+        url,
+        data,
+    }) = cached_safetensors(9)
+    else {
+        return;
+    };
+    let (view, opts) = (CACHED_VIEW, NO_READ_AHEAD);
     let mkfifo = |p: &Path| {
         let _ = std::fs::remove_file(p);
         let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
