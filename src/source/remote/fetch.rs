@@ -261,9 +261,11 @@ impl Object {
             file.write_all_at(&piece, at).map_err(|e| {
                 FetchError::write(&e, format!("{what}: cannot write the cache file: {e}"))
             })?;
+            // Counted before a block it completes lets its readers go: a
+            // reader that then looks at `.ztensor/stats` sees its bytes.
+            FETCHED.fetch_add(piece.len() as u64, Relaxed);
             sum.feed(at, &piece, |b, crc| self.arrived(b, crc));
             at += piece.len() as u64;
-            FETCHED.fetch_add(piece.len() as u64, Relaxed);
         }
         if at != end {
             return Err(FetchError::failed(format!(
@@ -368,9 +370,9 @@ impl Object {
             file.write_all_at(&piece, at).map_err(|e| {
                 FetchError::write(&e, format!("{what}: cannot write the cache file: {e}"))
             })?;
+            FETCHED.fetch_add(piece.len() as u64, Relaxed);
             sum.feed(at, &piece, |b, crc| self.fetched(b, crc));
             at += piece.len() as u64;
-            FETCHED.fetch_add(piece.len() as u64, Relaxed);
         }
         if at != self.size {
             return Err(FetchError::failed(format!(
