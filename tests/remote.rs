@@ -2135,14 +2135,21 @@ fn cached_safetensors(seed: u64) -> Option<Cached> {
     })
 }
 
-/// Whether a thread of process `pid` sleeps in `nanosleep` (a wait
-/// between tries).
+/// Whether a thread of process `pid` sleeps in `clock_nanosleep` (a wait
+/// between tries): by the system call it is in (`/proc/.../syscall`, its
+/// number first), or, where that cannot be read, by its `wchan`.
 fn sleeping(pid: i32) -> bool {
-    std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|d| {
-        d.flatten().any(|t| {
-            std::fs::read_to_string(t.path().join("wchan")).is_ok_and(|w| w == "hrtimer_nanosleep")
-        })
-    })
+    let in_sleep = |t: &Path| {
+        let call = std::fs::read_to_string(t.join("syscall")).unwrap_or_default();
+        let number = call
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse::<i64>().ok());
+        number == Some(libc::SYS_clock_nanosleep)
+            || std::fs::read_to_string(t.join("wchan")).is_ok_and(|w| w == "hrtimer_nanosleep")
+    };
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .is_ok_and(|d| d.flatten().any(|t| in_sleep(&t.path())))
 }
 
 /// Whether process `pid` has `file` open.
