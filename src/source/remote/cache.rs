@@ -85,23 +85,27 @@ fn settle(
     join: impl Fn() -> std::io::Result<Cache>,
 ) -> Settled {
     use std::os::unix::fs::MetadataExt;
+    // Still the file of that name: not one an eviction (or another
+    // program) removed or replaced while no lock was held.
+    let named = || match (f.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    };
     let until = Instant::now() + wait;
     let mut joined_at = Instant::now();
     loop {
         if flock(f, libc::LOCK_EX | libc::LOCK_NB) {
-            // Still the file of that name: not one an eviction removed
-            // while no lock was held.
-            let same = |a: &std::fs::Metadata, b: &std::fs::Metadata| {
-                a.dev() == b.dev() && a.ino() == b.ino()
-            };
-            return match (f.metadata(), std::fs::symlink_metadata(path)) {
-                (Ok(a), Ok(b)) if same(&a, &b) => Settled::Alone,
-                _ => Settled::Not,
+            return match named() {
+                true => Settled::Alone,
+                false => Settled::Not,
             };
         }
         if joined_at.elapsed() >= Duration::from_millis(100)
             && flock(f, libc::LOCK_SH | libc::LOCK_NB)
         {
+            if !named() {
+                return Settled::Not;
+            }
             joined_at = Instant::now();
             if let Ok(c) = join() {
                 return Settled::Joined(c);
@@ -226,6 +230,11 @@ impl Cache {
             // after an unmount: once none holds them, this mount is the
             // first and puts new ones in place, instead of fetching every
             // block again into a private file.
+            // A directory in a side file's place is there for good (no
+            // mount can put a file there): no wait.
+            Err(e) if [&n.live, &n.sums, &n.blocks].iter().any(|p| p.is_dir()) => {
+                Self::private(opts, label, (size, words), &n, &e.to_string())
+            }
             Err(e) => {
                 log::info!(
                     "{label}: its cache files do not fit it ({e}); waiting for the mounts that \
@@ -314,7 +323,8 @@ impl Cache {
             .filter(|&(block, s, _)| s == size && valid_block(block, size))
             .map_or(opts.block_size, |(block, ..)| block);
         let words = bitmap_words(size, block);
-        let (live, _) = Live::open(&n.live, block, size, words, false)?;
+        let (live, _) = Live::open(&n.live, block, size, words, false)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", n.live.display())))?;
         let present = live.iter().map(|w| w.load(Acquire)).collect();
         let bitmap = std::fs::OpenOptions::new()
             .read(true)
