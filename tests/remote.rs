@@ -865,6 +865,46 @@ fn an_object_whose_gets_stop_carrying_its_etag_gives_estale_never_mixed_bytes() 
     replaced_under("drop_etag");
 }
 
+#[test]
+fn a_remount_holds_to_the_etag_its_cache_files_gets_carried() {
+    // The first mount's GETs carried the ETag. The remount pins it from
+    // HEAD; the object is then replaced, and the GETs, all after, lack it
+    // (drop_etag): another object's answers, ESTALE, never its bytes beside
+    // the ones the cache holds.
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let Some(mut m) = scratch_mount() else { return };
+    let (tensors, srv, cache) = served_model(&py, &m);
+    srv.control("/__mode?m=drop_etag");
+    let url = srv.url("/model.zt");
+    mount_remote(&mut m, &url, &cache, &[]);
+    assert_eq!(std::fs::read(m.path("small")).unwrap(), tensors[1].1);
+    m.unmount_ok();
+    let marks = std::fs::read_dir(cache.join("ztensor-remote"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "etag"))
+        .count();
+    assert_eq!(marks, 1, "the mark that the GETs carried the ETag");
+    mount_remote(&mut m, &url, &cache, &[]);
+    replace_with_another(&srv, &m.scratch_path("files"));
+    let e = match std::fs::read(m.path("tail")) {
+        Ok(b) => panic!("the new object's {} bytes served beside the old", b.len()),
+        Err(e) => e,
+    };
+    assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+    let log = m.log_text();
+    assert!(
+        log.contains("changed since mount") && log.contains("ETag none, last modified 2"),
+        "{log}"
+    );
+    assert_eq!(
+        std::fs::read(m.path("small")).unwrap_err().raw_os_error(),
+        Some(libc::ESTALE)
+    );
+    m.unmount_ok();
+}
+
 /// The served object replaced after a read, the server answering in
 /// `mode` (see range_server.py): the next read that fetches is ESTALE.
 fn replaced_under(mode: &str) {

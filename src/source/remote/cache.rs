@@ -29,6 +29,64 @@ pub(super) struct Cache {
     /// Bytes per block: `-o block_size`, or the size of the blocks the
     /// shared cache file already holds (see [`kept_block`]).
     pub(super) block: u64,
+    pub(super) etag_mark: EtagMark,
+}
+
+/// Whether the answers to GETs of the object carried its ETag, known to
+/// every mount of its cache files: a mount whose GETs have all lacked it
+/// (it shares the file with the one that saw it, or it is a remount) holds
+/// an answer without it as another object's all the same, since a server
+/// that drops the ETag it sent may ignore `If-Match` too.
+pub(super) struct EtagMark {
+    seen: std::sync::atomic::AtomicBool,
+    /// `NAME.etag`, made once an answer carried the ETag (none for an
+    /// object whose cache files are not kept).
+    path: Option<PathBuf>,
+}
+
+impl EtagMark {
+    pub(super) fn new(path: Option<PathBuf>) -> EtagMark {
+        EtagMark {
+            seen: std::sync::atomic::AtomicBool::new(false),
+            path,
+        }
+    }
+
+    /// An answer to a GET carried the ETag.
+    pub(super) fn saw(&self) {
+        if self.seen.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let Some(path) = &self.path else { return };
+        // Not through a link, as the cache file. Not made, the mark holds
+        // for this mount alone (said at debug level: nothing is served
+        // wrong for it).
+        if let Err(e) = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+        {
+            log::debug!("{}: {e}", path.display());
+        }
+    }
+
+    /// Whether an answer to a GET of this mount, or of any mount of the
+    /// cache files, carried the ETag. Asked only of an answer without it.
+    pub(super) fn seen(&self) -> bool {
+        if self.seen.load(std::sync::atomic::Ordering::Relaxed) {
+            return true;
+        }
+        let marked = self
+            .path
+            .as_ref()
+            .is_some_and(|p| p.symlink_metadata().is_ok());
+        if marked {
+            self.seen.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        marked
+    }
 }
 
 /// The most blocks an object's cache tracks: its table (a sum of 8 bytes
@@ -47,7 +105,8 @@ pub(super) const SETUP_WAIT: Duration = Duration::from_secs(10);
 
 /// An object's cache files: `NAME.data` (the bytes), `NAME.blocks` (the
 /// durable bitmap), `NAME.live` (the bitmap every mount of it shares),
-/// `NAME.sums` (each block's XXH3-64, see [`Sums`]).
+/// `NAME.sums` (each block's XXH3-64, see [`Sums`]), `NAME.etag` (see
+/// [`EtagMark`]).
 pub(super) struct Names {
     /// What the name is made from, as a number.
     pub(super) key: u64,
@@ -57,6 +116,7 @@ pub(super) struct Names {
     pub(super) blocks: PathBuf,
     pub(super) live: PathBuf,
     pub(super) sums: PathBuf,
+    pub(super) etag: PathBuf,
 }
 
 pub(super) fn flock(f: &File, op: libc::c_int) -> bool {
@@ -69,7 +129,7 @@ enum Settled {
     /// Alone with the file (its exclusive lock held): the first mount.
     Alone,
     /// Another mount set the files up meanwhile: joined.
-    Joined(Cache),
+    Joined(Box<Cache>),
     /// Neither, within the wait.
     Not,
 }
@@ -108,7 +168,7 @@ fn settle(
             }
             joined_at = Instant::now();
             if let Ok(c) = join() {
-                return Settled::Joined(c);
+                return Settled::Joined(Box::new(c));
             }
         }
         if Instant::now() >= until {
@@ -168,6 +228,7 @@ impl Cache {
             blocks: dir.join(format!("{name}.blocks")),
             live: dir.join(format!("{name}.live")),
             sums: dir.join(format!("{name}.sums")),
+            etag: dir.join(format!("{name}.etag")),
             dir,
             name,
         };
@@ -178,6 +239,22 @@ impl Cache {
             log::warn!("{label}: the shared cache is not used: {why}");
             return Self::private(opts, label, (size, words), &n, "its folder is not trusted");
         }
+        let mut cache = Self::shared(opts, label, (size, words), &n)?;
+        // A private file leaves nothing behind.
+        if cache.bitmap.is_some() {
+            cache.etag_mark = EtagMark::new(Some(n.etag.clone()));
+        }
+        Ok(cache)
+    }
+
+    /// The cache file in a trusted folder, shared with the other mounts
+    /// of the object where it can be, else private.
+    fn shared(
+        opts: &Options,
+        label: &str,
+        (size, words): (u64, usize),
+        n: &Names,
+    ) -> Result<Cache> {
         // Not through a link: a link would have the mount write elsewhere.
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -196,11 +273,11 @@ impl Cache {
             Ok(f) => f,
             Err(why) => {
                 log::warn!("{label}: the shared cache file is not used: {why}");
-                return Self::private(opts, label, (size, words), &n, "it cannot be trusted");
+                return Self::private(opts, label, (size, words), n, "it cannot be trusted");
             }
         };
         if flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
-            return Self::alone(opts, label, (size, words), &n, file);
+            return Self::alone(opts, label, (size, words), n, file);
         }
         // Another mount has it: wait for its setup (its exclusive lock, held
         // for moments), then share. A lock held longer is not a setup (an
@@ -212,13 +289,13 @@ impl Cache {
                     opts,
                     label,
                     (size, words),
-                    &n,
+                    n,
                     "another mount holds it alone",
                 );
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        match Self::join(opts, size, &n, &file) {
+        match Self::join(opts, size, n, &file) {
             Ok(c) => {
                 // Each mount brings the cache within its bound, a second
                 // one of an object as the first did.
@@ -233,7 +310,7 @@ impl Cache {
             // A directory in a side file's place is there for good (no
             // mount can put a file there): no wait.
             Err(e) if [&n.live, &n.sums, &n.blocks].iter().any(|p| p.is_dir()) => {
-                Self::private(opts, label, (size, words), &n, &e.to_string())
+                Self::private(opts, label, (size, words), n, &e.to_string())
             }
             Err(e) => {
                 log::info!(
@@ -241,14 +318,14 @@ impl Cache {
                      hold them to let go, to set them up again"
                 );
                 match settle(&file, &n.data, SETUP_WAIT, || {
-                    Self::join(opts, size, &n, &file)
+                    Self::join(opts, size, n, &file)
                 }) {
-                    Settled::Alone => Self::alone(opts, label, (size, words), &n, file),
+                    Settled::Alone => Self::alone(opts, label, (size, words), n, file),
                     Settled::Joined(c) => {
                         evict(&n.dir, opts.disk_cache_size, &n.name);
-                        Ok(c)
+                        Ok(*c)
                     }
-                    Settled::Not => Self::private(opts, label, (size, words), &n, &e.to_string()),
+                    Settled::Not => Self::private(opts, label, (size, words), n, &e.to_string()),
                 }
             }
         }
@@ -303,6 +380,7 @@ impl Cache {
             live: None,
             sums: Sums::own(size.div_ceil(opts.block_size)),
             key: n.key,
+            etag_mark: EtagMark::new(None),
             block: opts.block_size,
         })
     }
@@ -339,6 +417,7 @@ impl Cache {
             live: Some(live),
             sums,
             key: n.key,
+            etag_mark: EtagMark::new(None),
             block,
         })
     }
@@ -432,6 +511,7 @@ impl Cache {
             live,
             sums,
             key: n.key,
+            etag_mark: EtagMark::new(None),
             block,
         })
     }
@@ -589,6 +669,7 @@ pub(super) fn evict(dir: &Path, budget: u64, keep: &str) {
         let _ = std::fs::remove_file(p.with_extension("blocks"));
         let _ = std::fs::remove_file(p.with_extension("live"));
         let _ = std::fs::remove_file(p.with_extension("sums"));
+        let _ = std::fs::remove_file(p.with_extension("etag"));
         if std::fs::remove_file(&p).is_ok() {
             log::info!(
                 "remote cache: removed {} ({bytes} bytes) to stay within the disk cache size",

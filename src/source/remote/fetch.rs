@@ -394,7 +394,8 @@ impl Object {
     /// its ETag, or where the mount or the answer has none, its
     /// Last-Modified where both have one (a server without ETags, or
     /// without them on its ranged answers, may ignore `If-Match`). Once a
-    /// GET's answer carried the ETag, one without it is another object.
+    /// GET's answer carried the ETag (in this mount or another of its cache
+    /// files), one without it is another object.
     pub(super) fn same_object(
         &self,
         meta: &object_store::ObjectMeta,
@@ -402,11 +403,11 @@ impl Object {
         let moved = match (&self.etag, &meta.e_tag) {
             (Some(pinned), Some(now)) => {
                 if pinned == now {
-                    self.etag_seen_on_get.store(true, Relaxed);
+                    self.etag_seen_on_get.saw();
                 }
                 pinned != now
             }
-            (Some(_), None) if self.etag_on_gets || self.etag_seen_on_get.load(Relaxed) => true,
+            (Some(_), None) if self.etag_on_gets || self.etag_seen_on_get.seen() => true,
             _ => {
                 let now = meta.last_modified.timestamp();
                 self.modified.is_some_and(|m| now != 0 && m != now)

@@ -19,7 +19,7 @@ use crate::source::shared::Live;
 use crate::source::sums::Sums;
 use crate::source::{Backing, MappedFile};
 
-use super::cache::{COMMIT_EVERY, COMMIT_QUIET, Cache, Files, commit, present_run};
+use super::cache::{COMMIT_EVERY, COMMIT_QUIET, Cache, EtagMark, Files, commit, present_run};
 use super::client::Client;
 use super::fetch::Flight;
 use super::{CHECKERS, MAX_REQUESTS, PARALLEL, Typed, fail, open_with, runtime};
@@ -57,10 +57,11 @@ pub struct Object {
     /// (one without it is not this object; a server whose HEAD alone gives
     /// an ETag is held to its Last-Modified instead).
     pub(super) etag_on_gets: bool,
-    /// A GET's answer carried the pinned ETag: from then on, every answer
-    /// must (a server that stops sending it serves another object, and
-    /// may ignore `If-Match`).
-    pub(super) etag_seen_on_get: AtomicBool,
+    /// Whether a GET's answer carried the pinned ETag, in this mount or
+    /// another of its cache files: from then on, every answer must (a
+    /// server that stops sending it serves another object, and may ignore
+    /// `If-Match`).
+    pub(super) etag_seen_on_get: EtagMark,
     pub(super) version: Option<String>,
     /// Its Last-Modified (seconds) at mount, if the server gave one: what
     /// each answer without an ETag to compare must still say.
@@ -155,7 +156,7 @@ impl Object {
             size: meta.size,
             etag: meta.e_tag,
             etag_on_gets,
-            etag_seen_on_get: AtomicBool::new(false),
+            etag_seen_on_get: cache.etag_mark,
             version: meta.version,
             modified,
             block: cache.block,
