@@ -2233,7 +2233,7 @@ fn damaged_side_files_held_by_an_exiting_mount_are_set_up_again_once_it_lets_go(
         0
     );
     let mp = m.mp.clone();
-    std::thread::scope(|s| {
+    let let_go = std::thread::scope(|s| {
         let mounting = s.spawn(|| mount_remote(&mut m, &url, &cache, &opts));
         // The new mount found the files damaged and waits to be alone
         // with them (its log is written once it is mounted): asleep
@@ -2243,12 +2243,25 @@ fn damaged_side_files_held_by_an_exiting_mount_are_set_up_again_once_it_lets_go(
                 .into_iter()
                 .any(|pid| sleeping(pid) && has_open(pid, &data))
         });
+        let let_go = chrono::Utc::now()
+            .format("%Y-%m-%dT%H:%M:%S%.3fZ")
+            .to_string();
         drop(held);
         assert!(waiting, "the mount did not wait");
         mounting.join().unwrap();
+        let_go
     });
     let log = m.log_text();
     assert!(log.contains("block sums are missing"), "{log}");
+    // Its log, written once it is mounted, still says when it waited.
+    let wait = log
+        .lines()
+        .find(|l| l.contains("waiting for the mounts that hold them"))
+        .unwrap_or_else(|| panic!("no wait in the log: {log}"));
+    assert!(
+        wait.get(..24).is_some_and(|t| t <= let_go.as_str()),
+        "{wait} (let go at {let_go})"
+    );
     assert!(!log.contains("using a private one"), "{log}");
     assert!(m.read(view) == want, "after the rebuild");
     m.unmount_ok();

@@ -75,8 +75,18 @@ struct Relay {
 }
 
 enum Relayed {
-    Held(Vec<(log::Level, String, String)>, usize),
+    Held(Vec<HeldLine>, usize),
     To(Box<dyn Log>),
+}
+
+/// A line held, with the time it was logged: written later, it still
+/// says when it happened (a mount that waited 10 s for its cache file
+/// shows the wait).
+struct HeldLine {
+    at: std::time::SystemTime,
+    level: log::Level,
+    target: String,
+    line: String,
 }
 
 /// Lines held before the daemon's log is open; more are counted, not kept.
@@ -85,6 +95,10 @@ const HELD_MAX: usize = 1000;
 static RELAY: std::sync::OnceLock<&'static Relay> = std::sync::OnceLock::new();
 
 thread_local! {
+    /// When the record this thread is writing was logged, where that was
+    /// before now (a held line); the log file's lines carry it.
+    static LOGGED_AT: std::cell::Cell<Option<std::time::SystemTime>> =
+        const { std::cell::Cell::new(None) };
     /// Set while this thread is inside the relay: a line logged from there
     /// (by a panic in a logger, through the panic hook) is dropped rather
     /// than waiting forever for the lock this thread holds.
@@ -148,9 +162,12 @@ impl Log for Relay {
         };
         match &mut *self.state.lock().unwrap_or_else(|e| e.into_inner()) {
             Relayed::To(to) => to.log(r),
-            Relayed::Held(held, _) if held.len() < HELD_MAX => {
-                held.push((r.level(), r.target().to_string(), r.args().to_string()))
-            }
+            Relayed::Held(held, _) if held.len() < HELD_MAX => held.push(HeldLine {
+                at: std::time::SystemTime::now(),
+                level: r.level(),
+                target: r.target().to_string(),
+                line: r.args().to_string(),
+            }),
             Relayed::Held(_, dropped) => *dropped += 1,
         }
     }
@@ -229,8 +246,10 @@ fn install(to: Box<dyn Log>, max: LevelFilter) {
         }
     };
     if let Relayed::Held(held, dropped) = &*state {
-        for (level, target, line) in held {
-            emit(*level, target, format_args!("{line}"));
+        for h in held {
+            LOGGED_AT.set(Some(h.at));
+            emit(h.level, &h.target, format_args!("{}", h.line));
+            LOGGED_AT.set(None);
         }
         if *dropped > 0 {
             let said = format!("{dropped} more lines from before the mount were dropped");
@@ -264,10 +283,13 @@ pub fn to_file(path: &Path, debug: bool) -> std::io::Result<()> {
     let mut b = builder(debug);
     b.target(env_logger::Target::Pipe(to));
     b.format(|buf, r| {
+        let when = match LOGGED_AT.get() {
+            Some(at) => stamp(at),
+            None => buf.timestamp_millis().to_string(),
+        };
         writeln!(
             buf,
-            "{} [{}] {}: {}",
-            buf.timestamp_millis(),
+            "{when} [{}] {}: {}",
             std::process::id(),
             r.level(),
             r.args()
@@ -277,6 +299,13 @@ pub fn to_file(path: &Path, debug: bool) -> std::io::Result<()> {
     let max = logger.filter();
     install(Box::new(logger), max);
     Ok(())
+}
+
+/// `at` as the log file's lines give a time (RFC 3339, UTC, milliseconds).
+fn stamp(at: std::time::SystemTime) -> String {
+    chrono::DateTime::<chrono::Utc>::from(at)
+        .format("%Y-%m-%dT%H:%M:%S%.3fZ")
+        .to_string()
 }
 
 /// A regular file's writer, a record at a time: a record the file took
