@@ -6,7 +6,7 @@
 //! (`If-Match`): an object that changed fails the read, it never mixes old
 //! and new bytes. A fetched block is written into the file and only then
 //! marked present, so the mapping (and every zero-copy path over it) holds
-//! the object's bytes wherever [`Backing::ensure`] said yes; the file lives
+//! the object's bytes wherever [`Backing::ensure`](crate::source::Backing::ensure) said yes; the file lives
 //! in the page cache, so memory stays bounded, and a remount with the same
 //! ETag finds its blocks there.
 //!
