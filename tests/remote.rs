@@ -895,7 +895,9 @@ fn a_remount_holds_to_the_etag_its_cache_files_gets_carried() {
     assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
     let log = m.log_text();
     assert!(
-        log.contains("changed since mount") && log.contains("ETag none, last modified 2"),
+        log.contains("changed since mount")
+            && log.contains("ETag none, last modified 2")
+            && log.contains("carried its ETag before"),
         "{log}"
     );
     assert_eq!(

@@ -279,10 +279,7 @@ pub(super) fn serve(
 
 /// The filesystem of what was opened, and the time its files show (the
 /// source's modification time); or why it cannot be made.
-fn filesystem(
-    opened: Opened,
-    s: &Settings,
-) -> Result<(TensorFs, std::time::SystemTime), String> {
+fn filesystem(opened: Opened, s: &Settings) -> Result<(TensorFs, std::time::SystemTime), String> {
     let label = opened.catalog.label.clone();
     let time = opened
         .sources

@@ -400,6 +400,8 @@ impl Object {
         &self,
         meta: &object_store::ObjectMeta,
     ) -> std::result::Result<(), FetchError> {
+        // Why an answer without the ETag is another object's, when it is.
+        let mut dropped = "";
         let moved = match (&self.etag, &meta.e_tag) {
             (Some(pinned), Some(now)) => {
                 if pinned == now {
@@ -407,7 +409,12 @@ impl Object {
                 }
                 pinned != now
             }
-            (Some(_), None) if self.etag_on_gets || self.etag_seen_on_get.seen() => true,
+            (Some(_), None) if self.etag_on_gets || self.etag_seen_on_get.seen() => {
+                dropped = "; the object's answers carried its ETag before, and one without it is \
+                           taken as another object's (a server that drops the ETag may ignore \
+                           If-Match)";
+                true
+            }
             _ => {
                 let now = meta.last_modified.timestamp();
                 self.modified.is_some_and(|m| now != 0 && m != now)
@@ -428,7 +435,7 @@ impl Object {
         };
         Err(self.changed(&format!(
             "pinned at {} bytes, ETag {}{pinned_modified}; the server now says {} bytes, ETag \
-             {etag}{modified}",
+             {etag}{modified}{dropped}",
             self.size,
             self.etag.as_deref().unwrap_or("none"),
             meta.size
