@@ -39,7 +39,9 @@ pub fn syslog_available() -> bool {
 /// `/var/log/ztensor-mount.log` for root, else
 /// `$XDG_STATE_HOME/ztensor-mount.log` (`~/.local/state/…`), its folder
 /// made if missing; where that cannot be written,
-/// `$TMPDIR/ztensor-mount-UID.log`.
+/// `$TMPDIR/ztensor-mount-UID.log`, or where that name is taken by
+/// another user's file or a link (any user may put one there), a new file
+/// `$TMPDIR/ztensor-mount-UID-XXXXXX.log` of this user's own.
 pub fn default_log_file() -> std::path::PathBuf {
     use std::path::PathBuf;
     // SAFETY: getuid takes nothing, touches no memory of ours and cannot fail.
@@ -55,10 +57,71 @@ pub fn default_log_file() -> std::path::PathBuf {
     };
     let writable =
         |d: &PathBuf| std::fs::create_dir_all(d).is_ok() && tempfile::tempfile_in(d).is_ok();
-    match dir.filter(writable) {
-        Some(d) => d.join("ztensor-mount.log"),
-        None => std::env::temp_dir().join(format!("ztensor-mount-{uid}.log")),
+    if let Some(d) = dir.filter(writable) {
+        return d.join("ztensor-mount.log");
     }
+    let tmp = std::env::temp_dir();
+    let named = tmp.join(format!("ztensor-mount-{uid}.log"));
+    if open_log(&named).is_ok() {
+        return named;
+    }
+    tempfile::Builder::new()
+        .prefix(&format!("ztensor-mount-{uid}-"))
+        .suffix(".log")
+        .tempfile_in(&tmp)
+        .ok()
+        .and_then(|f| f.keep().ok())
+        .map_or(named, |(_, path)| path)
+}
+
+/// Opens the log file at `path` to append to it. In a folder any user may
+/// write (`/tmp`), only a file of this user's own, not through a link, and
+/// made readable by this user alone: another user could have put a link
+/// there (the daemon would append its lines to a file the link names) or
+/// a file of theirs (and read every line).
+fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let shared = path
+        .parent()
+        .map(|d| {
+            if d.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                d
+            }
+        })
+        .and_then(|d| std::fs::metadata(d).ok())
+        .is_some_and(|m| m.mode() & 0o002 != 0);
+    let mut o = std::fs::OpenOptions::new();
+    o.create(true).append(true);
+    // Non-blocking: a FIFO nobody reads fails to open (ENXIO) instead of
+    // hanging the daemon and the command waiting for it, and a reader that
+    // stops reading loses lines instead of stalling every request that
+    // logs (and a signal's unmount, which logs first). A regular file is
+    // written as ever.
+    let mut flags = libc::O_NONBLOCK;
+    if shared {
+        flags |= libc::O_NOFOLLOW;
+        o.mode(0o600);
+    }
+    let f = o
+        .custom_flags(flags)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) if shared => {
+                std::io::Error::other("a link, in a folder every user may write: not followed")
+            }
+            _ => e,
+        })?;
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let me = unsafe { libc::geteuid() };
+    let owner = f.metadata()?.uid();
+    if shared && owner != me {
+        return Err(std::io::Error::other(format!(
+            "another user's file (uid {owner}), in a folder every user may write"
+        )));
+    }
+    Ok(f)
 }
 
 pub fn to_stderr(debug: bool) {
@@ -261,17 +324,7 @@ fn install(to: Box<dyn Log>, max: LevelFilter) {
 }
 
 pub fn to_file(path: &Path, debug: bool) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    // Non-blocking: a FIFO nobody reads fails to open (ENXIO) instead of
-    // hanging the daemon and the command waiting for it, and a reader that
-    // stops reading loses lines instead of stalling every request that
-    // logs (and a signal's unmount, which logs first). A regular file is
-    // written as ever.
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
+    let f = open_log(path)?;
     let to: Box<dyn Write + Send> = if f.metadata()?.is_file() {
         Box::new(Lines {
             out: f,
@@ -412,6 +465,39 @@ pub fn to_syslog(debug: bool) {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+    #[test]
+    fn a_log_file_in_a_folder_every_user_may_write_is_this_users_own_and_no_link() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        // Made fresh: readable by this user alone.
+        let mine = dir.path().join("mine.log");
+        open_log(&mine).unwrap();
+        assert_eq!(std::fs::metadata(&mine).unwrap().mode() & 0o777, 0o600);
+        // A link another user put there is not followed.
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let link = dir.path().join("link.log");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        let e = open_log(&link).unwrap_err();
+        assert!(e.to_string().contains("a link"), "{e}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        // Another user's file (the tests run as root, who may give it away).
+        let theirs = dir.path().join("theirs.log");
+        std::fs::write(&theirs, b"").unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        let e = open_log(&theirs).unwrap_err();
+        assert!(
+            e.to_string().contains("another user's file (uid 65534)"),
+            "{e}"
+        );
+        // In a folder of this user's own, a link is the user's to make.
+        let own = tempfile::tempdir().unwrap();
+        let link = own.path().join("link.log");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        open_log(&link).unwrap();
+    }
 
     /// A logger that logs again through the relay from inside it, as the
     /// panic hook does for a panic inside a logger.
