@@ -40,7 +40,9 @@ import numpy as np
 mnt = sys.argv[1]
 for name in ["embed.weight", "enc/layer0/mlp/w1", "norm.scale"]:
     meta = json.load(open(f"{mnt}/{name}.json"))
-    a = np.fromfile(f"{mnt}/{name}", dtype=meta["numpy_dtype"]).reshape(meta["shape"])
+    # read() raises where a read fails; np.fromfile would return zeros.
+    with open(f"{mnt}/{name}", "rb") as f:
+        a = np.frombuffer(f.read(), dtype=meta["numpy_dtype"]).reshape(meta["shape"])
     print(f"{name}: {meta['encoding']}, {meta['data_endianness']}-endian on disk -> {a.dtype} {a.shape}, first row {a.reshape(-1)[:4]}")
 # The views: each library opens a tensor by its path alone.
 import tensorstore as ts, zarr
