@@ -141,6 +141,32 @@ fn bad_files_fail_fast_with_one_line_and_no_mount() {
     }
 }
 
+/// A newline in the file's path (any control character) is written as
+/// `%0A`, as the tree writes one in a name: the refusal stays one line,
+/// and so does each record of the log.
+#[test]
+fn a_newline_in_the_files_path_keeps_the_error_and_the_log_on_one_line() {
+    let _one_at_a_time = support::serial();
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let bad = m.scratch_path("bad\nname.zt");
+    std::fs::write(&bad, b"").unwrap();
+    let err = assert_clean_failure(&m.run(&bad, &[]), "a newline");
+    assert!(err.contains("bad%0Aname.zt"), "{err}");
+    let good = m.scratch_path("good\nmodel.zt");
+    write_small(&good);
+    let r = m.run(&good, &[]);
+    assert!(r.ok(), "{r:?}");
+    m.unmount_ok();
+    let text = m.log_text();
+    assert!(text.contains("good%0Amodel.zt"), "{text}");
+    assert!(
+        text.lines().all(|l| l.starts_with("20")),
+        "a record over two lines: {text}"
+    );
+}
+
 #[test]
 fn missing_or_unusable_mountpoint_fails_clearly() {
     let _one_at_a_time = support::serial();

@@ -29,7 +29,7 @@ pub fn run(
     match cat(path, name, part, remote) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("ztensor-mount: {e}");
+            eprintln!("ztensor-mount: {}", super::one_line(e));
             ExitCode::from(1)
         }
     }

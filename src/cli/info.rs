@@ -12,7 +12,7 @@ pub fn run(path: &Path, json: bool, remote: &crate::source::RemoteOptions) -> Ex
     let cat = match formats::open_arg(&path.to_string_lossy(), Limits::default(), remote) {
         Ok(opened) => opened.catalog,
         Err(e) => {
-            eprintln!("ztensor-mount: {e}");
+            eprintln!("ztensor-mount: {}", super::one_line(e));
             return ExitCode::from(1);
         }
     };

@@ -345,7 +345,7 @@ pub fn to_file(path: &Path, debug: bool) -> std::io::Result<()> {
             "{when} [{}] {}: {}",
             std::process::id(),
             r.level(),
-            r.args()
+            super::one_line(r.args())
         )
     });
     let logger = b.build();
@@ -444,7 +444,8 @@ impl Log for Syslog {
             log::Level::Info => libc::LOG_INFO,
             _ => libc::LOG_DEBUG,
         };
-        if let Ok(msg) = CString::new(format!("{}", r.args()).replace('\0', " ")) {
+        // NUL too is written as %00: one record, one line, whole.
+        if let Ok(msg) = CString::new(super::one_line(r.args())) {
             // SAFETY: a constant "%s" format with one argument, a NUL-ended
             // string that lives through the call (so `%` in a message is
             // printed, never read as a directive); syslog(3) is thread-safe.

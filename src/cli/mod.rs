@@ -263,6 +263,12 @@ fn absolute_path_vars() {
     }
 }
 
+/// `msg` as one line a user reads: a control character in it (a newline
+/// in a file's path) written as `%XX`, as the tree writes one in a name,
+/// so that one error or log record is one line.
+pub(crate) fn one_line(msg: impl std::fmt::Display) -> String {
+    crate::mount::tree::printable(&msg.to_string()).into_owned()
+}
 /// Whether `arg` is a cluster of short flags holding `-FLAG` (`-u`,
 /// `-uz`), not the value of an `-o` written onto it (`-ouid=1000`).
 fn short_flag(arg: &str, flag: char) -> bool {
@@ -317,7 +323,7 @@ pub fn main() -> ExitCode {
     let s = match settings(&cli) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("ztensor-mount: {e}");
+            eprintln!("ztensor-mount: {}", one_line(e));
             return ExitCode::from(2);
         }
     };
@@ -454,7 +460,7 @@ fn remote_options(
     match fetch_options(file, endpoint, dir) {
         Ok(r) => Some(r),
         Err(why) => {
-            eprintln!("ztensor-mount: {why}");
+            eprintln!("ztensor-mount: {}", one_line(why));
             None
         }
     }
@@ -536,7 +542,7 @@ fn tool(cli: ToolCli) -> ExitCode {
             let frame_size = match frame_size.as_deref().map(options::parse_size).transpose() {
                 Ok(f) => f,
                 Err(e) => {
-                    eprintln!("ztensor-mount pack: {e}");
+                    eprintln!("ztensor-mount pack: {}", one_line(e));
                     return ExitCode::from(2);
                 }
             };

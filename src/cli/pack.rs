@@ -40,11 +40,11 @@ pub fn run(a: PackArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(Failure::Usage(e)) => {
-            eprintln!("ztensor-mount pack: {e}");
+            eprintln!("ztensor-mount pack: {}", super::one_line(e));
             ExitCode::from(2)
         }
         Err(Failure::Failed(e)) => {
-            eprintln!("ztensor-mount pack: {e}");
+            eprintln!("ztensor-mount pack: {}", super::one_line(e));
             ExitCode::from(1)
         }
     }

@@ -33,7 +33,7 @@ pub fn run(mountpoint: &Path, wanted: &[String], jobs: usize) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("ztensor-mount prefetch: {e}");
+            eprintln!("ztensor-mount prefetch: {}", super::one_line(e));
             ExitCode::from(1)
         }
     }
@@ -250,7 +250,7 @@ fn prefetch(mp: &Path, wanted: &[String], jobs: usize) -> Result<bool, String> {
     }
     println!("{line}");
     for (_, why) in &failed {
-        eprintln!("ztensor-mount prefetch: {why}");
+        eprintln!("ztensor-mount prefetch: {}", super::one_line(why));
     }
     Ok(failed.is_empty())
 }

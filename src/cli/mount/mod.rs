@@ -33,7 +33,7 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
     } else {
         String::new()
     };
-    eprintln!("ztensor-mount: {msg}{hint}");
+    eprintln!("ztensor-mount: {}{hint}", crate::cli::one_line(msg));
     ExitCode::from(1)
 }
 
