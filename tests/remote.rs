@@ -866,7 +866,7 @@ fn an_object_whose_gets_stop_carrying_its_etag_gives_estale_never_mixed_bytes() 
 }
 
 #[test]
-fn a_remount_holds_to_the_etag_its_cache_files_gets_carried() {
+fn a_remount_holds_to_the_etag_that_gets_of_its_cache_file_carried() {
     // The first mount's GETs carried the ETag. The remount pins it from
     // HEAD; the object is then replaced, and the GETs, all after, lack it
     // (drop_etag): another object's answers, ESTALE, never its bytes beside
@@ -887,6 +887,8 @@ fn a_remount_holds_to_the_etag_its_cache_files_gets_carried() {
         .count();
     assert_eq!(marks, 1, "the mark that the GETs carried the ETag");
     mount_remote(&mut m, &url, &cache, &[]);
+    // Its index from the cache: not one GET before the object is replaced.
+    assert_eq!(m.stat_u64("remote_fetched_bytes"), 0, "{}", m.stats());
     replace_with_another(&srv, &m.scratch_path("files"));
     let e = match std::fs::read(m.path("tail")) {
         Ok(b) => panic!("the new object's {} bytes served beside the old", b.len()),
@@ -905,6 +907,39 @@ fn a_remount_holds_to_the_etag_its_cache_files_gets_carried() {
         Some(libc::ESTALE)
     );
     m.unmount_ok();
+}
+
+#[test]
+fn a_second_mount_sharing_the_cache_file_holds_to_the_etag_the_first_ones_gets_carried() {
+    // Mount A's GETs carried the ETag; mount B, sharing the cache file,
+    // fetched nothing before the object was replaced, and its GETs after
+    // lack the ETag (drop_etag): ESTALE, never the new object's blocks
+    // beside the ones A fetched.
+    let _s = support::serial();
+    let Some(py) = python() else { return };
+    let (Some(mut a), Some(mut b)) = (scratch_mount(), scratch_mount()) else {
+        return;
+    };
+    let (tensors, srv, cache) = served_model(&py, &a);
+    srv.control("/__mode?m=drop_etag");
+    let url = srv.url("/model.zt");
+    mount_remote(&mut a, &url, &cache, &[]);
+    assert_eq!(std::fs::read(a.path("small")).unwrap(), tensors[1].1);
+    mount_remote(&mut b, &url, &cache, &[]);
+    assert_eq!(b.stat_u64("remote_fetched_bytes"), 0, "{}", b.stats());
+    replace_with_another(&srv, &a.scratch_path("files"));
+    let e = match std::fs::read(b.path("tail")) {
+        Ok(got) => panic!("the new object's {} bytes served beside the old", got.len()),
+        Err(e) => e,
+    };
+    assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+    assert!(
+        b.log_text().contains("carried its ETag before"),
+        "{}",
+        b.log_text()
+    );
+    b.unmount_ok();
+    a.unmount_ok();
 }
 
 /// The served object replaced after a read, the server answering in

@@ -168,6 +168,23 @@ thread_local! {
     static IN_RELAY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Sets this thread's [`LOGGED_AT`] until dropped (also when a logger
+/// panics): the lines after it carry their own time.
+struct LoggedAt;
+
+impl LoggedAt {
+    fn set(at: std::time::SystemTime) -> LoggedAt {
+        LOGGED_AT.set(Some(at));
+        LoggedAt
+    }
+}
+
+impl Drop for LoggedAt {
+    fn drop(&mut self) {
+        LOGGED_AT.set(None);
+    }
+}
+
 /// Marks this thread as inside the relay until dropped (also when a panic
 /// unwinds through it); `None` when it already was.
 struct Inside;
@@ -310,9 +327,8 @@ fn install(to: Box<dyn Log>, max: LevelFilter) {
     };
     if let Relayed::Held(held, dropped) = &*state {
         for h in held {
-            LOGGED_AT.set(Some(h.at));
+            let _at = LoggedAt::set(h.at);
             emit(h.level, &h.target, format_args!("{}", h.line));
-            LOGGED_AT.set(None);
         }
         if *dropped > 0 {
             let said = format!("{dropped} more lines from before the mount were dropped");

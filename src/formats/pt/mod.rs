@@ -355,28 +355,6 @@ fn element_type(torch: &str) -> Option<DType> {
     })
 }
 
-/// The torch dtype a typed storage class holds (`FloatStorage` →
-/// `float32`); the class name less `Storage`, lower-cased, otherwise.
-fn storage_dtype(class: &str) -> String {
-    let named = match class {
-        "DoubleStorage" => "float64",
-        "FloatStorage" => "float32",
-        "HalfStorage" => "float16",
-        "BFloat16Storage" => "bfloat16",
-        "LongStorage" => "int64",
-        "IntStorage" => "int32",
-        "ShortStorage" => "int16",
-        "CharStorage" => "int8",
-        "ByteStorage" => "uint8",
-        "BoolStorage" => "bool",
-        "ComplexFloatStorage" => "complex64",
-        "ComplexDoubleStorage" => "complex128",
-        "ComplexHalfStorage" => "complex32",
-        other => return other.trim_end_matches("Storage").to_lowercase(),
-    };
-    named.to_string()
-}
-
 /// The part of tensor `t`, whose storage is at `(start, len)` in the file:
 /// a raw range when contiguous, gathered from its strides otherwise.
 fn place(

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{element_type, storage_dtype};
+use super::element_type;
 
 /// Most opcodes evaluated.
 const MAX_OPS: u64 = 100_000_000;
@@ -872,4 +872,26 @@ fn pairs(items: Vec<Val>) -> Vec<(Val, Val)> {
         out.push((k, v));
     }
     out
+}
+
+/// The torch dtype a typed storage class holds (`FloatStorage` →
+/// `float32`); the class name less `Storage`, lower-cased, otherwise.
+fn storage_dtype(class: &str) -> String {
+    let named = match class {
+        "DoubleStorage" => "float64",
+        "FloatStorage" => "float32",
+        "HalfStorage" => "float16",
+        "BFloat16Storage" => "bfloat16",
+        "LongStorage" => "int64",
+        "IntStorage" => "int32",
+        "ShortStorage" => "int16",
+        "CharStorage" => "int8",
+        "ByteStorage" => "uint8",
+        "BoolStorage" => "bool",
+        "ComplexFloatStorage" => "complex64",
+        "ComplexDoubleStorage" => "complex128",
+        "ComplexHalfStorage" => "complex32",
+        other => return other.trim_end_matches("Storage").to_lowercase(),
+    };
+    named.to_string()
 }

@@ -15,12 +15,12 @@ pub struct Backing {
     /// free no disk.
     _holds: Holds,
     pub(super) len: u64,
-    /// Its bytes in [`Inner::filled`].
+    /// Its bytes in [`Inner::filled`](super::Inner::filled).
     pub(super) charged: u64,
     pub(super) origin: Origin,
     /// Opens that the kernel serves from it now.
     pub(super) opens: AtomicUsize,
-    /// When it was last opened ([`Backings`]' clock), for eviction.
+    /// When it was last opened ([`Backings`](super::Backings)' clock), for eviction.
     pub(super) used: AtomicU64,
     /// Every page of it was found in the page cache once (see
     /// [`Backing::resident`]); set from the start for all but clones.
@@ -38,7 +38,7 @@ impl std::fmt::Debug for Backing {
 }
 
 impl Backing {
-    /// A backing of `len` bytes in `file`, last opened at `used` ([`Backings`]'
+    /// A backing of `len` bytes in `file`, last opened at `used` ([`Backings`](super::Backings)'
     /// clock). All but a clone are resident from the start (see
     /// [`Backing::resident`]).
     pub(super) fn new(file: File, holds: Holds, len: u64, origin: Origin, used: u64) -> Backing {

@@ -32,7 +32,7 @@ pub(super) struct Job {
     /// Set when its thread takes it from the queue: until then it waits
     /// behind other fills, which an open cannot hurry.
     started: Arc<AtomicBool>,
-    /// The exposed file whose reads asked for it (see [`Filled`]).
+    /// The exposed file whose reads asked for it (see [`Filled`](super::Filled)).
     asked_by: u64,
     pub(super) file: File,
     holds: Holds,

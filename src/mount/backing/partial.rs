@@ -174,7 +174,7 @@ impl Partial {
     }
 
     /// Whether all but at most an eighth of it is written (see
-    /// [`Backings::ready_or_wait`]).
+    /// [`Backings::ready_or_wait`](super::Backings::ready_or_wait)).
     pub(super) fn nearly_whole(&self) -> bool {
         lock(&self.written).nearly_covers(self.len)
     }

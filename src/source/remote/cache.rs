@@ -40,7 +40,8 @@ pub(super) struct Cache {
 pub(super) struct EtagMark {
     seen: std::sync::atomic::AtomicBool,
     /// `NAME.etag`, made once an answer carried the ETag (none for an
-    /// object whose cache files are not kept).
+    /// object whose cache files are not kept, nor for a mount of it that
+    /// fetches into a private file).
     path: Option<PathBuf>,
 }
 
@@ -58,18 +59,28 @@ impl EtagMark {
             return;
         }
         let Some(path) = &self.path else { return };
-        // Not through a link, as the cache file. Not made, the mark holds
-        // for this mount alone (said at debug level: nothing is served
-        // wrong for it).
-        if let Err(e) = std::fs::OpenOptions::new()
+        // Made anew or found there, never opened (a FIFO put in its place
+        // would block the open) nor followed (a link).
+        match std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(false)
-            .custom_flags(libc::O_NOFOLLOW)
+            .create_new(true)
             .open(path)
         {
-            log::debug!("{}: {e}", path.display());
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            // This mount still holds the object to it; a remount of the
+            // cache will not know it.
+            Err(e) => log::warn!(
+                "{}: cannot record that the object's answers carry its ETag ({e}): a remount \
+                 will not hold them to it",
+                path.display()
+            ),
         }
+    }
+
+    /// The mark's file, where the object's cache files are kept.
+    pub(super) fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
     }
 
     /// Whether an answer to a GET of this mount, or of any mount of the
@@ -669,8 +680,8 @@ pub(super) fn evict(dir: &Path, budget: u64, keep: &str) {
         let _ = std::fs::remove_file(p.with_extension("blocks"));
         let _ = std::fs::remove_file(p.with_extension("live"));
         let _ = std::fs::remove_file(p.with_extension("sums"));
-        let _ = std::fs::remove_file(p.with_extension("etag"));
         if std::fs::remove_file(&p).is_ok() {
+            let _ = std::fs::remove_file(p.with_extension("etag"));
             log::info!(
                 "remote cache: removed {} ({bytes} bytes) to stay within the disk cache size",
                 p.display()

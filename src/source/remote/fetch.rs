@@ -278,7 +278,7 @@ impl Object {
     }
 
     /// The whole object, fetched once into the cache file, for a server
-    /// that ignores Range requests: within [`Options::whole_max`], else
+    /// that ignores Range requests: within [`Options::whole_max`](super::Options::whole_max), else
     /// one line saying what to do instead. Once it succeeded, or was
     /// refused for its size, every caller gets that outcome; a fetch that
     /// failed is tried again by the next caller.
@@ -401,7 +401,7 @@ impl Object {
         meta: &object_store::ObjectMeta,
     ) -> std::result::Result<(), FetchError> {
         // Why an answer without the ETag is another object's, when it is.
-        let mut dropped = "";
+        let mut dropped = String::new();
         let moved = match (&self.etag, &meta.e_tag) {
             (Some(pinned), Some(now)) => {
                 if pinned == now {
@@ -410,9 +410,15 @@ impl Object {
                 pinned != now
             }
             (Some(_), None) if self.etag_on_gets || self.etag_seen_on_get.seen() => {
-                dropped = "; the object's answers carried its ETag before, and one without it is \
-                           taken as another object's (a server that drops the ETag may ignore \
-                           If-Match)";
+                dropped =
+                    format!(
+                    "; the object's answers carried its ETag before{}, and one without it is \
+                     taken as another object's (a server that drops the ETag may ignore If-Match)",
+                    self.etag_seen_on_get.path().map_or(String::new(), |p| format!(
+                        " (recorded in {}: delete the object's files there to mount it afresh)",
+                        p.display()
+                    ))
+                );
                 true
             }
             _ => {

@@ -113,7 +113,7 @@ const MAX_REQUESTS: usize = 12;
 /// A multi-block range is fetched as at most this many parallel requests.
 const PARALLEL: u64 = 4;
 /// Threads checking a cache file's blocks at once (see
-/// [`Backing::check_present`]).
+/// [`Backing::check_present`](crate::source::Backing::check_present)).
 const CHECKERS: usize = 4;
 
 const SCHEMES: &[&str] = &[
