@@ -172,7 +172,15 @@ pub(super) fn serve(
         logging::log_panics();
     }
     let ready = Arc::new(Mutex::new(ready));
-    let report = |msg: &str| tell(&ready, msg);
+    // The command that waits prints it; the log says it too, where a
+    // mount made by fstab or a service loses the command's stderr (in the
+    // foreground stderr is the log).
+    let report = |msg: &str| {
+        if waiting {
+            log::error!("{msg}");
+        }
+        tell(&ready, msg)
+    };
     let sigset = detach::block_exit_signals();
     let remote = opened.sources.iter().flatten().any(|f| f.is_remote());
     let label = opened.catalog.label.clone();
@@ -208,9 +216,11 @@ pub(super) fn serve(
     let session = match fuser::Session::new(adapter, mountpoint, &fuse_config(s, &label)) {
         Ok(sess) => sess,
         Err(e) => {
+            // fusermount3's own words end with a newline.
             let msg = format!(
-                "cannot mount {label} on {}: {e}{}",
+                "cannot mount {label} on {}: {}{}",
                 mountpoint.display(),
+                e.to_string().trim_end(),
                 fuse_hint(&e)
             );
             report(&msg);

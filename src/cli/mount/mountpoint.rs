@@ -30,6 +30,9 @@ pub(super) fn fuse_hint(e: &std::io::Error) -> String {
             meta.permissions().mode() & 0o7777
         );
     }
+    if let Some(hint) = no_user_name(&e.to_string()) {
+        return hint;
+    }
     let denied = matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM))
         || e.kind() == std::io::ErrorKind::PermissionDenied;
     match fusermount3() {
@@ -41,6 +44,20 @@ pub(super) fn fuse_hint(e: &std::io::Error) -> String {
         ),
         Some(_) => String::new(),
     }
+}
+
+/// What to do where fusermount3 said it cannot name the user: a uid with
+/// no passwd entry (a container run with `--user 12345`), which it refuses
+/// to mount or unmount for.
+pub(super) fn no_user_name(said: &str) -> Option<String> {
+    said.contains("could not determine username").then(|| {
+        // SAFETY: getuid takes nothing, touches no memory and cannot fail.
+        let uid = unsafe { libc::getuid() };
+        format!(
+            " (fusermount3 mounts only for a user with a passwd entry, and uid {uid} has \
+             none: add one, or mount as root)"
+        )
+    })
 }
 
 /// fusermount3 as the PATH finds it.
@@ -127,4 +144,22 @@ pub(super) fn under(path: &Path, dir: &Path) -> Option<PathBuf> {
 /// which a mount goes on top of: opening it would start that mount.
 pub(super) fn automount_trigger(p: &Path) -> bool {
     mount_at(p).is_some_and(|(_, fstype)| fstype == "autofs")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fusermount3_without_a_user_name_is_told_what_to_do() {
+        let hint = no_user_name("fusermount3: could not determine username").unwrap();
+        assert!(
+            hint.contains("passwd entry") && hint.contains("mount as root"),
+            "{hint}"
+        );
+        assert_eq!(
+            no_user_name("fusermount3: mount failed: Permission denied"),
+            None
+        );
+    }
 }

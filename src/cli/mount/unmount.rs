@@ -119,7 +119,10 @@ pub(in crate::cli) fn umount(mp: &Path, lazy: bool) -> std::io::Result<()> {
     } else if said.is_empty() {
         std::io::Error::other(format!("fusermount3 failed ({})", out.status))
     } else {
-        std::io::Error::other(format!("fusermount3: {said}"))
+        // Its lines start with its name already.
+        let said = said.strip_prefix("fusermount3: ").unwrap_or(said);
+        let hint = super::mountpoint::no_user_name(said).unwrap_or_default();
+        std::io::Error::other(format!("fusermount3: {said}{hint}"))
     })
 }
 
