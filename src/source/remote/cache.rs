@@ -274,15 +274,27 @@ impl Cache {
             .truncate(false)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&n.data)
-            .map_err(|e| format!("{}: {e}", n.data.display()))
+            .map_err(|e| {
+                let denied = e.kind() == std::io::ErrorKind::PermissionDenied;
+                (format!("{}: {e}", n.data.display()), denied)
+            })
             .and_then(|f| {
                 crate::source::shared::trusted_file(&f)
                     .map(|()| f)
-                    .map_err(|why| format!("{}: {why}", n.data.display()))
+                    .map_err(|why| (format!("{}: {why}", n.data.display()), false))
             });
         let file = match file {
             Ok(f) => f,
-            Err(why) => {
+            // Another user's folder (root's /var/tmp/ztensor-remote):
+            // every mount of this user fetches the object again.
+            Err((why, true)) => {
+                log::warn!(
+                    "{label}: the shared cache file is not used: {why}; a --cache-dir of this \
+                     user's own keeps the object's blocks for later mounts"
+                );
+                return Self::private(opts, label, (size, words), n, "this user cannot write it");
+            }
+            Err((why, false)) => {
                 log::warn!("{label}: the shared cache file is not used: {why}");
                 return Self::private(opts, label, (size, words), n, "it cannot be trusted");
             }
