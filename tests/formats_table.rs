@@ -257,6 +257,10 @@ fn a_file_of_no_format_is_refused_saying_what_it_looks_like() {
         ),
         (b"", "the file is empty"),
         (b"<!DOCTYPE html><html>", "it is an HTML page"),
+        (
+            b"version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 548105171\n",
+            "it is a Git LFS pointer to a file of 548105171 bytes, not the file itself",
+        ),
         (b"\x1f\x8b\x08\x00", "a gzip stream"),
         (
             b"\x93NUMPY\x01\x00",

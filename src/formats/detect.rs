@@ -186,6 +186,22 @@ fn looks_like_html(head: &[u8]) -> bool {
     t.starts_with(b"<!doctype html") || t.starts_with(b"<html")
 }
 
+/// The size a Git LFS pointer file names (`version
+/// https://git-lfs.github.com/spec/v1`, then `oid` and `size` lines),
+/// where `bytes` are one: what a repo cloned without git-lfs holds in place
+/// of each large file.
+fn lfs_pointer(bytes: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(bytes.get(..bytes.len().min(1024))?).ok()?;
+    text.starts_with("version https://git-lfs.github.com/spec/")
+        .then(|| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("size "))
+                .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+                .unwrap_or("unknown")
+                .to_string()
+        })
+}
+
 /// What a file of no known format looks like, from its first bytes.
 pub fn describe_unknown(bytes: &[u8]) -> String {
     const SHOWN: usize = 16;
@@ -212,6 +228,13 @@ pub fn describe_unknown(bytes: &[u8]) -> String {
         return format!(
             "it starts like a zTensor file, but {magic:?} is no version this build reads \
              (\"ZTEN0001\": v0.1, \"ZTEN1000\": v1; v2 starts with \"\\x89ZT2\")"
+        );
+    }
+    if let Some(size) = lfs_pointer(bytes) {
+        return format!(
+            "it is a Git LFS pointer to a file of {size} bytes, not the file itself (a repo \
+             cloned without git-lfs): fetch it with git lfs pull, or mount hf://ORG/REPO \
+             from the Hub"
         );
     }
     if looks_like_html(head) {
