@@ -146,7 +146,7 @@ fn prefetch_of_a_remote_object_fills_the_disk_cache_and_a_second_read_fetches_no
     );
     let r = prefetch(&m.mp, &[]);
     assert!(r.ok(), "{r:?}");
-    assert!(r.stdout.contains("; fetched "), "{}", r.stdout);
+    assert!(r.stdout.contains(" fetched "), "{}", r.stdout);
     let stats = m.stats();
     assert_eq!(stats["remote_object_bytes"].as_u64(), Some(size), "{stats}");
     // Every tensor byte is cached; only the file's few bytes outside any

@@ -234,12 +234,17 @@ fn prefetch(mp: &Path, wanted: &[String], jobs: usize) -> Result<bool, String> {
                 .unwrap_or(0)
                 .saturating_sub(before[k].as_u64().unwrap_or(0))
         };
+        // The mount's counters, which its own work meanwhile (the fill of
+        // a backing file behind earlier reads) moves too: said as the
+        // mount's, not as the prefetch's.
         let (decoded, fetched) = (delta("decompressed_bytes"), delta("remote_fetched_bytes"));
-        if decoded > 0 {
-            line.push_str(&format!("; decoded {}", human(decoded)));
-        }
-        if fetched > 0 {
-            line.push_str(&format!("; fetched {}", human(fetched)));
+        let done: Vec<String> = [("decoded", decoded), ("fetched", fetched)]
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(what, n)| format!("{what} {}", human(*n)))
+            .collect();
+        if !done.is_empty() {
+            line.push_str(&format!("; the mount {} meanwhile", done.join(" and ")));
         }
     }
     if unsupported > 0 {
