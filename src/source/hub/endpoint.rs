@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 
-use crate::source::hf_cache;
 use crate::source::http::header;
+use crate::source::{FetchKind, hf_cache};
 
 /// The Hub's own address, `huggingface_hub`'s default endpoint.
 pub(super) const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
@@ -147,6 +147,22 @@ pub(super) fn refusal(hub: &Hub, status: StatusCode, h: &HeaderMap, what: &str) 
             format!("{why} ({unread})")
         }
         _ => why,
+    }
+}
+
+/// The kind of a refusal: credentials the Hub or the CDN will not take.
+/// The kind of a refusal. The commit was resolved at mount, so a repo,
+/// revision or file the Hub no longer knows is gone since (as a deleted
+/// object is for a store: `Changed`), though it answers 401 for a repo it
+/// hides as for one it deleted; what needs a token it will not take is
+/// `Denied`.
+pub(super) fn refusal_kind(status: StatusCode, h: &HeaderMap) -> FetchKind {
+    match (header(h, "x-error-code"), status.as_u16()) {
+        (Some("RepoNotFound" | "RevisionNotFound" | "EntryNotFound"), _) | (_, 404) => {
+            FetchKind::Changed
+        }
+        (Some("GatedRepo"), _) | (_, 401) | (_, 403) => FetchKind::Denied,
+        _ => FetchKind::Failed,
     }
 }
 

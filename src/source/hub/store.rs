@@ -13,7 +13,7 @@ use object_store::{GetResult, ObjectMeta, ObjectStore};
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, LOCATION};
 
-use super::endpoint::{DEFAULT_ENDPOINT, Hub, refusal, with_token};
+use super::endpoint::{DEFAULT_ENDPOINT, Hub, refusal, refusal_kind, with_token};
 use super::record::{load_record, record_path, save_record};
 use super::spec::percent_decode;
 use crate::source::http::{Failure, Who, header, send};
@@ -191,22 +191,6 @@ fn generic(msg: impl Into<String>) -> object_store::Error {
 /// A failure as the store's error; its kind goes with it.
 fn store_error(f: Failure) -> object_store::Error {
     http::store_error(STORE, f)
-}
-
-/// The kind of a refusal: credentials the Hub or the CDN will not take.
-/// The kind of a refusal. The commit was resolved at mount, so a repo,
-/// revision or file the Hub no longer knows is gone since (as a deleted
-/// object is for a store: `Changed`), though it answers 401 for a repo it
-/// hides as for one it deleted; what needs a token it will not take is
-/// `Denied`.
-pub(super) fn refusal_kind(status: StatusCode, h: &HeaderMap) -> FetchKind {
-    match (header(h, "x-error-code"), status.as_u16()) {
-        (Some("RepoNotFound" | "RevisionNotFound" | "EntryNotFound"), _) | (_, 404) => {
-            FetchKind::Changed
-        }
-        (Some("GatedRepo"), _) | (_, 401) | (_, 403) => FetchKind::Denied,
-        _ => FetchKind::Failed,
-    }
 }
 
 impl HubStore {

@@ -1,9 +1,9 @@
 use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 
+use super::endpoint::refusal_kind;
 use super::info::{RepoInfo, choose, parse_info};
 use super::spec::{Spec, api_kind, parse};
-use super::store::refusal_kind;
 use super::*;
 use crate::source::FetchKind;
 

@@ -250,12 +250,7 @@ impl Cache {
             log::warn!("{label}: the shared cache is not used: {why}");
             return Self::private(opts, label, (size, words), &n, "its folder is not trusted");
         }
-        let mut cache = Self::shared(opts, label, (size, words), &n)?;
-        // A private file leaves nothing behind.
-        if cache.bitmap.is_some() {
-            cache.etag_mark = EtagMark::new(Some(n.etag.clone()));
-        }
-        Ok(cache)
+        Self::shared(opts, label, (size, words), &n)
     }
 
     /// The cache file in a trusted folder, shared with the other mounts
@@ -403,6 +398,7 @@ impl Cache {
             live: None,
             sums: Sums::own(size.div_ceil(opts.block_size)),
             key: n.key,
+            // A private file leaves nothing behind.
             etag_mark: EtagMark::new(None),
             block: opts.block_size,
         })
@@ -440,7 +436,7 @@ impl Cache {
             live: Some(live),
             sums,
             key: n.key,
-            etag_mark: EtagMark::new(None),
+            etag_mark: EtagMark::new(Some(n.etag.clone())),
             block,
         })
     }
@@ -534,7 +530,7 @@ impl Cache {
             live,
             sums,
             key: n.key,
-            etag_mark: EtagMark::new(None),
+            etag_mark: EtagMark::new(Some(n.etag.clone())),
             block,
         })
     }
