@@ -43,6 +43,32 @@ pub(super) struct Job {
     skip: Written,
 }
 
+impl Job {
+    /// The fill of `key` (asked for by exposed file `asked_by`): `len`
+    /// bytes of `segments` into `file`, but for what `skip` says is there.
+    fn new(
+        key: &Content,
+        asked_by: u64,
+        (file, holds, len): (File, Holds, u64),
+        data: &Arc<Data>,
+        (segments, skip): (Vec<Segment>, Written),
+    ) -> Job {
+        Job {
+            key: key.clone(),
+            stop: Arc::default(),
+            wanted: Arc::default(),
+            started: Arc::default(),
+            asked_by,
+            file,
+            holds,
+            len,
+            data: data.clone(),
+            segments,
+            skip,
+        }
+    }
+}
+
 /// Files to fill, on two threads: one for files whose served reads wrote
 /// every byte (nothing left but publishing them, which an open may be
 /// waiting for), one for the rest, which waits for a quiet mount before
@@ -262,19 +288,7 @@ impl Backings {
             None => return,
         };
         let whole = skip.covers(0, len);
-        let job = Job {
-            key: key.clone(),
-            stop: Arc::default(),
-            wanted: Arc::default(),
-            started: Arc::default(),
-            asked_by,
-            file,
-            holds: None,
-            len,
-            data: data.clone(),
-            segments,
-            skip,
-        };
+        let job = Job::new(key, asked_by, (file, None, len), data, (segments, skip));
         self.queue(job, whole);
     }
 
@@ -322,19 +336,7 @@ impl Backings {
             inner.slots.insert(key.clone(), Slot::Filling(Some(p)));
         }
         Stats::add(&self.stats.backing_decoded, 1);
-        let job = Job {
-            key: key.clone(),
-            stop: Arc::default(),
-            wanted: Arc::default(),
-            started: Arc::default(),
-            asked_by,
-            file,
-            holds,
-            len,
-            data: data.clone(),
-            segments,
-            skip,
-        };
+        let job = Job::new(key, asked_by, (file, holds, len), data, (segments, skip));
         self.queue(job, true);
         true
     }
