@@ -161,6 +161,7 @@ fn a_newline_in_the_files_path_keeps_the_error_and_the_log_on_one_line() {
     m.unmount_ok();
     let text = m.log_text();
     assert!(text.contains("good%0Amodel.zt"), "{text}");
+    assert!(!text.contains("ERROR"), "a mount that worked: {text}");
     assert!(
         text.lines().all(|l| l.starts_with("20")),
         "a record over two lines: {text}"

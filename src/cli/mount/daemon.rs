@@ -172,14 +172,15 @@ pub(super) fn serve(
         logging::log_panics();
     }
     let ready = Arc::new(Mutex::new(ready));
-    // The command that waits prints it; the log says it too, where a
-    // mount made by fstab or a service loses the command's stderr (in the
-    // foreground stderr is the log).
-    let report = |msg: &str| {
+    let report = |msg: &str| tell(&ready, msg);
+    // Why it cannot mount: the command that waits prints it, and the log
+    // says it too, where a mount made by fstab or a service loses the
+    // command's stderr (in the foreground stderr is the log).
+    let refuse = |msg: &str| {
         if waiting {
             log::error!("{msg}");
         }
-        tell(&ready, msg)
+        report(msg)
     };
     let sigset = detach::block_exit_signals();
     let remote = opened.sources.iter().flatten().any(|f| f.is_remote());
@@ -188,7 +189,7 @@ pub(super) fn serve(
     let (fs, time) = match filesystem(opened, s) {
         Ok(made) => made,
         Err(msg) => {
-            report(&msg);
+            refuse(&msg);
             return fail(msg);
         }
     };
@@ -223,7 +224,7 @@ pub(super) fn serve(
                 e.to_string().trim_end(),
                 fuse_hint(&e)
             );
-            report(&msg);
+            refuse(&msg);
             return fail(msg);
         }
     };
@@ -254,7 +255,7 @@ pub(super) fn serve(
     // Dropping the session (on return) unmounts.
     let no_thread = |e: std::io::Error| {
         let msg = format!("{label}: cannot start a thread: {e}");
-        report(&msg);
+        refuse(&msg);
         fail(msg)
     };
     if let Err(e) = waiter {
