@@ -184,6 +184,53 @@ fn a_write_with_its_mtime_set_back_after_a_hard_link_gives_estale() {
     m.unmount_ok();
 }
 
+/// A hard link made first (a backup tool's snapshot), then a write in
+/// place with its mtime set back, and no read in between: the link's
+/// change of the link count must not excuse the write's change of the
+/// ctime. The kernel's notice of the write says it.
+#[test]
+fn a_write_with_its_mtime_set_back_after_a_link_and_no_read_between_gives_estale() {
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let zt = m.scratch_path("l.zt");
+    let (a, _) = write(&zt);
+    m.mount(&zt, &[]);
+    assert_eq!(read_range(&m, "a", 0, 4096).unwrap(), &a[..4096]);
+    std::fs::hard_link(&zt, m.scratch_path("snapshot.zt")).unwrap();
+    let before = std::fs::metadata(&zt).unwrap().modified().unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&zt).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &[0x55; 4096], 64 + 8192).unwrap();
+    f.set_modified(before).unwrap();
+    drop(f);
+    stale(
+        read_range(&m, "a", 8192, 4096),
+        "the range written after the link",
+    );
+    m.unmount_ok();
+}
+
+/// A file moved aside (`mv model model.bak`) changes no byte, though the
+/// rename moves its ctime: it is still served, and so is the file after
+/// another is renamed into its place.
+#[test]
+fn a_file_moved_aside_is_still_served() {
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let zt = m.scratch_path("m.zt");
+    let (a, _) = write(&zt);
+    m.mount(&zt, &[]);
+    assert_eq!(read_range(&m, "a", 0, 4096).unwrap(), &a[..4096]);
+    std::fs::rename(&zt, m.scratch_path("m.zt.bak")).unwrap();
+    assert_eq!(read_range(&m, "a", 4096, 4096).unwrap(), &a[4096..8192]);
+    write(&m.scratch_path("new.zt"));
+    std::fs::rename(m.scratch_path("new.zt"), &zt).unwrap();
+    assert_eq!(read_range(&m, "a", 8192, 4096).unwrap(), &a[8192..12288]);
+    assert!(!m.log_text().contains("modified"), "{}", m.log_text());
+    m.unmount_ok();
+}
+
 /// Where an open keeps the kernel's page cache (`--page-cache`; a decoded
 /// tensor without passthrough), a read of cached pages never reaches the
 /// daemon: the open itself checks the file, so a file written in place

@@ -4,7 +4,8 @@
 //! is truncated or written
 //! in place, pages of the mmap can vanish (touching them raises SIGBUS) or
 //! hold bytes the index never promised. Every access checks the file's size,
-//! mtime and ctime against those seen at mount, and a SIGBUS inside the mapping is
+//! mtime and ctime against those seen at mount, and what the kernel said of
+//! writes to it since (see [`super::inotify`]), and a SIGBUS inside the mapping is
 //! absorbed by mapping a zero page there; the access that hit it then fails
 //! the check and returns EIO instead of the zeros.
 //!
@@ -50,11 +51,23 @@ impl Stamp {
     /// byte: a ctime change that comes with another link count than at
     /// the last check is taken for that, and only that one (the link
     /// count at mount would excuse every later ctime change).
-    fn changed_from(&self, orig: &Stamp, last: &Stamp) -> bool {
+    /// With the kernel's notice of the file (see [`super::inotify`]), a
+    /// write is seen whatever the times say, and a ctime change that came
+    /// with a rename is the rename's.
+    fn changed_from(&self, orig: &Stamp, last: &Stamp, notice: Noticed) -> bool {
         self.len != orig.len
             || self.mtime != orig.mtime
-            || (self.ctime != last.ctime && self.nlink == last.nlink)
+            || notice.written
+            || (self.ctime != last.ctime && self.nlink == last.nlink && !notice.moved)
     }
+}
+
+/// What the kernel said of the file since the last check (nothing where
+/// it is not watched).
+#[derive(Debug, Clone, Copy, Default)]
+struct Noticed {
+    written: bool,
+    moved: bool,
 }
 
 fn stamp(f: &File) -> std::io::Result<Stamp> {
@@ -77,6 +90,9 @@ pub struct Guard {
     /// For a remote object's cache file (written as blocks arrive, so its
     /// size and time say nothing): the object, which knows when it changed.
     remote: Option<std::sync::Arc<dyn crate::source::Backing>>,
+    /// The kernel's watch of the file for writes and renames, if it could
+    /// be added (see [`super::inotify`]).
+    notice: Option<(i32, std::sync::Arc<super::inotify::Notice>)>,
 }
 
 impl Guard {
@@ -99,6 +115,7 @@ impl Guard {
                  cannot be read will end the daemon instead of failing its reads"
             );
         }
+        let notice = super::inotify::watch(&file);
         Guard {
             label: label.to_string(),
             file,
@@ -107,6 +124,7 @@ impl Guard {
             broken: OnceLock::new(),
             watch,
             remote: None,
+            notice,
         }
     }
 
@@ -114,6 +132,10 @@ impl Guard {
     /// changed (the file's own stamp changes with every block fetched).
     pub fn remote(mut self, backing: std::sync::Arc<dyn crate::source::Backing>) -> Guard {
         self.remote = Some(backing);
+        // Its writes are the mount's own.
+        if let Some((wd, _)) = self.notice.take() {
+            super::inotify::unwatch(wd);
+        }
         self
     }
 
@@ -163,8 +185,18 @@ impl Guard {
     /// at mount and the one at the last check that passed.
     fn check_stamp(&self) -> Result<(), String> {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let noticed = match &self.notice {
+            Some((_, n)) => {
+                super::inotify::drain();
+                Noticed {
+                    written: n.modified(),
+                    moved: n.take_moved(),
+                }
+            }
+            None => Noticed::default(),
+        };
         let now = stamp(&self.file).map(|now| {
-            let changed = now.changed_from(&self.orig, &last);
+            let changed = now.changed_from(&self.orig, &last, noticed);
             if !changed {
                 *last = now;
             }

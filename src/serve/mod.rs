@@ -18,6 +18,7 @@ pub mod decoded_disk;
 pub mod error;
 pub mod filling;
 pub mod guard;
+mod inotify;
 mod lazy_table;
 pub mod prefetch;
 pub mod spill;
