@@ -240,6 +240,7 @@ fn an_open_that_keeps_the_page_cache_gives_estale_once_the_file_changed() {
     for (opts, name) in [
         (&["--page-cache"][..], "a"),
         (&["--no-passthrough"][..], "z"),
+        (&["--page-cache", "--no-passthrough"][..], "a"),
     ] {
         let Some(mut m) = Mount::scratch() else {
             return;
@@ -265,6 +266,13 @@ fn an_open_that_keeps_the_page_cache_gives_estale_once_the_file_changed() {
             m.log_text().contains("modified since mount"),
             "{}",
             m.log_text()
+        );
+        // Counted and listed as a failed read is.
+        assert!(m.stat_u64("errors") > 0, "{opts:?}: {}", m.stats());
+        let listed = std::fs::read_to_string(m.path(".ztensor/errors")).unwrap();
+        assert!(
+            listed.contains(&format!("\"tensor\":\"{name}\"")),
+            "{opts:?}: {listed}"
         );
         m.unmount_ok();
     }

@@ -967,7 +967,10 @@ impl Data {
     /// as it was at mount, else the read's error (`ESTALE` once it
     /// changed; logged once, by its guard).
     pub fn source_verdict(&self, ti: usize, pi: usize) -> Result<(), ReadError> {
-        self.guard_of(ti, pi).map_or(Ok(()), |g| g.verdict())
+        // An open refused is a read refused: counted and listed as one.
+        self.guard_of(ti, pi)
+            .map_or(Ok(()), |g| g.verdict())
+            .map_err(|why| self.failed(ti, pi, why))
     }
 
     /// Whether part `pi` of tensor `ti`'s file was found changed since
