@@ -231,6 +231,35 @@ fn a_file_moved_aside_is_still_served() {
     m.unmount_ok();
 }
 
+/// A reader holding a mapping from before the change keeps what it read:
+/// an open made after the change fails with ESTALE, rather than dropping
+/// the inode's page cache under that mapping (its next touch of a page
+/// would then be refused: SIGBUS on bytes it had read).
+#[test]
+fn a_mapping_held_across_a_change_keeps_its_bytes_when_another_opens_the_file() {
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let zt = m.scratch_path("h.zt");
+    let (a, _) = write(&zt);
+    m.mount(&zt, &["--no-passthrough"]);
+    let f = std::fs::File::open(m.path("a")).unwrap();
+    // SAFETY: a read-only map of a file of the mount, which nothing
+    // writes; read while mapped.
+    let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+    assert!(map[..] == a[..], "read through the mapping");
+    let f2 = std::fs::OpenOptions::new().write(true).open(&zt).unwrap();
+    f2.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+        .unwrap();
+    drop(f2);
+    let e = std::fs::File::open(m.path("a")).expect_err("an open after the change");
+    assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+    assert!(map[..] == a[..], "the held mapping after another open");
+    drop(map);
+    drop(f);
+    m.unmount_ok();
+}
+
 /// Where an open keeps the kernel's page cache (`--page-cache`; a decoded
 /// tensor without passthrough), a read of cached pages never reaches the
 /// daemon: the open itself checks the file, so a file written in place

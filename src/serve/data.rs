@@ -981,6 +981,12 @@ impl Data {
             .is_some_and(|g| g.check().is_err() && g.changed())
     }
 
+    /// The source file part `pi` of tensor `ti` is read from (its index
+    /// among the mounted files).
+    pub fn source_of(&self, ti: usize, pi: usize) -> Option<usize> {
+        Some(self.blob(self.part_of(ti, pi)?.blob).source)
+    }
+
     fn guard_of(&self, ti: usize, pi: usize) -> Option<&super::guard::Guard> {
         let bi = self.part_of(ti, pi)?.blob;
         let s = self.files.get(self.blob(bi).source)?.as_ref()?;

@@ -97,9 +97,12 @@ impl TensorFs {
                 }
                 drop(opens);
                 let mode = self.cache_mode(c);
-                if mode == CacheMode::KeepCache {
-                    self.sources_unchanged(c)?;
-                }
+                // Every open, not only those that keep the page cache: an
+                // open that does not drops the inode's page cache, and a
+                // reader holding a mapping from before the change would
+                // then fault in pages the daemon now refuses (SIGBUS on
+                // bytes it had read).
+                self.sources_unchanged(c)?;
                 // A backing file for its reads is made at its first read
                 // from the start, not now: an open that reads here and
                 // there (a random reader's peek) would only make the file
@@ -132,12 +135,18 @@ impl TensorFs {
 
     /// Whether the files of the tensors files of content `c` show are as
     /// they were at mount, else the errno a read would get (`ESTALE` once
-    /// one changed). Asked at an open that keeps the kernel's page cache:
-    /// its reads of cached pages never reach the daemon, which would
-    /// otherwise not see a change the cache predates.
+    /// one changed). Asked at each open the daemon serves: the reads of
+    /// one that keeps the kernel's page cache never reach the daemon, which
+    /// would otherwise not see a change the cache predates; one that does
+    /// not keep it drops it.
     pub(super) fn sources_unchanged(&self, c: &Content) -> Result<(), Errno> {
         let mut verdict = Ok(());
+        // Each file once: a view of 10^5 tensors is of one file, or a few.
+        let mut checked = std::collections::HashSet::new();
         self.any_part(c, |t, p| {
+            if !checked.insert(self.data.source_of(t, p)) {
+                return false;
+            }
             verdict = self.data.source_verdict(t, p).map_err(|e| e.errno());
             verdict.is_err()
         });
