@@ -217,6 +217,18 @@ fn dropped_reply(r: &Record) -> bool {
             .starts_with("Failed to send FUSE reply: No such file")
 }
 
+/// Whether `r` is fuser's error for a reply whose bytes the kernel could
+/// not copy (`EFAULT`): a reply sent from the mounted file's mapping
+/// after a truncation took its pages away. fuser's words name neither the
+/// file nor the cause.
+fn vanished_reply(r: &Record) -> bool {
+    r.level() == log::Level::Error
+        && r.target().starts_with("fuser")
+        && r.args()
+            .to_string()
+            .starts_with("Failed to send FUSE reply: Bad address")
+}
+
 impl Log for Relay {
     fn enabled(&self, m: &Metadata) -> bool {
         m.level() <= log::max_level()
@@ -235,6 +247,20 @@ impl Log for Relay {
                         .build(),
                 );
             }
+            return;
+        }
+        if vanished_reply(r) {
+            self.log(
+                &Record::builder()
+                    .level(log::Level::Error)
+                    .args(format_args!(
+                        "a reply could not be sent: the pages of the mounted file it was \
+                         read from were gone (the file cut short under the mount?); its \
+                         reader got EIO"
+                    ))
+                    .target("ztensor_mount")
+                    .build(),
+            );
             return;
         }
         let Some(_inside) = Inside::enter() else {
@@ -636,5 +662,19 @@ mod tests {
             "Failed to send FUSE reply: Bad file descriptor (os error 9)"
         ));
         assert_eq!(*seen.0.lock().unwrap(), [log::Level::Error]);
+        // A reply whose pages a truncation took is said in our words.
+        assert!(vanished_reply(
+            &Record::builder()
+                .level(log::Level::Error)
+                .target("fuser::reply")
+                .args(format_args!(
+                    "Failed to send FUSE reply: Bad address (os error 14)"
+                ))
+                .build()
+        ));
+        fuser(format_args!(
+            "Failed to send FUSE reply: Bad address (os error 14)"
+        ));
+        assert_eq!(*seen.0.lock().unwrap(), [log::Level::Error; 2]);
     }
 }
