@@ -92,9 +92,10 @@ struct MountCli {
     /// where the kernel and root would allow it.
     #[arg(long)]
     no_passthrough: bool,
-    /// Most disk the decoded copies under --cache-dir take together: the
-    /// files the kernel reads directly and the tensors too big for the
-    /// cache (e.g. 20G). Default: half of its free space.
+    /// Most disk the decoded copies under --cache-dir take together beyond
+    /// the cache (whose entries a large frame is decoded into may be files
+    /// there too): the files the kernel reads directly and the tensors too
+    /// big for the cache (e.g. 20G). Default: half of its free space.
     #[arg(long, value_name = "SIZE")]
     decoded_cache_size: Option<String>,
     /// Do not verify raw tensors' checksums before serving them.
