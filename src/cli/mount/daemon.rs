@@ -14,7 +14,8 @@ use super::fail;
 use super::mountpoint::fuse_hint;
 use super::table::mount_dev;
 use super::tuning::{
-    backing_files_max, fs_options, fuse_config, no_passthrough, tune_malloc, workers,
+    backing_files_max, fs_options, fuse_config, no_passthrough, tune_malloc, usable_threads,
+    workers,
 };
 use super::unmount::{stop, umount};
 use crate::cli::detach::FromDaemon;
@@ -214,7 +215,8 @@ pub(super) fn serve(
     let behind = fs.behind_hook();
     let views_layout = fs.views_layout();
     let adapter = Adapter::new(fs, uid, gid, time, s.max_read, unmounted, no_passthrough(s));
-    let session = match fuser::Session::new(adapter, mountpoint, &fuse_config(s, &label)) {
+    let threads = usable_threads(s.threads);
+    let session = match fuser::Session::new(adapter, mountpoint, &fuse_config(s, &label, threads)) {
         Ok(sess) => sess,
         Err(e) => {
             // fusermount3's own words end with a newline.
@@ -266,7 +268,7 @@ pub(super) fn serve(
     // start, with the others already answering.
     let ended = Arc::new(AtomicBool::new(false));
     let watcher = when_serving(
-        s.threads,
+        threads,
         ended.clone(),
         waiting.then(|| ready.clone()),
         views_layout,

@@ -143,8 +143,26 @@ pub(super) fn fs_options(s: &Settings) -> FsOptions {
     }
 }
 
-/// The FUSE session's mount options, access and threads.
-pub(super) fn fuse_config(s: &Settings, label: &str) -> Config {
+/// The worker threads the session can have of the `wanted`: each beyond
+/// the first holds a descriptor of its own (a clone of the session's), and
+/// under a small open-file limit the clones would fail after the mount was
+/// said to work, ending the session. A few descriptors are kept for the
+/// session's own and the daemon's files meanwhile.
+pub(super) fn usable_threads(wanted: usize) -> usize {
+    let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    let spare = open_file_limit().saturating_sub(open + 6);
+    let threads = wanted.min(spare.max(1));
+    if threads < wanted {
+        log::warn!(
+            "{threads} worker threads, not {wanted}: the open-file limit leaves no \
+             descriptors for more (raise it with ulimit -n)"
+        );
+    }
+    threads
+}
+
+/// The FUSE session's mount options, access and `threads` worker threads.
+pub(super) fn fuse_config(s: &Settings, label: &str, threads: usize) -> Config {
     let mut mount_options = vec![
         MountOption::FSName(label.to_string()),
         MountOption::Subtype("ztensor-mount".into()),
@@ -170,8 +188,8 @@ pub(super) fn fuse_config(s: &Settings, label: &str) -> Config {
     } else {
         SessionACL::Owner
     };
-    config.n_threads = Some(s.threads);
-    config.clone_fd = s.threads > 1;
+    config.n_threads = Some(threads);
+    config.clone_fd = threads > 1;
     config
 }
 
