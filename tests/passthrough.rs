@@ -143,6 +143,7 @@ fn the_safetensors_view_of_a_safetensors_file_is_that_file_read_by_the_kernel() 
     );
     let served = m.stat_u64("bytes_served");
     let opens = m.stat_u64("passthrough_opens");
+    let reads = m.stat_u64("reads");
     assert_eq!(m.read(view), bytes, "the view is the file, byte for byte");
     // mmap, as safetensors' own loader reads it.
     assert_mapped_eq(&m.path(view), &bytes);
@@ -151,6 +152,8 @@ fn the_safetensors_view_of_a_safetensors_file_is_that_file_read_by_the_kernel() 
         served,
         "the daemon served bytes of a backed file"
     );
+    // Nor saw a read of it (reads of .ztensor/stats are not counted).
+    assert_eq!(m.stat_u64("reads"), reads, "{}", m.stats());
     assert_eq!(m.stat_u64("passthrough_opens"), opens + 2);
     // The tensor files are still the daemon's, and right.
     let b = m.read("b.weight");

@@ -161,15 +161,18 @@ impl TensorFs {
     /// logged by the data layer, and its errno is the one its kind names
     /// (`serve::error`).
     pub fn read(&self, ino: Ino, fh: u64, off: u64, size: u32) -> Result<Served<'_>, Errno> {
-        Stats::add(&self.data.stats().reads, 1);
         let node = self.tree.node(ino).ok_or(libc::ENOENT)?;
-        // Reads of data hold back the fills (not those of generated files,
-        // such as a poll of `.ztensor/stats`).
-        let busy = matches!(
+        // Reads of data hold back the fills, and are the ones counted (not
+        // those of generated files, such as a poll of `.ztensor/stats`,
+        // which would count itself).
+        let data = matches!(
             node.kind,
             NodeKind::File(Content::Part { .. } | Content::ViewData { .. })
-        )
-        .then(|| self.backings.activity().begin());
+        );
+        if data {
+            Stats::add(&self.data.stats().reads, 1);
+        }
+        let busy = data.then(|| self.backings.activity().begin());
         // The tensor part it reads, and the file's length, for the hold
         // on its spill.
         let part = match &node.kind {
