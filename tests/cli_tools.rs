@@ -123,8 +123,14 @@ fn packed_arrays_read_back_as_little_endian_bytes() {
     let a_in = format!("a={}", a.display());
     let nameless = format!("={}", a.display());
     let twice = format!("c={}", c.display());
+    let relabel = format!("a={}:float8_e4m3fn", a.display());
     for (args, code, why) in [
         (vec![nameless.as_str()], 2, "expected NAME=PATH.npy"),
+        (
+            vec![relabel.as_str()],
+            1,
+            "\"float8_e4m3fn\" is not a zTensor v0.1 dtype",
+        ),
         (vec![a.to_str().unwrap()], 2, "expected NAME=PATH.npy"),
         (vec![&a_in, &twice, &twice], 1, "c: the name is used twice"),
         (

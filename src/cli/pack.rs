@@ -109,6 +109,16 @@ fn pack(a: &PackArgs) -> Result<usize, Failure> {
     for (name, rest) in specs {
         let (path, dtype_override) = match rest.rsplit_once(':') {
             Some((p, d)) if DType::from_v01_name(d).is_some() => (p, DType::from_v01_name(d)),
+            // A relabel by a name zTensor v0.1 has not, rather than a file
+            // whose name holds a ':'.
+            Some((p, d)) if !Path::new(rest).exists() && Path::new(p).exists() => {
+                let names: Vec<&str> = DType::V01.iter().map(|t| t.name()).collect();
+                return Err(format!(
+                    "{rest}: {d:?} is not a zTensor v0.1 dtype (one of {})",
+                    names.join(", ")
+                )
+                .into());
+            }
             _ => (rest, None),
         };
         let arr = npy::open(Path::new(path))?;
