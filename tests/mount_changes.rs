@@ -45,6 +45,17 @@ fn read_range(m: &Mount, rel: &str, off: u64, len: usize) -> std::io::Result<Vec
     Ok(buf)
 }
 
+/// A scratch mount of a file written by [`write`] under `name`, with
+/// `opts`, its tensor `a` read once: the mount, the file, `a`'s bytes.
+fn mounted(name: &str, opts: &[&str]) -> Option<(Mount, std::path::PathBuf, Vec<u8>)> {
+    let mut m = Mount::scratch()?;
+    let zt = m.scratch_path(name);
+    let (a, _) = write(&zt);
+    m.mount(&zt, opts);
+    assert_eq!(read_range(&m, "a", 0, 4096).unwrap(), &a[..4096]);
+    Some((m, zt, a))
+}
+
 fn stale(r: std::io::Result<Vec<u8>>, what: &str) {
     match r {
         Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{what}: {e}"),
@@ -190,13 +201,9 @@ fn a_write_with_its_mtime_set_back_after_a_hard_link_gives_estale() {
 /// ctime. The kernel's notice of the write says it.
 #[test]
 fn a_write_with_its_mtime_set_back_after_a_link_and_no_read_between_gives_estale() {
-    let Some(mut m) = Mount::scratch() else {
+    let Some((m, zt, _)) = mounted("l.zt", &[]) else {
         return;
     };
-    let zt = m.scratch_path("l.zt");
-    let (a, _) = write(&zt);
-    m.mount(&zt, &[]);
-    assert_eq!(read_range(&m, "a", 0, 4096).unwrap(), &a[..4096]);
     std::fs::hard_link(&zt, m.scratch_path("snapshot.zt")).unwrap();
     let before = std::fs::metadata(&zt).unwrap().modified().unwrap();
     let f = std::fs::OpenOptions::new().write(true).open(&zt).unwrap();
@@ -215,13 +222,9 @@ fn a_write_with_its_mtime_set_back_after_a_link_and_no_read_between_gives_estale
 /// another is renamed into its place.
 #[test]
 fn a_file_moved_aside_is_still_served() {
-    let Some(mut m) = Mount::scratch() else {
+    let Some((m, zt, a)) = mounted("m.zt", &[]) else {
         return;
     };
-    let zt = m.scratch_path("m.zt");
-    let (a, _) = write(&zt);
-    m.mount(&zt, &[]);
-    assert_eq!(read_range(&m, "a", 0, 4096).unwrap(), &a[..4096]);
     std::fs::rename(&zt, m.scratch_path("m.zt.bak")).unwrap();
     assert_eq!(read_range(&m, "a", 4096, 4096).unwrap(), &a[4096..8192]);
     write(&m.scratch_path("new.zt"));
@@ -237,12 +240,9 @@ fn a_file_moved_aside_is_still_served() {
 /// would then be refused: SIGBUS on bytes it had read).
 #[test]
 fn a_mapping_held_across_a_change_keeps_its_bytes_when_another_opens_the_file() {
-    let Some(mut m) = Mount::scratch() else {
+    let Some((m, zt, a)) = mounted("h.zt", &["--no-passthrough"]) else {
         return;
     };
-    let zt = m.scratch_path("h.zt");
-    let (a, _) = write(&zt);
-    m.mount(&zt, &["--no-passthrough"]);
     let f = std::fs::File::open(m.path("a")).unwrap();
     // SAFETY: a read-only map of a file of the mount, which nothing
     // writes; read while mapped.
