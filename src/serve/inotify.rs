@@ -41,9 +41,10 @@ impl Notice {
 
 struct Inotify {
     fd: OwnedFd,
-    /// The notice of each watch; held while events are read, so that each
-    /// lands on the notice of the watch it names.
-    watches: Mutex<HashMap<i32, Arc<Notice>>>,
+    /// The notices of each watch, one per guard that asked (the same
+    /// inode watched again shares the watch, not what was seen before);
+    /// held while events are read, so that each lands on the watch it names.
+    watches: Mutex<HashMap<i32, Vec<std::sync::Weak<Notice>>>>,
 }
 
 fn instance() -> Option<&'static Inotify> {
@@ -90,8 +91,14 @@ pub fn watch(file: &File) -> Option<(i32, Arc<Notice>)> {
         );
         return None;
     }
-    // The same inode watched twice shares its watch, and its notice.
-    let notice = watches.entry(wd).or_default().clone();
+    // The same inode watched again shares its watch; its notice starts
+    // empty (the file may have been rewritten before this open of it).
+    // What was queued before this watch began is not this notice's.
+    drain_into(ino, &watches);
+    let notice = Arc::new(Notice::default());
+    let list = watches.entry(wd).or_default();
+    list.retain(|n| n.strong_count() > 0);
+    list.push(Arc::downgrade(&notice));
     Some((wd, notice))
 }
 
@@ -109,6 +116,11 @@ pub fn unwatch(wd: i32) {
 pub fn drain() {
     let Some(ino) = instance() else { return };
     let watches = ino.watches.lock().unwrap_or_else(|e| e.into_inner());
+    drain_into(ino, &watches);
+}
+
+/// [`drain`], its watches held.
+fn drain_into(ino: &Inotify, watches: &HashMap<i32, Vec<std::sync::Weak<Notice>>>) {
     if watches.is_empty() {
         return;
     }
@@ -130,13 +142,13 @@ pub fn drain() {
         }
         // SAFETY: the first `n` bytes of `buf` were written by the read.
         let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n) };
-        apply(bytes, &watches);
+        apply(bytes, watches);
     }
 }
 
 /// Sets the notices the events in `bytes` name. An overflowed queue lost
 /// events: every watched file is taken as written.
-fn apply(bytes: &[u8], watches: &HashMap<i32, Arc<Notice>>) {
+fn apply(bytes: &[u8], watches: &HashMap<i32, Vec<std::sync::Weak<Notice>>>) {
     const HEAD: usize = std::mem::size_of::<libc::inotify_event>();
     let mut at = 0;
     while let Some(head) = bytes.get(at..at + HEAD) {
@@ -146,17 +158,23 @@ fn apply(bytes: &[u8], watches: &HashMap<i32, Arc<Notice>>) {
         at += HEAD + len;
         if mask & libc::IN_Q_OVERFLOW != 0 {
             log::warn!("the kernel's queue of changes to the mounted files overflowed");
-            watches
+            let all = watches
                 .values()
-                .for_each(|n| n.modified.store(true, Relaxed));
+                .flatten()
+                .filter_map(std::sync::Weak::upgrade);
+            all.for_each(|n| n.modified.store(true, Relaxed));
             continue;
         }
-        let Some(n) = watches.get(&wd) else { continue };
-        if mask & libc::IN_MODIFY != 0 {
-            n.modified.store(true, Relaxed);
-        }
-        if mask & libc::IN_MOVE_SELF != 0 {
-            n.moved.store(true, Relaxed);
+        let Some(list) = watches.get(&wd) else {
+            continue;
+        };
+        for n in list.iter().filter_map(std::sync::Weak::upgrade) {
+            if mask & libc::IN_MODIFY != 0 {
+                n.modified.store(true, Relaxed);
+            }
+            if mask & libc::IN_MOVE_SELF != 0 {
+                n.moved.store(true, Relaxed);
+            }
         }
     }
 }
