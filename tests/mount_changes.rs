@@ -56,6 +56,14 @@ fn mounted(name: &str, opts: &[&str]) -> Option<(Mount, std::path::PathBuf, Vec<
     Some((m, zt, a))
 }
 
+/// Writes 4 KiB of tensor `a`'s bytes in place, then sets the mtime back
+/// to `mtime`, as `rsync --inplace` or `cp -p` over the file would.
+fn write_keeping_mtime(zt: &Path, mtime: std::time::SystemTime) {
+    let f = std::fs::OpenOptions::new().write(true).open(zt).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &[0x55; 4096], 64 + 8192).unwrap();
+    f.set_modified(mtime).unwrap();
+}
+
 fn stale(r: std::io::Result<Vec<u8>>, what: &str) {
     match r {
         Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{what}: {e}"),
@@ -174,10 +182,7 @@ fn a_write_with_its_mtime_set_back_after_a_hard_link_gives_estale() {
     let ctime = |md: &std::fs::Metadata| (md.ctime(), md.ctime_nsec());
     // The kernel stamps the ctime with a coarse clock: write until it moves.
     let moved = support::wait_until(std::time::Duration::from_secs(5), || {
-        let f = std::fs::OpenOptions::new().write(true).open(&zt).unwrap();
-        std::os::unix::fs::FileExt::write_all_at(&f, &[0x55; 4096], 64 + 8192).unwrap();
-        f.set_modified(linked.modified().unwrap()).unwrap();
-        drop(f);
+        write_keeping_mtime(&zt, linked.modified().unwrap());
         let now = std::fs::metadata(&zt).unwrap();
         assert_eq!(now.modified().unwrap(), linked.modified().unwrap());
         ctime(&now) != ctime(&linked)
@@ -205,11 +210,7 @@ fn a_write_with_its_mtime_set_back_after_a_link_and_no_read_between_gives_estale
         return;
     };
     std::fs::hard_link(&zt, m.scratch_path("snapshot.zt")).unwrap();
-    let before = std::fs::metadata(&zt).unwrap().modified().unwrap();
-    let f = std::fs::OpenOptions::new().write(true).open(&zt).unwrap();
-    std::os::unix::fs::FileExt::write_all_at(&f, &[0x55; 4096], 64 + 8192).unwrap();
-    f.set_modified(before).unwrap();
-    drop(f);
+    write_keeping_mtime(&zt, std::fs::metadata(&zt).unwrap().modified().unwrap());
     stale(
         read_range(&m, "a", 8192, 4096),
         "the range written after the link",

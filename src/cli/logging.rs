@@ -206,15 +206,22 @@ impl Drop for Inside {
     }
 }
 
-/// Whether `r` is fuser's error for a reply to a request the kernel had
-/// already dropped (its reader interrupted, or the mount detached while it
-/// was served): no error of the daemon's, so logged at debug level.
-fn dropped_reply(r: &Record) -> bool {
+/// Whether `r` is fuser's error for a reply it could not send, for the
+/// cause whose words follow its own (`"No such file"`, `"Bad address"`).
+fn reply_failed(r: &Record, cause: &str) -> bool {
     r.level() == log::Level::Error
         && r.target().starts_with("fuser")
         && r.args()
             .to_string()
-            .starts_with("Failed to send FUSE reply: No such file")
+            .strip_prefix("Failed to send FUSE reply: ")
+            .is_some_and(|rest| rest.starts_with(cause))
+}
+
+/// Whether `r` is fuser's error for a reply to a request the kernel had
+/// already dropped (its reader interrupted, or the mount detached while it
+/// was served): no error of the daemon's, so logged at debug level.
+fn dropped_reply(r: &Record) -> bool {
+    reply_failed(r, "No such file")
 }
 
 /// Whether `r` is fuser's error for a reply whose bytes the kernel could
@@ -222,11 +229,7 @@ fn dropped_reply(r: &Record) -> bool {
 /// after a truncation took its pages away. fuser's words name neither the
 /// file nor the cause.
 fn vanished_reply(r: &Record) -> bool {
-    r.level() == log::Level::Error
-        && r.target().starts_with("fuser")
-        && r.args()
-            .to_string()
-            .starts_with("Failed to send FUSE reply: Bad address")
+    reply_failed(r, "Bad address")
 }
 
 impl Log for Relay {
