@@ -1068,7 +1068,7 @@ fn serve_file(f: MappedFile, pool: &Arc<MapPool<MappedFile>>) -> std::io::Result
     );
     let guard = match f.backing() {
         Some(b) => guard.remote(b.clone()),
-        None => guard,
+        None => guard.watched(),
     };
     let file = Arc::new(f);
     Ok(Served {

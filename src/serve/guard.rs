@@ -92,7 +92,7 @@ pub struct Guard {
     remote: Option<std::sync::Arc<dyn crate::source::Backing>>,
     /// The kernel's watch of the file for writes and renames, if it could
     /// be added (see [`super::inotify`]).
-    notice: Option<(i32, std::sync::Arc<super::inotify::Notice>)>,
+    notice: Option<std::sync::Arc<super::inotify::Notice>>,
 }
 
 impl Guard {
@@ -115,7 +115,6 @@ impl Guard {
                  cannot be read will end the daemon instead of failing its reads"
             );
         }
-        let notice = super::inotify::watch(&file);
         Guard {
             label: label.to_string(),
             file,
@@ -124,18 +123,22 @@ impl Guard {
             broken: OnceLock::new(),
             watch,
             remote: None,
-            notice,
+            notice: None,
         }
+    }
+
+    /// Has the kernel tell it of writes to and renames of a local file
+    /// (see [`super::inotify`]); a remote object's cache file, which the
+    /// mount writes itself, is not watched.
+    pub fn watched(mut self) -> Guard {
+        self.notice = super::inotify::watch(&self.file);
+        self
     }
 
     /// Watches a remote object's cache file: the object says when it
     /// changed (the file's own stamp changes with every block fetched).
     pub fn remote(mut self, backing: std::sync::Arc<dyn crate::source::Backing>) -> Guard {
         self.remote = Some(backing);
-        // Its writes are the mount's own.
-        if let Some((wd, _)) = self.notice.take() {
-            super::inotify::unwatch(wd);
-        }
         self
     }
 
@@ -186,7 +189,7 @@ impl Guard {
     fn check_stamp(&self) -> Result<(), String> {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         let noticed = match &self.notice {
-            Some((_, n)) => {
+            Some(n) => {
                 super::inotify::drain();
                 Noticed {
                     written: n.modified(),

@@ -71,7 +71,7 @@ fn instance() -> Option<&'static Inotify> {
 
 /// Watches `file` (its inode, whatever its name now: through
 /// `/proc/self/fd`) for writes and renames; `None` where it cannot be.
-pub fn watch(file: &File) -> Option<(i32, Arc<Notice>)> {
+pub fn watch(file: &File) -> Option<Arc<Notice>> {
     let ino = instance()?;
     let path = std::ffi::CString::new(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()?;
     let mut watches = ino.watches.lock().unwrap_or_else(|e| e.into_inner());
@@ -99,17 +99,7 @@ pub fn watch(file: &File) -> Option<(i32, Arc<Notice>)> {
     let list = watches.entry(wd).or_default();
     list.retain(|n| n.strong_count() > 0);
     list.push(Arc::downgrade(&notice));
-    Some((wd, notice))
-}
-
-/// Stops watching `wd` (a file the daemon writes itself, as a remote
-/// object's cache file: its own writes are no change of the source).
-pub fn unwatch(wd: i32) {
-    let Some(ino) = instance() else { return };
-    let mut watches = ino.watches.lock().unwrap_or_else(|e| e.into_inner());
-    watches.remove(&wd);
-    // SAFETY: our own inotify descriptor; an unknown watch is EINVAL.
-    unsafe { libc::inotify_rm_watch(ino.fd.as_raw_fd(), wd) };
+    Some(notice)
 }
 
 /// Reads the events queued so far onto the watches' notices.
@@ -189,7 +179,7 @@ mod tests {
         let path = dir.path().join("f");
         std::fs::write(&path, b"old").unwrap();
         let f = File::open(&path).unwrap();
-        let (_, notice) = watch(&f).unwrap();
+        let notice = watch(&f).unwrap();
         drain();
         assert!(!notice.modified() && !notice.take_moved());
         std::fs::rename(&path, dir.path().join("g")).unwrap();
