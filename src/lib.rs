@@ -15,5 +15,6 @@ pub mod fuzzing;
 pub mod mount;
 pub mod serve;
 pub mod sigbus;
+pub mod size;
 pub mod source;
 pub mod views;

@@ -1007,16 +1007,19 @@ fn index_memory_bounds_a_shard_index_before_it_is_laid_out() {
     assert_eq!(
         open(16 << 20),
         format!(
-            "{label}: an index of {} bytes would take about {} bytes in memory parsed, \
-             more than the 16777216 allowed (--index-memory)",
-            text.len(),
-            text.len() * 8
+            "{label}: an index of {} would take about {} in memory parsed, more than the 16 MiB \
+             allowed (--index-memory)",
+            ztensor_mount::size::bytes(text.len() as u64),
+            ztensor_mount::size::bytes(text.len() as u64 * 8)
         )
     );
     let e = open(64 << 20);
     assert!(
-        e.starts_with(&format!("{label}: its index of {n} tensors would take about "))
-            && e.ends_with("bytes in memory (catalog, tree and views), more than the 67108864 allowed (--index-memory)"),
+        e.starts_with(&format!(
+            "{label}: its index of {n} tensors would take about "
+        )) && e.ends_with(
+            "in memory (catalog, tree and views), more than the 64 MiB allowed (--index-memory)"
+        ),
         "{e}"
     );
 }

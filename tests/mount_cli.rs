@@ -781,6 +781,10 @@ fn dash_o_lists_and_flags_end_to_end() {
         (vec!["-o", "uid=me"], "uid"),
         (vec!["-o", "cache_size"], "cache_size"),
         (vec!["--cache-size", "512K"], "at least 1M"),
+        (
+            vec!["--index-memory", "0"],
+            "index memory must be more than 0",
+        ),
         (vec!["--threads", "x"], "threads"),
         (
             vec!["--threads", "0"],

@@ -426,15 +426,15 @@ fn index_memory_bounds_a_gguf_header_of_many_values() {
     let file = bytes.len() as u64;
     std::fs::write(&path, &bytes).unwrap();
     drop(bytes);
-    // What the limit counts, from the refusal under a limit of 1 byte.
+    // What the limit counts, from the refusal under a limit of 1 byte
+    // (to a tenth of its unit, taken up to the next tenth).
     let r = m.run(&path, &["--index-memory", "1"]);
     assert!(!r.ok(), "mounted under --index-memory 1");
-    let cost: u64 = r
+    let cost = r
         .stderr
         .split("would take about ")
         .nth(1)
-        .and_then(|s| s.split(' ').next())
-        .and_then(|s| s.parse().ok())
+        .and_then(at_most)
         .unwrap_or_else(|| panic!("{}", r.stderr));
     assert!(cost >= n * 100, "{n} values counted as {cost} bytes");
     let (status, text, peak) = run_measured(
@@ -478,4 +478,18 @@ fn index_memory_bounds_a_gguf_header_of_many_values() {
         "the daemon peaked at {hwm} bytes, over {bound}"
     );
     m.unmount_ok();
+}
+
+/// The bytes a message's `N.N MiB` (or KiB, GiB) stands for, taken up to
+/// the next tenth of its unit: no fewer than the count it rounds.
+fn at_most(said: &str) -> Option<u64> {
+    let mut words = said.split(' ');
+    let tenths = (words.next()?.parse::<f64>().ok()? * 10.0).floor() as u64 + 1;
+    let unit: u64 = match words.next()? {
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => return None,
+    };
+    Some(tenths * unit / 10)
 }

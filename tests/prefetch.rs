@@ -193,7 +193,7 @@ fn prefetch_counts_a_tensor_that_fails_apart() {
     let r = prefetch(&m.mp, &["-j", "1"]);
     assert!(!r.ok(), "{r:?}");
     assert!(
-        r.stdout.starts_with("prefetched 1 of 2 tensors (1.0 MiB)"),
+        r.stdout.starts_with("prefetched 1 of 2 tensors (1 MiB)"),
         "{r:?}"
     );
     assert!(r.stdout.trim_end().ends_with("; 1 failed"), "{r:?}");

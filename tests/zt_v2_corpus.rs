@@ -185,7 +185,7 @@ const REASONS: &[(&str, &str)] = &[
     ),
     (
         "manifest-too-large",
-        "the manifest is 2147483648 bytes, over the 1073741824 bytes allowed (--index-memory)",
+        "the manifest is 2147483648 bytes, over the 1 GiB allowed (--index-memory)",
     ),
     ("name-empty", "rejected (Name): invalid name \"\""),
     ("name-nul", "rejected (Name): invalid name \"a\\0b\""),

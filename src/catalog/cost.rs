@@ -105,9 +105,11 @@ pub fn check(c: &Catalog, limit: u64) -> Result<(), String> {
     let cost = catalog_cost(c);
     if cost > limit {
         return Err(format!(
-            "its index of {} tensors would take about {cost} bytes in memory (catalog, tree and \
-             views), more than the {limit} allowed (--index-memory)",
-            c.tensors.len()
+            "its index of {} tensors would take about {} in memory (catalog, tree and views), \
+             more than the {} allowed (--index-memory)",
+            c.tensors.len(),
+            crate::size::bytes(cost),
+            crate::size::bytes(limit)
         ));
     }
     Ok(())

@@ -372,6 +372,11 @@ fn settings(cli: &MountCli) -> Result<options::Settings, String> {
     if s.cache_size < 1 << 20 {
         return Err("cache size must be at least 1M".into());
     }
+    // No index fits in none; a small limit is a file's own refusal, which
+    // names what its index would take.
+    if s.index_memory == 0 {
+        return Err("index memory must be more than 0".into());
+    }
     if !options::THREADS_RANGE.contains(&s.threads) {
         return Err(format!(
             "threads must be from {} to {}, not {}",

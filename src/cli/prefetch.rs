@@ -223,9 +223,9 @@ fn prefetch(mp: &Path, wanted: &[String], jobs: usize) -> Result<bool, String> {
     };
     let mut line = format!(
         "prefetched {read} ({}) from {} in {secs:.1} s ({}/s)",
-        human(bytes),
+        crate::size::bytes(bytes),
         mp.display(),
-        human((bytes as f64 / secs.max(1e-3)) as u64),
+        crate::size::bytes((bytes as f64 / secs.max(1e-3)) as u64),
     );
     if let (Some(before), Ok(after)) = (stats_before, read_json(&mp.join(".ztensor/stats"), mp)) {
         let delta = |k: &str| {
@@ -241,7 +241,7 @@ fn prefetch(mp: &Path, wanted: &[String], jobs: usize) -> Result<bool, String> {
         let done: Vec<String> = [("decoded", decoded), ("fetched", fetched)]
             .iter()
             .filter(|(_, n)| *n > 0)
-            .map(|(what, n)| format!("{what} {}", human(*n)))
+            .map(|(what, n)| format!("{what} {}", crate::size::bytes(*n)))
             .collect();
         if !done.is_empty() {
             line.push_str(&format!("; the mount {} meanwhile", done.join(" and ")));
@@ -282,21 +282,6 @@ fn read_all(path: &Path, buf: &mut [u8], mut progress: impl FnMut(u64)) -> std::
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
-    }
-}
-
-fn human(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
     }
 }
 
@@ -349,7 +334,6 @@ mod tests {
             e,
             "/m: an empty name names no tensor (to prefetch every tensor, name none)"
         );
-        assert_eq!(human(1536), "1.5 KiB");
         // A path through the mount names the same, as the kernel resolves
         // it; one that leaves the mount names nothing in it.
         let dir = tempfile::tempdir().unwrap();

@@ -309,8 +309,9 @@ fn prefix(bytes: &[u8], file: &str, limits: Limits) -> Result<Prefix> {
         return Err(err(
             ErrorKind::Index,
             format!(
-                "header of {header_len} bytes is over the limit of {header_max} bytes \
-                 (raise --index-memory to read it)"
+                "header of {header_len} bytes is over the limit of {} (raise --index-memory \
+                 to read it)",
+                crate::size::bytes(header_max)
             ),
         ));
     }

@@ -177,7 +177,7 @@ pub fn whole(src: &MappedFile, limits: Limits, what: &str) -> Result<()> {
             format!(
                 "{what} is read whole at open, and over a URL it is fetched whole first: its {n} \
                  bytes are more than the {} allowed (--index-memory); mount a local copy",
-                limits.index_memory
+                crate::size::bytes(limits.index_memory)
             ),
         ));
     }
@@ -206,7 +206,7 @@ pub fn gguf(src: &MappedFile, limits: Limits) -> Result<()> {
                 format!(
                     "its GGUF header runs past its first {have} bytes, and fetching more would \
                      pass the {} allowed (--index-memory)",
-                    limits.index_memory
+                    crate::size::bytes(limits.index_memory)
                 ),
             ));
         }
@@ -448,7 +448,7 @@ pub fn zip(src: &MappedFile, limits: Limits) -> Result<()> {
                     format!(
                         "its pickle {name:?} is {compressed} bytes, more than the {} allowed \
                          (--index-memory)",
-                        limits.index_memory
+                        crate::size::bytes(limits.index_memory)
                     ),
                 ));
             }

@@ -61,9 +61,10 @@ fn bounded(src: &MappedFile, limits: Limits) -> Result<()> {
         .map_err(|why| err(format!("GGUF header: {why}")))?;
     if cost > limits.index_memory {
         return Err(err(format!(
-            "its GGUF header's key/values and tensors would take about {cost} bytes in memory, \
-             more than the {} allowed (--index-memory)",
-            limits.index_memory
+            "its GGUF header's key/values and tensors would take about {} in memory, more than \
+             the {} allowed (--index-memory)",
+            crate::size::bytes(cost),
+            crate::size::bytes(limits.index_memory)
         )));
     }
     Ok(())

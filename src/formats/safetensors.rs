@@ -19,6 +19,7 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 use crate::catalog::{Blob, Catalog, Check, DType, Endian, Json, JsonMap, Part, Tensor};
 use crate::error::{Error, ErrorKind, Result};
 use crate::formats::{Limits, Opened};
+use crate::size;
 use crate::source::MappedFile;
 
 /// Largest header read (the reference implementation's cap).
@@ -186,8 +187,8 @@ fn header(src: &MappedFile, limits: Limits) -> Result<(u64, Entries)> {
     }
     if header_len > limits.index_memory {
         return Err(bad(format!(
-            "header length {header_len} is over the {} bytes allowed (--index-memory)",
-            limits.index_memory
+            "header length {header_len} is over the {} allowed (--index-memory)",
+            size::bytes(limits.index_memory)
         )));
     }
     let data_start = 8 + header_len;
@@ -204,9 +205,10 @@ fn header(src: &MappedFile, limits: Limits) -> Result<(u64, Entries)> {
     };
     let entries = parsed.map_err(|e| match over.get() {
         Some((used, n)) => bad(format!(
-            "its header's first {n} entries would already take about {used} bytes in memory \
-             (catalog, tree and views), more than the {} allowed (--index-memory)",
-            limits.index_memory
+            "its header's first {n} entries would already take about {} in memory (catalog, \
+             tree and views), more than the {} allowed (--index-memory)",
+            size::bytes(used),
+            size::bytes(limits.index_memory)
         )),
         None => bad(format!("header is not a JSON object: {e}")),
     })?;

@@ -14,6 +14,7 @@ use super::shard_set::{self, Duplicates, Set, ShardResult};
 use super::{Limits, Opened, gguf, safetensors};
 use crate::catalog::{Catalog, Json, cost};
 use crate::error::{Error, ErrorKind, Result};
+use crate::size;
 use crate::source::MappedFile;
 
 /// Largest index JSON read (a real one is well under a few MB).
@@ -84,10 +85,11 @@ pub fn open_hf_index(index: MappedFile, limits: Limits) -> Result<Opened> {
     let parsed = index.len().saturating_mul(JSON_EXPANSION);
     if parsed > limits.index_memory {
         return Err(bad(format!(
-            "an index of {} bytes would take about {parsed} bytes in memory parsed, more than \
-             the {} allowed (--index-memory)",
-            index.len(),
-            limits.index_memory
+            "an index of {} would take about {} in memory parsed, more than the {} allowed \
+             (--index-memory)",
+            size::bytes(index.len()),
+            size::bytes(parsed),
+            size::bytes(limits.index_memory)
         )));
     }
     let json: Json = serde_json::from_slice(index.bytes())
@@ -101,10 +103,11 @@ pub fn open_hf_index(index: MappedFile, limits: Limits) -> Result<Opened> {
         .fold(0u64, u64::saturating_add);
     if laid_out > limits.index_memory {
         return Err(bad(format!(
-            "its index of {} tensors would take about {laid_out} bytes in memory (catalog, tree \
-             and views), more than the {} allowed (--index-memory)",
+            "its index of {} tensors would take about {} in memory (catalog, tree and views), \
+             more than the {} allowed (--index-memory)",
             map.len(),
-            limits.index_memory
+            size::bytes(laid_out),
+            size::bytes(limits.index_memory)
         )));
     }
     let dir = index

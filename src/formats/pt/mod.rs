@@ -312,8 +312,9 @@ fn read_member<R: std::io::Read + std::io::Seek>(
     let f = zip.by_index(i).map_err(|e| e.to_string())?;
     if f.size() > limit {
         return Err(format!(
-            "{} bytes, more than the {limit} allowed (--index-memory)",
-            f.size()
+            "{} bytes, more than the {} allowed (--index-memory)",
+            f.size(),
+            crate::size::bytes(limit)
         ));
     }
     let mut out = Vec::new();
@@ -322,7 +323,8 @@ fn read_member<R: std::io::Read + std::io::Seek>(
         .map_err(|e| e.to_string())?;
     if out.len() as u64 > limit {
         return Err(format!(
-            "more than the {limit} bytes allowed (--index-memory)"
+            "more than the {} allowed (--index-memory)",
+            crate::size::bytes(limit)
         ));
     }
     Ok(out)

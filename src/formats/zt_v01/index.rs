@@ -194,17 +194,13 @@ fn within_memory(cbor: &[u8], file: &str, memory_limit: u64) -> Result<()> {
         )));
     }
     if tally.memory() > memory_limit {
-        const MIB: u64 = 1 << 20;
         return Err(err(format!(
-            "the index would take about {} MiB of memory decoded ({} entries, {} CBOR items), more than the {} allowed (--index-memory)",
-            tally.memory().div_ceil(MIB),
+            "the index would take about {} of memory decoded ({} entries, {} CBOR items), more \
+             than the {} allowed (--index-memory)",
+            crate::size::bytes(tally.memory()),
             tally.entries,
             tally.items,
-            if memory_limit.is_multiple_of(MIB) {
-                format!("{} MiB", memory_limit / MIB)
-            } else {
-                format!("{memory_limit} bytes")
-            }
+            crate::size::bytes(memory_limit)
         )));
     }
     Ok(())

@@ -86,14 +86,14 @@ pub fn parse(bytes: &[u8], file: &str, memory_limit: u64) -> Result<Manifest> {
     };
     let cost = estimate(cbor);
     if cost.memory > memory_limit {
-        const MIB: u64 = 1 << 20;
         return Err(err(
             ErrorKind::Index,
             format!(
-                "the manifest would take about {} MiB of memory decoded ({} CBOR items), more than the {} MiB allowed (--index-memory)",
-                cost.memory.div_ceil(MIB),
+                "the manifest would take about {} of memory decoded ({} CBOR items), more than \
+                 the {} allowed (--index-memory)",
+                crate::size::bytes(cost.memory),
                 cost.items,
-                memory_limit / MIB
+                crate::size::bytes(memory_limit)
             ),
         ));
     }
@@ -178,7 +178,8 @@ fn framing(bytes: &[u8], file: &str, memory_limit: u64) -> Result<(u64, u64)> {
         return Err(err(
             ErrorKind::Index,
             format!(
-                "manifest is {size} bytes, more than the {memory_limit} allowed (--index-memory)"
+                "manifest is {size} bytes, more than the {} allowed (--index-memory)",
+                crate::size::bytes(memory_limit)
             ),
         ));
     }

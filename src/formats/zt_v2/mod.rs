@@ -52,8 +52,8 @@ pub fn open(src: MappedFile, limits: Limits) -> Result<Opened> {
                 src.label(),
                 None,
                 format!(
-                    "the manifest is {len} bytes, over the {} bytes allowed (--index-memory)",
-                    limits.index_memory
+                    "the manifest is {len} bytes, over the {} allowed (--index-memory)",
+                    crate::size::bytes(limits.index_memory)
                 ),
             ));
         }
