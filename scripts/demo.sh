@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up this machine, builds ztensor-mount and installs it on PATH
-# (/usr/local/bin, as root or through sudo; else ~/.local/bin), mounts the
+# (/usr/local/bin, as root or through sudo; else ~/.local/bin) with its
+# manual pages (docs/man/ into the share/man/man1 beside it), mounts the
 # bundled example model and shows it: ls -l, a sidecar, a tensor read with
 # numpy, and the views (np.load, TensorStore, zarr, safetensors).
 # The mount stays up; the last line says how to unmount it. It installs
@@ -17,13 +18,15 @@ built="$root/target/release/ztensor-mount"
 if [ "$(id -u)" = 0 ] || command -v sudo >/dev/null 2>&1; then
   dest=/usr/local/bin
   as_root install -m 0755 "$built" "$dest/ztensor-mount"
+  as_root install -D -m 0644 -t /usr/local/share/man/man1 docs/man/*.1
 else
   dest="$HOME/.local/bin"
   mkdir -p "$dest"
   install -m 0755 "$built" "$dest/ztensor-mount"
+  install -D -m 0644 -t "$HOME/.local/share/man/man1" docs/man/*.1
 fi
 bin="$dest/ztensor-mount"
-echo "installed $bin"
+echo "installed $bin (man ztensor-mount)"
 case ":$PATH:" in *":$dest:"*) ;; *) echo "note: $dest is not on your PATH" ;; esac
 # Only a ztensor-mount mount whose daemon died is replaced; any other mount
 # there is left alone, and another directory is used (and named).

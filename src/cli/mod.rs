@@ -138,6 +138,16 @@ struct MountCli {
     revision: Option<String>,
 }
 
+/// The whole command line as clap describes it: the mount's arguments and
+/// options, and the other commands as its subcommands. The manual page
+/// (docs/ztensor-mount.1, tests/man_page.rs) is rendered from it.
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    ToolCli::command()
+        .get_subcommands()
+        .fold(MountCli::command(), |c, sub| c.subcommand(sub.clone()))
+}
+
 #[derive(Parser, Debug)]
 #[command(name = "ztensor-mount")]
 struct ToolCli {
