@@ -947,6 +947,33 @@ fn names_that_cannot_be_paths_are_escaped() {
     assert_eq!(walk(&m.mp), expected_files(&index));
 }
 
+#[test]
+fn live_files_report_the_size_of_what_a_copy_gets() {
+    let tensors = vec![dense(
+        "t",
+        DType::Float32,
+        &[1024],
+        3,
+        opts(zstd(0), Endian::Little, None),
+    )];
+    let Some(mut m) = Mount::scratch() else {
+        return;
+    };
+    let zt = m.scratch_path("test.zt");
+    write_dense(&zt, &tensors);
+    // Every open reaches the daemon, so each one counts.
+    m.mount(&zt, &["--no-passthrough"]);
+    assert_eq!(m.read("t"), tensors[0].le);
+    let text = support::copies_whole(&m.path(".ztensor/stats"));
+    let stats: Json = serde_json::from_slice(&text).unwrap();
+    let opens = stats["fuse_opens"].as_u64().unwrap();
+    assert!(opens >= 1, "{stats}");
+    // A poller that opens, reads and closes sees fresh figures each time.
+    assert_eq!(m.read("t"), tensors[0].le);
+    assert_eq!(m.stat_u64("fuse_opens"), opens + 1, "{}", m.stats());
+    assert_eq!(support::copies_whole(&m.path(".ztensor/errors")), b"");
+}
+
 fn errno_of<T: std::fmt::Debug>(what: &str, r: std::io::Result<T>) -> i32 {
     match r {
         Ok(v) => panic!("{what}: succeeded ({v:?}) on a read-only mount"),

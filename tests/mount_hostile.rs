@@ -119,6 +119,8 @@ fn data_faults_fail_only_their_tensor() {
                         && e["error"].as_str().is_some_and(|w| w.contains(&substring))
                 });
                 assert!(hit, "{name}: .ztensor/errors lacks it:\n{listed}");
+                let copied = support::copies_whole(&m.path(".ztensor/errors"));
+                assert_eq!(String::from_utf8_lossy(&copied), listed, "{name}");
             }
             "Unsupported" => {
                 assert_eq!(side["supported"], false, "{name}");

@@ -224,6 +224,12 @@ impl Adapter {
     }
 }
 
+/// How long the kernel may keep `a`: an hour (nothing changes), or not
+/// at all for a live file, whose size each stat asks again.
+fn ttl(a: &Attr) -> Duration {
+    if a.live { Duration::ZERO } else { TTL }
+}
+
 fn ino(i: INodeNo) -> Ino {
     i.0
 }
@@ -293,14 +299,14 @@ impl Filesystem for Adapter {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.fs.lookup(ino(parent), name) {
-            Ok(a) => reply.entry(&TTL, &self.attr(&a), Generation(0)),
+            Ok(a) => reply.entry(&ttl(&a), &self.attr(&a), Generation(0)),
             Err(e) => reply.error(err(e)),
         }
     }
 
     fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino(i)) {
-            Ok(a) => reply.attr(&TTL, &self.attr(&a)),
+            Ok(a) => reply.attr(&ttl(&a), &self.attr(&a)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -453,7 +459,7 @@ impl Filesystem for Adapter {
                     INodeNo(child),
                     next,
                     name,
-                    &TTL,
+                    &ttl(&a),
                     &self.attr(&a),
                     Generation(0),
                 ),

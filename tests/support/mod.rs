@@ -703,3 +703,62 @@ impl Drop for Tmpfs {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
+
+/// A copy of `path` as the copiers the kernel feeds through its page cache
+/// make it (`sendfile`, as Python's `shutil.copyfile` does after an
+/// `fstat`), and a stat-then-read one (`tar`, `rsync`); asserts that both
+/// get every byte a `pread` of the same open file reads, and that the
+/// sizes reported are those texts'. Returns the bytes.
+pub fn copies_whole(path: &Path) -> Vec<u8> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let shown = std::fs::metadata(path).unwrap().len();
+    let f = std::fs::File::open(path).unwrap();
+    let mut read = vec![0; shown as usize + 1];
+    let n = f.read_at(&mut read, 0).unwrap();
+    read.truncate(n);
+    assert_eq!(
+        shown,
+        n as u64,
+        "{}: stat, then open and read",
+        path.display()
+    );
+    drop(f);
+    let f = std::fs::File::open(path).unwrap();
+    let size = f.metadata().unwrap().len();
+    let out = tempfile::tempfile().unwrap();
+    loop {
+        // SAFETY: both descriptors are open files owned for the call; a
+        // null offset uses and moves the input file's own.
+        let n = unsafe {
+            libc::sendfile(
+                out.as_raw_fd(),
+                f.as_raw_fd(),
+                std::ptr::null_mut(),
+                1 << 20,
+            )
+        };
+        assert!(
+            n >= 0,
+            "{}: sendfile: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
+        if n == 0 {
+            break;
+        }
+    }
+    let mut again = vec![0; size as usize + 1];
+    let n = f.read_at(&mut again, 0).unwrap();
+    again.truncate(n);
+    let mut copied = vec![0; again.len()];
+    out.read_at(&mut copied, 0).unwrap();
+    assert_eq!(
+        size,
+        again.len() as u64,
+        "{}: open, then fstat",
+        path.display()
+    );
+    assert_eq!(copied, again, "{}: sendfile vs read", path.display());
+    again
+}

@@ -28,6 +28,7 @@ use crate::source::MappedFile;
 use crate::views::{self, Composed, Entry, ViewSet, Views};
 
 mod clone;
+mod live;
 mod open;
 #[cfg(test)]
 mod passthrough_tests;
@@ -53,6 +54,9 @@ pub struct Attr {
     pub size: u64,
     pub perm: u16,
     pub nlink: u32,
+    /// Its size changes all the time (`.ztensor/stats`): the kernel keeps
+    /// no attributes of it.
+    pub live: bool,
 }
 
 /// How an opened file is read.
@@ -80,8 +84,9 @@ pub struct FsOptions {
     pub direct_io: bool,
     /// Which views to make.
     pub views: Views,
-    /// Answer extended attributes (else ENOSYS, which the kernel remembers:
-    /// no xattr request reaches the daemon again).
+    /// Answer extended attributes (else getxattr gets ENOSYS, which the
+    /// kernel remembers: no getxattr reaches the daemon again; listxattr
+    /// gets an empty list).
     pub xattrs: bool,
     /// Backing files for passthrough.
     pub backing: BackingOptions,
@@ -118,6 +123,8 @@ pub struct TensorFs {
     /// The render each open handle of a file shares (never changes, except
     /// stats), while one is open: `index.json` of a big file is tens of MB.
     shared: Mutex<HashMap<Ino, Weak<Vec<u8>>>>,
+    /// The latest texts of the live generated files.
+    live: live::Live,
     /// Held while index.json is rendered for an open.
     index_render: Mutex<()>,
     next_fh: AtomicU64,
@@ -299,6 +306,7 @@ impl TensorFs {
             mirror_sizes: OnceLock::new(),
             handles: Mutex::new(HashMap::new()),
             shared: Mutex::new(HashMap::new()),
+            live: live::Live::default(),
             index_render: Mutex::new(()),
             next_fh: AtomicU64::new(1),
             #[cfg(test)]
@@ -358,6 +366,7 @@ impl TensorFs {
                 size: 0,
                 perm: 0o555,
                 nlink: 2 + self.tree.subdirs(ino) as u32,
+                live: false,
             },
             NodeKind::File(c) => Attr {
                 ino,
@@ -365,6 +374,7 @@ impl TensorFs {
                 size: self.size_of(ino, c),
                 perm: 0o444,
                 nlink: 1,
+                live: is_live(c),
             },
         })
     }
@@ -373,8 +383,12 @@ impl TensorFs {
         match c {
             Content::Part { tensor, part } => self.part(*tensor, *part).map_or(0, |p| p.nbytes),
             Content::ViewData { .. } => self.composed(c).map_or(0, |f| f.size),
-            // Changes all the time: read it with direct I/O, like /proc.
-            Content::Stats | Content::Errors => 0,
+            // Changes all the time: the size of the text the next open
+            // gets (see `live`).
+            Content::Stats | Content::Errors => self
+                .live
+                .text(ino, live::Asker::Stat, || self.render(ino, c).map(Arc::new))
+                .map_or(0, |t| t.len() as u64),
             // Counted, not kept: the text is made when a file is opened.
             _ => {
                 let count = || {
@@ -532,8 +546,9 @@ impl TensorFs {
 
     /// The text of generated file `ino`, shared with its other open handles.
     fn rendered(&self, ino: Ino, c: &Content) -> Result<Text, Errno> {
-        if matches!(c, Content::Stats | Content::Errors) {
-            return self.render(ino, c).map(Arc::new);
+        if is_live(c) {
+            let render = || self.render(ino, c).map(Arc::new);
+            return self.live.text(ino, live::Asker::Open, render);
         }
         let shared = || self.shared.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(b) = shared().get(&ino).and_then(Weak::upgrade) {
@@ -598,9 +613,12 @@ impl TensorFs {
     }
 
     /// The names of the xattrs of `ino`, each ended by a NUL.
+    /// None without `--xattrs`: an empty list, as a file system without
+    /// xattrs gives (`tar --xattrs` and `rsync -X` then say nothing), where
+    /// `getxattr` gets ENOSYS so that `ls -l` asks the daemon nothing.
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<u8>, Errno> {
         if !self.xattrs {
-            return Err(libc::ENOSYS);
+            return self.tree.node(ino).map(|_| Vec::new()).ok_or(libc::ENOENT);
         }
         let mut out = Vec::new();
         for (n, _) in self.xattrs(ino)? {
@@ -651,4 +669,10 @@ fn any_part_of(
         }
         _ => false,
     }
+}
+
+/// Whether generated file `c` changes all the time (read with direct I/O,
+/// its attributes never kept by the kernel).
+fn is_live(c: &Content) -> bool {
+    matches!(c, Content::Stats | Content::Errors)
 }

@@ -123,7 +123,7 @@ impl TensorFs {
                     .insert(fh, (ino, bytes));
                 Ok((
                     fh,
-                    Open::Served(if matches!(c, Content::Stats | Content::Errors) {
+                    Open::Served(if is_live(c) {
                         CacheMode::DirectIo
                     } else {
                         CacheMode::KeepCache
