@@ -140,7 +140,7 @@ struct MountCli {
 
 /// The whole command line as clap describes it: the mount's arguments and
 /// options, and the other commands as its subcommands. The manual page
-/// (docs/ztensor-mount.1, tests/man_page.rs) is rendered from it.
+/// (docs/man/ztensor-mount.1, tests/man_page.rs) is rendered from it.
 pub fn command() -> clap::Command {
     use clap::CommandFactory;
     ToolCli::command()
