@@ -804,6 +804,28 @@ fn a_repo_the_hub_sends_to_another_host_is_refused_naming_it_and_gets_no_token()
     assert!(log.iter().all(|e| e[0] != "localhost"), "{st}");
 }
 
+/// A CDN answer sent chunked is refused: a body whose chunk sizes lie
+/// hands the next chunk's size line over as data before its framing
+/// fails, and those bytes were served and kept in the cache. The read
+/// fails with the reason in the log, and once the CDN answers with a
+/// Content-Length the right bytes are served.
+#[test]
+fn a_cdn_answer_sent_chunked_is_refused_and_none_of_it_served_or_kept() {
+    let (_s, mut m, repos, hub) = setup();
+    let cache = m.scratch_path("cache");
+    hf_mount(&mut m, &hub.endpoint(), "hf://org/single", &cache, &[]);
+    hub.control("/__fault?kind=misframed&count=1000&on=cdn");
+    let log = failed_read_log(&m, 700_000, libc::EIO);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("ERROR") && l.contains("without a Content-Length (chunked)")),
+        "{log}"
+    );
+    hub.control("/__reset");
+    assert_tensors(&m, &repos.c1);
+    m.unmount_ok();
+}
+
 /// A CDN answer whose body is cut short is asked for again, from the
 /// first block it did not fill (the HTTP stores' client resumes a body
 /// itself; the Hub's requests are the mount's own). A request that keeps

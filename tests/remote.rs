@@ -1540,6 +1540,20 @@ fn a_server_that_sends_ranges_chunked_is_refused_saying_so() {
         r.stderr
     );
     assert!(!m.is_mounted());
+    // A signed URL's client (the mount's own) refuses them the same way
+    // once they come: a body whose chunk sizes lie would have had its
+    // next size line served as data.
+    srv.control("/__reset");
+    srv.control("/__sign?path=/model.zt&sig=c1");
+    mount_remote(&mut m, &srv.url("/model.zt?sig=c1"), &cache, &[]);
+    srv.control("/__chunked");
+    let e = std::fs::read(m.path("tail")).expect_err("a chunked answer");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert!(
+        m.log_text().contains("without a Content-Length (chunked)"),
+        "{}",
+        m.log_text()
+    );
 }
 
 fn s3_env<'a>(cmd: &'a mut Command, key: &str) -> &'a mut Command {

@@ -263,8 +263,13 @@ pub(super) fn range_header(r: &Range<u64>) -> String {
     format!("bytes={}-{}", r.start, r.end.saturating_sub(1).max(r.start))
 }
 
+/// Why a ranged answer without a Content-Length is refused.
+pub(super) const CHUNKED: &str = "the server sends its answers without a Content-Length \
+     (chunked), which this client needs to take a range: serve the file from a server that \
+     gives it (an object store, nginx, caddy)";
+
 /// The bytes a successful answer carries and the object's size: a 206's
-/// from its Content-Range; a 200 to a ranged GET is a server that ignores
+/// from its Content-Range, if it has a Content-Length; a 200 to a ranged GET is a server that ignores
 /// Range (NotSupported); a 200 to a whole GET is `whole` bytes. None for
 /// any other status, which the caller words.
 pub(super) fn extent(
@@ -275,6 +280,15 @@ pub(super) fn extent(
 ) -> Option<object_store::Result<(Range<u64>, u64)>> {
     let fail = |m: String| store_error(store, Failure::new(FetchKind::Failed, m));
     Some(match r.status() {
+        // Chunked, a body that breaks its framing hands over the next
+        // chunk's header as data before it fails, and the blocks it
+        // filled would be served and kept: one that says its length
+        // cannot (HTTP/2 frames every body).
+        StatusCode::PARTIAL_CONTENT
+            if r.version() <= reqwest::Version::HTTP_11 && r.content_length().is_none() =>
+        {
+            Err(fail(CHUNKED.into()))
+        }
         StatusCode::PARTIAL_CONTENT => {
             let cr = header(r.headers(), "content-range").unwrap_or("");
             parse_content_range(cr).ok_or_else(|| fail(format!("a 206 with Content-Range {cr:?}")))

@@ -46,6 +46,9 @@ Control requests (not counted):
         status  answer S (429, 500, 503) instead (429 with Retry-After: 0)
         stall   wait T seconds, then answer
         drop    (CDN) send the headers and half the body, then close
+        misframed (CDN) send the body chunked, its first chunk's size
+                that of the whole body, so the next chunk's size line
+                lands inside it before the framing fails
     GET /__expire   every signed URL issued so far is expired (403)
     GET /__move?repo=ORG/NAME&ref=REF&to=SHA   a branch now points elsewhere
     GET /__cdn_etag?value=V   the CDN gives ETag V for every file (its
@@ -137,14 +140,14 @@ class Handler(BaseHTTPRequestHandler):
                     break
         if fault and fault["kind"] == "stall":
             time.sleep(fault["secs"])
-        elif fault and fault["kind"] != "drop":
+        elif fault and fault["kind"] not in ("drop", "misframed"):
             hdrs = {"Retry-After": "0"} if fault["status"] == 429 else {}
             return self.error(fault["status"], "", "injected", hdrs)
         if cdn:
             if host != "localhost":
                 return self.error(404, "", "the CDN is at localhost")
-            cut = fault is not None and fault["kind"] == "drop"
-            return self.serve_cdn(url.path[len("/__cdn/"):], q, cut)
+            kind = fault["kind"] if fault else None
+            return self.serve_cdn(url.path[len("/__cdn/"):], q, kind)
         parts = [unquote(p) for p in url.path.split("/")[1:]]
         moved = self.renamed(parts, "renamed")
         away = self.renamed(parts, "moved_away")
@@ -326,7 +329,7 @@ class Handler(BaseHTTPRequestHandler):
         )
         self.send(302, b"", h)
 
-    def serve_cdn(self, sha, q, cut=False):
+    def serve_cdn(self, sha, q, fault=None):
         try:
             sig = int(q.get("sig", ["0"])[0])
         except ValueError:
@@ -355,7 +358,10 @@ class Handler(BaseHTTPRequestHandler):
         if LATENCY and self.command == "GET":
             time.sleep(LATENCY)
         self.send_response(status)
-        self.send_header("Content-Length", str(end - start))
+        if fault == "misframed":
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(end - start))
         self.send_header("ETag", STATE.get("cdn_etag") or '"cdn-%s"' % sha[:16])
         self.send_header("Accept-Ranges", "bytes")
         if status == 206:
@@ -363,9 +369,18 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command == "HEAD":
             return
+        if fault == "misframed":
+            with open(local, "rb") as f:
+                f.seek(start)
+                body = f.read(end - start)
+            half = len(body) // 2
+            self.wfile.write(b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (
+                len(body), body[:half], len(body) - half, body[half:]))
+            self.close_connection = True
+            return
         with open(local, "rb") as f:
             f.seek(start)
-            left = (end - start) // 2 if cut else end - start
+            left = (end - start) // 2 if fault == "drop" else end - start
             while left > 0:
                 b = f.read(min(left, 1 << 20))
                 if not b:

@@ -12,7 +12,8 @@ exits when stdin closes (or it is killed). Control requests (not counted):
 
     GET /__stats                 {"requests": n, "log": [[method, path, range], ...],
                                   "referers": [each request's Referer or null, ...]}
-    GET /__reset                 zero the counts and clear every fault
+    GET /__reset                 zero the counts and clear every fault (and
+                                 /__chunked)
     GET /__fault?kind=K&count=N[&status=S][&secs=T][&path=/x]
         the next N data requests (GET with a Range, to path if given) fail:
         drop    send the headers and half the body, then close the connection
@@ -133,6 +134,7 @@ class Handler(BaseHTTPRequestHandler):
                 STATE["log"] = []
                 STATE["referers"] = []
                 STATE["faults"] = []
+                STATE["chunked"] = False
             elif url.path == "/__mode":
                 STATE["mode"] = q["m"]
             elif url.path == "/__sign":

@@ -105,10 +105,7 @@ pub(super) fn describe(e: &object_store::Error) -> String {
         // object_store's HTTP client takes a ranged answer's length from
         // its Content-Length, which a chunked answer has not.
         other if other.to_string().contains("Content-Length Header missing") => {
-            "the server sends its answers without a Content-Length (chunked), which this \
-             client needs to take a range: serve the file from a server that gives it (an \
-             object store, nginx, caddy)"
-                .into()
+            crate::source::http::CHUNKED.into()
         }
         // "Generic HTTP error: " says nothing its cause does not.
         object_store::Error::Generic { source, .. } if !source.to_string().is_empty() => {
