@@ -151,7 +151,7 @@ pub(super) fn one_line_err(e: &reqwest::Error) -> String {
 /// absolute, without its query), when the server answers with a redirect;
 /// asked within 5 s, as it only names a failure.
 pub(super) async fn redirect_target(opts: &Options, url: &url::Url) -> Option<String> {
-    let answer = client(opts, false)
+    let answer = client(opts, Redirects::None)
         .ok()?
         .get(url.clone())
         .header(reqwest::header::RANGE, "bytes=0-0")
@@ -171,14 +171,38 @@ pub(super) fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// Which redirects a client follows (at most 5 in a row).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Redirects {
+    /// None: the Hub's are read, never followed (a CDN URL is taken from
+    /// `Location` and asked without the token).
+    None,
+    /// To any host: a signed URL carries its credential in itself.
+    Any,
+    /// To the same scheme, host and port only: a store that signs its
+    /// requests sends credentials in headers, and reqwest drops only
+    /// `Authorization` on a redirect to another host (S3's
+    /// `X-Amz-Security-Token` would go there).
+    SameHost,
+}
+
 /// An HTTP client for one process's requests (its connections belong to
-/// the runtime of that process). `redirects`: whether it follows them (the
-/// Hub's are read, never followed: a CDN URL is taken from `Location` and
-/// asked without the token).
-pub(super) fn client(opts: &Options, redirects: bool) -> Result<reqwest::Client, String> {
+/// the runtime of that process).
+pub(super) fn client(opts: &Options, redirects: Redirects) -> Result<reqwest::Client, String> {
+    builder(opts, redirects)?
+        .build()
+        .map_err(|e| one_line_err(&e))
+}
+
+/// [`client`]'s builder.
+pub(super) fn builder(
+    opts: &Options,
+    redirects: Redirects,
+) -> Result<reqwest::ClientBuilder, String> {
     let policy = match redirects {
-        true => reqwest::redirect::Policy::limited(5),
-        false => reqwest::redirect::Policy::none(),
+        Redirects::None => reqwest::redirect::Policy::none(),
+        Redirects::Any => reqwest::redirect::Policy::limited(5),
+        Redirects::SameHost => reqwest::redirect::Policy::custom(same_host),
     };
     // No Referer: after a redirect it would carry the URL before it, query
     // (a signature) and all, to the next host.
@@ -196,7 +220,34 @@ pub(super) fn client(opts: &Options, redirects: bool) -> Result<reqwest::Client,
             b = b.add_root_certificate(c);
         }
     }
-    b.build().map_err(|e| one_line_err(&e))
+    Ok(b)
+}
+
+/// Follows a redirect within the first request's scheme, host and port;
+/// fails one elsewhere, naming where (without its query).
+fn same_host(a: reqwest::redirect::Attempt) -> reqwest::redirect::Action {
+    let origin = |u: &url::Url| {
+        (
+            u.scheme().to_string(),
+            u.host_str().map(str::to_string),
+            u.port_or_known_default(),
+        )
+    };
+    let same = a.previous().first().map(origin) == Some(origin(a.url()));
+    if a.previous().len() > 5 {
+        a.error("more than 5 redirects")
+    } else if same {
+        a.follow()
+    } else {
+        let to = remote::without_queries(a.url().as_str());
+        a.error(Failure::new(
+            FetchKind::Denied,
+            format!(
+                "the server redirects to {to}, another host, where the request's \
+                 credentials would go: not followed"
+            ),
+        ))
+    }
 }
 
 /// `bytes A-B/TOTAL` as (A..B+1, TOTAL).

@@ -91,7 +91,7 @@ impl SignedUrl {
         Ok(SignedUrl {
             url,
             key,
-            client: http::client(opts, true)?,
+            client: http::client(opts, http::Redirects::Any)?,
             opts: opts.clone(),
         })
     }

@@ -75,7 +75,7 @@ pub(super) async fn fetch_info(
     spec: &Spec,
     opts: &Options,
 ) -> std::result::Result<RepoInfo, Fail> {
-    let client = http::client(opts, false)?;
+    let client = http::client(opts, http::Redirects::None)?;
     let (kind, repo) = api_kind(&spec.repo);
     let (org, name) = repo.split_once('/').unwrap_or((repo, ""));
     let mut url = hub.url(["api", kind, org, name, "revision", &spec.revision]);

@@ -85,7 +85,8 @@ impl Repo {
     /// This process's HTTP client for the repo's files, made at its first
     /// use in the process.
     fn client(&self) -> std::result::Result<reqwest::Client, String> {
-        self.client.get(|| http::client(&self.opts, false))
+        self.client
+            .get(|| http::client(&self.opts, http::Redirects::None))
     }
 
     /// The path of the file a resolve URL names.

@@ -9,6 +9,7 @@ use object_store::{BackoffConfig, Certificate, ClientOptions, ObjectStore, Retry
 use crate::source::error::{FetchError, FetchKind};
 
 use super::{FIRST_BACKOFF, MAX_BACKOFF, Options, key_of, one_line};
+use crate::source::http::{self, Redirects};
 
 /// How to reach one bucket (or HTTP server); the store itself is made per
 /// process, as its connections belong to the runtime.
@@ -136,6 +137,7 @@ impl Client {
         let b = s3_builder(self.opts.endpoint.as_deref())?
             .with_url(self.url.as_str())
             .with_client_options(client)
+            .with_http_connector(Connector(self.opts.clone()))
             .with_retry(retry);
         // The client asks AWS_ENDPOINT_URL_S3's server before the
         // generic one.
@@ -154,6 +156,7 @@ impl Client {
             )
             .with_url(self.url.as_str())
             .with_client_options(client)
+            .with_http_connector(Connector(self.opts.clone()))
             .with_retry(retry);
         // A GCS-compatible server (an emulator): its base URL.
         if let Some(e) = &self.opts.endpoint {
@@ -181,6 +184,7 @@ impl Client {
             )
             .with_url(self.url.as_str())
             .with_client_options(client)
+            .with_http_connector(Connector(self.opts.clone()))
             .with_retry(retry);
         if let Some(e) = &self.opts.endpoint {
             b = b.with_endpoint(e.clone()).with_allow_http(true);
@@ -286,6 +290,35 @@ pub(super) fn s3_builder(
             .with_allow_http(true);
     }
     Ok(b)
+}
+
+/// object_store's HTTP client for the stores that sign their requests
+/// (s3, gs, az), made as the mount's own clients are: no Referer, and
+/// redirects followed within the host only ([`Redirects::SameHost`]).
+#[derive(Debug)]
+struct Connector(Options);
+
+impl object_store::client::HttpConnector for Connector {
+    fn connect(&self, o: &ClientOptions) -> object_store::Result<object_store::client::HttpClient> {
+        let mut b = http::builder(&self.0, Redirects::SameHost).map_err(generic)?;
+        // The options of an instance's metadata endpoint (credentials)
+        // ask for a connect timeout of their own.
+        if let Some(t) = o
+            .get_config_value(&object_store::ClientConfigKey::ConnectTimeout)
+            .and_then(|t| humantime::parse_duration(&t).ok())
+        {
+            b = b.connect_timeout(t);
+        }
+        let client = b.build().map_err(|e| generic(one_line(e)))?;
+        Ok(object_store::client::HttpClient::new(client))
+    }
+}
+
+fn generic(why: String) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "HTTP client",
+        source: why.into(),
+    }
 }
 
 /// What a store's builder returns here.

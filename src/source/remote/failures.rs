@@ -71,8 +71,19 @@ pub(super) fn cause_kind(e: &(dyn std::error::Error + 'static)) -> Option<FetchK
         {
             return Some(FetchKind::TimedOut);
         }
+        cur = err.source();
+    }
+    failure_in(e).map(|f| f.kind)
+}
+
+/// The first of `e`'s causes that is a [`Failure`](crate::source::http::Failure).
+fn failure_in<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a crate::source::http::Failure> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
         if let Some(f) = err.downcast_ref::<crate::source::http::Failure>() {
-            return Some(f.kind);
+            return Some(f);
         }
         cur = err.source();
     }
@@ -84,14 +95,12 @@ pub(super) fn describe(e: &object_store::Error) -> String {
     if let Some(tls) = tls_failure(e) {
         return tls;
     }
+    // The mount's own words, wherever the client put them (a redirect
+    // its policy refused is a cause of the request's error).
+    if let Some(f) = failure_in(e) {
+        return one_line(f);
+    }
     match e {
-        // The stores of http.rs (the Hub, a signed URL) say what happened
-        // in their own words.
-        object_store::Error::Generic { source, .. }
-            if source.is::<crate::source::http::Failure>() =>
-        {
-            one_line(source)
-        }
         object_store::Error::NotFound { .. } => "no such object (or bucket)".into(),
         object_store::Error::PermissionDenied { source, .. } => {
             format!("access denied: {}", one_line(source))
