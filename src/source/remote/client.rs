@@ -123,6 +123,7 @@ impl Client {
                     object_store::http::HttpBuilder::new()
                         .with_url(base)
                         .with_client_options(client)
+                        .with_http_connector(Connector(self.opts.clone(), Redirects::Any))
                         .with_retry(retry)
                         .build()
                         .map_err(one_line)?,
@@ -137,7 +138,7 @@ impl Client {
         let b = s3_builder(self.opts.endpoint.as_deref())?
             .with_url(self.url.as_str())
             .with_client_options(client)
-            .with_http_connector(Connector(self.opts.clone()))
+            .with_http_connector(Connector(self.opts.clone(), Redirects::SameHost))
             .with_retry(retry);
         // The client asks AWS_ENDPOINT_URL_S3's server before the
         // generic one.
@@ -156,7 +157,7 @@ impl Client {
             )
             .with_url(self.url.as_str())
             .with_client_options(client)
-            .with_http_connector(Connector(self.opts.clone()))
+            .with_http_connector(Connector(self.opts.clone(), Redirects::SameHost))
             .with_retry(retry);
         // A GCS-compatible server (an emulator): its base URL.
         if let Some(e) = &self.opts.endpoint {
@@ -184,7 +185,7 @@ impl Client {
             )
             .with_url(self.url.as_str())
             .with_client_options(client)
-            .with_http_connector(Connector(self.opts.clone()))
+            .with_http_connector(Connector(self.opts.clone(), Redirects::SameHost))
             .with_retry(retry);
         if let Some(e) = &self.opts.endpoint {
             b = b.with_endpoint(e.clone()).with_allow_http(true);
@@ -292,15 +293,16 @@ pub(super) fn s3_builder(
     Ok(b)
 }
 
-/// object_store's HTTP client for the stores that sign their requests
-/// (s3, gs, az), made as the mount's own clients are: no Referer, and
-/// redirects followed within the host only ([`Redirects::SameHost`]).
+/// object_store's HTTP client, made as the mount's own clients are (no
+/// Referer), following the redirects given: within the host only for the
+/// stores that sign their requests (s3, gs, az; see
+/// [`Redirects::SameHost`]).
 #[derive(Debug)]
-struct Connector(Options);
+struct Connector(Options, Redirects);
 
 impl object_store::client::HttpConnector for Connector {
     fn connect(&self, o: &ClientOptions) -> object_store::Result<object_store::client::HttpClient> {
-        let mut b = http::builder(&self.0, Redirects::SameHost).map_err(generic)?;
+        let mut b = http::builder(&self.0, self.1).map_err(generic)?;
         // The options of an instance's metadata endpoint (credentials)
         // ask for a connect timeout of their own.
         if let Some(t) = o
