@@ -804,6 +804,61 @@ fn a_repo_the_hub_sends_to_another_host_is_refused_naming_it_and_gets_no_token()
     assert!(log.iter().all(|e| e[0] != "localhost"), "{st}");
 }
 
+/// A repo listing many files (a dataset's): the list is counted against
+/// `--index-memory` as the API's answer is parsed (a JSON tree of it took
+/// some 17 times the answer), so a list over it refuses the mount in one
+/// line naming the limit, and within it the mount command's peak memory
+/// stays near the answer's own size (22 MB here).
+#[test]
+fn a_repo_listing_many_files_is_read_within_the_index_memory() {
+    let (_s, mut m, repos, hub) = setup();
+    hub.control("/__many?count=300000");
+    let cache = m.scratch_path("cache");
+    let slow = ["-o", "remote_timeout=60"];
+    let small = [&slow[..], &["--index-memory", "16M"]].concat();
+    let r = hf_run_args(
+        &mut m,
+        &hub.endpoint(),
+        "hf://org/single",
+        &cache,
+        &[],
+        &small,
+    );
+    // 70 bytes a file counted (22 of name): over 16 MiB at about 240 000.
+    let line = refused(&r);
+    assert!(
+        line.starts_with(
+            "ztensor-mount: hf://org/single@main: the Hub lists more files than the 16 MiB \
+             --index-memory allows for their list (over it at file 2396"
+        ) && line.ends_with("); raise --index-memory"),
+        "{line}"
+    );
+    let r = hf_run_args(
+        &mut m,
+        &hub.endpoint(),
+        "hf://org/single",
+        &cache,
+        &[],
+        &slow,
+    );
+    assert!(r.ok(), "{}{}", r.stderr, m.log_text());
+    // SAFETY: getrusage writes the struct it is given, alive for the call.
+    let peak_kib = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut u);
+        u.ru_maxrss
+    };
+    assert!(peak_kib < 192 << 10, "a mount command took {peak_kib} KiB");
+    let about = source(&m);
+    assert_eq!(about["other_files"].as_array().unwrap().len(), 10_000);
+    assert!(
+        about["other_files_not_listed"].as_u64() >= Some(290_000),
+        "{about}"
+    );
+    assert_tensors(&m, &repos.c1);
+    m.unmount_ok();
+}
+
 /// A CDN answer sent chunked is refused: a body whose chunk sizes lie
 /// hands the next chunk's size line over as data before its framing
 /// fails, and those bytes were served and kept in the cache. The read

@@ -49,6 +49,8 @@ Control requests (not counted):
         misframed (CDN) send the body chunked, its first chunk's size
                 that of the whole body, so the next chunk's size line
                 lands inside it before the framing fails
+    GET /__many?count=N   every repo's file list also names N small files
+                    (data/part-NNNNNNN.json), as a dataset's does
     GET /__expire   every signed URL issued so far is expired (403)
     GET /__move?repo=ORG/NAME&ref=REF&to=SHA   a branch now points elsewhere
     GET /__cdn_etag?value=V   the CDN gives ETag V for every file (its
@@ -205,6 +207,9 @@ class Handler(BaseHTTPRequestHandler):
                     }
                 )
                 body = b"ok"
+            elif path == "/__many":
+                STATE["many"] = int(one("count", "0"))
+                body = b"ok"
             elif path == "/__expire":
                 STATE["expired"] = STATE["sig"]
                 body = b"ok"
@@ -281,6 +286,12 @@ class Handler(BaseHTTPRequestHandler):
                 if path.endswith(LFS):
                     s["lfs"] = {"sha256": sha256, "size": size, "pointerSize": 134}
             siblings.append(s)
+        with LOCK:
+            many = STATE.get("many", 0)
+        siblings += [
+            {"rfilename": "data/part-%07d.json" % i, "blobId": "0" * 40, "size": 100}
+            for i in range(many)
+        ]
         body = {
             "_id": "0" * 24,
             "id": name,

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
+use super::answer::{self, Answer};
 use reqwest::header::LOCATION;
-use serde_json::Value;
 
 use super::endpoint::{Fail, Hub, refusal, with_token};
 use super::record::load_record;
@@ -38,35 +38,56 @@ pub(super) fn recorded_info(path: &Path) -> Option<RepoInfo> {
     Some(info)
 }
 
-pub(super) fn parse_info(v: &Value) -> std::result::Result<RepoInfo, Fail> {
-    let commit = v["sha"]
-        .as_str()
-        .filter(|s| is_commit(s))
-        .ok_or("the Hub's answer names no commit (\"sha\")")?
-        .to_string();
-    let mut files: Vec<(String, Option<u64>)> = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    let mut odd = Vec::new();
-    for s in v["siblings"].as_array().map_or(&[][..], |a| a.as_slice()) {
-        let Some(name) = s["rfilename"].as_str() else {
-            continue;
-        };
-        if !plain_path(name) || !seen.insert(name) {
-            odd.push(name);
-            continue;
+/// The revision an answer of the API gives, its files (in the order
+/// listed) less those whose name is no file's path or repeats one.
+pub(super) fn parse_info(answer: Answer) -> std::result::Result<RepoInfo, Fail> {
+    let commit = match answer.sha {
+        Some(sha) if is_commit(&sha) => sha,
+        Some(sha) => {
+            let shown: String = sha.chars().take(80).collect();
+            return Err(format!(
+                "the Hub's answer gives as its commit (\"sha\") {shown:?}, which is not a \
+                 commit's name (hex)"
+            ));
         }
-        let size = s["lfs"]["size"].as_u64().or_else(|| s["size"].as_u64());
-        files.push((name.to_string(), size));
-    }
-    if let Some(first) = odd.first() {
+        None => return Err("the Hub's answer names no commit (\"sha\")".into()),
+    };
+    let mut files = answer.files;
+    let (odd, first) = keep_plain_and_first(&mut files);
+    if let Some(first) = first {
         log::warn!(
-            "the Hub lists {} file name(s) that are not a file's path (a control \
+            "the Hub lists {odd} file name(s) that are not a file's path (a control \
              character, an empty, . or .. segment) or repeat an earlier one, left out: \
-             first {first:?}",
-            odd.len()
+             first {first:?}"
         );
     }
     Ok(RepoInfo { commit, files })
+}
+
+/// Keeps in `files` each name that is a file's path, the first time it is
+/// listed, in order; how many were left out, and the first of them. By a
+/// sort of positions (4 bytes a file), not a set of the names.
+fn keep_plain_and_first(files: &mut Vec<(String, Option<u64>)>) -> (usize, Option<String>) {
+    let mut by_name: Vec<u32> = (0..files.len() as u32).collect();
+    // Stable: of a name listed more than once, its first place comes first.
+    by_name.sort_by(|&a, &b| files[a as usize].0.cmp(&files[b as usize].0));
+    let mut keep = vec![true; files.len()];
+    for w in by_name.windows(2) {
+        if files[w[0] as usize].0 == files[w[1] as usize].0 {
+            keep[w[1] as usize] = false;
+        }
+    }
+    for (i, (name, _)) in files.iter().enumerate() {
+        keep[i] &= plain_path(name);
+    }
+    let odd = keep.iter().filter(|k| !**k).count();
+    let first = keep.iter().position(|k| !k).map(|i| files[i].0.clone());
+    let mut i = 0;
+    files.retain(|_| {
+        i += 1;
+        keep[i - 1]
+    });
+    (odd, first)
 }
 
 /// Asks the Hub for `spec`'s revision.
@@ -139,9 +160,7 @@ pub(super) async fn fetch_info(
         return Err(refusal(hub, r.status(), r.headers(), ""));
     }
     let body = read_bounded(r, API_MAX).await?;
-    let v: Value =
-        serde_json::from_slice(&body).map_err(|e| format!("the Hub's answer is not JSON: {e}"))?;
-    parse_info(&v)
+    parse_info(answer::parse(&body, opts.whole_max)?)
 }
 
 /// The most the API's answer may take: it lists every file, and a repo of

@@ -30,6 +30,7 @@ use super::hf_cache;
 use super::remote::{self, Options};
 use crate::error::{Error, ErrorKind, Result};
 
+mod answer;
 mod endpoint;
 mod info;
 mod record;

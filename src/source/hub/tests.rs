@@ -116,7 +116,10 @@ fn names_the_hub_lists_that_are_not_a_files_path_once_are_left_out() {
         {"rfilename": "model.safetensors", "size": 9},
         {"rfilename": "sub/x.gguf"},
     ]});
-    let files = parse_info(&v).unwrap().files;
+    let body = serde_json::to_vec(&v).unwrap();
+    let files = parse_info(super::answer::parse(&body, 1 << 20).unwrap())
+        .unwrap()
+        .files;
     assert_eq!(
         files,
         [
