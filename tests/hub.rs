@@ -859,6 +859,26 @@ fn a_repo_listing_many_files_is_read_within_the_index_memory() {
     m.unmount_ok();
 }
 
+/// A Hub whose X-Linked-Size differs from the size its CDN sends: the
+/// mount is refused naming both sizes (it said the object had changed
+/// since mount, before anything was mounted).
+#[test]
+fn a_cdn_that_disagrees_with_the_hubs_size_is_named_as_such() {
+    let (_s, mut m, _repos, hub) = setup();
+    hub.control("/__linked_size?delta=-100");
+    let cache = m.scratch_path("cache");
+    let r = hf_run(&mut m, &hub.endpoint(), "hf://org/single", &cache, &[]);
+    let line = refused(&r);
+    assert!(
+        line.contains("the CDN at localhost sends the file as ")
+            && line.contains(" bytes, where the Hub gives its size as ")
+            && line.ends_with(" (X-Linked-Size)")
+            && !line.contains("changed"),
+        "{line}"
+    );
+    hub.control("/__linked_size?delta=0");
+}
+
 /// A CDN answer sent chunked is refused: a body whose chunk sizes lie
 /// hands the next chunk's size line over as data before its framing
 /// fails, and those bytes were served and kept in the cache. The read

@@ -49,6 +49,8 @@ Control requests (not counted):
         misframed (CDN) send the body chunked, its first chunk's size
                 that of the whole body, so the next chunk's size line
                 lands inside it before the framing fails
+    GET /__linked_size?delta=D   resolve's X-Linked-Size is D bytes off
+                    the file's (the CDN sends the file as it is)
     GET /__many?count=N   every repo's file list also names N small files
                     (data/part-NNNNNNN.json), as a dataset's does
     GET /__expire   every signed URL issued so far is expired (403)
@@ -207,6 +209,9 @@ class Handler(BaseHTTPRequestHandler):
                     }
                 )
                 body = b"ok"
+            elif path == "/__linked_size":
+                STATE["linked_delta"] = int(one("delta", "0"))
+                body = b"ok"
             elif path == "/__many":
                 STATE["many"] = int(one("count", "0"))
                 body = b"ok"
@@ -333,7 +338,7 @@ class Handler(BaseHTTPRequestHandler):
         h.update(
             {
                 "Location": "http://localhost:%d/__cdn/%s?sig=%d" % (port, sha256, sig),
-                "X-Linked-Size": str(size),
+                "X-Linked-Size": str(size + STATE.get("linked_delta", 0)),
                 "X-Linked-Etag": '"%s"' % sha256,
                 "ETag": '"%s"' % sha1,
             }

@@ -405,10 +405,23 @@ impl HubStore {
         if let Some(etag) = header(r.headers(), "etag") {
             self.same_cdn_etag(key, r.url(), etag)?;
         }
-        let mut meta = self.meta(key, file);
-        // A size that differs is the caller's to see (it refuses the bytes).
-        meta.size = total;
-        Ok(http::get_result(STORE, r, meta, bytes))
+        // The commit's file cannot change: the servers disagree (a CDN's
+        // object is named by its hash), which is no change since mount.
+        if total != file.size {
+            let who = match r.url().host_str() {
+                Some(host) if !self.repo.hub.is_hub_host(r.url()) => Who::Cdn(host).to_string(),
+                _ => "the Hub's download".to_string(),
+            };
+            return Err(store_error(Failure::new(
+                FetchKind::Failed,
+                format!(
+                    "{who} sends the file as {total} bytes, where the Hub gives its size as {} \
+                     (X-Linked-Size)",
+                    file.size
+                ),
+            )));
+        }
+        Ok(http::get_result(STORE, r, self.meta(key, file), bytes))
     }
 }
 

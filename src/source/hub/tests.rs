@@ -202,3 +202,20 @@ fn the_weights_are_the_index_else_the_one_file() {
              hf://o/r@main/transformer/diffusion_pytorch_model.safetensors.index.json"
     );
 }
+
+#[test]
+fn a_sha_that_is_no_commits_name_is_named_as_such() {
+    for (body, want) in [
+        (
+            &br#"{"sha": "../../tmp/x"}"#[..],
+            r#"the Hub's answer gives as its commit ("sha") "../../tmp/x", which is not a commit's name (hex)"#,
+        ),
+        (
+            br#"{"sha": 7}"#,
+            r#"the Hub's answer names no commit ("sha")"#,
+        ),
+    ] {
+        let answer = super::answer::parse(body, 1 << 20).unwrap();
+        assert_eq!(parse_info(answer).unwrap_err(), want);
+    }
+}
