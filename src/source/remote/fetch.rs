@@ -292,10 +292,11 @@ impl Object {
             let msg = format!(
                 "the server ignores Range requests (it answers a request for part of the \
                  object with all of it), so the object would have to be fetched whole, and its \
-                 {} bytes are over --index-memory ({max} bytes): serve it from a server that \
-                 honours Range (an object store, nginx, caddy), raise --index-memory, or \
-                 download it and mount the local copy",
-                self.size
+                 {} are over the {} --index-memory allows: serve it from a server that honours \
+                 Range (an object store, nginx, caddy), raise --index-memory, or download it \
+                 and mount the local copy",
+                crate::size::bytes(self.size),
+                crate::size::bytes(max)
             );
             // Every later read fails the same way, at once; said once.
             let whole = format!("{}: {msg}", self.label);
