@@ -70,7 +70,25 @@ pub fn map_to_json(pairs: &[(Value, Value)]) -> Map<String, Json> {
 pub fn key_to_string(k: &Value) -> String {
     match k {
         Value::Text(t) => t.clone(),
-        other => format!("$key:{}", to_json(other)),
+        other => non_text_key(&to_json(other)),
+    }
+}
+
+/// Longest key JSON kept whole. A map key that is a map whose keys are
+/// maps doubles its text at each level (every quote of the inner key is
+/// escaped in the outer), so 30 levels of a few bytes each would make a
+/// gigabyte: a longer key is named by its length instead, which bounds
+/// every level.
+const KEY_MAX: usize = 1024;
+
+/// The name a non-text key `k` (as JSON) takes: `$key:` and its JSON, or
+/// its length where that is over [`KEY_MAX`].
+fn non_text_key(k: &Json) -> String {
+    let text = k.to_string();
+    if text.len() > KEY_MAX {
+        format!("$key:({} bytes of JSON)", text.len())
+    } else {
+        format!("$key:{text}")
     }
 }
 
@@ -97,7 +115,7 @@ pub fn from_ztensor(v: &ZValue) -> Json {
                 .map(|(k, v)| {
                     let k = match k {
                         ZValue::Text(s) => s.clone(),
-                        other => format!("$key:{}", from_ztensor(other)),
+                        other => non_text_key(&from_ztensor(other)),
                     };
                     (k, from_ztensor(v))
                 })
@@ -129,6 +147,26 @@ mod tests {
             j.to_string(),
             r#"{"b":{"$bytes":"00ff"},"$key:7":{"$tag":1,"value":"NaN"},"neg":-3}"#
         );
+    }
+
+    /// Keys that are maps whose keys are maps, 40 deep: each level's key
+    /// is its JSON, escaped again by the next, so the text doubled at each
+    /// level (a fuzzed zTensor v1 index of 30 such levels hung the mount).
+    #[test]
+    fn keys_of_keys_stay_short_however_deep() {
+        let (mut c, mut z) = (Value::Null, ZValue::Null);
+        for _ in 0..40 {
+            c = Value::Map(vec![(c, Value::Text("\"\\".into()))]);
+            z = ZValue::Map(vec![(z, ZValue::Text("\"\\".into()))]);
+        }
+        let (c, z) = (to_json(&c).to_string(), from_ztensor(&z).to_string());
+        assert!(c.len() < 4 * KEY_MAX && z.len() < 4 * KEY_MAX, "{c}\n{z}");
+        assert!(
+            c.contains("bytes of JSON)") && z.contains("bytes of JSON)"),
+            "{c}"
+        );
+        let short = Value::Map(vec![(Value::Map(vec![]), Value::Null)]);
+        assert_eq!(to_json(&short).to_string(), r#"{"$key:{}":null}"#);
     }
 
     #[test]
