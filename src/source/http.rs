@@ -320,9 +320,9 @@ pub(super) const CHUNKED: &str = "the server sends its answers without a Content
      gives it (an object store, nginx, caddy)";
 
 /// The bytes a successful answer carries and the object's size: a 206's
-/// from its Content-Range, if it has a Content-Length; a 200 to a ranged GET is a server that ignores
-/// Range (NotSupported); a 200 to a whole GET is `whole` bytes. None for
-/// any other status, which the caller words.
+/// from its Content-Range, if it has a Content-Length; a 200 to a ranged
+/// GET is a server that ignores Range (NotSupported); a 200 to a whole GET
+/// is `whole` bytes. None for any other status, which the caller words.
 pub(super) fn extent(
     store: &'static str,
     r: &reqwest::Response,
