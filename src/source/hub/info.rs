@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
-use super::answer::{self, Answer};
 use reqwest::header::LOCATION;
 
+use super::answer::{self, Answer};
 use super::endpoint::{Fail, Hub, refusal, with_token};
 use super::record::load_record;
 use super::spec::{Spec, api_kind, plain_path};
@@ -32,9 +32,7 @@ fn is_commit(s: &str) -> bool {
 pub(super) fn recorded_info(path: &Path) -> Option<RepoInfo> {
     let mut info = load_record::<RepoInfo>(path).filter(|i| is_commit(&i.commit))?;
     // Names that are no file's path are left out, as from the Hub's list.
-    let mut seen = std::collections::HashSet::new();
-    info.files
-        .retain(|(n, _)| plain_path(n) && seen.insert(n.clone()));
+    keep_plain_and_first(&mut info.files);
     Some(info)
 }
 

@@ -285,6 +285,12 @@ impl HubStore {
         }
     }
 
+    /// The CDN that answered from `url`, named; None for the Hub itself.
+    fn cdn_of(&self, url: &url::Url) -> Option<String> {
+        let host = url.host_str()?;
+        (!self.repo.hub.is_hub_host(url)).then(|| Who::Cdn(host).to_string())
+    }
+
     /// A GET of `range` (all of it if none) of the file's bytes; a signed
     /// URL that has expired (403 from the CDN) is resolved again.
     async fn get_range(
@@ -393,11 +399,9 @@ impl HubStore {
             // The Hub's error codes are the Hub's; a CDN's answer is named
             // as the CDN's.
             let s = r.status();
-            let why = match r.url().host_str() {
-                Some(host) if !self.repo.hub.is_hub_host(r.url()) => {
-                    format!("{} answered {s}", Who::Cdn(host))
-                }
-                _ => refusal(&self.repo.hub, s, r.headers(), "at that commit"),
+            let why = match self.cdn_of(r.url()) {
+                Some(cdn) => format!("{cdn} answered {s}"),
+                None => refusal(&self.repo.hub, s, r.headers(), "at that commit"),
             };
             return Err(store_error(Failure::new(refusal_kind(s, r.headers()), why)));
         };
@@ -408,10 +412,9 @@ impl HubStore {
         // The commit's file cannot change: the servers disagree (a CDN's
         // object is named by its hash), which is no change since mount.
         if total != file.size {
-            let who = match r.url().host_str() {
-                Some(host) if !self.repo.hub.is_hub_host(r.url()) => Who::Cdn(host).to_string(),
-                _ => "the Hub's download".to_string(),
-            };
+            let who = self
+                .cdn_of(r.url())
+                .unwrap_or_else(|| "the Hub's download".into());
             return Err(store_error(Failure::new(
                 FetchKind::Failed,
                 format!(
